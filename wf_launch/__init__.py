@@ -1,0 +1,1 @@
+"""wf_launch: one command from a Hydra config to running ranks."""

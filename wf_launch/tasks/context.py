@@ -1,0 +1,61 @@
+"""What a task receives: the run's config, this rank's place, its groups, a logger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TaskContext:
+    """Everything a task needs on one rank.
+
+    ``config`` is the resolved run config (a plain dict: engine, launcher, task);
+    ``task_config`` its ``task`` section. ``rank`` / ``world_size`` / ``local_rank``
+    / ``device`` place this rank; ``coords`` are its tp/cp/pp/dp coordinates.
+    ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp', 'tp-pp' to
+    :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects;
+    ``pp`` is the PP scheduler when pp_size > 1, else None. ``run_dir`` is the run
+    directory shared by all ranks; ``log`` a loguru logger bound to this rank.
+    """
+
+    config: dict[str, Any]
+    task_config: dict[str, Any]
+    rank: int
+    world_size: int
+    local_rank: int
+    device: Any
+    coords: dict[str, int]
+    groups: dict[str, Any]
+    pp: Any
+    run_dir: Path
+    log: Any
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the rank that writes the run's outputs."""
+        return self.rank == 0
+
+
+def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) -> TaskContext:
+    """Assemble the context from the live groups (after ``dist_init``)."""
+    from worldfoundry.core.distributed import groups as g
+    from worldfoundry.core.distributed.topology import COMBINED, DIMS
+
+    world = g.get_world_group()
+    layout = g.get_layout()
+    groups = {"world": world, **{n: g.get_group(n) for n in (*DIMS, *COMBINED)}}
+    pp = None
+    if layout.pp_size > 1:
+        from worldfoundry.core.distributed.pipeline import pp_scheduler
+
+        pp = pp_scheduler()
+    import os
+
+    return TaskContext(
+        config=config, task_config=dict(config.get("task", {})), rank=world.rank,
+        world_size=world.world_size, local_rank=int(os.environ.get("LOCAL_RANK", world.rank)),
+        device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
+        run_dir=Path(run_dir), log=log,
+    )

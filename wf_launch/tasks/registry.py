@@ -1,0 +1,67 @@
+"""Task registry: ``@register_task("name")`` and lookup by name.
+
+Built-in tasks live in this package; user tasks come from modules named in the
+config (``task.module=my_pkg.tasks``) or from the ``wf_launch.tasks`` entry-point
+group (each entry point names a module to import, whose import registers tasks).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
+from typing import Any
+
+TaskFn = Callable[[Any], dict[str, Any] | None]
+
+_TASKS: dict[str, TaskFn] = {}
+_BUILTIN_MODULES = ("wf_launch.tasks.demo", "wf_launch.tasks.layout", "wf_launch.tasks.noop")
+ENTRY_POINT_GROUP = "wf_launch.tasks"
+
+
+def register_task(name: str) -> Callable[[TaskFn], TaskFn]:
+    """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
+
+    def deco(fn: TaskFn) -> TaskFn:
+        existing = _TASKS.get(name)
+        if existing is not None and existing is not fn and (
+                existing.__module__, existing.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"task {name!r} is already registered by "
+                             f"{existing.__module__}.{existing.__qualname__}")
+        _TASKS[name] = fn
+        return fn
+
+    return deco
+
+
+def load_task_modules(modules: Iterable[str] = ()) -> None:
+    """Import built-in tasks, entry-point modules and ``modules`` so their tasks register."""
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:
+            raise ImportError(f"entry point {ep.name!r} = {ep.value!r} in group "
+                              f"{ENTRY_POINT_GROUP!r} failed to load: {exc}") from exc
+    for mod in modules:
+        try:
+            importlib.import_module(mod)
+        except ImportError as exc:
+            raise ImportError(f"task.modules: cannot import {mod!r}: {exc}") from exc
+
+
+def get_task(name: str) -> TaskFn:
+    """The task registered as ``name``; KeyError lists the registered names."""
+    try:
+        return _TASKS[name]
+    except KeyError:
+        raise KeyError(f"task.name={name!r} is not registered; registered tasks: "
+                       f"{sorted(_TASKS)}") from None
+
+
+def registered_tasks() -> list[str]:
+    """Names of every registered task."""
+    return sorted(_TASKS)

@@ -1,0 +1,1 @@
+"""WorldFoundry: runtime library for distributed video / world-model jobs."""

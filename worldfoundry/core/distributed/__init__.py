@@ -1,0 +1,48 @@
+"""Distributed runtime every rank uses: topology, groups, CP/PP helpers, run control.
+
+Names are re-exported lazily (PEP 562): importing this package does not import
+torch.distributed until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # topology
+    "Layout": "topology", "parse_order": "topology",
+    # groups
+    "GroupCoordinator": "groups", "init_distributed_environment": "groups",
+    "initialize_model_parallel": "groups", "destroy_model_parallel": "groups",
+    "model_parallel_is_initialized": "groups", "get_layout": "groups",
+    "get_world_group": "groups", "get_tp_group": "groups", "get_cp_group": "groups",
+    "get_pp_group": "groups", "get_dp_group": "groups", "get_tp_cp_group": "groups",
+    "get_dp_cp_group": "groups", "get_tp_pp_group": "groups", "get_group": "groups",
+    "is_last_rank": "groups", "is_last_tp_cp_rank": "groups", "get_cp_size_t": "groups",
+    # init
+    "dist_init": "init", "LaunchEnv": "init", "resolve_backend": "init",
+    # context parallel
+    "split_inputs_cp": "context_parallel", "cat_outputs_cp": "context_parallel",
+    "cat_outputs_cp_with_grad": "context_parallel", "broadcast": "context_parallel",
+    "broadcast_split_tensor": "context_parallel", "find_split": "context_parallel",
+    # pipeline
+    "PPScheduler": "pipeline", "init_pp_scheduler": "pipeline", "pp_scheduler": "pipeline",
+    # logging
+    "print_rank_0": "log", "print_per_rank": "log", "rank_logger": "log",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
