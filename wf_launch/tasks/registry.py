@@ -15,12 +15,20 @@ from typing import Any
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
 _TASKS: dict[str, TaskFn] = {}
+_CONFIGS: dict[str, type] = {}
 _BUILTIN_MODULES = ("wf_launch.tasks.demo", "wf_launch.tasks.layout", "wf_launch.tasks.noop")
 ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 
-def register_task(name: str) -> Callable[[TaskFn], TaskFn]:
-    """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``)."""
+def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], TaskFn]:
+    """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``).
+
+    ``config`` is an optional dataclass (subclassing
+    :class:`wf_launch.config.TaskConfig`, or with ``name`` and ``modules`` fields)
+    that becomes the Hydra schema of ``task=name``; without one the task takes a
+    plain TaskConfig. A ``validate_config(task_cfg: dict)`` attribute on ``fn``
+    is called before any process starts.
+    """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
 
@@ -31,6 +39,8 @@ def register_task(name: str) -> Callable[[TaskFn], TaskFn]:
             raise ValueError(f"task {name!r} is already registered by "
                              f"{existing.__module__}.{existing.__qualname__}")
         _TASKS[name] = fn
+        if config is not None:
+            _CONFIGS[name] = config
         return fn
 
     return deco
@@ -65,3 +75,14 @@ def get_task(name: str) -> TaskFn:
 def registered_tasks() -> list[str]:
     """Names of every registered task."""
     return sorted(_TASKS)
+
+
+def registered_configs() -> dict[str, Any]:
+    """A config node for every registered task: its own dataclass, else a plain TaskConfig."""
+    from ..config import TaskConfig
+
+    out: dict[str, Any] = {}
+    for name in _TASKS:
+        cls = _CONFIGS.get(name)
+        out[name] = cls(name=name) if cls is not None else TaskConfig(name=name)
+    return out

@@ -98,6 +98,18 @@ class _ParallelState:
 _STATE = _ParallelState()
 
 
+@dataclass
+class _Rendezvous:
+    """The launch's store, kept across destroy/init so the same process can re-initialize."""
+
+    key: tuple[str, int, int] | None = None
+    store: Any = None
+    generation: int = 0
+
+
+_RDZV = _Rendezvous()
+
+
 def _backend_of(group: Any) -> str:
     return str(dist.get_backend(group))
 
@@ -118,15 +130,25 @@ def init_distributed_environment(
     (``env://``). Returns the world :class:`GroupCoordinator`.
     """
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"backend": backend, "init_method": distributed_init_method}
-        if world_size >= 0:
-            kwargs["world_size"] = world_size
-        if rank >= 0:
-            kwargs["rank"] = rank
+        kwargs: dict[str, Any] = {"backend": backend}
         if timeout is not None:
             kwargs["timeout"] = timeout
         if device_id is not None:
             kwargs["device_id"] = device_id
+        if world_size >= 0 and rank >= 0:
+            # One store per launch, re-used with a fresh prefix by every later init: a
+            # second init after destroy never races the first store's shutdown.
+            key = (distributed_init_method, rank, world_size)
+            if _RDZV.key != key:
+                rdzv_timeout = timeout or timedelta(minutes=30)
+                _RDZV.store, _, _ = next(dist.rendezvous(distributed_init_method, rank, world_size,
+                                                         timeout=rdzv_timeout))
+                _RDZV.key = key
+            _RDZV.generation += 1
+            kwargs.update(store=dist.PrefixStore(f"wf/init{_RDZV.generation}/", _RDZV.store),
+                          rank=rank, world_size=world_size)
+        else:
+            kwargs["init_method"] = distributed_init_method
         dist.init_process_group(**kwargs)
         _STATE.owns_world = True
     if _STATE.world is None:

@@ -1,0 +1,256 @@
+"""Throughput of the CP / PP helpers against the raw torch.distributed calls that move the same bytes.
+
+Each world size runs as fork-started gloo ranks (``tests/multirank.py``), one
+torch thread per rank. Sizes are the FULL tensor in MiB (float32, shape
+``(1, S, 1024)``, sequence dim 1):
+
+* ``cat_outputs_cp``: the gathered result is SIZE; each rank contributes SIZE/n.
+  Raw baseline: ``all_gather_into_tensor`` (``all_gather_single``) of a contiguous
+  SIZE/n shard into a preallocated SIZE buffer, i.e. the single collective that
+  moves exactly these bytes, without allocating. Also compared with the
+  upstream way: ``all_gather`` into n separate tensors, then ``torch.cat``.
+* ``broadcast_split_tensor``: the source holds SIZE; each rank ends with its
+  SIZE/n shard. Raw baseline: ``scatter`` of n pre-made contiguous shards into a
+  preallocated shard buffer (the cheapest raw call that delivers the same bytes;
+  receivers are handed the shape for free, the helper has to send it). For
+  reference the table also shows raw ``broadcast`` of SIZE then slicing (what a
+  broadcast-based helper would cost) as its own ratio to the scatter baseline.
+* PP send/receive: every rank sends a SIZE message to its ring successor and
+  receives one from its predecessor. Helper: ``queue_irecv_prev`` +
+  ``isend_next`` + ``queue_irecv_prev_data`` (fresh receive buffer each time).
+  Raw: ``irecv`` into a preallocated buffer + ``isend``, then wait on both.
+
+Every sample times ``inner`` back-to-back calls after a barrier on every rank
+(``inner`` calibrated so a sample lasts about ``--sample-ms``);
+the sample's time is the slowest rank's (all-reduce MAX outside the timed
+region). Helper and baseline samples alternate within one run (order reversed every
+other round); the ratio
+reported is the median over repeats of (raw time / helper time), i.e. helper
+throughput / raw throughput (>= 1 means the helper is at least as fast).
+
+    .venv/bin/python scripts/bench_collectives.py            # 2/4/8 ranks, 1/16/64 MiB
+    .venv/bin/python scripts/bench_collectives.py --quick    # under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from multirank import run_ranks  # noqa: E402
+
+ROW = 1024  # float32 elements per sequence position (4 KiB)
+
+
+def _timed(fn: Callable[[], object], inner: int) -> float:
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item() / inner
+
+
+def _compare(cases: dict[str, Callable[[], object]], target_s: float, repeats: int) -> dict[str, list[float]]:
+    """Time every case ``repeats`` times, interleaved (order reversed every other round).
+
+    ``inner`` (calls per sample) is calibrated once so the slowest case's sample
+    takes about ``target_s``; it is the same on every rank (all-reduced).
+    """
+    import torch.distributed as dist
+
+    for fn in cases.values():
+        fn()
+    probe = max(_timed(fn, 1) for fn in cases.values())
+    inner = torch.tensor([max(1, min(64, round(target_s / max(probe, 1e-6))))])
+    dist.all_reduce(inner, op=dist.ReduceOp.MAX)
+    names = list(cases)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for i in range(repeats):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            times[name].append(_timed(cases[name], int(inner)))
+    return times
+
+
+def _rank_main(rank: int, world: int, sizes: list[float], repeats: int, target_s: float) -> list[dict]:
+    import torch.distributed as dist
+
+    from worldfoundry.core.distributed import (
+        broadcast_split_tensor, cat_outputs_cp, destroy_model_parallel, get_cp_group,
+        initialize_model_parallel, init_pp_scheduler,
+    )
+
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    rows: list[dict] = []
+    initialize_model_parallel(cp_size=world)
+    pg = get_cp_group().device_group
+    for mib in sizes:
+        seq = max(world, int(mib * 2**20) // (4 * ROW) // world * world)
+        full_bytes = seq * ROW * 4
+        full = torch.randn(1, seq, ROW)
+        shard = full.narrow(1, rank * (seq // world), seq // world).contiguous()
+        out_buf = torch.empty(world * shard.shape[1], 1, ROW)
+        recv_shard = torch.empty_like(shard)
+        pieces = [p.contiguous() for p in full.chunk(world, dim=1)]
+        bcast_buf = full.clone()
+
+        shape_buf = torch.tensor(full.shape)
+
+        def list_gather_cat() -> torch.Tensor:
+            parts = [torch.empty_like(shard) for _ in range(world)]
+            dist.all_gather(parts, shard, group=pg)
+            return torch.cat(parts, dim=1)
+
+        def raw_gather_fresh() -> torch.Tensor:
+            fresh = torch.empty(world * shard.shape[1], 1, ROW)
+            gather_single(fresh, shard.view(-1, 1, ROW), group=pg)
+            return fresh
+
+        def raw_shape_scatter() -> torch.Tensor:
+            dist.broadcast(shape_buf, src=0, group=pg)
+            n = int(shape_buf[1]) // world
+            fresh = torch.empty(1, n, ROW)
+            dist.scatter(fresh, [full.narrow(1, r * n, n).contiguous() for r in range(world)]
+                         if rank == 0 else None, src=0, group=pg)
+            return fresh
+
+        def raw_broadcast_slice() -> torch.Tensor:
+            dist.broadcast(bcast_buf, src=0, group=pg)
+            return bcast_buf.narrow(1, rank * (seq // world), seq // world).contiguous()
+
+        out_view = out_buf.view(1, -1, ROW)
+        cases = {
+            "cat": lambda: cat_outputs_cp(shard, 1, pg),
+            "cat_raw": raw_gather_fresh,
+            "cat_out": lambda: cat_outputs_cp(shard, 1, pg, out=out_view),
+            "cat_raw_pre": lambda: gather_single(out_buf, shard.view(-1, 1, ROW), group=pg),
+            "cat_list": list_gather_cat,
+            "bst": lambda: broadcast_split_tensor(full if rank == 0 else None, 1, pg),
+            "bst_raw": raw_shape_scatter,
+            "bst_raw_pre": lambda: dist.scatter(recv_shard, pieces if rank == 0 else None, src=0, group=pg),
+            "bcast_slice": raw_broadcast_slice,
+        }
+        check = cat_outputs_cp(shard, 1, pg)
+        assert torch.equal(check, full), "cat_outputs_cp returned wrong data"
+        times = _compare(cases, target_s, repeats)
+        rows.append({"op": "cp", "mib": mib, "bytes": full_bytes, "times": times})
+    destroy_model_parallel()
+
+    initialize_model_parallel(pp_size=world)
+    sched = init_pp_scheduler()
+    prev, nxt = sched.prev_rank, sched.next_rank
+    ppg = sched.group.device_group
+    for mib in sizes:
+        seq = max(1, int(mib * 2**20) // (4 * ROW))
+        msg = torch.full((1, seq, ROW), float(rank))
+        buf = torch.empty_like(msg)
+
+        def helper_ring() -> torch.Tensor:
+            sched.queue_irecv_prev(msg.shape, msg.dtype)
+            work = sched.isend_next(msg)
+            got = sched.queue_irecv_prev_data()
+            work.wait()
+            return got
+
+        def raw_ring() -> torch.Tensor:
+            fresh = torch.empty_like(msg)
+            r = dist.irecv(fresh, src=prev, group=ppg)
+            s = dist.isend(msg, dst=nxt, group=ppg)
+            r.wait()
+            s.wait()
+            return fresh
+
+        def helper_ring_pre() -> torch.Tensor:
+            r = sched.irecv_prev(buf)
+            s = sched.isend_next(msg)
+            r.wait()
+            s.wait()
+            return buf
+
+        def raw_ring_pre() -> torch.Tensor:
+            r = dist.irecv(buf, src=prev, group=ppg)
+            s = dist.isend(msg, dst=nxt, group=ppg)
+            r.wait()
+            s.wait()
+            return buf
+
+        assert helper_ring()[0, 0, 0].item() == float(prev), "PP ring delivered the wrong message"
+        times = _compare({"pp": helper_ring, "pp_raw": raw_ring, "pp_pre": helper_ring_pre,
+                          "pp_raw_pre": raw_ring_pre}, target_s, repeats)
+        rows.append({"op": "pp", "mib": mib, "bytes": seq * ROW * 4, "times": times})
+    destroy_model_parallel()
+    return rows if rank == 0 else []
+
+
+def _ratio(times: dict[str, list[float]], helper: str, raw: str) -> float:
+    return statistics.median(r / h for r, h in zip(times[raw], times[helper]))
+
+
+def _mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / 2**20 / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="world sizes (gloo ranks)")
+    ap.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64], help="full tensor sizes in MiB")
+    ap.add_argument("--repeats", type=int, default=9, help="interleaved samples per case (median)")
+    ap.add_argument("--sample-ms", type=float, default=40.0, help="target duration of one timed sample")
+    ap.add_argument("--quick", action="store_true", help="2/4 ranks, 1/16 MiB, 5 repeats, 20 ms samples (< 1 minute)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per world size before ranks are killed")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.ranks, args.sizes, args.repeats, args.sample_ms = [2, 4], [1, 16], 5, 20.0
+    if args.repeats < 1 or any(r < 2 for r in args.ranks) or any(s <= 0 for s in args.sizes):
+        ap.error("need --repeats >= 1, --ranks >= 2 and --sizes > 0")
+
+    print(f"torch {torch.__version__}, gloo, float32 (1, S, {ROW}) along dim 1, {args.repeats} repeats; "
+          "ratio = helper throughput / raw throughput (median of interleaved pairs)")
+    cols = [("cat/raw", "cp", "cat", "cat_raw"), ("cat(out=)/raw", "cp", "cat_out", "cat_raw_pre"),
+            ("cat/list+cat", "cp", "cat", "cat_list"), ("bst/raw", "cp", "bst", "bst_raw"),
+            ("bst/scatter-only", "cp", "bst", "bst_raw_pre"),
+            ("bcast+slice/scatter", "cp", "bcast_slice", "bst_raw"),
+            ("pp/raw", "pp", "pp", "pp_raw"), ("pp(irecv_prev)/raw", "pp", "pp_pre", "pp_raw_pre")]
+    header = f"{'ranks':>5} {'MiB':>5} | " + " ".join(f"{c[0]:>{max(7, len(c[0]))}}" for c in cols) + \
+        f" | {'cat MiB/s':>9} {'bst MiB/s':>9} {'pp MiB/s':>8}"
+    print(header)
+    print("-" * len(header))
+    worst: dict[str, float] = {}
+    for world in args.ranks:
+        rows = run_ranks(_rank_main, world, args.sizes, args.repeats, args.sample_ms / 1e3,
+                         timeout=args.timeout)[0]
+        by_size: dict[float, dict[str, dict]] = {}
+        for row in rows:
+            by_size.setdefault(row["mib"], {})[row["op"]] = row
+        for mib, ops in by_size.items():
+            vals = {name: _ratio(ops[op]["times"], helper, raw) for name, op, helper, raw in cols}
+            for k, v in vals.items():
+                worst[k] = min(worst.get(k, float("inf")), v)
+            cp, pp = ops["cp"]["times"], ops["pp"]["times"]
+            nbytes, pbytes = ops["cp"]["bytes"], ops["pp"]["bytes"]
+            print(f"{world:>5} {mib:>5g} | " + " ".join(f"{vals[c[0]]:>{max(7, len(c[0]))}.3f}" for c in cols)
+                  + f" | {_mbps(nbytes, statistics.median(cp['cat'])):>9.0f}"
+                  f" {_mbps(nbytes, statistics.median(cp['bst'])):>9.0f}"
+                  f" {_mbps(pbytes, statistics.median(pp['pp'])):>8.0f}", flush=True)
+    print("\nworst ratio per column: " + ", ".join(f"{k} {v:.3f}" for k, v in worst.items()))
+    print("goals: cat/raw, cat(out=)/raw, bst/raw, pp/raw, pp(irecv_prev)/raw >= 0.95; cat/list+cat > 1 "
+          "(bst/scatter-only and bcast+slice/scatter are for reference)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

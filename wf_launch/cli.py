@@ -1,0 +1,49 @@
+"""``python -m wf_launch`` / ``wf-launch``: Hydra's real CLI in front of :func:`wf_launch.app.run`."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from .config import register_configs
+from .tasks.registry import load_task_modules
+
+_UID = uuid.uuid4().hex[:6]
+
+
+def _task_modules_from_argv(argv: list[str]) -> list[str]:
+    """``task.modules=[a,b]`` / ``+task.modules=a`` from the command line, so user tasks
+    register (and get a ``task=NAME`` config) before Hydra composes."""
+    mods: list[str] = []
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if sep and key == "task.modules":
+            value = value.strip().strip("[]")
+            mods += [m.strip().strip("'\"") for m in value.split(",") if m.strip()]
+    return mods
+
+
+def _app(cfg: DictConfig) -> object:
+    from .app import run
+
+    hc = HydraConfig.get()
+    outcome = run(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+    if hc.mode == RunMode.MULTIRUN:
+        return outcome
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+    return outcome
+
+
+def main() -> None:
+    """Console entry point."""
+    load_task_modules(_task_modules_from_argv(sys.argv[1:]))
+    register_configs()
+    OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
+    hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()

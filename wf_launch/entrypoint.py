@@ -1,0 +1,195 @@
+"""The one rank entrypoint every launcher uses.
+
+A rank gets a :class:`RankSpec` (the resolved config, frozen once in the launcher,
+and the run directory) and the usual RANK / WORLD_SIZE / LOCAL_RANK environment.
+It never re-runs Hydra. Steps: logging -> ``dist_init`` -> task -> gather every
+rank's return value to rank 0 (which writes ``result.json``) -> tear the groups
+down. A failing rank records its exception in ``logs/rank{r}.error.json`` before
+it leaves, so the launcher can name the root cause.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worldfoundry.core.distributed.topology import Layout
+
+from . import rundir
+from .ranklog import rank_label, setup_rank_logging
+
+TIMEOUT_GRACE_S = 3.0
+_TIMEOUT_KEY = "wf_launch/timed_out/{}"
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What the launcher hands every rank: plain, picklable data."""
+
+    config: dict[str, Any]
+    run_dir: str
+    threads_per_rank: int = 1
+    console_ranks: list[int] | None = None
+    launch_time: float = field(default_factory=time.time)
+    write_result: bool = True
+
+
+def layout_of(config: dict[str, Any]) -> Layout:
+    """The layout a resolved config describes (world size = product of the sizes)."""
+    e = config["engine"]
+    world = e["tp_size"] * e["cp_size"] * e["pp_size"] * e["dp_size"]
+    return Layout(world, tp_size=e["tp_size"], cp_size=e["cp_size"], pp_size=e["pp_size"],
+                  dp_size=e["dp_size"], order=e["order"])
+
+
+def is_timeout_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that gave up waiting (gloo or NCCL wording)."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(w in text for w in ("timed out", "timeout", "deadline exceeded"))
+
+
+def _ranks_that_never_arrived(rank: int, world_size: int, grace_s: float) -> list[int] | None:
+    """After a collective timed out: check in on the store, wait for peers, list the absent.
+
+    Every rank that timed out waiting checks in; the ranks that never do are the
+    ones the collective waited for. Returns None if the store is unreachable.
+    """
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = _get_default_store()
+        store.set(_TIMEOUT_KEY.format(rank), str(time.time()))
+        deadline = time.monotonic() + grace_s
+        present: set[int] = set()
+        while True:
+            present = {r for r in range(world_size) if store.check([_TIMEOUT_KEY.format(r)])}
+            if len(present) == world_size or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return sorted(set(range(world_size)) - present)
+    except Exception:
+        return None
+
+
+def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseException,
+                   missing: list[int] | None = None) -> dict[str, Any]:
+    """Write this rank's failure record (atomically) and return it."""
+    kind = "timeout" if is_timeout_error(exc) else (
+        "interrupt" if isinstance(exc, KeyboardInterrupt) else "exception")
+    record = {
+        "rank": rank,
+        "coords": coords,
+        "kind": kind,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "log": str(rundir.rank_log(run_dir, rank)),
+    }
+    if missing is not None:
+        record["missing_ranks"] = missing
+    rundir.atomic_write_json(rundir.rank_error(run_dir, rank), record)
+    return record
+
+
+def _json_checked(task: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"task {task!r} returned {type(value).__name__}; a task returns a JSON-able dict")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"task {task!r} returned a dict that is not JSON-able: {exc}") from exc
+    return value
+
+
+def _gather_to_rank0(payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+    import torch.distributed as dist
+
+    from worldfoundry.core.distributed.groups import get_world_group
+
+    world = get_world_group()
+    if world.world_size == 1:
+        return [payload]
+    out: list[Any] | None = [None] * world.world_size if world.rank == 0 else None
+    dist.gather_object(payload, out, dst=0, group=world.cpu_group)
+    return out
+
+
+def rank_main(spec: RankSpec) -> dict[str, Any]:
+    """Run one rank of the job described by ``spec``; returns the task's value.
+
+    Raises whatever the rank failed with, after recording it.
+    """
+    import torch
+
+    from worldfoundry.core.distributed import groups
+    from worldfoundry.core.distributed.init import LaunchEnv, dist_init
+
+    from .tasks.context import build_context
+    from .tasks.registry import get_task, load_task_modules
+
+    t_start = time.time()
+    run_dir = Path(spec.run_dir)
+    env = LaunchEnv.from_environ()
+    coords = layout_of(spec.config).coords(env.rank)
+    console = spec.console_ranks is None or env.rank in spec.console_ranks
+    log_path = rundir.rank_log(run_dir, env.rank)
+    log = setup_rank_logging(log_path, env.rank, rank_label(env.rank, coords), console)
+    fault_file = open(log_path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
+    faulthandler.enable(file=fault_file)
+    torch.set_num_threads(max(1, spec.threads_per_rank))
+    task_cfg = spec.config["task"]
+    timings: dict[str, float] = {"start_s": round(t_start - spec.launch_time, 4)}
+    try:
+        load_task_modules(task_cfg.get("modules") or [])
+        task = get_task(task_cfg["name"])
+        device = dist_init({"engine_config": spec.config["engine"]})
+        t_init = time.time()
+        timings["init_s"] = round(t_init - t_start, 4)
+        log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
+        ctx = build_context(spec.config, run_dir, device, log)
+        value = _json_checked(task_cfg["name"], task(ctx))
+        timings["task_s"] = round(time.time() - t_init, 4)
+        gathered = _gather_to_rank0({"rank": env.rank, "coords": coords, "result": value,
+                                     "timings": timings, "host": socket.gethostname()})
+        if gathered is not None and spec.write_result:
+            _write_success(spec, gathered)
+        groups.destroy_model_parallel()
+        return value
+    except BaseException as exc:
+        missing = None
+        if is_timeout_error(exc) and env.world_size > 1:
+            missing = _ranks_that_never_arrived(env.rank, env.world_size, TIMEOUT_GRACE_S)
+        record_failure(run_dir, env.rank, coords, exc, missing)
+        log.opt(exception=exc).error(f"rank {env.rank} failed: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        from loguru import logger
+
+        logger.complete()
+
+
+def _write_success(spec: RankSpec, gathered: list[dict[str, Any]]) -> None:
+    layout = layout_of(spec.config)
+    result = {
+        "status": "ok",
+        "task": spec.config["task"]["name"],
+        "layout": {**layout.sizes, "order": "-".join(layout.dims), "world_size": layout.world_size},
+        "results": {str(g["rank"]): g["result"] for g in gathered},
+        "timings": {"ranks": {str(g["rank"]): g["timings"] for g in gathered}},
+        "hosts": sorted({g["host"] for g in gathered}),
+        "run_dir": str(spec.run_dir),
+        "finished_at": time.time(),
+    }
+    rundir.atomic_write_json(Path(spec.run_dir) / rundir.RESULT, result)

@@ -1,0 +1,85 @@
+"""Turning what the ranks left behind into one verdict: status, root cause, summary."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from . import rundir
+
+_PEER_LOSS = re.compile(r"connection (closed|reset)|broken pipe|peer|socket|ProcessGroup.*abort|"
+                        r"NCCL communicator was aborted", re.IGNORECASE)
+
+
+def load_failure_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's failure record, oldest first."""
+    records = []
+    for path in sorted((Path(run_dir) / rundir.LOGS).glob("rank*.error.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: r.get("time", 0.0))
+
+
+def signal_name(signum: int) -> str:
+    """'SIGKILL' for 9, or 'signal 77' for a number without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def root_cause(records: list[dict[str, Any]], exits: dict[int, int]) -> dict[str, Any] | None:
+    """Pick the failure that explains the run.
+
+    ``exits`` maps ranks that ended badly to their exit code (negative: killed by
+    that signal). Order of preference: ranks a timed-out collective waited for;
+    the first rank that raised on its own; a rank killed by a signal other than
+    the launcher's SIGTERM; the first rank that lost a peer; any non-zero exit.
+    """
+    for rec in records:
+        if rec.get("kind") == "timeout" and rec.get("missing_ranks"):
+            return {**rec, "cause": "stuck"}
+    primary = [r for r in records if not _PEER_LOSS.search(r.get("message", ""))]
+    if primary:
+        return {**primary[0], "cause": "exception"}
+    killed = {r: c for r, c in exits.items() if c < 0 and -c != signal.SIGTERM}
+    if killed:
+        rank = min(killed)
+        return {"rank": rank, "cause": "signal", "signal": signal_name(-killed[rank]),
+                "type": "Signal", "message": f"killed by {signal_name(-killed[rank])}"}
+    if records:
+        return {**records[0], "cause": "exception"}
+    if exits:
+        rank = min(exits)
+        code = exits[rank]
+        if code < 0:
+            return {"rank": rank, "cause": "signal", "signal": signal_name(-code), "type": "Signal",
+                    "message": f"killed by {signal_name(-code)}"}
+        return {"rank": rank, "cause": "exit", "type": "Exit", "message": f"exited with code {code}"}
+    return None
+
+
+def failure_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:
+    """One human summary naming the rank, its coordinates, what happened and its log file."""
+    rank = cause["rank"]
+    log = rundir.rank_log(run_dir, rank)
+    if cause["cause"] == "stuck":
+        missing = cause["missing_ranks"]
+        who = ", ".join(f"rank {m} ({label_of(m)})" for m in missing)
+        return (f"collective timed out: {who} never arrived; rank {rank} ({label_of(rank)}) gave up "
+                f"waiting: {cause['type']}: {_first_line(cause['message'])}\n"
+                f"  logs: {', '.join(str(rundir.rank_log(run_dir, m)) for m in missing)}")
+    if cause["cause"] == "signal":
+        return f"rank {rank} ({label_of(rank)}) was killed by {cause['signal']}\n  log: {log}"
+    return (f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: "
+            f"{_first_line(cause['message'])}\n  log: {log}")
+
+
+def _first_line(text: str, limit: int = 500) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[:limit] + "..."

@@ -1,0 +1,319 @@
+"""Task ``demo``: a tiny video-DiT forward pass under the run's CP x PP layout, checked against one process.
+
+What every model-parallel replica does:
+
+1. The first rank of each stage-0 CP group makes a seeded latent (B, C, T, H, W);
+   ``find_split`` plans the per-rank (T', H', W) block (CP over T first, then H),
+   and ``broadcast_split_tensor`` hands each CP rank its block of patches
+   (:class:`~wf_launch.tasks._vdit.CPSplit` orders the sequence block-major).
+2. Every rank builds the same weights from ``seed`` (no weight traffic).
+3. Stage ``s`` runs blocks ``stage_blocks(depth, pp_size, s)`` (contiguous, the
+   first ``depth % pp_size`` stages get one extra); activations go stage to stage
+   with the PP scheduler. The output stays on the last stage (nothing is sent
+   back round the ring to stage 0).
+4. Attention gathers K/V over CP (``cat_outputs_cp``); the last stage gathers the
+   output sequence, unpatchifies it and its first CP rank compares it with a
+   single-process forward of the same model on the same latent.
+
+Data parallel replicas use different samples (sample seed ``seed + 1 + dp``); tp>1
+ranks run the same work replicated (this model has no tensor parallelism). Rank 0
+gathers every rank's row and reports the run: ``max_abs_err`` (max over replicas),
+``ok``, ``tokens``, ``tokens_per_s`` and ``layout``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from wf_launch.config import ConfigError, TaskConfig
+
+from ._vdit import CPSplit, VDiT, patchify, stage_blocks, unpatchify
+from .context import TaskContext
+from .registry import register_task
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
+                                  "bfloat16": torch.bfloat16}
+DEFAULT_ATOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 0.05}
+"""Tolerance when ``atol`` is null: reduction-order noise of each dtype on outputs of order 1."""
+
+
+@dataclass
+class DemoTaskConfig(TaskConfig):
+    """Config of task ``demo`` (``task=demo task.frames=8 ...``).
+
+    Sizes are in latent units; ``patch`` is (t, h, w) and must divide
+    (frames, height, width). ``atol`` null picks a per-dtype tolerance
+    (:data:`DEFAULT_ATOL`).
+    """
+
+    name: str = "demo"
+    seed: int = 0
+    batch: int = 1
+    channels: int = 4
+    frames: int = 6
+    height: int = 32
+    width: int = 32
+    patch: list[int] = field(default_factory=lambda: [1, 2, 2])
+    hidden: int = 64
+    heads: int = 4
+    depth: int = 4
+    mlp_ratio: float = 4.0
+    dtype: str = "float32"
+    warmup: int = 1
+    repeats: int = 3
+    check: bool = True
+    atol: float | None = None
+
+    @classmethod
+    def from_task_config(cls, task: Mapping[str, Any]) -> DemoTaskConfig:
+        """Build from the run's ``task`` section (a dict or DictConfig) and validate it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in task if k not in known)
+        if unknown:
+            raise ConfigError(f"task.{unknown[0]}={task[unknown[0]]!r} is not allowed: demo has no such "
+                              f"field; allowed fields: {sorted(known - {'name', 'modules'})}")
+        values = {k: task[k] for k in known if k in task}
+        if "patch" in values and not isinstance(values["patch"], (str, bytes)):
+            try:
+                values["patch"] = list(values["patch"])
+            except TypeError:
+                pass
+        if "modules" in values:
+            values["modules"] = list(values["modules"])
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
+        def bad(name: str, allowed: str) -> ConfigError:
+            return ConfigError(f"task.{name}={getattr(self, name)!r} is not allowed: {allowed}")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.seed) or self.seed < 0:
+            raise bad("seed", "expected an integer >= 0")
+        for name in ("batch", "channels", "frames", "height", "width", "hidden", "heads", "depth", "repeats"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise bad(name, "expected an integer >= 1")
+        if not is_int(self.warmup) or self.warmup < 0:
+            raise bad("warmup", "expected an integer >= 0")
+        if (not isinstance(self.patch, (list, tuple)) or len(self.patch) != 3
+                or not all(is_int(p) and p >= 1 for p in self.patch)):
+            raise bad("patch", "expected three integers >= 1: [t, h, w]")
+        for name, p in zip(("frames", "height", "width"), self.patch):
+            if getattr(self, name) % p:
+                raise bad(name, f"must be a multiple of its patch size {p} (patch={list(self.patch)})")
+        if self.hidden % 2 or self.hidden < 6:
+            raise bad("hidden", "expected an even integer >= 6 (3D sin-cos positions)")
+        if self.hidden % self.heads:
+            raise ConfigError(f"task.heads={self.heads!r} is not allowed: must divide task.hidden={self.hidden}")
+        if (isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float))
+                or int(self.hidden * self.mlp_ratio) < 1):
+            raise bad("mlp_ratio", "expected a number > 0 with int(hidden * mlp_ratio) >= 1")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"choose one of {list(DTYPES)}")
+        if not isinstance(self.check, bool):
+            raise bad("check", "expected true or false")
+        if self.atol is not None and (isinstance(self.atol, bool) or not isinstance(self.atol, (int, float))
+                                      or not self.atol > 0):
+            raise bad("atol", "expected a number > 0, or null for the dtype's default")
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int, int]:
+        return self.batch, self.channels, self.frames, self.height, self.width
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def tolerance(self) -> float:
+        return float(self.atol) if self.atol is not None else DEFAULT_ATOL[self.dtype]
+
+    def build_model(self, device: Any = "cpu") -> VDiT:
+        """The seeded model, identical on every rank."""
+        return VDiT.seeded(self.seed, dtype=self.torch_dtype, device=device, channels=self.channels,
+                           patch=tuple(self.patch), hidden=self.hidden, heads=self.heads,
+                           depth=self.depth, mlp_ratio=float(self.mlp_ratio))
+
+    def make_sample(self, sample_seed: int, device: Any = "cpu", latent: bool = True,
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Seeded diffusion times (B,) and, if ``latent``, a latent (B, C, T, H, W); generated on CPU."""
+        gen = torch.Generator().manual_seed(sample_seed)
+        t = torch.rand(self.batch, generator=gen, dtype=torch.float64)
+        x = torch.randn(self.latent_shape, generator=gen) if latent else None
+        return t.to(device), None if x is None else x.to(device=device, dtype=self.torch_dtype)
+
+
+def validate_config(task: Mapping[str, Any]) -> None:
+    """Launcher-side check of ``task`` (called before any process starts)."""
+    DemoTaskConfig.from_task_config(task)
+
+
+def plan_split(cfg: DemoTaskConfig, cp_size: int) -> CPSplit:
+    """CP plan of the latent (``find_split``), with an error naming the config when CP cannot be placed."""
+    try:
+        return CPSplit.plan(cfg.latent_shape, tuple(cfg.patch), cp_size)
+    except (ValueError, RuntimeError) as exc:
+        pt, ph, pw = cfg.patch
+        raise ConfigError(
+            f"engine.cp_size={cp_size} cannot split the demo latent on patch boundaries: "
+            f"{cfg.frames // pt} patch frames x {cfg.height // ph} patch rows "
+            f"(task.frames={cfg.frames}, task.height={cfg.height}, task.patch={list(cfg.patch)}); "
+            f"CP goes over T then H, so cp_size must divide gcd-wise into them ({exc})") from exc
+
+
+def _wait(handle: Any) -> None:
+    if handle is None:
+        return
+    if isinstance(handle, (list, tuple)):
+        for h in handle:
+            _wait(h)
+    elif hasattr(handle, "wait"):
+        handle.wait()
+
+
+def _sync(device: Any) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@register_task("demo", config=DemoTaskConfig)
+def demo(ctx: TaskContext) -> dict[str, Any]:
+    """Run the CP x PP forward, time it, check it against one process; rank 0 reports the run."""
+    cfg = DemoTaskConfig.from_task_config(ctx.task_config)
+    cp, pp = ctx.groups["cp"], ctx.groups["pp"]
+    stage, n_stages = ctx.coords["pp"], pp.world_size
+    first, last = stage == 0, stage == n_stages - 1
+    cp_rank = cp.rank_in_group
+    cp_source = cp.rank == min(cp.ranks)
+    cp_pg = cp if cp.world_size > 1 else None
+
+    split = plan_split(cfg, cp.world_size)
+    blocks = stage_blocks(cfg.depth, n_stages, stage)
+    model = cfg.build_model(ctx.device)
+    sample_seed = cfg.seed + 1 + ctx.coords["dp"]
+    needs_latent = cp_source and (first or (last and cfg.check))
+    t, latent = cfg.make_sample(sample_seed, ctx.device, latent=needs_latent)
+    positions = split.positions(cp_rank).to(ctx.device)
+    shard = (cfg.batch, split.tokens_per_rank, cfg.hidden)
+    pending: list[Any] = []
+
+    def step() -> torch.Tensor | None:
+        c = model.condition(t)
+        if first:
+            seq = split.to_sequence(patchify(latent, tuple(cfg.patch))) if cp_source else None
+            if cp_pg is not None:
+                from worldfoundry.core.distributed import broadcast_split_tensor
+
+                seq = broadcast_split_tensor(seq, 1, cp_pg)
+            x = model.embed(seq, positions)
+        else:
+            x = ctx.pp.recv_prev_data(shard, cfg.torch_dtype)
+        x = model.run_blocks(x, c, blocks, cp_pg)
+        if not last:
+            pending.append(ctx.pp.isend_next(x.contiguous()))
+            return None
+        out = model.head(x, c)
+        if cp_pg is not None:
+            from worldfoundry.core.distributed import cat_outputs_cp
+
+            out = cat_outputs_cp(out, 1, cp_pg)
+        return unpatchify(split.from_sequence(out), tuple(cfg.patch), cfg.channels)
+
+    world = ctx.groups["world"]
+    with torch.inference_mode():
+        for _ in range(cfg.warmup):
+            step()
+        _wait(pending)
+        pending.clear()
+        _sync(ctx.device)
+        world.barrier()
+        start = time.perf_counter()
+        for _ in range(cfg.repeats):
+            out = step()
+        _wait(pending)
+        _sync(ctx.device)
+        world.barrier()
+        forward_s = (time.perf_counter() - start) / cfg.repeats
+
+        row: dict[str, Any] = {
+            "rank": ctx.rank, "coords": dict(ctx.coords), "stage": stage,
+            "blocks": [blocks.start, blocks.stop], "cp_block": list(split.block),
+            "shard_shape": list(shard), "forward_s": forward_s,
+        }
+        if last and cp_source:
+            row.update(_check(cfg, model, split, out, latent, t, forward_s, ctx))
+
+    rows: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(rows, row, group=world.cpu_group)
+    if not ctx.is_main:
+        return row
+    summary = _summarize(cfg, split, rows, ctx)
+    ctx.log.info(f"demo: {summary['layout_text']}: {summary['tokens']} tokens, "
+                 f"{summary['tokens_per_s']:.0f} tokens/s, max_abs_err={summary['max_abs_err']}, "
+                 f"ok={summary['ok']}")
+    return {**row, **summary}
+
+
+def _check(cfg: DemoTaskConfig, model: VDiT, split: CPSplit, out: torch.Tensor,
+           latent: torch.Tensor | None, t: torch.Tensor, forward_s: float, ctx: TaskContext,
+           ) -> dict[str, Any]:
+    """On the rank holding the output: error against the single-process forward, and throughput."""
+    tokens = cfg.batch * split.tokens
+    res: dict[str, Any] = {"holds_output": True, "output_shape": list(out.shape), "tokens": tokens,
+                           "tokens_per_s": tokens / forward_s, "atol": cfg.tolerance}
+    if not cfg.check:
+        return {**res, "max_abs_err": None, "ok": True}
+    ref = model(latent, t)
+    _sync(ctx.device)
+    start = time.perf_counter()
+    for _ in range(cfg.repeats):
+        ref = model(latent, t)
+    _sync(ctx.device)
+    ref_s = (time.perf_counter() - start) / cfg.repeats
+    err = (out.double() - ref.double()).abs().max().item()
+    return {**res, "max_abs_err": err, "ok": bool(err <= cfg.tolerance),
+            "ref_forward_s": ref_s, "ref_tokens_per_s": tokens / ref_s}
+
+
+def _summarize(cfg: DemoTaskConfig, split: CPSplit, rows: list[dict[str, Any]],
+               ctx: TaskContext) -> dict[str, Any]:
+    """Rank 0's view of the run, from every rank's row."""
+    from worldfoundry.core.distributed import get_layout
+
+    layout = get_layout()
+    holders = [r for r in rows if r.get("holds_output")]
+    errs = [r["max_abs_err"] for r in holders if r.get("max_abs_err") is not None]
+    pt, ph, _ = cfg.patch
+    bt, bh, _ = split.block
+    return {
+        "layout": layout.sizes, "layout_text": layout.describe(), "order": "-".join(layout.dims),
+        "tokens": cfg.batch * split.tokens,
+        "tokens_per_s": min(r["tokens_per_s"] for r in holders),
+        "ref_tokens_per_s": min((r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r),
+                                default=None),
+        "max_abs_err": max(errs) if errs else None, "atol": cfg.tolerance,
+        "ok": all(r["ok"] for r in holders) and len(holders) == layout.world_size // (
+            layout.cp_size * layout.pp_size),
+        "output_ranks": [r["rank"] for r in holders],
+        "cp_split": {"cp_t": split.cp_t, "cp_h": split.cp_h,
+                     "block_latent": [bt * pt, bh * ph, cfg.width]},
+        "stage_blocks": [list(r["blocks"]) for r in rows if r["coords"]["tp"] == 0
+                         and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0],
+        "tp_replicated": layout.tp_size > 1,
+        "dp_samples": f"dp replica d uses sample seed {cfg.seed} + 1 + d",
+        "config": asdict(cfg),
+        "rows": rows,
+    }
+
+
+demo.validate_config = validate_config  # type: ignore[attr-defined]

@@ -1,0 +1,15 @@
+"""Task ``noop``: init, one barrier, teardown; measures the launcher's own overhead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .context import TaskContext
+from .registry import register_task
+
+
+@register_task("noop")
+def noop(ctx: TaskContext) -> dict[str, Any]:
+    """Barrier on the world group and return nothing."""
+    ctx.groups["world"].barrier()
+    return {}

@@ -1,0 +1,461 @@
+"""Run control: who this process is in a run, and collectives that survive a failing rank.
+
+``distributed_run`` owns the run's process group for a block; ``all_reduce`` and
+``broadcast_from`` run the caller's ``fn`` inside the collective so that a rank whose
+``fn`` fails still joins, and every rank then raises alike instead of one rank leaving
+its peers waiting in a collective it never reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+__all__ = [
+    "DistributedProcessGroup",
+    "DistributedState",
+    "ParallelState",
+    "all_reduce",
+    "backend",
+    "barrier",
+    "broadcast_from",
+    "distributed_run",
+    "is_available",
+    "is_distributed_launch",
+    "is_distributed_run",
+    "is_initialized",
+    "is_master",
+    "rank",
+    "size",
+]
+
+_V = TypeVar("_V")
+_Group = Any  # a torch.distributed.ProcessGroup or None (the world)
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def is_available() -> bool:
+    """Returns whether the distributed package is available."""
+    return dist.is_available()
+
+
+def is_initialized() -> bool:
+    """Returns whether the distributed package is initialized."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def is_distributed_launch() -> bool:
+    """True if launched distributed (WORLD_SIZE>1), readable BEFORE the process group is set up.
+
+    Env-based, so parse-time code can tell the launch mode before ``distributed_run()``
+    sets the group up; once it has, ``is_distributed_run()`` reads the live group.
+    """
+    return _env_int("WORLD_SIZE", 1) > 1
+
+
+def is_distributed_run() -> bool:
+    """True if a real multi-rank job is running: the group is initialized and world size > 1."""
+    return is_initialized() and dist.get_world_size() > 1
+
+
+def rank(group: _Group = None) -> int:
+    """Returns the rank of the current process (0 without an initialized group)."""
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+def size(group: _Group = None) -> int:
+    """Returns the number of processes (1 without an initialized group)."""
+    return dist.get_world_size(group) if is_initialized() else 1
+
+
+def is_master(group: _Group = None) -> bool:
+    """Returns whether the current process is the master process (rank 0 of ``group``)."""
+    return rank(group) == 0
+
+
+def backend() -> str | None:
+    """Returns the distributed backend, or None without an initialized group."""
+    return dist.get_backend() if is_initialized() else None
+
+
+def barrier(group: _Group = None) -> None:
+    """Synchronizes all processes of ``group``; a no-op without an initialized group."""
+    if is_initialized():
+        dist.barrier(group=group)
+
+
+# --------------------------------------------------------------------------- group wrappers
+
+
+class DistributedProcessGroup:
+    """A convenient wrapper around torch.distributed.ProcessGroup objects.
+
+    ``group`` is a ProcessGroup, ``None`` for the default (world) group, or ``-1`` for a
+    parallelism that is not used; an unused group reports rank and size ``-1``, and so
+    does a group this rank is not a member of (``new_group``'s ``NON_GROUP_MEMBER``).
+    """
+
+    def __init__(self, group: dist.ProcessGroup | int | None = None) -> None:
+        allowed = (-1, dist.GroupMember.NON_GROUP_MEMBER)
+        if isinstance(group, bool) or (isinstance(group, int) and group not in allowed):
+            raise ValueError(
+                f"DistributedProcessGroup: group={group!r} is not allowed; "
+                "pass a ProcessGroup, None (the world) or -1 (unused)"
+            )
+        if not (group is None or isinstance(group, int) or isinstance(group, dist.ProcessGroup)):
+            raise TypeError(
+                f"DistributedProcessGroup: group must be a ProcessGroup, None or -1, "
+                f"got {type(group).__name__}"
+            )
+        self.group = group
+
+    def is_initialized(self) -> bool:
+        """Check if the distributed process group is initialized (and used)."""
+        return is_initialized() and not isinstance(self.group, int)
+
+    def rank(self) -> int:
+        """Get the rank of the current process group (-1 when unused or not initialized)."""
+        return rank(self.group) if self.is_initialized() else -1
+
+    def world_size(self) -> int:
+        """Get the world size of the current process group (-1 when unused or not initialized)."""
+        return size(self.group) if self.is_initialized() else -1
+
+    def __repr__(self) -> str:
+        return f"DistributedProcessGroup(rank={self.rank()}, world_size={self.world_size()})"
+
+    @staticmethod
+    def get_dist_syncd_obj(
+        obj: Any,
+        groups: DistributedProcessGroup | list[DistributedProcessGroup],
+        op: Callable[[list[Any]], Any],
+    ) -> Any:
+        """Get ``obj`` synchronized across ``groups``: each group's gathered values folded by ``op``.
+
+        Groups are applied in order; unused or single-rank groups leave ``obj`` as it is.
+        """
+        group_list = groups if isinstance(groups, list) else [groups]
+        for g in group_list:
+            if not isinstance(g, DistributedProcessGroup):
+                raise TypeError(
+                    f"get_dist_syncd_obj: groups must hold DistributedProcessGroup, got {type(g).__name__}"
+                )
+            if not g.is_initialized() or g.world_size() <= 1:
+                continue
+            objs: list[Any] = [None] * g.world_size()
+            dist.all_gather_object(objs, obj, group=g.group)
+            obj = op(objs)
+        return obj
+
+
+class ParallelState:
+    """A class to manage various parallel groups such as data parallel, tensor parallel etc.
+
+    A group set to -1 is not used; a group set to None is the default (world) group.
+    """
+
+    def __init__(
+        self,
+        data_parallel_group: dist.ProcessGroup | int | None = None,
+        tensor_parallel_group: dist.ProcessGroup | int | None = -1,
+        expert_model_parallel_group: dist.ProcessGroup | int | None = -1,
+    ) -> None:
+        self.data_parallel_group = DistributedProcessGroup(data_parallel_group)
+        self.tensor_parallel_group = DistributedProcessGroup(tensor_parallel_group)
+        self.expert_model_parallel_group = DistributedProcessGroup(expert_model_parallel_group)
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelState(data_parallel_group={self.data_parallel_group!r}, "
+            f"tensor_parallel_group={self.tensor_parallel_group!r}, "
+            f"expert_model_parallel_group={self.expert_model_parallel_group!r})"
+        )
+
+
+# --------------------------------------------------------------------------- distributed_run
+
+
+@dataclass(frozen=True)
+class DistributedState:
+    """This process's place in a run: its rank, the run's size, and the device it computes on.
+
+    ``distributed_run()`` yields it, for a single process too (rank 0 of a run of one).
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device | str
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the rank that writes the run's outputs."""
+        return self.rank == 0
+
+
+def _parse_device(device: torch.device | str) -> torch.device:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"distributed_run: device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"distributed_run: device={device!r} is not a device ({e})") from None
+
+
+def _require_cuda(local_rank: int | None) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "distributed_run(device='cuda') needs CUDA, but torch.cuda.is_available() is False; "
+            "pass device='cpu' to run on CPU (gloo on a distributed launch)"
+        )
+    count = torch.cuda.device_count()
+    if local_rank is not None and not 0 <= local_rank < count:
+        raise RuntimeError(
+            f"distributed_run: LOCAL_RANK={local_rank} has no CUDA device (this node has {count}); "
+            f"allowed LOCAL_RANK is 0..{count - 1}"
+        )
+
+
+def _launch_device(dev: torch.device) -> torch.device:
+    """The device a launched rank binds: cuda:LOCAL_RANK for 'cuda', cpu for 'cpu'."""
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ValueError(
+            f"distributed_run: device={str(dev)!r} is not supported on a distributed launch; "
+            "allowed: 'cuda' (NCCL, binds cuda:LOCAL_RANK) or 'cpu' (gloo)"
+        )
+    if "LOCAL_RANK" not in os.environ:
+        raise RuntimeError(
+            "distributed_run: a distributed launch (WORLD_SIZE>1) with device='cuda' needs "
+            "LOCAL_RANK in the environment to bind this rank's GPU"
+        )
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if dev.index is not None and dev.index != local_rank:
+        raise ValueError(
+            f"distributed_run: device={str(dev)!r} differs from this rank's cuda:{local_rank} "
+            "(LOCAL_RANK); pass device='cuda' to bind it"
+        )
+    _require_cuda(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _abort_world() -> None:
+    """Abort every process group without waiting on peers (falling back to plain teardown)."""
+    c10d = dist.distributed_c10d
+    try:
+        abort = getattr(c10d, "_abort_process_group", None)
+        if abort is not None:
+            abort()
+            return
+        world = c10d.GroupMember.WORLD
+        if world is not None and hasattr(world, "abort"):
+            world.abort()
+            return
+        dist.destroy_process_group()
+    except Exception as e:  # the body's error is what the caller must see
+        logger.warning("distributed_run: aborting the process group failed: {}: {}", type(e).__name__, e)
+
+
+@contextmanager
+def distributed_run(
+    timeout: timedelta | None = None, device: torch.device | str = "cuda"
+) -> Iterator[DistributedState]:
+    """Own the run's process group for the block, and yield this process's state.
+
+    On a distributed launch (WORLD_SIZE>1) it sets the process group up with ``timeout``
+    unless the caller set one up already: ``device='cuda'`` binds ``cuda:LOCAL_RANK`` on
+    NCCL, ``device='cpu'`` uses gloo. Without a launch it sets nothing up and the state is
+    on ``device``. Rank and size are always the live group's (0 of 1 without one).
+
+    On exit, even if the body raises, it destroys the group the run set up (or the body
+    did); a group that was there at entry is the caller's and is left alone. A rank whose
+    body raised in a run of several ranks aborts the group instead of destroying it, so it
+    leaves without waiting on peers that may sit in a collective it never reaches; the
+    exception then propagates.
+    """
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise TypeError(f"distributed_run: timeout must be a datetime.timedelta or None, got {timeout!r}")
+    dev = _parse_device(device)
+    pre_existing = is_initialized()
+    if is_distributed_launch():
+        dev = _launch_device(dev)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        if not pre_existing:
+            kwargs: dict[str, Any] = {"backend": "nccl" if dev.type == "cuda" else "gloo"}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            if dev.type == "cuda":
+                kwargs["device_id"] = dev
+            dist.init_process_group(**kwargs)
+    elif dev.type == "cuda":
+        _require_cuda(dev.index)
+
+    state = DistributedState(rank=rank(), world_size=size(), device=dev)
+    try:
+        yield state
+    except BaseException:
+        if not pre_existing and is_initialized():
+            if dist.get_world_size() > 1:
+                _abort_world()
+            else:
+                dist.destroy_process_group()
+        raise
+    if not pre_existing and is_initialized():
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- fault-propagating collectives
+
+_OK, _ERROR, _EXIT = "ok", "error", "exit"
+
+
+class _Outcome:
+    """What ``fn`` did on this rank: its pickled value, or the exception it raised."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.payload: bytes = b""
+        self.exc: BaseException | None = None
+
+    def header(self, where: str) -> tuple[str, str, Any]:
+        if self.exc is None:
+            return (where, _OK, len(self.payload))
+        if isinstance(self.exc, SystemExit):
+            code = self.exc.code
+            return (where, _EXIT, code if code is None or isinstance(code, int) else str(code))
+        return (where, _ERROR, f"{type(self.exc).__name__}: {self.exc}")
+
+
+def _run_fn(fn: Callable[[], Any], where: str, me: int) -> _Outcome:
+    out = _Outcome()
+    try:
+        out.value = fn()
+    except BaseException as e:  # every rank must still join, SystemExit included
+        out.exc = e
+        return out
+    try:
+        out.payload = pickle.dumps(out.value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        err = TypeError(
+            f"{where} on rank {me}: fn returned a {type(out.value).__name__} that does not pickle: "
+            f"{type(e).__name__}: {e}"
+        )
+        err.__cause__ = e
+        out.exc = err
+    return out
+
+
+def _check_group_ready(where: str) -> bool:
+    """True when a collective is needed; raise on a launch whose group is not up yet."""
+    if is_initialized():
+        return dist.get_world_size() > 1
+    if is_distributed_launch():
+        raise RuntimeError(
+            f"{where}: this is rank {os.environ.get('RANK', '?')} of a distributed launch "
+            f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}) but the process group is not set up; "
+            "call it inside distributed_run()"
+        )
+    return False
+
+
+def _raise_uniformly(where: str, headers: list[tuple[str, str, Any]], out: _Outcome, me: int) -> None:
+    """Raise the same way on every rank when ranks disagree on the point or any fn failed."""
+    first_where = headers[0][0]
+    for r, (w, _, _) in enumerate(headers):
+        if w != first_where:
+            err = RuntimeError(
+                f"ranks reached different collectives at the same point: rank 0 at {first_where}, "
+                f"rank {r} at {w} (this is rank {me}, at {where})"
+            )
+            raise err from out.exc
+    failures = [(r, status, info) for r, (_, status, info) in enumerate(headers) if status != _OK]
+    if not failures:
+        return
+    errors = [f for f in failures if f[1] == _ERROR]
+    if errors:
+        if out.exc is not None and not isinstance(out.exc, SystemExit):
+            raise out.exc
+        r, _, info = errors[0]
+        raise RuntimeError(f"{where}: rank {r} failed: {info}")
+    if out.exc is not None:
+        raise out.exc
+    raise SystemExit(failures[0][2])
+
+
+def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _V]) -> _V:
+    """Return ``combine`` of every rank's ``fn()``, on every rank.
+
+    ``combine`` gets the ranks' values in rank order. If ``fn`` raises on any rank, or
+    returns a value that does not pickle, every rank raises alike instead of waiting: a
+    rank with a non-SystemExit error raises its own and the others a RuntimeError naming
+    the first such rank; if every error is a SystemExit, every rank exits (its own, or
+    the first one's code). Ranks at different labels fail, naming both. Collective; in a
+    single process ``fn`` runs alone; a rank of a launch whose group is not up raises.
+    """
+    if not isinstance(label, str):
+        raise TypeError(f"all_reduce: label must be a str, got {type(label).__name__}")
+    where = f"all_reduce({label!r})"
+    if not _check_group_ready(where):
+        return combine([fn()])
+    me, world = dist.get_rank(), dist.get_world_size()
+    out = _run_fn(fn, where, me)
+    headers: list[Any] = [None] * world
+    dist.all_gather_object(headers, out.header(where))
+    _raise_uniformly(where, headers, out, me)
+    payloads: list[Any] = [None] * world
+    dist.all_gather_object(payloads, out.payload)
+    values = [out.value if r == me else pickle.loads(p) for r, p in enumerate(payloads)]
+    return combine(values)
+
+
+def broadcast_from(label: str, fn: Callable[[], _V], rank: int = 0) -> _V:
+    """Return ``fn()`` run on ``rank`` only, on every rank.
+
+    For a value each rank could compute differently (environment, its GPU, files on its
+    node). If ``fn`` raises or returns a value that does not pickle, every rank raises:
+    ``rank`` its own error, the others a SystemExit with its code if that is what it was,
+    else a RuntimeError. Ranks at different labels (or naming different source ranks) all
+    fail. Collective; in a single process ``fn`` runs alone; a rank of a launch whose
+    group is not set up yet raises.
+    """
+    if not isinstance(label, str):
+        raise TypeError(f"broadcast_from: label must be a str, got {type(label).__name__}")
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"broadcast_from: rank must be an int, got {rank!r}")
+    where = f"broadcast_from({label!r}, rank={rank})"
+    collective = _check_group_ready(where)
+    world = size()
+    if not 0 <= rank < world:
+        raise ValueError(f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1}")
+    if not collective:
+        return fn()
+    me = dist.get_rank()
+    out = _run_fn(fn, where, me) if me == rank else _Outcome()
+    headers: list[Any] = [None] * world
+    dist.all_gather_object(headers, out.header(where))
+    _raise_uniformly(where, headers, out, me)
+    box = [out.payload if me == rank else None]
+    dist.broadcast_object_list(box, src=rank)
+    return out.value if me == rank else pickle.loads(box[0])
