@@ -2,10 +2,11 @@
 
 Builds the parameter shapes of a GPT-style model (~110M fp32 parameters by default) on
 the CPU, times the updater's foreach update against two per-parameter loops measured
-in the same run, and reports bytes moved per second against a plain copy of the same
-bytes. Figures are ratios to baselines of this run; no absolute time is asserted.
+in the same run (interleaved, so machine load hits every variant alike), and reports
+bytes moved per second against a plain copy of the same bytes. Figures are ratios to
+baselines of this run; no absolute time is asserted.
 
-    python scripts/bench_ema.py [--layers 12] [--dim 768] [--vocab 32000] [--repeats 5]
+    python scripts/bench_ema.py [--layers 12] [--dim 768] [--vocab 32000] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -44,14 +45,17 @@ def loop_classic(ema: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         e.copy_(BETA * e + (1 - BETA) * s)
 
 
-def timed(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm-up: first-touch page faults and allocator growth
-    samples = []
+def timed(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each fn, interleaved round by round so machine load hits all alike."""
+    for fn in fns.values():
+        fn()  # warm-up: first-touch page faults and allocator growth
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return samples
 
 
 def main() -> None:
@@ -59,7 +63,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -71,27 +75,31 @@ def main() -> None:
     n = sum(t.numel() for t in src)
     updater = DTensorFastEmaModelUpdater()
 
-    t_fast = timed(lambda: updater.update_average(src, ema, beta=BETA), args.repeats)
-    t_inplace = timed(lambda: loop_inplace(ema, src), args.repeats)
-    t_classic = timed(lambda: loop_classic(ema, src), args.repeats)
-    t_copy = timed(lambda: torch._foreach_copy_(ema, src), args.repeats)
+    samples = timed({
+        "foreach update_average": lambda: updater.update_average(src, ema, beta=BETA),
+        "per-param loop, mul_+add_": lambda: loop_inplace(ema, src),
+        "per-param loop, copy_(b*e+(1-b)*s)": lambda: loop_classic(ema, src),
+        "plain copy of the same bytes": lambda: torch._foreach_copy_(ema, src),
+    }, args.repeats)
+    moved = {name: 3 * 4 * n for name in samples}  # EMA: read ema, read src, write ema
+    moved["plain copy of the same bytes"] = 2 * 4 * n  # read src, write ema
+    best = {name: min(v) for name, v in samples.items()}
+    median = {name: statistics.median(v) for name, v in samples.items()}
+    fast, inplace, classic, copy = best.values()
 
-    ema_bytes = 3 * 4 * n   # read ema, read src, write ema
-    copy_bytes = 2 * 4 * n  # read src, write ema
-    gbps = lambda b, t: b / t / 1e9  # noqa: E731
-
-    print(f"torch {torch.__version__}, {args.threads} threads, {len(shapes)} tensors, {n / 1e6:.1f}M fp32 params")
-    print(f"{'update':34s} {'median s':>9s} {'GB/s':>7s} {'speed-up':>9s}")
-    for name, t, b in [
-        ("foreach update_average", t_fast, ema_bytes),
-        ("per-param loop, mul_+add_", t_inplace, ema_bytes),
-        ("per-param loop, copy_(b*e+(1-b)*s)", t_classic, ema_bytes),
-        ("plain copy of the same bytes", t_copy, copy_bytes),
-    ]:
-        print(f"{name:34s} {t:9.4f} {gbps(b, t):7.2f} {t_inplace / t:8.2f}x")
-    print(f"speed-up vs mul_+add_ loop: {t_inplace / t_fast:.2f}x; vs allocating loop: {t_classic / t_fast:.2f}x")
-    print(f"EMA bandwidth / plain-copy bandwidth: {gbps(ema_bytes, t_fast) / gbps(copy_bytes, t_copy):.2f}")
-
+    print(f"torch {torch.__version__}, {args.threads} threads, {len(shapes)} tensors, "
+          f"{n / 1e6:.1f}M fp32 params, {args.repeats} interleaved rounds")
+    print(f"{'update':36s} {'best s':>8s} {'median s':>9s} {'GB/s':>7s} {'x fast':>8s}")
+    for name in samples:
+        print(f"{name:36s} {best[name]:8.4f} {median[name]:9.4f} {moved[name] / best[name] / 1e9:7.2f} "
+              f"{best[name] / fast:7.2f}x")
+    print(f"speed-up of update_average (best of rounds): {inplace / fast:.2f}x vs the mul_+add_ loop, "
+          f"{classic / fast:.2f}x vs the allocating loop "
+          f"(medians: {median['per-param loop, mul_+add_'] / median['foreach update_average']:.2f}x, "
+          f"{median['per-param loop, copy_(b*e+(1-b)*s)'] / median['foreach update_average']:.2f}x)")
+    ema_rate, copy_rate = 3 * 4 * n / fast, 2 * 4 * n / copy
+    print(f"bytes moved per second: update_average {ema_rate / 1e9:.2f} GB/s, plain copy "
+          f"{copy_rate / 1e9:.2f} GB/s, ratio {ema_rate / copy_rate:.2f}")
 
 if __name__ == "__main__":
     main()

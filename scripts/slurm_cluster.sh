@@ -88,7 +88,14 @@ pid_of() {  # prints the daemon's pid if its pid file names a live process
     local f; f=$(pidfile "$1")
     [[ -s $f ]] || return 1
     local pid; pid=$(tr -dc '0-9' <"$f")
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+    [[ -n $pid ]] && alive "$pid" && echo "$pid"
+}
+
+alive() {  # a process that exists and is not a zombie (pid 1 here may reap slowly)
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
 }
 
 show_log() {  # show_log NAME FILE: the tail of a daemon's log, for error messages
@@ -384,13 +391,22 @@ descendants() {
     done
 }
 
-stop_pid() {  # stop_pid NAME PID: SIGTERM, wait STOP_TIMEOUT, then SIGKILL
-    local name=$1 pid=$2 deadline=$((SECONDS + STOP_TIMEOUT))
-    kill -TERM "$pid" 2>/dev/null || return 0
-    while kill -0 "$pid" 2>/dev/null; do
+stop_group() {  # stop_group NAME...: SIGTERM these daemons together, SIGKILL after STOP_TIMEOUT
+    local d pid pids=() names=() i
+    for d in "$@"; do
+        if pid=$(pid_of "$d"); then pids+=("$pid"); names+=("$d"); kill -TERM "$pid" 2>/dev/null || true; fi
+    done
+    [[ ${#pids[@]} -gt 0 ]] || return 0
+    local deadline=$((SECONDS + STOP_TIMEOUT)) left
+    while :; do
+        left=()
+        for i in "${!pids[@]}"; do alive "${pids[$i]}" && left+=("$i"); done
+        [[ ${#left[@]} -gt 0 ]] || return 0
         if ((SECONDS >= deadline)); then
-            log "$name (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
+            for i in "${left[@]}"; do
+                log "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
+                kill -KILL "${pids[$i]}" 2>/dev/null || true
+            done
             sleep 0.2
             return 0
         fi
@@ -399,20 +415,19 @@ stop_pid() {  # stop_pid NAME PID: SIGTERM, wait STOP_TIMEOUT, then SIGKILL
 }
 
 stop_daemons() {
-    local d pid
-    if pid_of slurmctld >/dev/null; then
+    if pid_of slurmctld >/dev/null && slurm_env timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; then
         # Cancel every job and give them KillWait (5 s) + a margin to end.
-        slurm_env scancel --quiet --user=root 2>/dev/null || true
-        local ids; ids=$(slurm_env squeue -h -o %i 2>/dev/null || true)
-        [[ -n $ids ]] && slurm_env scancel --quiet $ids 2>/dev/null || true
-        wait_for 15 "all jobs gone from squeue" \
-            bash -c "[[ -z \$(SLURM_CONF='$CONF' squeue -h -o %i 2>/dev/null) ]]" || true
-    fi
-    for d in "${DAEMONS[@]}"; do
-        if pid=$(pid_of "$d"); then
-            stop_pid "$d" "$pid"
+        local ids; ids=$(slurm_env timeout 5 squeue -h -o %i 2>/dev/null || true)
+        if [[ -n $ids ]]; then
+            # shellcheck disable=SC2086  # one job id per word
+            slurm_env timeout 5 scancel --quiet $ids 2>/dev/null || true
+            wait_for 15 "all jobs gone from squeue" \
+                bash -c "[[ -z \$(SLURM_CONF='$CONF' timeout 5 squeue -h -o %i 2>/dev/null) ]]" || true
         fi
-    done
+    fi
+    # Slurm daemons first (they may still talk to slurmdbd and munged on the way out).
+    stop_group slurmd-n1 slurmd-n2 slurmctld
+    stop_group slurmdbd mariadbd munged
     local strays; strays=$(stray_job_pids | sort -u | tr '\n' ' ')
     if [[ -n ${strays// /} ]]; then
         log "killing leftover job processes: $strays"

@@ -296,7 +296,8 @@ def test_fault_propagating_collectives_at_4_ranks() -> None:
         if r == 1:
             assert res["raise"] == ("ValueError", "bad batch")
         else:
-            assert res["raise"] == ("RuntimeError", "all_reduce('batch'): rank 1 failed: ValueError: bad batch")
+            assert res["raise"] == (
+                "RuntimeError", "all_reduce('batch'): rank 1 failed: ValueError: bad batch")
         assert res["raise_s"] < 5
         if r in (2, 3):
             assert res["two_fail"] == ("KeyError", f"'k{r}'")

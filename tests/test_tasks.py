@@ -10,7 +10,7 @@ import torch
 from multirank import run_ranks
 
 from wf_launch.config import ConfigError
-from wf_launch.tasks._vdit import CPSplit, VDiT, patchify, stage_blocks, unpatchify
+from wf_launch.tasks._vdit import CPSplit, patchify, stage_blocks, unpatchify
 from wf_launch.tasks.demo import DemoTaskConfig, plan_split
 from worldfoundry.core.distributed.topology import Layout
 
@@ -102,7 +102,8 @@ def test_patchify_roundtrip() -> None:
         assert torch.equal(unpatchify(patchify(x, patch), patch, 3), x)
 
 
-@pytest.mark.parametrize("cp_size, grid_t, want", [(4, 6, (2, 2)), (2, 3, (1, 2)), (4, 8, (4, 1)), (1, 6, (1, 1))])
+@pytest.mark.parametrize("cp_size, grid_t, want",
+                         [(4, 6, (2, 2)), (2, 3, (1, 2)), (4, 8, (4, 1)), (1, 6, (1, 1))])
 def test_cp_split_blocks(cp_size: int, grid_t: int, want: tuple[int, int]) -> None:
     from worldfoundry.core.distributed import get_cp_size_t
 
@@ -177,8 +178,8 @@ def test_demo_matches_single_process(world: int, engine: dict[str, Any], task: d
         assert r["coords"]["pp"] == layout.pp_size - 1 and r["coords"]["cp"] == 0
         assert r["output_shape"] == list(cfg.latent_shape)
     stages = sorted({(r["stage"], tuple(r["blocks"])) for r in results})
-    assert [b for _, b in stages] == [(s.start, s.stop) for s in
-                                      (stage_blocks(cfg.depth, layout.pp_size, i) for i in range(layout.pp_size))]
+    want = [stage_blocks(cfg.depth, layout.pp_size, i) for i in range(layout.pp_size)]
+    assert [b for _, b in stages] == [(s.start, s.stop) for s in want]
     bt, bh, w = (cfg.frames // split[0], cfg.height // 2 // split[1], cfg.width // 2)
     assert all(r["cp_block"] == [bt, bh, w] for r in results)
     assert all(r["shard_shape"] == [cfg.batch, bt * bh * w, cfg.hidden] for r in results)

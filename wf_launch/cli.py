@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -42,8 +43,25 @@ def _app(cfg: DictConfig) -> object:
 
 
 def main() -> None:
-    """Console entry point."""
-    load_task_modules(_task_modules_from_argv(sys.argv[1:]))
-    register_configs()
-    OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
-    hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
+    """Console entry point.
+
+    Once Hydra is done, the process leaves through ``os._exit`` after flushing:
+    every file is written and every rank has ended by then, and skipping the
+    interpreter's teardown of torch's C++ state saves about a second per launch.
+    """
+    code = 0
+    try:
+        load_task_modules(_task_modules_from_argv(sys.argv[1:]))
+        register_configs()
+        OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
+        hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    from loguru import logger
+
+    logger.complete()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

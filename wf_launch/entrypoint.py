@@ -55,6 +55,13 @@ def is_timeout_error(exc: BaseException) -> bool:
     return any(w in text for w in ("timed out", "timeout", "deadline exceeded"))
 
 
+def is_peer_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` only says another rank went away (a consequence, not a cause)."""
+    from .report import PEER_LOSS
+
+    return bool(PEER_LOSS.search(str(exc)))
+
+
 def _ranks_that_never_arrived(rank: int, world_size: int, grace_s: float) -> list[int] | None:
     """After a collective timed out: check in on the store, wait for peers, list the absent.
 
@@ -172,7 +179,13 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         if is_timeout_error(exc) and env.world_size > 1:
             missing = _ranks_that_never_arrived(env.rank, env.world_size, TIMEOUT_GRACE_S)
         record_failure(run_dir, env.rank, coords, exc, missing)
-        log.opt(exception=exc).error(f"rank {env.rank} failed: {type(exc).__name__}: {exc}")
+        if is_peer_loss(exc):
+            log.warning(f"rank {env.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
+            log.opt(exception=exc).debug("traceback")
+        else:
+            if missing:
+                log.error(f"collective timed out; ranks that never arrived: {missing}")
+            log.opt(exception=exc).error(f"rank {env.rank} failed: {type(exc).__name__}: {exc}")
         raise
     finally:
         from loguru import logger

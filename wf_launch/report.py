@@ -10,8 +10,8 @@ from typing import Any
 
 from . import rundir
 
-_PEER_LOSS = re.compile(r"connection (closed|reset)|broken pipe|peer|socket|ProcessGroup.*abort|"
-                        r"NCCL communicator was aborted", re.IGNORECASE)
+PEER_LOSS = re.compile(r"connection closed by peer|connection reset|broken pipe|"
+                       r"ProcessGroup.*abort|NCCL communicator was aborted", re.IGNORECASE)
 
 
 def load_failure_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -44,7 +44,7 @@ def root_cause(records: list[dict[str, Any]], exits: dict[int, int]) -> dict[str
     for rec in records:
         if rec.get("kind") == "timeout" and rec.get("missing_ranks"):
             return {**rec, "cause": "stuck"}
-    primary = [r for r in records if not _PEER_LOSS.search(r.get("message", ""))]
+    primary = [r for r in records if not PEER_LOSS.search(r.get("message", ""))]
     if primary:
         return {**primary[0], "cause": "exception"}
     killed = {r: c for r, c in exits.items() if c < 0 and -c != signal.SIGTERM}

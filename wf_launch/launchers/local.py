@@ -142,7 +142,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         signum = getattr(exc, "sigval", signal.SIGINT)
         name = signal.Signals(signum).name
         summary = f"interrupted by {name}: every rank was stopped"
-        logger.error(summary)
+        logger.debug(summary)
         code = 128 + int(signum)
         finalize_result(plan.run_dir, info, "interrupted", code,
                         {"failure": {"cause": "interrupt", "signal": name, "message": summary},
@@ -172,7 +172,7 @@ def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall:
     if cause.get("rank", -1) >= 0:
         cause["coords"] = plan.layout.coords(cause["rank"])
         cause["log"] = str(rundir.rank_log(plan.run_dir, cause["rank"]))
-    logger.error(f"run failed: {summary}")
+    logger.debug(f"run failed: {summary}")
     finalize_result(plan.run_dir, info, "failed", EXIT_FAILED,
                     {"failure": cause, "exits": {str(k): v for k, v in exits.items()},
                      "timings": {"wall_s": round(wall, 4)}})

@@ -84,7 +84,8 @@ class CPSplit:
         bt, bh, bw = (int(v) for v in block)
         if bw != w or t % bt or h % bh:
             raise RuntimeError(f"find_split({tuple(latent_shape)}, cp_size={cp_size}, patch={tuple(patch)}) "
-                               f"returned block {tuple(block)}, which does not tile the latent (T={t}, H={h}, W={w})")
+                               f"returned block {tuple(block)}, which does not tile the latent "
+                               f"(T={t}, H={h}, W={w})")
         split = cls(grid, t // bt, h // bh)
         if split.cp_size != cp_size:
             raise RuntimeError(f"find_split block {tuple(block)} gives {split.cp_size} blocks, "

@@ -24,7 +24,7 @@ gathers every rank's row and reports the run: ``max_abs_err`` (max over replicas
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -79,13 +79,9 @@ class DemoTaskConfig(TaskConfig):
             raise ConfigError(f"task.{unknown[0]}={task[unknown[0]]!r} is not allowed: demo has no such "
                               f"field; allowed fields: {sorted(known - {'name', 'modules'})}")
         values = {k: task[k] for k in known if k in task}
-        if "patch" in values and not isinstance(values["patch"], (str, bytes)):
-            try:
-                values["patch"] = list(values["patch"])
-            except TypeError:
-                pass
-        if "modules" in values:
-            values["modules"] = list(values["modules"])
+        for key in ("patch", "modules"):
+            if isinstance(values.get(key), Iterable) and not isinstance(values[key], str):
+                values[key] = list(values[key])
         cfg = cls(**values)
         cfg.validate()
         return cfg
@@ -114,7 +110,8 @@ class DemoTaskConfig(TaskConfig):
         if self.hidden % 2 or self.hidden < 6:
             raise bad("hidden", "expected an even integer >= 6 (3D sin-cos positions)")
         if self.hidden % self.heads:
-            raise ConfigError(f"task.heads={self.heads!r} is not allowed: must divide task.hidden={self.hidden}")
+            raise ConfigError(f"task.heads={self.heads!r} is not allowed: "
+                              f"must divide task.hidden={self.hidden}")
         if (isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float))
                 or int(self.hidden * self.mlp_ratio) < 1):
             raise bad("mlp_ratio", "expected a number > 0 with int(hidden * mlp_ratio) >= 1")
@@ -168,7 +165,8 @@ def plan_split(cfg: DemoTaskConfig, cp_size: int) -> CPSplit:
             f"engine.cp_size={cp_size} cannot split the demo latent on patch boundaries: "
             f"{cfg.frames // pt} patch frames x {cfg.height // ph} patch rows "
             f"(task.frames={cfg.frames}, task.height={cfg.height}, task.patch={list(cfg.patch)}); "
-            f"CP goes over T then H, so cp_size must divide gcd-wise into them ({exc})") from exc
+            f"cp_size must be (a divisor of the patch frames) x (a divisor of the patch rows), "
+            f"W is never split ({exc})") from exc
 
 
 def _wait(handle: Any) -> None:
@@ -312,7 +310,6 @@ def _summarize(cfg: DemoTaskConfig, split: CPSplit, rows: list[dict[str, Any]],
         "tp_replicated": layout.tp_size > 1,
         "dp_samples": f"dp replica d uses sample seed {cfg.seed} + 1 + d",
         "config": asdict(cfg),
-        "rows": rows,
     }
 
 

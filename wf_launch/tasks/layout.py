@@ -65,7 +65,9 @@ def render_table(rows: list[dict[str, Any]], title: str = "") -> str:
              *(format_ranks(r["groups"][g]) for g in GROUPS),
              "ok" if r["ok"] else "FAIL"] for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i in (0, 2, 3, 4, 5, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+    numeric = {0, 2, 3, 4, 5, 6}
+    lines = ["  ".join(c.rjust(w) if i in numeric else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(line, widths))).rstrip()
              for line in [header, *body]]
     return "\n".join(([title] if title else []) + lines)
 

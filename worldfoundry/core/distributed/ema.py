@@ -43,7 +43,9 @@ def _named(params: Params, role: str) -> list[tuple[str, torch.Tensor]]:
     return [(str(i), p) for i, p in enumerate(items)]
 
 
-def _paired_locals(src: Params, tgt: Params, where: str) -> tuple[list[torch.Tensor], list[torch.Tensor], list[str]]:
+def _paired_locals(
+    src: Params, tgt: Params, where: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[str]]:
     """Local shards of ``src`` and ``tgt``, checked to pair one to one by count and shape."""
     src_named, tgt_named = _named(src, f"{where} src"), _named(tgt, f"{where} tgt")
     if len(src_named) != len(tgt_named):
@@ -108,7 +110,8 @@ class DTensorFastEmaModelUpdater:
             torch._foreach_lerp_(same[0], same[1], weight)
         if mixed[0]:
             torch._foreach_mul_(mixed[0], float(beta))
-            torch._foreach_add_(mixed[0], [s.to(t.device, torch.float32) for t, s in zip(*mixed)], alpha=weight)
+            cast = [s.to(t.device, torch.float32) for t, s in zip(*mixed)]
+            torch._foreach_add_(mixed[0], cast, alpha=weight)
 
     @torch.no_grad()
     def cache(self, parameters: Params, is_cpu: bool = False) -> None:

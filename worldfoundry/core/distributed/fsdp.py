@@ -96,7 +96,9 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
     if not isinstance(cpu_offload, bool):
         raise TypeError(f"fsdp2_wrap: cpu_offload must be a bool, got {cpu_offload!r}")
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("fsdp2_wrap: the process group is not initialized; call it inside distributed_run()")
+        raise RuntimeError(
+            "fsdp2_wrap: the process group is not initialized; call it inside distributed_run()"
+        )
     if is_fsdp2_model(model):
         raise ValueError(f"fsdp2_wrap: {type(model).__name__} is already FSDP2-sharded")
 

@@ -38,7 +38,9 @@ def _as_uint8(data: bytes | bytearray | memoryview) -> torch.Tensor:
 
 def _check_args(data: Any, dst: Any, chunk_bytes: Any) -> None:
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"gather_bytes: data must be bytes, bytearray or memoryview, got {type(data).__name__}")
+        raise TypeError(
+            f"gather_bytes: data must be bytes, bytearray or memoryview, got {type(data).__name__}"
+        )
     if isinstance(dst, bool) or not isinstance(dst, int):
         raise TypeError(f"gather_bytes: dst must be an int (a global rank), got {dst!r}")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:

@@ -56,17 +56,20 @@ class PPScheduler:
     ``prev_rank`` are global ranks; its ``device_group`` carries the traffic.
     Receive buffers live on ``device`` (default: the current CUDA device when the
     group's backend is NCCL, else the CPU). ``timeout`` bounds every wait on a
-    receive (default: the group's own timeout).
+    receive (default: the group's own timeout). ``tag`` marks this scheduler's
+    messages on backends that honour tags (gloo), so a receive left pending by a
+    scheduler that was reset can never swallow a later scheduler's message.
     """
 
     def __init__(self, group: Any = None, device: torch.device | str | None = None,
-                 timeout: Timeout = None) -> None:
+                 timeout: Timeout = None, tag: int = 0) -> None:
         self.group = _groups.get_pp_group() if group is None else group
         self._pg = self.group.device_group
         self.next_rank: int = self.group.next_rank
         self.prev_rank: int = self.group.prev_rank
         self.device = torch.device(device) if device is not None else _group_device(self._pg)
         self.timeout = _as_timedelta(timeout)
+        self.tag = tag
         self._queue: deque[tuple[torch.Tensor, dist.Work]] = deque()
         self._closed = False
 
@@ -92,7 +95,7 @@ class PPScheduler:
         self._check_usable("isend_next")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"PPScheduler.isend_next: t must be a torch.Tensor, got {type(t).__name__}")
-        return dist.isend(t.detach().contiguous(), dst=self.next_rank, group=self._pg)
+        return dist.isend(t.detach().contiguous(), dst=self.next_rank, group=self._pg, tag=self.tag)
 
     def irecv_prev(self, buf: torch.Tensor) -> dist.Work:
         """Start receiving the previous stage's next message into ``buf`` (contiguous, right shape)."""
@@ -100,7 +103,10 @@ class PPScheduler:
         if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
             raise ValueError("PPScheduler.irecv_prev: buf must be a contiguous torch.Tensor, got "
                              f"{type(buf).__name__}" + (" (non-contiguous)" if isinstance(buf, torch.Tensor) else ""))
-        return dist.irecv(buf, src=self.prev_rank, group=self._pg)
+        return self._irecv(buf)
+
+    def _irecv(self, buf: torch.Tensor) -> dist.Work:
+        return dist.irecv(buf, src=self.prev_rank, group=self._pg, tag=self.tag)
 
     def _new_buffer(self, shape: Any, dtype: torch.dtype, what: str) -> torch.Tensor:
         try:
@@ -128,14 +134,14 @@ class PPScheduler:
         """
         self._check_usable("recv_prev_data")
         buf = self._new_buffer(shape, dtype, "recv_prev_data")
-        return self._wait(buf, dist.irecv(buf, src=self.prev_rank, group=self._pg), timeout,
+        return self._wait(buf, self._irecv(buf), timeout,
                           "recv_prev_data")
 
     def queue_irecv_prev(self, shape: Any, dtype: torch.dtype) -> None:
         """Post a receive of a ``shape`` / ``dtype`` message from the previous stage; collect it later."""
         self._check_usable("queue_irecv_prev")
         buf = self._new_buffer(shape, dtype, "queue_irecv_prev")
-        self._queue.append((buf, dist.irecv(buf, src=self.prev_rank, group=self._pg)))
+        self._queue.append((buf, self._irecv(buf)))
 
     def queue_irecv_prev_data(self, timeout: Timeout = None) -> torch.Tensor:
         """Wait for the oldest queued receive and return its tensor.
@@ -159,6 +165,8 @@ class PPScheduler:
 
 
 _SCHEDULER: PPScheduler | None = None
+_GENERATION = 0
+"""Schedulers created in this process; every rank counts alike, so it doubles as the message tag."""
 
 
 def init_pp_scheduler(timeout: Timeout = None) -> PPScheduler:
@@ -167,11 +175,13 @@ def init_pp_scheduler(timeout: Timeout = None) -> PPScheduler:
     Raises RuntimeError if one exists already (``destroy_model_parallel()``
     resets it) or the model-parallel groups are not initialized.
     """
-    global _SCHEDULER
+    global _SCHEDULER, _GENERATION
     if _SCHEDULER is not None:
         raise RuntimeError(f"init_pp_scheduler: the PP scheduler is already initialized ({_SCHEDULER!r}); "
                            "call destroy_model_parallel() before initializing it again")
-    _SCHEDULER = PPScheduler(_groups.get_pp_group(), timeout=timeout)
+    group = _groups.get_pp_group()
+    _GENERATION += 1
+    _SCHEDULER = PPScheduler(group, timeout=timeout, tag=_GENERATION)
     return _SCHEDULER
 
 
@@ -185,7 +195,13 @@ def pp_scheduler() -> PPScheduler:
 
 
 def _reset_pp_scheduler() -> None:
-    """Drop the process-wide scheduler and its pending receives (``destroy_model_parallel`` calls this)."""
+    """Drop the process-wide scheduler and its pending receives (``destroy_model_parallel`` calls this).
+
+    Posted receives cannot be cancelled through torch.distributed; they are
+    forgotten. On gloo the next scheduler uses a new tag, so one still posted on
+    a group that survives (the world group when pp spans every rank) never
+    matches its messages. NCCL ignores tags: drain queued receives before a reset.
+    """
     global _SCHEDULER
     if _SCHEDULER is not None:
         _SCHEDULER.close()

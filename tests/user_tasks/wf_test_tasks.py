@@ -1,0 +1,53 @@
+"""User tasks that live outside the package, for the CLI tests (``task.modules=[wf_test_tasks]``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from wf_launch import TaskConfig, TaskContext, register_task
+
+
+@dataclass
+class MisbehaveConfig(TaskConfig):
+    """Which rank misbehaves, and how: 'raise', 'kill', 'stuck', 'exit' or 'none'."""
+
+    how: str = "raise"
+    rank: int = 1
+    sleep_s: float = 60.0
+
+
+@register_task("misbehave", config=MisbehaveConfig)
+def misbehave(ctx: TaskContext) -> dict[str, Any]:
+    """One rank misbehaves while its peers wait in a barrier."""
+    cfg = ctx.task_config
+    ctx.log.info("ready")
+    if ctx.rank == cfg["rank"]:
+        if cfg["how"] == "raise":
+            raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
+        if cfg["how"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if cfg["how"] == "exit":
+            raise SystemExit(3)
+        if cfg["how"] == "stuck":
+            time.sleep(cfg["sleep_s"])
+    if cfg["how"] == "sleep_all":
+        ctx.log.info("sleeping")
+        time.sleep(cfg["sleep_s"])
+    ctx.groups["world"].barrier()
+    return {"rank": ctx.rank}
+
+
+@register_task("echo")
+def echo(ctx: TaskContext) -> dict[str, Any]:
+    """Returns what a task sees, so tests can check the context."""
+    print(f"hello from rank {ctx.rank}")
+    return {
+        "rank": ctx.rank, "world_size": ctx.world_size, "coords": ctx.coords,
+        "cp_ranks": ctx.groups["cp"].ranks, "has_pp": ctx.pp is not None,
+        "run_dir": str(ctx.run_dir), "device": str(ctx.device),
+        "started": ctx.config["engine"]["order"],
+    }
