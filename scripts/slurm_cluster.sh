@@ -277,6 +277,7 @@ start_mariadb() {
     # mariadbd stays in the foreground; detach it from our stdio and process group.
     setsid mariadbd "${opts[@]}" --socket="$DB_SOCK" --port="$DB_PORT" --bind-address=127.0.0.1 \
         --pid-file="$RUN_DIR/mariadbd.pid" --log-error="$FAILED_LOG" </dev/null >/dev/null 2>&1 &
+    echo $! >"$RUN_DIR/mariadbd.pid"  # at once, so a failed start can stop it (mariadbd rewrites it)
     wait_for "$UP_TIMEOUT" "mariadbd answering on $DB_SOCK" \
         mariadb-admin --no-defaults --socket="$DB_SOCK" -uroot ping
     mariadb --no-defaults --socket="$DB_SOCK" -uroot -e "
@@ -436,6 +437,7 @@ stop_daemons() {
 }
 
 cmd_stop() {
+    need_root stop
     [[ -d $DIR ]] || { log "no cluster folder $DIR; nothing to stop"; return 0; }
     DIR=$(cd "$DIR" && pwd)
     set_paths

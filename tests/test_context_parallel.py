@@ -43,7 +43,8 @@ def _check_group(group: object, n: int, r: int) -> None:
     (y * weight).sum().backward()
     assert torch.equal(leaf.grad, weight.chunk(n, 2)[r])
 
-    with pytest.raises(ValueError, match=r"sequence length 9 along seq_dim 1 is not divisible by .* size " + str(n)):
+    indivisible = rf"sequence length 9 along seq_dim 1 is not divisible by .* size {n}"
+    with pytest.raises(ValueError, match=indivisible):
         cp.split_inputs_cp(torch.zeros(2, 9), 1, group)
     with pytest.raises(ValueError, match="seq_dim=3 is out of range for a 2-D tensor"):
         cp.cat_outputs_cp(torch.zeros(2, 2), 3, group)

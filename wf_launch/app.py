@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,13 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
 
 
+def _record_invalid(run_dir: Path, overrides: list[str], message: str) -> None:
+    """Leave ``result.json`` (status 'invalid', the error) so sweep reports can list the point."""
+    rundir.atomic_write_json(run_dir / rundir.RESULT, {
+        "status": "invalid", "exit_code": EXIT_CONFIG, "overrides": list(overrides), "run_dir": str(run_dir),
+        "failure": {"cause": "invalid_config", "message": message}, "finished_at": time.time()})
+
+
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
     """Validate ``cfg``, write the run record's inputs, and launch (or print the plan)."""
     try:
@@ -29,6 +37,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
         layout = validate_run_config(config)
     except (ConfigError, ValueError) as exc:
         print(f"wf_launch: config error: {exc}", file=sys.stderr)
+        _record_invalid(run_dir, overrides, str(exc))
         return RunOutcome("invalid", EXIT_CONFIG, run_dir, str(exc))
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)

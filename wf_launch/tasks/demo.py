@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from wf_launch.config import ConfigError, TaskConfig
+from worldfoundry.core.distributed import broadcast_split_tensor, cat_outputs_cp, get_layout
 
 from ._vdit import CPSplit, VDiT, patchify, stage_blocks, unpatchify
 from .context import TaskContext
@@ -209,10 +210,7 @@ def demo(ctx: TaskContext) -> dict[str, Any]:
         c = model.condition(t)
         if first:
             seq = split.to_sequence(patchify(latent, tuple(cfg.patch))) if cp_source else None
-            if cp_pg is not None:
-                from worldfoundry.core.distributed import broadcast_split_tensor
-
-                seq = broadcast_split_tensor(seq, 1, cp_pg)
+            seq = broadcast_split_tensor(seq, 1, cp_pg)
             x = model.embed(seq, positions)
         else:
             x = ctx.pp.recv_prev_data(shard, cfg.torch_dtype)
@@ -221,10 +219,7 @@ def demo(ctx: TaskContext) -> dict[str, Any]:
             pending.append(ctx.pp.isend_next(x.contiguous()))
             return None
         out = model.head(x, c)
-        if cp_pg is not None:
-            from worldfoundry.core.distributed import cat_outputs_cp
-
-            out = cat_outputs_cp(out, 1, cp_pg)
+        out = cat_outputs_cp(out, 1, cp_pg)
         return unpatchify(split.from_sequence(out), tuple(cfg.patch), cfg.channels)
 
     world = ctx.groups["world"]
@@ -286,8 +281,6 @@ def _check(cfg: DemoTaskConfig, model: VDiT, split: CPSplit, out: torch.Tensor,
 def _summarize(cfg: DemoTaskConfig, split: CPSplit, rows: list[dict[str, Any]],
                ctx: TaskContext) -> dict[str, Any]:
     """Rank 0's view of the run, from every rank's row."""
-    from worldfoundry.core.distributed import get_layout
-
     layout = get_layout()
     holders = [r for r in rows if r.get("holds_output")]
     errs = [r["max_abs_err"] for r in holders if r.get("max_abs_err") is not None]

@@ -28,6 +28,16 @@ _EXPORTS: dict[str, str] = {
     "broadcast_split_tensor": "context_parallel", "find_split": "context_parallel",
     # pipeline
     "PPScheduler": "pipeline", "init_pp_scheduler": "pipeline", "pp_scheduler": "pipeline",
+    # run control (document 001)
+    **{n: "run_control" for n in (
+        "DistributedState", "distributed_run", "all_reduce", "broadcast_from", "DistributedProcessGroup",
+        "ParallelState", "is_available", "is_initialized", "is_distributed_launch", "is_distributed_run",
+        "is_master", "rank", "size", "backend", "barrier")},
+    "gather_bytes": "gather", "gather_state_dicts": "gather",
+    "DistributionPlan": "plan", "set_distribution_plan": "plan", "distribution_plan": "plan",
+    "fsdp2_wrap": "fsdp", "is_fsdp2_model": "fsdp",
+    "DTensorFastEmaModelUpdater": "ema", "broadcast_dtensor_model_states": "ema",
+    "get_local_tensor_if_dtensor": "ema",
     # logging
     "print_rank_0": "log", "print_per_rank": "log", "rank_logger": "log",
 }

@@ -160,8 +160,8 @@ def cat_outputs_cp(x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None, *,
     (optional) is filled and returned instead of allocating: it must have the
     result's shape, dtype and device, laid out seq-dim-major (a previous result
     qualifies). No autograd: see :func:`cat_outputs_cp_with_grad`. A ``None`` group
-    (or one rank) returns ``x`` itself, or ``x`` copied into ``out`` when given. Collective failures raise RuntimeError with the backend error
-    as ``__cause__``.
+    (or one rank) returns ``x`` itself, or ``x`` copied into ``out`` when given.
+    Collective failures raise RuntimeError with the backend error as ``__cause__``.
     """
     fn = "cat_outputs_cp"
     if cp_group is None and out is None:

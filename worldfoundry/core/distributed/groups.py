@@ -14,6 +14,7 @@ O(world size); groups with identical members are created once and shared.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -108,6 +109,18 @@ class _Rendezvous:
 
 
 _RDZV = _Rendezvous()
+_INHERITED_STORES: list[Any] = []
+
+
+def _forget_store_after_fork() -> None:
+    # A forked child must neither use nor destroy its parent's store (its destructor
+    # would tear down the parent's server socket and abort): keep it, unused, forever.
+    if _RDZV.store is not None:
+        _INHERITED_STORES.append(_RDZV.store)
+    _RDZV.key, _RDZV.store = None, None
+
+
+os.register_at_fork(after_in_child=_forget_store_after_fork)
 
 
 def _backend_of(group: Any) -> str:

@@ -101,8 +101,8 @@ class PPScheduler:
         """Start receiving the previous stage's next message into ``buf`` (contiguous, right shape)."""
         self._check_usable("irecv_prev")
         if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
-            raise ValueError("PPScheduler.irecv_prev: buf must be a contiguous torch.Tensor, got "
-                             f"{type(buf).__name__}" + (" (non-contiguous)" if isinstance(buf, torch.Tensor) else ""))
+            what = "a non-contiguous tensor" if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise ValueError(f"PPScheduler.irecv_prev: buf must be a contiguous torch.Tensor, got {what}")
         return self._irecv(buf)
 
     def _irecv(self, buf: torch.Tensor) -> dist.Work:
