@@ -61,6 +61,34 @@ class LocalLauncherConfig(LauncherConfig):
 
 
 @dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """One SLURM task per rank, submitted through submitit (docs/slurm.md)."""
+
+    name: str = "slurm"
+    nodes: int = 1
+    tasks_per_node: int | None = None
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: float | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60
+    constraint: str | None = None
+    exclude: str | None = None
+    job_name: str = "wf_launch"
+    sbatch_extra: dict[str, str] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+    srun_args: list[str] = field(default_factory=list)
+    folder: str = "submitit"
+    wait: bool = True
+    poll_interval_s: float = 1.0
+    signal_delay_s: int = 90
+    max_requeues: int = 3
+    preempt_wait_s: float = 20.0
+
+
+@dataclass
 class TaskConfig:
     """Which registered task every rank runs; ``modules`` are imported first (user tasks)."""
 
@@ -110,14 +138,17 @@ def validate_engine(engine: dict[str, Any]) -> Layout:
     return Layout(world, **{f"{d}_size": v for d, v in sizes.items()}, order=engine["order"])
 
 
-def validate_launcher(launcher: dict[str, Any], world_size: int) -> None:
-    """Check the launcher values common to every launcher, and the local launcher's."""
+def validate_launcher(launcher: dict[str, Any], world_size: int,
+                      engine: dict[str, Any] | None = None) -> None:
+    """Check the launcher values common to every launcher, and the local or SLURM launcher's."""
     ranks = launcher.get("console_ranks")
     if ranks is not None:
         bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < world_size]
         if bad:
             raise _fail("launcher.console_ranks", list(ranks),
                         f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
+    if launcher.get("name") == "slurm":
+        validate_slurm_launcher(launcher, engine or {}, world_size)
     if launcher.get("name") == "local":
         if launcher.get("start_method") not in START_METHODS:
             raise _fail("launcher.start_method", launcher.get("start_method"),
@@ -134,10 +165,59 @@ def validate_launcher(launcher: dict[str, Any], world_size: int) -> None:
             raise _fail("launcher.shutdown_timeout_s", launcher.get("shutdown_timeout_s"), "expected seconds >= 0")
 
 
+NCCL_BACKENDS = ("nccl", "cpu:gloo,cuda:nccl")
+
+
+def slurm_tasks_per_node(launcher: dict[str, Any], world_size: int) -> int:
+    """``launcher.tasks_per_node``, or world size / nodes when it is null."""
+    nodes = launcher["nodes"]
+    if launcher.get("tasks_per_node") is not None:
+        return int(launcher["tasks_per_node"])
+    if world_size % nodes:
+        raise _fail("launcher.nodes", nodes, f"the layout's {world_size} rank(s) must split evenly over "
+                    "the nodes (or set launcher.tasks_per_node)")
+    return world_size // nodes
+
+
+def validate_slurm_launcher(launcher: dict[str, Any], engine: dict[str, Any], world_size: int) -> None:
+    """SLURM launcher values, and that one SLURM task per rank covers the layout exactly."""
+    _positive_int("launcher.nodes", launcher.get("nodes"))
+    if launcher.get("tasks_per_node") is not None:
+        _positive_int("launcher.tasks_per_node", launcher["tasks_per_node"])
+    for key in ("cpus_per_task", "time_min", "signal_delay_s"):
+        _positive_int(f"launcher.{key}", launcher.get(key))
+    for key in ("gpus_per_node", "max_requeues"):
+        value = launcher.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _fail(f"launcher.{key}", value, "expected an integer >= 0")
+    mem = launcher.get("mem_gb")
+    if mem is not None and not mem > 0:
+        raise _fail("launcher.mem_gb", mem, "expected GB > 0, or null for the partition's default")
+    for key in ("poll_interval_s", "preempt_wait_s"):
+        if not launcher.get(key, 0) > 0:
+            raise _fail(f"launcher.{key}", launcher.get(key), "expected seconds > 0")
+    if launcher["signal_delay_s"] >= launcher["time_min"] * 60:
+        raise _fail("launcher.signal_delay_s", launcher["signal_delay_s"],
+                    f"expected fewer seconds than the time limit ({launcher['time_min'] * 60} s)")
+    if not str(launcher.get("folder") or "").strip():
+        raise _fail("launcher.folder", launcher.get("folder"), "a folder name inside the run directory")
+    tpn = slurm_tasks_per_node(launcher, world_size)
+    if launcher["nodes"] * tpn != world_size:
+        raise _fail("launcher.tasks_per_node", launcher.get("tasks_per_node"),
+                    f"launcher.nodes ({launcher['nodes']}) x launcher.tasks_per_node ({tpn}) = "
+                    f"{launcher['nodes'] * tpn} SLURM tasks, but the layout "
+                    f"(tp*cp*pp*dp) has {world_size} rank(s); one task per rank")
+    backend = str(engine.get("distributed_backend", "auto")).replace(" ", "").lower()
+    if backend in NCCL_BACKENDS and launcher["gpus_per_node"] < tpn:
+        raise _fail("launcher.gpus_per_node", launcher["gpus_per_node"],
+                    f"engine.distributed_backend={engine.get('distributed_backend')!r} needs one GPU per "
+                    f"task: at least launcher.tasks_per_node ({tpn}); or use gloo")
+
+
 def validate_run_config(cfg: dict[str, Any]) -> Layout:
     """Check a resolved run config; returns the layout. Raises :class:`ConfigError`."""
     layout = validate_engine(cfg["engine"])
-    validate_launcher(cfg["launcher"], layout.world_size)
+    validate_launcher(cfg["launcher"], layout.world_size, cfg["engine"])
     task = cfg.get("task") or {}
     if not isinstance(task.get("name"), str) or not task["name"]:
         raise _fail("task.name", task.get("name"), "the name of a registered task (task=NAME)")
@@ -149,7 +229,7 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
         raise ConfigError(str(exc.args[0])) from None
     validator = getattr(get_task(task["name"]), "validate_config", None)
     if validator is not None:
-        validator(task)
+        validator(task, cfg["engine"])
     return layout
 
 
@@ -159,6 +239,7 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="engine", name="engine_schema", node=EngineConfig)
     cs.store(group="launcher", name="local_schema", node=LocalLauncherConfig)
+    cs.store(group="launcher", name="slurm_schema", node=SlurmLauncherConfig)
     cs.store(group="task", name="task_schema", node=TaskConfig)
     from .tasks.registry import registered_configs
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import signal
 import socket
 import time
 import traceback
@@ -39,6 +40,75 @@ class RankSpec:
     console_ranks: list[int] | None = None
     launch_time: float = field(default_factory=time.time)
     write_result: bool = True
+    preempt: Any = None
+
+
+class Preempted(BaseException):
+    """This rank stops because the job goes back to the queue (not a failure)."""
+
+
+class _PreemptState:
+    """What the preemption signal handler needs once the task has started."""
+
+    task: Any = None
+    ctx: Any = None
+    busy: bool = False
+
+
+def preempt_marker(run_dir: Path | str, rank: int) -> Path:
+    """Where a rank records that it handled the preemption signal (and its hook's outcome)."""
+    return Path(run_dir) / rundir.LOGS / f"rank{rank}.preempt.json"
+
+
+def _install_preempt_handler(spec: RankSpec, rank: int, world_size: int, log: Any) -> _PreemptState:
+    """On ``spec.preempt.signal`` run the task's ``on_preempt(ctx)`` hook on this rank, record it,
+    and, if ``spec.preempt.allowed()``, let rank 0 requeue (``spec.preempt.requeue()``) once every
+    rank has recorded its hook (or ``spec.preempt.wait_s`` passed); then every rank raises
+    :class:`Preempted`. With no requeue left the task goes on until the time limit ends it.
+
+    ``spec.preempt`` is any picklable object with ``signal`` (e.g. 'USR2'), ``wait_s``,
+    ``restart()`` (this run's restart count), ``allowed()`` and ``requeue()``.
+    """
+    policy = spec.preempt
+    state = _PreemptState()
+
+    def handler(signum: int, frame: Any) -> None:
+        if state.busy:
+            return
+        state.busy = True
+        restart = policy.restart()
+        hook = getattr(state.task, "on_preempt", None)
+        outcome = "no hook" if hook is None else "not started"
+        log.warning(f"rank {rank}: {signal.Signals(signum).name} (preemption / time limit)")
+        if hook is not None and state.ctx is not None:
+            try:
+                hook(state.ctx)
+                outcome = "ok"
+            except Exception as exc:
+                outcome = f"error: {type(exc).__name__}: {exc}"
+                log.opt(exception=exc).error(f"on_preempt hook failed: {exc}")
+        requeue = policy.allowed()
+        rundir.atomic_write_json(preempt_marker(spec.run_dir, rank), {
+            "rank": rank, "restart": restart, "hook": outcome, "requeue": requeue, "time": time.time(),
+            "host": socket.gethostname(), "pid": os.getpid()})
+        if not requeue:
+            log.warning("no requeue left: the task goes on until the time limit")
+            state.busy = False
+            return
+        if rank == 0:
+            deadline = time.monotonic() + policy.wait_s
+            while time.monotonic() < deadline:
+                done = [(rundir.read_json(preempt_marker(spec.run_dir, r)) or {}).get("restart")
+                        for r in range(world_size)]
+                if all(d == restart for d in done):
+                    break
+                time.sleep(0.1)
+            log.warning("requeueing the job")
+            policy.requeue()
+        raise Preempted(f"rank {rank}: job requeued after restart {restart}")
+
+    signal.signal(getattr(signal, f"SIG{policy.signal}"), handler)
+    return state
 
 
 def layout_of(config: dict[str, Any]) -> Layout:
@@ -158,6 +228,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     torch.set_num_threads(max(1, spec.threads_per_rank))
     task_cfg = spec.config["task"]
     timings: dict[str, float] = {"start_s": round(t_start - spec.launch_time, 4)}
+    preempt = None if spec.preempt is None else _install_preempt_handler(spec, env.rank, env.world_size, log)
     try:
         load_task_modules(task_cfg.get("modules") or [])
         task = get_task(task_cfg["name"])
@@ -166,6 +237,9 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         timings["init_s"] = round(t_init - t_start, 4)
         log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
         ctx = build_context(spec.config, run_dir, device, log)
+        if preempt is not None:
+            preempt.task, preempt.ctx = task, ctx
+        timings["task_entry_s"] = round(time.time() - spec.launch_time, 4)
         value = _json_checked(task_cfg["name"], task(ctx))
         timings["task_s"] = round(time.time() - t_init, 4)
         gathered = _gather_to_rank0({"rank": env.rank, "coords": coords, "result": value,
@@ -174,6 +248,9 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             _write_success(spec, gathered)
         groups.destroy_model_parallel()
         return value
+    except Preempted:
+        log.warning(f"rank {env.rank} leaves for the requeue")
+        raise
     except BaseException as exc:
         missing = None
         if is_timeout_error(exc) and env.world_size > 1:

@@ -189,8 +189,22 @@ def _fmt(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}" if value and (abs(value) < 1e-3 or abs(value) >= 1e6) else f"{value:.4f}".rstrip("0").rstrip(".")
+        if not math.isfinite(value) or value == 0:
+            return str(value) if value else "0"
+        if abs(value) >= 1000:
+            return f"{value:.0f}"
+        if abs(value) >= 0.01:
+            return f"{value:.3f}".rstrip("0").rstrip(".")
+        return f"{value:.3g}"
     return str(value)
+
+
+def _split_overrides(points: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
+    """Overrides every point shares (in order), and the keys whose values differ between points."""
+    per_point = [p["overrides"].split() for p in points if p["overrides"]]
+    common = [o for o in per_point[0] if all(o in other for other in per_point)] if per_point else []
+    keys = {o.split("=", 1)[0] for ovs in per_point for o in ovs if o not in common}
+    return common, keys
 
 
 def render_csv(points: list[dict[str, Any]], metric: str) -> str:
@@ -219,17 +233,21 @@ def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path |
     lines = [f"# Sweep summary: {Path(sweep_dir).name}", "",
              f"{len(points)} point(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
              + f". Chart metric: `{metric}`.", ""]
+    common, _ = _split_overrides(points)
+    if common:
+        lines += ["Every point: `" + " ".join(common) + "`", ""]
     header = ["job", "status", "overrides", "layout (tp/cp/pp/dp)", "world", "wall_s", *names]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in points:
         layout = "/".join(_fmt(p[d]) if p[d] is not None else "?" for d in DIMS)
         status = p["status"] if p["status"] == "ok" else f"**{p['status']}**"
-        row = [_fmt(p["job"]), status, f"`{p['overrides']}`" if p["overrides"] else "", layout,
+        own = " ".join(o for o in p["overrides"].split() if o not in common)
+        row = [_fmt(p["job"]), status, f"`{own}`" if own else "", layout,
                _fmt(p["world"]), _fmt(p["wall_s"]), *(_fmt(p["metrics"].get(m)) for m in names)]
         lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
     failures = [p for p in points if p["failure"]]
     if failures:
-        lines += ["", "## Failures", ""]
+        lines += ["", "## Points that did not succeed", ""]
         lines += [f"- job {_fmt(p['job'])} ({p['status']}): {p['failure']}" for p in failures]
     return "\n".join(lines) + "\n"
 
@@ -252,12 +270,8 @@ def render_chart(points: list[dict[str, Any]], metric: str, path: Path | str) ->
     import matplotlib.pyplot as plt
 
     drawn = metric if any(metric_value(p, metric) is not None for p in points) else "wall_s"
-    keys: dict[str, set[str]] = {}
-    for p in points:
-        for o in p["overrides"].split():
-            key, _, value = o.partition("=")
-            keys.setdefault(key.lstrip("+~"), set()).add(value)
-    varying = [k for k, v in keys.items() if len(v) > 1 and not k.startswith("engine.")]
+    _, keys = _split_overrides(points)
+    varying = [k for k in keys if not k.lstrip("+~").startswith("engine.")]
     dims = [d for d in DIMS if len({p[d] for p in points}) > 1]
     values = [metric_value(p, drawn) for p in points]
     top = max([v for v in values if v is not None and math.isfinite(v)] or [1.0]) or 1.0

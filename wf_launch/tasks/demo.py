@@ -151,9 +151,11 @@ class DemoTaskConfig(TaskConfig):
         return t.to(device), None if x is None else x.to(device=device, dtype=self.torch_dtype)
 
 
-def validate_config(task: Mapping[str, Any]) -> None:
-    """Launcher-side check of ``task`` (called before any process starts)."""
-    DemoTaskConfig.from_task_config(task)
+def validate_config(task: Mapping[str, Any], engine: Mapping[str, Any] | None = None) -> None:
+    """Launcher-side check of ``task`` and of its fit with ``engine`` (before any process starts)."""
+    cfg = DemoTaskConfig.from_task_config(task)
+    if engine is not None:
+        plan_split(cfg, int(engine["cp_size"]))
 
 
 def plan_split(cfg: DemoTaskConfig, cp_size: int) -> CPSplit:

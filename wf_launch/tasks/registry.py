@@ -26,8 +26,8 @@ def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], T
     ``config`` is an optional dataclass (subclassing
     :class:`wf_launch.config.TaskConfig`, or with ``name`` and ``modules`` fields)
     that becomes the Hydra schema of ``task=name``; without one the task takes a
-    plain TaskConfig. A ``validate_config(task_cfg: dict)`` attribute on ``fn``
-    is called before any process starts.
+    plain TaskConfig. A ``validate_config(task_cfg, engine_cfg)`` attribute on
+    ``fn`` is called with both sections (dicts) before any process starts.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
