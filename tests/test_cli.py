@@ -87,6 +87,16 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     _no_leftovers(run_dir)
 
 
+def test_max_restarts_reruns_the_ranks_then_reports_the_last_attempt(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(["task=misbehave", TASKS, "task.how=raise", "task.rank=1", "engine.cp_size=2",
+                    "launcher.max_restarts=1"], run_dir)
+    assert proc.returncode == 1
+    assert result(run_dir)["failure"]["attempt"] == 1
+    assert (run_dir / "logs" / "rank1.log").read_text().count("bad batch 17") >= 2  # both attempts kept
+    _no_leftovers(run_dir)
+
+
 def test_rank_killed_by_signal_is_named_with_the_signal(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(["task=misbehave", TASKS, "task.how=kill", "task.rank=1", "engine.cp_size=4"], run_dir)
@@ -148,6 +158,7 @@ def test_sigterm_or_ctrl_c_stops_every_rank_within_10s(tmp_path: Path, sig: int,
     ("launcher.console_ranks=[5]", "launcher.console_ranks=[5] is not allowed"),
     ("task=nope", "Could not find 'task/nope'"),
     ("engine.pp_size=two", "engine.pp_size"),
+    ("engine.cp_size=5", "engine.cp_size=5 cannot split the demo latent on patch boundaries"),
 ])
 def test_bad_config_is_rejected_before_any_process_starts(tmp_path: Path, override: str, needle: str) -> None:
     run_dir = tmp_path / "run"

@@ -171,6 +171,7 @@ def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseEx
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "log": str(rundir.rank_log(run_dir, rank)),
+        "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
     }
     if missing is not None:
         record["missing_ranks"] = missing

@@ -15,14 +15,15 @@ PEER_LOSS = re.compile(r"connection closed by peer|connection reset|broken pipe|
 
 
 def load_failure_records(run_dir: Path) -> list[dict[str, Any]]:
-    """Every rank's failure record, oldest first."""
+    """The failure records of the last attempt (restarts leave older ones behind), oldest first."""
     records = []
     for path in sorted((Path(run_dir) / rundir.LOGS).glob("rank*.error.json")):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return sorted(records, key=lambda r: r.get("time", 0.0))
+    last = max((r.get("attempt", 0) for r in records), default=0)
+    return sorted((r for r in records if r.get("attempt", 0) == last), key=lambda r: r.get("time", 0.0))
 
 
 def signal_name(signum: int) -> str:
