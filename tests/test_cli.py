@@ -70,6 +70,13 @@ def test_user_task_from_a_module_outside_the_package(tmp_path: Path) -> None:
     assert "hello from rank 1" in (run_dir / "logs" / "rank1.log").read_text()  # files get everything
 
 
+def test_spawn_start_method_runs_the_same_entrypoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(["task=echo", TASKS, "engine.cp_size=2", "launcher.start_method=spawn"], run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert result(run_dir)["results"]["1"]["cp_ranks"] == [0, 1]
+
+
 def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     t0 = time.monotonic()

@@ -1,0 +1,412 @@
+"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``.
+
+The launcher renders the sbatch script with submitit (``launcher.dry_run`` prints it),
+submits one job (or, for a ``-m`` sweep through the ``wf_slurm`` Hydra launcher, every
+point at once as job arrays), records ``slurm_job.json`` in the run directory, and
+either returns (``launcher.wait=false``) or polls ``sacct`` until the job ends and
+finalizes ``result.json``. :func:`finalize` is shared with ``python -m wf_launch.status``.
+
+Preemption: sbatch's ``--signal=USR2@signal_delay_s`` reaches every task of the srun
+step, and the entrypoint's handler (``RankSpec.preempt`` = :class:`SlurmRequeue`) runs
+the task's ``on_preempt(ctx)`` hook on every rank before rank 0 requeues the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from .. import rundir
+from ..config import slurm_tasks_per_node
+from ..entrypoint import Preempted, RankSpec, layout_of, preempt_marker, rank_main
+from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result
+from ..plan import LaunchPlan
+from ..ranklog import rank_label
+from ..report import failure_summary, load_failure_records, root_cause
+
+JOB_FILE = "slurm_job.json"
+EXIT_CANCELLED = 128 + signal.SIGTERM
+EXIT_TIMEOUT = 124
+TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                             "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+_PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
+
+
+# ----------------------------------------------------------------------------- in the SLURM task
+@dataclass(frozen=True)
+class SlurmRequeue:
+    """The entrypoint's preemption policy on SLURM (see ``entrypoint._install_preempt_handler``)."""
+
+    signal: str
+    wait_s: float
+    max_requeues: int
+
+    def restart(self) -> int:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+    def allowed(self) -> bool:
+        return self.restart() < self.max_requeues
+
+    def requeue(self) -> None:
+        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=60,
+                       capture_output=True)
+
+
+def master_port(job_id: str, restart: int) -> int:
+    """A port derived from the job (and cluster), the same on every task; a requeue gets a new one."""
+    key = f"{os.environ.get('SLURM_CLUSTER_NAME', '')}:{os.environ.get('SLURM_CONF', '')}:{job_id}:{restart}"
+    low, high = _PORT_RANGE
+    return low + zlib.crc32(key.encode()) % (high - low)
+
+
+def export_rank_env() -> dict[str, str]:
+    """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
+    task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster)."""
+    from submitit import JobEnvironment
+
+    job = JobEnvironment()
+    env = {
+        "RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks), "LOCAL_RANK": str(job.local_rank),
+        "LOCAL_WORLD_SIZE": str(job.num_tasks // max(1, job.num_nodes)), "MASTER_ADDR": job.hostnames[0],
+        "MASTER_PORT": str(master_port(os.environ.get("SLURM_JOB_ID", job.job_id),
+                                       int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))),
+    }
+    os.environ.update(env)
+    return env
+
+
+@dataclass(frozen=True)
+class SlurmRank:
+    """What every SLURM task runs (submitit pickles it): the rank's environment, then ``rank_main``."""
+
+    spec: RankSpec
+
+    def __call__(self) -> dict[str, Any]:
+        export_rank_env()
+        try:
+            return rank_main(self.spec)
+        except Preempted:
+            sys.__stdout__.flush()
+            sys.__stderr__.flush()
+            os._exit(0)
+
+
+# ----------------------------------------------------------------------------- submission
+def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
+    """submitit's folder: in the run directory, or ``shared`` (a sweep's job arrays)."""
+    return ((shared or plan.run_dir) / plan.config["launcher"]["folder"]).absolute()
+
+
+def sbatch_parameters(plan: LaunchPlan) -> dict[str, Any]:
+    """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
+    lc = plan.config["launcher"]
+    params: dict[str, Any] = {
+        "job_name": lc["job_name"], "nodes": lc["nodes"],
+        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size), "cpus_per_task": lc["cpus_per_task"],
+        "time": lc["time_min"], "signal_delay_s": lc["signal_delay_s"],
+        "srun_args": ["--kill-on-bad-exit=1", *lc["srun_args"]],
+        "additional_parameters": {"requeue": True, **dict(lc["sbatch_extra"] or {})},
+    }
+    if lc["gpus_per_node"]:
+        params["gpus_per_node"] = lc["gpus_per_node"]
+    if lc["mem_gb"] is not None:
+        from submitit.slurm.slurm import _convert_mem
+
+        params["mem"] = _convert_mem(float(lc["mem_gb"]))
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
+        if lc[key]:
+            params[key] = lc[key]
+    if lc["setup"]:
+        params["setup"] = list(lc["setup"])
+    return params
+
+
+def _submit_command(folder: Path) -> str:
+    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | None = None) -> str:
+    """The exact sbatch script submitit submits for this plan (``array``: the job array's size)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = submitit_folder(plan, shared)
+    return _make_sbatch_string(command=_submit_command(folder), folder=folder, map_count=array,
+                               **sbatch_parameters(plan))
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The submission as text, then the sbatch script (``launcher.dry_run``)."""
+    lc = plan.config["launcher"]
+    tpn = slurm_tasks_per_node(lc, plan.world_size)
+    return "\n".join([
+        f"launcher      slurm (submitit), {lc['nodes']} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
+        f"task          {plan.task}",
+        f"time limit    {lc['time_min']} min; USR2 {lc['signal_delay_s']} s before it "
+        f"(on_preempt hooks, up to {lc['max_requeues']} requeue(s))",
+        f"wait          {lc['wait']}",
+        f"run dir       {plan.run_dir}",
+        f"submitit      {submitit_folder(plan)}",
+        "",
+        "sbatch script:",
+        sbatch_script(plan),
+    ])
+
+
+def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
+    lc = plan.config["launcher"]
+    return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
+                    console_ranks=lc.get("console_ranks"), launch_time=launch_time,
+                    preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
+                                         float(lc["preempt_wait_s"]), lc["max_requeues"]))
+
+
+def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
+    from submitit import SlurmExecutor
+
+    ex = SlurmExecutor(folder=submitit_folder(plan, shared), max_num_timeout=plan.config["launcher"]["max_requeues"])
+    ex.update_parameters(**sbatch_parameters(plan))
+    return ex
+
+
+def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
+    return {"launcher": "slurm", "task": plan.task, "overrides": plan.overrides, "run_dir": str(plan.run_dir),
+            "environment": rundir.environment_info()}
+
+
+def _record_job(plan: LaunchPlan, job_id: str, folder: Path, submitted_at: float) -> dict[str, Any]:
+    lc = plan.config["launcher"]
+    record = {"job_id": job_id, "folder": str(folder), "submitted_at": submitted_at,
+              "nodes": lc["nodes"], "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
+              "world_size": plan.world_size, "info": _plan_info(plan),
+              "status_command": f"python -m wf_launch.status {plan.run_dir}"}
+    rundir.atomic_write_json(plan.run_dir / JOB_FILE, record)
+    return record
+
+
+@dataclass
+class Pending:
+    """A prepared, not yet submitted run (sweep points wait in :data:`_BATCH`)."""
+
+    plan: LaunchPlan
+    fn: SlurmRank
+    launch_time: float
+
+
+_BATCH: list[Pending] | None = None
+
+
+def begin_batch() -> None:
+    """From now on :func:`launch` prepares runs for :func:`submit_batch` instead of submitting."""
+    global _BATCH
+    _BATCH = []
+
+
+def submit_batch(shared: Path) -> list[tuple[Pending, str | None, str]]:
+    """Submit every prepared run: one job array per distinct sbatch shape, all at once.
+
+    Returns (run, job id or None, error) per run; a refused group is recorded as failed.
+    """
+    global _BATCH
+    runs, _BATCH = _BATCH or [], None
+    groups: dict[str, list[Pending]] = {}
+    for run in runs:
+        key = json.dumps([sbatch_parameters(run.plan), run.plan.config["launcher"]["folder"]], sort_keys=True)
+        groups.setdefault(key, []).append(run)
+    out: list[tuple[Pending, str | None, str]] = []
+    for group in groups.values():
+        ex = _executor(group[0].plan, shared)
+        submitted_at = time.time()
+        try:
+            with ex.batch():
+                jobs = [ex.submit(run.fn) for run in group]
+        except Exception as exc:
+            message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
+            for run in group:
+                finalize_result(run.plan.run_dir, _plan_info(run.plan), "failed", EXIT_FAILED,
+                                {"failure": {"cause": "launcher_error", "type": type(exc).__name__,
+                                             "message": str(exc)}})
+                out.append((run, None, message))
+                print(f"wf_launch: {run.plan.run_dir}: {message}", file=sys.stderr, flush=True)
+            continue
+        for run, job in zip(group, jobs):
+            _record_job(run.plan, job.job_id, ex.folder, submitted_at)
+            out.append((run, job.job_id, ""))
+        logger.info(f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}")
+    return out
+
+
+def launch(plan: LaunchPlan) -> RunOutcome:
+    """Submit the run (or queue it for a sweep's batch); wait for it unless ``launcher.wait=false``."""
+    lc = plan.config["launcher"]
+    launch_time = time.time()
+    fn = SlurmRank(_rank_spec(plan, launch_time))
+    if _BATCH is not None:
+        _BATCH.append(Pending(plan, fn, launch_time))
+        return RunOutcome("submitted", EXIT_OK, plan.run_dir, "")
+    ex = _executor(plan)
+    job = ex.submit(fn)
+    _record_job(plan, job.job_id, ex.folder, launch_time)
+    logger.info(f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
+                f"run dir {plan.run_dir}")
+    if not lc["wait"]:
+        return RunOutcome("submitted", EXIT_OK, plan.run_dir,
+                          f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
+    return wait_all([plan.run_dir], lc["poll_interval_s"])[0]
+
+
+# ----------------------------------------------------------------------------- state and outcome
+def job_state(job_id: str) -> str:
+    """sacct's state of the job ('PENDING', 'RUNNING', 'CANCELLED by 0' ...); 'UNKNOWN' if not listed yet."""
+    try:
+        out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "UNKNOWN"
+    states = [line.split("|", 1)[1] for line in out.stdout.splitlines()
+              if "|" in line and line.split("|", 1)[0] == job_id]
+    return states[-1].strip() if states else "UNKNOWN"
+
+
+def is_terminal(state: str) -> bool:
+    return state.split()[0] in TERMINAL_STATES if state else False
+
+
+def read_job(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``slurm_job.json`` (None for a run not submitted to SLURM)."""
+    return rundir.read_json(Path(run_dir) / JOB_FILE)
+
+
+def is_final(result: dict[str, Any] | None) -> bool:
+    """Whether ``result.json`` was finalized by the launcher or status (rank 0 alone leaves no exit code)."""
+    return isinstance(result, dict) and "exit_code" in result
+
+
+def _labeller(run_dir: Path) -> Any:
+    import yaml
+
+    config = yaml.safe_load((Path(run_dir) / rundir.CONFIG).read_text())
+    layout = layout_of(config)
+    return lambda rank: rank_label(rank, layout.coords(rank))
+
+
+def finalize(run_dir: Path, state: str) -> RunOutcome:
+    """Write the final ``result.json`` of a run whose SLURM job ended in ``state`` (idempotent)."""
+    run_dir = Path(run_dir)
+    job = read_job(run_dir) or {}
+    result = rundir.read_json(run_dir / rundir.RESULT)
+    if is_final(result):
+        return RunOutcome(result["status"], result["exit_code"], run_dir, "", result)
+    word = state.split()[0]
+    info = {**job.get("info", {}), "slurm": {"job_id": job.get("job_id"), "state": state,
+                                             "folder": job.get("folder")}}
+    wall = {"timings": {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)}}
+    job_id = job.get("job_id")
+    if word == "COMPLETED" and (result or {}).get("status") == "ok":
+        result = finalize_result(run_dir, info, "ok", EXIT_OK, wall)
+        rank0 = (result.get("results") or {}).get("0") or {}
+        return RunOutcome("ok", EXIT_OK, run_dir, str(rank0.get("summary") or rank0.get("table") or ""), result)
+    if word == "CANCELLED":
+        summary = f"SLURM job {job_id} was cancelled ({state})"
+        finalize_result(run_dir, info, "cancelled", EXIT_CANCELLED,
+                        {"failure": {"cause": "cancelled", "message": summary}, **wall})
+        return RunOutcome("cancelled", EXIT_CANCELLED, run_dir, summary)
+    if word == "TIMEOUT":
+        summary = f"SLURM job {job_id} hit its time limit"
+        finalize_result(run_dir, info, "timeout", EXIT_TIMEOUT,
+                        {"failure": {"cause": "timeout", "message": summary}, **wall})
+        return RunOutcome("timeout", EXIT_TIMEOUT, run_dir, summary)
+    cause = root_cause(load_failure_records(run_dir), {})
+    if cause is None:
+        cause = {"rank": -1, "cause": "slurm", "type": word,
+                 "message": f"SLURM job {job_id} ended {state} and no rank left a failure record; "
+                            f"see {job.get('folder')}/{job_id}_*_log.err"}
+        summary = cause["message"]
+    else:
+        summary = failure_summary(cause, _labeller(run_dir), run_dir)
+        cause.pop("traceback", None)
+        cause["log"] = str(rundir.rank_log(run_dir, cause["rank"]))
+    finalize_result(run_dir, info, "failed", EXIT_FAILED, {"failure": cause, **wall})
+    return RunOutcome("failed", EXIT_FAILED, run_dir, summary)
+
+
+def cancel(run_dir: Path) -> str | None:
+    """``scancel`` the run's job unless it already ended; returns the job id (None if no job)."""
+    job = read_job(run_dir)
+    if not job:
+        return None
+    if not is_terminal(job_state(job["job_id"])):
+        subprocess.run(["scancel", job["job_id"]], capture_output=True, text=True, timeout=60)
+    return job["job_id"]
+
+
+def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
+    """Poll every run's job until all ended, finalizing (and reporting) each as it ends.
+
+    Ctrl-C cancels every job still running, waits for SLURM to end it, and records 'cancelled'.
+    """
+    pending = {Path(d): read_job(d)["job_id"] for d in run_dirs}  # type: ignore[index]
+    outcomes: dict[Path, RunOutcome] = {}
+    many = len(run_dirs) > 1
+    try:
+        while pending:
+            for run_dir, job_id in list(pending.items()):
+                state = job_state(job_id)
+                if is_terminal(state):
+                    outcome = finalize(run_dir, state)
+                    outcomes[run_dir] = outcome
+                    del pending[run_dir]
+                    if many and outcome.exit_code:
+                        print(f"wf_launch: {run_dir} {outcome.status}: {outcome.summary}", file=sys.stderr,
+                              flush=True)
+            if pending:
+                time.sleep(poll_s)
+    except KeyboardInterrupt:
+        print(f"wf_launch: interrupted: cancelling {len(pending)} SLURM job(s)", file=sys.stderr, flush=True)
+        for run_dir in pending:
+            cancel(run_dir)
+        deadline = time.monotonic() + 120
+        while pending and time.monotonic() < deadline:
+            for run_dir, job_id in list(pending.items()):
+                state = job_state(job_id)
+                if is_terminal(state):
+                    outcomes[run_dir] = finalize(run_dir, state)
+                    del pending[run_dir]
+            time.sleep(0.5)
+    return [outcomes.get(Path(d)) or RunOutcome("cancelled", EXIT_CANCELLED, Path(d), "not confirmed ended")
+            for d in run_dirs]
+
+
+def rank_outcomes(run_dir: Path) -> dict[int, str]:
+    """Each rank's outcome as far as the run directory tells: ok, the exception, preempted, or running."""
+    run_dir = Path(run_dir)
+    job = read_job(run_dir) or {}
+    world = int(job.get("world_size") or 0)
+    result = rundir.read_json(run_dir / rundir.RESULT) or {}
+    ok = set((result.get("results") or {}) if result.get("status") == "ok" else {})
+    errors = {r["rank"]: r for r in load_failure_records(run_dir)}
+    out: dict[int, str] = {}
+    for rank in range(world):
+        marker = rundir.read_json(preempt_marker(run_dir, rank))
+        if str(rank) in ok:
+            text = "ok"
+        elif rank in errors:
+            text = f"failed: {errors[rank]['type']}: {str(errors[rank]['message']).splitlines()[0][:200]}"
+        elif rundir.rank_log(run_dir, rank).exists():
+            text = "started (no outcome recorded)"
+        else:
+            text = "not started"
+        if marker:
+            text += f"; preemption signal at restart {marker['restart']} (hook: {marker['hook']})"
+        out[rank] = text
+    return out
