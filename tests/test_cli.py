@@ -98,8 +98,8 @@ def test_max_restarts_reruns_the_ranks_then_reports_the_last_attempt(tmp_path: P
     run_dir = tmp_path / "run"
     proc = run_cli(["task=misbehave", TASKS, "task.how=raise", "task.rank=1", "engine.cp_size=2",
                     "launcher.max_restarts=1"], run_dir)
-    assert proc.returncode == 1
-    assert result(run_dir)["failure"]["attempt"] == 1
+    assert proc.returncode == 1, proc.stderr
+    assert result(run_dir)["failure"]["attempt"] == 1, result(run_dir)["failure"]
     assert (run_dir / "logs" / "rank1.log").read_text().count("bad batch 17") >= 2  # both attempts kept
     _no_leftovers(run_dir)
 

@@ -53,6 +53,9 @@ def main() -> None:
     try:
         load_task_modules(_task_modules_from_argv(sys.argv[1:]))
         register_configs()
+        from hydra_plugins.wf_launch_slurm.wf_slurm_launcher import register as register_slurm_launcher
+
+        register_slurm_launcher()
         OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
         hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
     except SystemExit as exc:

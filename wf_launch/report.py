@@ -37,22 +37,25 @@ def signal_name(signum: int) -> str:
 def root_cause(records: list[dict[str, Any]], exits: dict[int, int]) -> dict[str, Any] | None:
     """Pick the failure that explains the run.
 
-    ``exits`` maps ranks that ended badly to their exit code (negative: killed by
-    that signal). Order of preference: ranks a timed-out collective waited for;
-    the first rank that raised on its own; a rank killed by a signal other than
-    the launcher's SIGTERM; the first rank that lost a peer; any non-zero exit.
+    ``exits`` maps ranks that ended badly to their exit code, read as the failure
+    was seen; negative means killed by that signal. SIGTERM is how the agent
+    stops the survivors, so it names no cause. Order of preference: ranks a
+    timed-out collective waited for; a rank killed by another signal (it cannot
+    leave a record, and its peers' errors are consequences); the first rank that
+    raised on its own; the first rank that lost a peer; any non-zero exit.
     """
     for rec in records:
         if rec.get("kind") == "timeout" and rec.get("missing_ranks"):
             return {**rec, "cause": "stuck"}
+    killed = sorted(r for r, c in exits.items() if c < 0 and -c != signal.SIGTERM)
+    if killed:
+        rank = killed[0]
+        name = signal_name(-exits[rank])
+        return {"rank": rank, "cause": "signal", "signal": name, "type": "Signal",
+                "message": f"killed by {name}"}
     primary = [r for r in records if not PEER_LOSS.search(r.get("message", ""))]
     if primary:
         return {**primary[0], "cause": "exception"}
-    killed = {r: c for r, c in exits.items() if c < 0 and -c != signal.SIGTERM}
-    if killed:
-        rank = min(killed)
-        return {"rank": rank, "cause": "signal", "signal": signal_name(-killed[rank]),
-                "type": "Signal", "message": f"killed by {signal_name(-killed[rank])}"}
     if records:
         return {**records[0], "cause": "exception"}
     if exits:

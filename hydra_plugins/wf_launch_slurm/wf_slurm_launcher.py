@@ -35,20 +35,23 @@ class WfSlurmLauncher(BasicLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from wf_launch.launchers import slurm
+        from wf_launch.outcome import EXIT_FAILED, RunOutcome
 
         assert self.config is not None
         slurm.begin_batch()
         try:
             runs = list(super().launch(job_overrides, initial_job_idx))
-        finally:
-            submitted = slurm.submit_batch(Path(str(self.config.hydra.sweep.dir)).absolute())
-        by_dir = {Path(str(getattr(r.return_value, "run_dir", ""))): r for r in runs
-                  if getattr(r, "_return_value", None) is not None}
+        except BaseException:
+            slurm.drop_batch()
+            raise
+        submitted = slurm.submit_batch(Path(str(self.config.hydra.sweep.dir)).absolute())
+        by_dir = {Path(str(r._return_value.run_dir)): r for r in runs
+                  if isinstance(getattr(r, "_return_value", None), RunOutcome)}
         waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.config["launcher"]["wait"]]
         failed = {p.plan.run_dir: err for p, job_id, err in submitted if not job_id}
         for run_dir, err in failed.items():
             if run_dir in by_dir:
-                by_dir[run_dir].return_value = slurm.RunOutcome("failed", slurm.EXIT_FAILED, run_dir, err)
+                by_dir[run_dir].return_value = RunOutcome("failed", EXIT_FAILED, run_dir, err)
         if waiting:
             poll = min(p.plan.config["launcher"]["poll_interval_s"] for p, _, _ in submitted)
             print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)
@@ -56,3 +59,10 @@ class WfSlurmLauncher(BasicLauncher):
                 if outcome.run_dir in by_dir:
                     by_dir[outcome.run_dir].return_value = outcome
         return runs
+
+
+def register() -> None:
+    """Make the launcher known to Hydra even where its plugin scan misses it (editable installs)."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance().register(WfSlurmLauncher)

@@ -1,4 +1,4 @@
-"""Local ranks on torch's elastic agent (``elastic_launch``), one process per rank.
+"""Local ranks on torch's elastic agent (see :mod:`.elastic`), one process per rank.
 
 Rendezvous is c10d on ``127.0.0.1:0`` (the OS picks a free port, so concurrent
 launches never collide) unless ``launcher.rdzv_port`` names one. ``start_method:
@@ -109,8 +109,9 @@ def _route_elastic_logs() -> None:
 def launch(plan: LaunchPlan) -> RunOutcome:
     """Start every rank, wait for them, and record the outcome in the run directory."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from .elastic import RanksFailed, run_agent
 
     lc = plan.config["launcher"]
     nproc = plan.world_size
@@ -134,10 +135,9 @@ def launch(plan: LaunchPlan) -> RunOutcome:
             "run_dir": str(plan.run_dir), "environment": rundir.environment_info()}
     t0 = time.time()
     try:
-        elastic_launch(config, local_rank_entry)(spec, os.getpid())
-    except ChildFailedError as exc:
-        exits = {int(r): f.exitcode for r, f in exc.failures.items()}
-        return _failed(plan, info, exits, time.time() - t0)
+        run_agent(config, local_rank_entry, spec, os.getpid())
+    except RanksFailed as exc:
+        return _failed(plan, info, exc.exit_codes, time.time() - t0)
     except (SignalException, KeyboardInterrupt) as exc:
         signum = getattr(exc, "sigval", signal.SIGINT)
         name = signal.Signals(signum).name

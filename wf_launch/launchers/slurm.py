@@ -152,8 +152,8 @@ def describe(plan: LaunchPlan) -> str:
     return "\n".join([
         f"launcher      slurm (submitit), {lc['nodes']} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
         f"task          {plan.task}",
-        f"time limit    {lc['time_min']} min; USR2 {lc['signal_delay_s']} s before it "
-        f"(on_preempt hooks, up to {lc['max_requeues']} requeue(s))",
+        (f"time limit    {lc['time_min']} min; USR2 {lc['signal_delay_s']} s before it "
+         f"(on_preempt hooks, up to {lc['max_requeues']} requeue(s))"),
         f"wait          {lc['wait']}",
         f"run dir       {plan.run_dir}",
         f"submitit      {submitit_folder(plan)}",
@@ -210,6 +210,12 @@ def begin_batch() -> None:
     """From now on :func:`launch` prepares runs for :func:`submit_batch` instead of submitting."""
     global _BATCH
     _BATCH = []
+
+
+def drop_batch() -> None:
+    """Forget the prepared runs without submitting them (the sweep was interrupted)."""
+    global _BATCH
+    _BATCH = None
 
 
 def submit_batch(shared: Path) -> list[tuple[Pending, str | None, str]]:
@@ -276,6 +282,26 @@ def job_state(job_id: str) -> str:
     states = [line.split("|", 1)[1] for line in out.stdout.splitlines()
               if "|" in line and line.split("|", 1)[0] == job_id]
     return states[-1].strip() if states else "UNKNOWN"
+
+
+def in_queue(job_id: str) -> bool:
+    """Whether squeue still lists the job (pending, running, or completing: processes not yet gone)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def wait_gone(job_id: str, timeout_s: float = 60) -> bool:
+    """Wait until SLURM has cleaned the job up (its processes are gone); False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while in_queue(job_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
+    return True
 
 
 def is_terminal(state: str) -> bool:
@@ -346,7 +372,7 @@ def cancel(run_dir: Path) -> str | None:
     if not job:
         return None
     if not is_terminal(job_state(job["job_id"])):
-        subprocess.run(["scancel", job["job_id"]], capture_output=True, text=True, timeout=60)
+        subprocess.run(["scancel", job["job_id"]], check=False, capture_output=True, text=True, timeout=60)
     return job["job_id"]
 
 
@@ -363,6 +389,7 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
             for run_dir, job_id in list(pending.items()):
                 state = job_state(job_id)
                 if is_terminal(state):
+                    wait_gone(job_id)
                     outcome = finalize(run_dir, state)
                     outcomes[run_dir] = outcome
                     del pending[run_dir]
@@ -380,6 +407,7 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
             for run_dir, job_id in list(pending.items()):
                 state = job_state(job_id)
                 if is_terminal(state):
+                    wait_gone(job_id)
                     outcomes[run_dir] = finalize(run_dir, state)
                     del pending[run_dir]
             time.sleep(0.5)
@@ -394,6 +422,7 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
     world = int(job.get("world_size") or 0)
     result = rundir.read_json(run_dir / rundir.RESULT) or {}
     ok = set((result.get("results") or {}) if result.get("status") == "ok" else {})
+    stopped = result.get("status") if result.get("status") in ("cancelled", "timeout") else None
     errors = {r["rank"]: r for r in load_failure_records(run_dir)}
     out: dict[int, str] = {}
     for rank in range(world):
@@ -402,6 +431,8 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
             text = "ok"
         elif rank in errors:
             text = f"failed: {errors[rank]['type']}: {str(errors[rank]['message']).splitlines()[0][:200]}"
+        elif stopped:
+            text = f"stopped ({stopped})"
         elif rundir.rank_log(run_dir, rank).exists():
             text = "started (no outcome recorded)"
         else:
