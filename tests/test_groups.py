@@ -77,6 +77,11 @@ def _destroy_really_destroys(rank: int, world: int) -> int:
         dist.get_process_group_ranks(tp_pg)
     with pytest.raises(RuntimeError, match="dist_init"):
         g.get_tp_group()
+    g.initialize_model_parallel(tp_size=2, cp_size=2)  # the same layout again: no stale state
+    t = torch.ones(1)
+    dist.all_reduce(t, group=g.get_cp_group().device_group)
+    assert t.item() == 2
+    g.destroy_model_parallel()
     g.initialize_model_parallel(pp_size=4, order="pp-tp-cp-dp")
     assert g.get_pp_group().ranks == [0, 1, 2, 3]
     g.destroy_model_parallel()

@@ -7,9 +7,12 @@ every group it made and resets the state that hangs off them (PP scheduler, the
 ``cp_size_t`` that ``find_split`` records), so the process can be initialized again
 with another layout.
 
-Each rank only creates the groups it belongs to (``use_local_synchronization``),
-so start-up costs O(number of dimensions) group creations per rank instead of
-O(world size); groups with identical members are created once and shared.
+Every rank walks every group in the same order (Megatron's way): ``new_group`` for
+a group a rank is not in is a cheap local call, and group names stay unique, so
+destroy-then-initialize with the same layout never meets stale rendezvous keys
+(``use_local_synchronization`` names groups by their ranks and the number of live
+groups, which repeats after a destroy; ``scripts/bench_groups.py`` measures both).
+Groups with identical members are created once and shared.
 """
 
 from __future__ import annotations
@@ -207,15 +210,18 @@ def initialize_model_parallel(
     groups: dict[str, GroupCoordinator] = {}
     try:
         for name in (*DIMS, *COMBINED):
-            members = layout.group_of(rank, name)
-            key = tuple(members)
-            if key not in by_members:
-                pg = dist.new_group(members, timeout=timeout, backend=backend,
-                                    pg_options=_pg_options(nccl_options.get(name.replace("-", "_"))),
-                                    use_local_synchronization=True, group_desc=name)
+            options = _pg_options(nccl_options.get(name.replace("-", "_")))
+            for members in layout.groups(name):
+                key = tuple(members)
+                if key in by_members:
+                    continue
+                pg = dist.new_group(members, timeout=timeout, backend=backend, pg_options=options,
+                                    group_desc=name)
                 by_members[key] = pg
-                _STATE.created.append(pg)
-            pg = by_members[key]
+                if rank in members:
+                    _STATE.created.append(pg)
+            members = layout.group_of(rank, name)
+            pg = by_members[tuple(members)]
             groups[name] = GroupCoordinator(name, members, rank, pg, pg)
     except BaseException:
         _destroy_created()
