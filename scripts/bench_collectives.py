@@ -57,11 +57,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 
-from multirank import run_ranks  # noqa: E402
+from multirank import run_ranks
 
 ROW = 1024  # float32 elements per sequence position (4 KiB)
 
@@ -103,8 +103,12 @@ def _rank_main(rank: int, world: int, sizes: list[float], repeats: int, target_s
     import torch.distributed as dist
 
     from worldfoundry.core.distributed import (
-        broadcast_split_tensor, cat_outputs_cp, destroy_model_parallel, get_cp_group,
-        initialize_model_parallel, init_pp_scheduler,
+        broadcast_split_tensor,
+        cat_outputs_cp,
+        destroy_model_parallel,
+        get_cp_group,
+        init_pp_scheduler,
+        initialize_model_parallel,
     )
 
     gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -227,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64], help="full tensor sizes in MiB")
     ap.add_argument("--repeats", type=int, default=9, help="interleaved samples per case (median)")
     ap.add_argument("--sample-ms", type=float, default=40.0, help="target duration of one timed sample")
-    ap.add_argument("--quick", action="store_true", 
+    ap.add_argument("--quick", action="store_true",
                     help="2/4 ranks, 1/16 MiB, 5 repeats, 20 ms samples (< 1 minute)")
-    ap.add_argument("--timeout", type=float, default=900, 
+    ap.add_argument("--timeout", type=float, default=900,
                     help="seconds per world size before ranks are killed")
     args = ap.parse_args(argv)
     if args.quick:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater  # noqa: E402
+from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
 
 BETA = 0.9999
 

@@ -25,12 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
+from multirank import run_ranks
 
-from multirank import run_ranks  # noqa: E402
-from worldfoundry.core.distributed import groups  # noqa: E402
-from worldfoundry.core.distributed.topology import COMBINED, DIMS, Layout  # noqa: E402
+from worldfoundry.core.distributed import groups
+from worldfoundry.core.distributed.topology import COMBINED, DIMS, Layout
 
 
 def _slowest(seconds: float) -> float:

@@ -45,12 +45,12 @@ def main() -> None:
             "task=noop", "engine.distributed_backend=gloo"]
     theirs = [torchrun, "--standalone", f"--nproc-per-node={nproc}", str(HERE / "torchrun_noop.py")]
     env_note = f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
-    _timed(ours + [f"hydra.run.dir={work}/warm"], work)
+    _timed([*ours, f"hydra.run.dir={work}/warm"], work)
     _timed(theirs, work)
     a: list[float] = []
     b: list[float] = []
     for i in range(args.repeats):
-        a.append(_timed(ours + [f"hydra.run.dir={work}/run{i}"], work))
+        a.append(_timed([*ours, f"hydra.run.dir={work}/run{i}"], work))
         b.append(_timed(theirs, work))
         print(f"  round {i + 1}: wf_launch {a[-1]:.2f}s  torchrun {b[-1]:.2f}s", flush=True)
     ma, mb = statistics.median(a), statistics.median(b)

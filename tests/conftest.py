@@ -7,3 +7,5 @@ import torch
 torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+pytest_plugins = ["slurm_fixture"]

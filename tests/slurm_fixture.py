@@ -1,6 +1,6 @@
 """Session-scoped ``slurm_cluster`` fixture: a real SLURM cluster for tests.
 
-Import it into a test module with ``from slurm_fixture import slurm_cluster``.
+Registered for every test module by ``tests/conftest.py`` (``pytest_plugins``).
 
 Where the cluster comes from, in order:
 
@@ -79,7 +79,7 @@ def cluster_env(conf: Path, base: dict[str, str] | None = None) -> dict[str, str
     env = {k: v for k, v in base.items()
            if k not in RANK_VARS and not k.startswith(JOB_VAR_PREFIXES)}
     env["SLURM_CONF"] = str(conf)
-    path = [str(Path(sys.executable).parent)] + env.get("PATH", "").split(os.pathsep)
+    path = [str(Path(sys.executable).parent), *env.get("PATH", "").split(os.pathsep)]
     for d in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
         if d not in path:
             path.append(d)

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import leftover_processes, result, run_cli, start_cli, wait_for_log
 
 pytestmark = pytest.mark.slow

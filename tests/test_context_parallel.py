@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 import torch
-
 from multirank import run_ranks
+
 from worldfoundry.core.distributed import context_parallel as cp
 from worldfoundry.core.distributed import groups
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed.tensor  # noqa: F401  (imported once here, not in every forked rank)
+import torch.distributed.tensor
+from multirank import run_ranks
 from torch import nn
 
-from multirank import run_ranks
 from worldfoundry.core.distributed.ema import (
     DTensorFastEmaModelUpdater,
     broadcast_dtensor_model_states,
@@ -33,7 +33,7 @@ def test_ema_numerics_match_a_plain_loop() -> None:
     updater.copy_to(model, ema)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ema.parameters()))
     reference = [p.clone() for p in ema.parameters()]
-    for step in range(5):
+    for _step in range(5):
         for p in model.parameters():
             p.add_(torch.randn_like(p))
         updater.update_average(model, ema, beta=0.9)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed.fsdp  # noqa: F401  (imported once here, not in every forked rank)
+import torch.distributed.fsdp
+from multirank import run_ranks
 from torch import nn
 
-from multirank import run_ranks
 from worldfoundry.core.distributed.fsdp import fsdp2_wrap, is_fsdp2_model
 
 DIM, VOCAB, LAYERS = 16, 32, 3
@@ -152,7 +152,7 @@ def _mixed_precision(rank: int, world: int) -> list[str]:
     seen: list[str] = []
     model.model.layers[0].attn.register_forward_hook(lambda m, i, o: seen.append(str(o.dtype)))
     model(torch.arange(6).reshape(1, 6))
-    return seen + [str(model.model.layers[0].attn.weight.dtype)]
+    return [*seen, str(model.model.layers[0].attn.weight.dtype)]
 
 
 @pytest.mark.slow

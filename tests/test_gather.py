@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 import torch
-
 from multirank import run_ranks
+
 from worldfoundry.core.distributed.gather import gather_bytes, gather_state_dicts
 
 

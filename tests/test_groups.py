@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-
 from multirank import run_ranks
+
 from worldfoundry.core.distributed import groups as g
 from worldfoundry.core.distributed.init import dist_init
 from worldfoundry.core.distributed.topology import COMBINED, DIMS, Layout

@@ -8,7 +8,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from multirank import run_ranks
+
 from worldfoundry.core.distributed import groups, pipeline
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from multirank import run_ranks
 from torch import nn
 
-from multirank import run_ranks
 from worldfoundry.core.distributed.plan import DistributionPlan, distribution_plan, set_distribution_plan
 
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 import torch
-
 from multirank import run_ranks
+
 from worldfoundry.core.distributed.run_control import (
     DistributedProcessGroup,
     DistributedState,
@@ -190,6 +190,7 @@ def test_single_process_run_destroys_a_group_the_body_set_up() -> None:
 
 def _body_raises_on_one_rank(rank_: int, world: int) -> dict:
     import os
+
     import torch.distributed as dist
 
     start = time.monotonic()

@@ -9,16 +9,15 @@ import os
 import socket
 import sys
 import time
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import cloudpickle
 import pytest
 import submitit
+from slurm_fixture import SlurmCluster
 from submitit.core.utils import FailedJobError, UncompletedJobError
-
-from slurm_fixture import SlurmCluster, slurm_cluster  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

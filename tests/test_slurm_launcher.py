@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import USER_TASKS, leftover_processes
-from slurm_fixture import SlurmCluster, slurm_cluster  # noqa: F401  (fixture)
+from slurm_fixture import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SLURM = "launcher=slurm"

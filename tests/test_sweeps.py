@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import cli_env, leftover_processes, wait_for_log
 
 pytestmark = pytest.mark.slow

@@ -219,7 +219,7 @@ def test_format_ranks() -> None:
 
     assert [format_ranks(r) for r in ([3], [0, 4], [0, 1, 2, 3], [0, 4, 8, 12], [0, 1, 5])] == \
         ["3", "0,4", "0-3", "0-12:4", "0,1,5"]
-    assert format_ranks(list(range(0, 40, 3)) + [41]).endswith("...(+7)")
+    assert format_ranks([*list(range(0, 40, 3)), 41]).endswith("...(+7)")
 
 
 @pytest.mark.slow

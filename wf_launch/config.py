@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from worldfoundry.core.distributed.topology import DIMS, Layout, parse_order
@@ -235,6 +234,8 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
 
 def register_configs() -> None:
     """Put the schema into Hydra's ConfigStore (the YAML in ``conf/`` builds on it)."""
+    from hydra.core.config_store import ConfigStore  # ranks never pay for importing Hydra
+
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="engine", name="engine_schema", node=EngineConfig)

@@ -231,7 +231,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     timings: dict[str, float] = {"start_s": round(t_start - spec.launch_time, 4)}
     preempt = None if spec.preempt is None else _install_preempt_handler(spec, env.rank, env.world_size, log)
     try:
-        load_task_modules(task_cfg.get("modules") or [])
+        load_task_modules(task_cfg.get("modules") or [], builtins=False)
         task = get_task(task_cfg["name"])
         device = dist_init({"engine_config": spec.config["engine"]})
         t_init = time.time()

@@ -43,7 +43,7 @@ CSV_NAME, MD_NAME, CHART_NAME = "sweep_summary.csv", "sweep_summary.md", "sweep_
 PLAN_FILE = "multirun.yaml"
 NOT_RUN, INCOMPLETE = "not_run", "incomplete"
 BASE_COLUMNS = ("job", "status", "overrides", "tp", "cp", "pp", "dp", "world", "wall_s")
-FAILED_STATUSES = frozenset({"failed", "interrupted"})
+FAILED_STATUSES = frozenset({"failed", "interrupted", "cancelled", "timeout"})
 
 
 def _load_yaml(path: Path) -> Any:

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from loguru import logger

@@ -14,6 +14,7 @@ text table for the launcher to print.
 
 from __future__ import annotations
 
+import itertools
 import socket
 from typing import Any
 
@@ -51,7 +52,7 @@ def format_ranks(ranks: list[int]) -> str:
     if len(ranks) == 2:
         return f"{ranks[0]},{ranks[1]}"
     step = ranks[1] - ranks[0]
-    if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
+    if step > 0 and all(b - a == step for a, b in itertools.pairwise(ranks)):
         return f"{ranks[0]}-{ranks[-1]}" + ("" if step == 1 else f":{step}")
     shown = ",".join(map(str, ranks[:8]))
     return shown if len(ranks) <= 8 else f"{shown},...(+{len(ranks) - 8})"

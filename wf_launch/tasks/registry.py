@@ -16,7 +16,7 @@ TaskFn = Callable[[Any], dict[str, Any] | None]
 
 _TASKS: dict[str, TaskFn] = {}
 _CONFIGS: dict[str, type] = {}
-_BUILTIN_MODULES = ("wf_launch.tasks.demo", "wf_launch.tasks.layout", "wf_launch.tasks.noop")
+_BUILTINS = {"demo": "wf_launch.tasks.demo", "layout": "wf_launch.tasks.layout", "noop": "wf_launch.tasks.noop"}
 ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 
@@ -46,10 +46,15 @@ def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], T
     return deco
 
 
-def load_task_modules(modules: Iterable[str] = ()) -> None:
-    """Import built-in tasks, entry-point modules and ``modules`` so their tasks register."""
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
+def load_task_modules(modules: Iterable[str] = (), builtins: bool = True) -> None:
+    """Import entry-point modules and ``modules`` (and the built-in tasks) so their tasks register.
+
+    Ranks pass ``builtins=False``: :func:`get_task` imports a built-in task's module
+    only when that task is asked for.
+    """
+    if builtins:
+        for mod in _BUILTINS.values():
+            importlib.import_module(mod)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             ep.load()
@@ -65,6 +70,8 @@ def load_task_modules(modules: Iterable[str] = ()) -> None:
 
 def get_task(name: str) -> TaskFn:
     """The task registered as ``name``; KeyError lists the registered names."""
+    if name not in _TASKS and name in _BUILTINS:
+        importlib.import_module(_BUILTINS[name])
     try:
         return _TASKS[name]
     except KeyError:

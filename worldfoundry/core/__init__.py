@@ -20,4 +20,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__ + ["distributed"])
+    return sorted([*__all__, "distributed"])

@@ -23,8 +23,12 @@ import torch.distributed as dist
 from . import groups as _groups
 
 __all__ = [
-    "split_inputs_cp", "cat_outputs_cp", "cat_outputs_cp_with_grad",
-    "broadcast", "broadcast_split_tensor", "find_split",
+    "broadcast",
+    "broadcast_split_tensor",
+    "cat_outputs_cp",
+    "cat_outputs_cp_with_grad",
+    "find_split",
+    "split_inputs_cp",
 ]
 
 GroupLike = Any

@@ -9,14 +9,14 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Iterable
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = ["DTensorFastEmaModelUpdater", "broadcast_dtensor_model_states", "get_local_tensor_if_dtensor"]
 
-Params = Union[nn.Module, torch.Tensor, Iterable[torch.Tensor]]
+Params = nn.Module | torch.Tensor | Iterable[torch.Tensor]
 
 
 def get_local_tensor_if_dtensor(t: torch.Tensor) -> torch.Tensor:

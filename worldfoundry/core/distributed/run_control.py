@@ -123,7 +123,7 @@ class DistributedProcessGroup:
                 f"DistributedProcessGroup: group={group!r} is not allowed; "
                 "pass a ProcessGroup, None (the world) or -1 (unused)"
             )
-        if not (group is None or isinstance(group, int) or isinstance(group, dist.ProcessGroup)):
+        if not (group is None or isinstance(group, (int, dist.ProcessGroup))):
             raise TypeError(
                 f"DistributedProcessGroup: group must be a ProcessGroup, None or -1, "
                 f"got {type(group).__name__}"
