@@ -14,22 +14,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from _bench import timed
+
 HERE = Path(__file__).resolve().parent
-
-
-def _timed(cmd: list[str], cwd: str) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return wall
 
 
 def main() -> None:
@@ -43,15 +34,15 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="wf_bench_launch_")
     ours = [sys.executable, "-m", "wf_launch", f"engine.cp_size={args.cp}", f"engine.pp_size={args.pp}",
             "task=noop", "engine.distributed_backend=gloo"]
-    theirs = [torchrun, "--standalone", f"--nproc-per-node={nproc}", str(HERE / "torchrun_noop.py")]
+    theirs = [torchrun, "--standalone", f"--nproc-per-node={nproc}", str(HERE / "torchrun_equivalent.py")]
     env_note = f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
-    _timed([*ours, f"hydra.run.dir={work}/warm"], work)
-    _timed(theirs, work)
+    timed([*ours, f"hydra.run.dir={work}/warm"], work)
+    timed(theirs, work)
     a: list[float] = []
     b: list[float] = []
     for i in range(args.repeats):
-        a.append(_timed([*ours, f"hydra.run.dir={work}/run{i}"], work))
-        b.append(_timed(theirs, work))
+        a.append(timed([*ours, f"hydra.run.dir={work}/run{i}"], work))
+        b.append(timed(theirs, work))
         print(f"  round {i + 1}: wf_launch {a[-1]:.2f}s  torchrun {b[-1]:.2f}s", flush=True)
     ma, mb = statistics.median(a), statistics.median(b)
     print(f"\n{nproc} ranks (cp={args.cp}, pp={args.pp}), {args.repeats} alternating rounds, {env_note}")

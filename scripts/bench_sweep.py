@@ -17,28 +17,19 @@ import csv
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _bench import timed
 
 HERE = Path(__file__).resolve().parent
 CP, PP = (1, 2, 4), (1, 2)
 
 
-def _timed(cmd: list[str], cwd: str) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return wall
-
-
 def _sweep(work: str, tag: str) -> float:
     sweep_dir = Path(work) / tag
-    wall = _timed([sys.executable, "-m", "wf_launch", "-m", f"engine.cp_size={','.join(map(str, CP))}",
+    wall = timed([sys.executable, "-m", "wf_launch", "-m", f"engine.cp_size={','.join(map(str, CP))}",
                    f"engine.pp_size={','.join(map(str, PP))}", "task=noop", "engine.distributed_backend=gloo",
                    f"hydra.sweep.dir={sweep_dir}"], work)
     with open(sweep_dir / "sweep_summary.csv", newline="") as f:
@@ -49,7 +40,7 @@ def _sweep(work: str, tag: str) -> float:
 
 
 def _torchruns(torchrun: str, work: str) -> float:
-    return sum(_timed([torchrun, "--standalone", f"--nproc-per-node={cp * pp}",
+    return sum(timed([torchrun, "--standalone", f"--nproc-per-node={cp * pp}",
                        str(HERE / "torchrun_equivalent.py")], work) for cp in CP for pp in PP)
 
 

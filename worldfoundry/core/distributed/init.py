@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,17 @@ from .groups import init_distributed_environment, initialize_model_parallel
 from .topology import Layout
 
 BACKENDS = ("auto", "nccl", "gloo", "cpu:gloo,cuda:nccl")
+
+
+def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """Integer environment variable ``name`` (``default`` when unset or empty); ValueError names it."""
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 @dataclass(frozen=True)
@@ -31,13 +43,7 @@ class LaunchEnv:
         env = os.environ if environ is None else environ
 
         def read(name: str, default: int) -> int:
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+            return env_int(name, default, env)
 
         world = read("WORLD_SIZE", 1)
         rank = read("RANK", 0)

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from .init import env_int
+
 __all__ = [
     "DistributedProcessGroup",
     "DistributedState",
@@ -55,23 +57,13 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
 def is_distributed_launch() -> bool:
     """True if launched distributed (WORLD_SIZE>1), readable BEFORE the process group is set up.
 
     Env-based, so parse-time code can tell the launch mode before ``distributed_run()``
     sets the group up; once it has, ``is_distributed_run()`` reads the live group.
     """
-    return _env_int("WORLD_SIZE", 1) > 1
+    return env_int("WORLD_SIZE", 1) > 1
 
 
 def is_distributed_run() -> bool:
@@ -250,7 +242,7 @@ def _launch_device(dev: torch.device) -> torch.device:
             "distributed_run: a distributed launch (WORLD_SIZE>1) with device='cuda' needs "
             "LOCAL_RANK in the environment to bind this rank's GPU"
         )
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     if dev.index is not None and dev.index != local_rank:
         raise ValueError(
             f"distributed_run: device={str(dev)!r} differs from this rank's cuda:{local_rank} "
