@@ -155,6 +155,15 @@ def _ranks_that_never_arrived(rank: int, world_size: int, grace_s: float) -> lis
         return None
 
 
+def _attempt() -> int:
+    """Which try of the job this is: torch elastic's restart count, or SLURM's requeue count."""
+    for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        raw = os.environ.get(var, "")
+        if raw.isdigit():
+            return int(raw)
+    return 0
+
+
 def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseException,
                    missing: list[int] | None = None) -> dict[str, Any]:
     """Write this rank's failure record (atomically) and return it."""
@@ -171,7 +180,7 @@ def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseEx
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "log": str(rundir.rank_log(run_dir, rank)),
-        "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        "attempt": _attempt(),
     }
     if missing is not None:
         record["missing_ranks"] = missing

@@ -42,6 +42,7 @@ _KIND_OBJECT, _KIND_TENSOR = 0, 1
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "npu", "mps", "mtia")
 _DTYPES: tuple[torch.dtype, ...] = tuple(sorted(
     {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
+_DTYPE_INDEX: dict[torch.dtype, int] = {d: i for i, d in enumerate(_DTYPES)}
 
 
 # ---------------------------------------------------------------- group plumbing
@@ -219,14 +220,11 @@ def cat_outputs_cp_with_grad(x: torch.Tensor, seq_dim: int, cp_group: GroupLike 
 # ---------------------------------------------------------------- broadcast
 
 def _encode_header(kind: int, t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
-    header[0] = kind
+    fields = [kind, 0, 0, 0]
     if t is not None:
-        header[1] = _DTYPES.index(t.dtype)
-        header[2] = _DEVICE_TYPES.index(t.device.type)
-        header[3] = t.dim()
-        header[4:4 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    return header.to(device)
+        fields = [kind, _DTYPE_INDEX[t.dtype], _DEVICE_TYPES.index(t.device.type), t.dim(), *t.shape]
+    fields += [0] * (_HEADER_LEN - len(fields))
+    return torch.tensor(fields, dtype=torch.int64, device=device)
 
 
 def _tensor_sendable(t: torch.Tensor) -> bool:
