@@ -103,6 +103,16 @@ def test_max_restarts_reruns_the_ranks_then_reports_the_last_attempt(tmp_path: P
     _no_leftovers(run_dir)
 
 
+def test_max_restarts_recovers_from_a_failed_attempt(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(["task=misbehave", TASKS, "task.how=raise_first_attempt", "task.rank=1",
+                    "engine.cp_size=2", "launcher.max_restarts=1"], run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert result(run_dir)["status"] == "ok"
+    assert "fails its first attempt" in (run_dir / "logs" / "rank1.log").read_text()
+    _no_leftovers(run_dir)
+
+
 def test_rank_killed_by_signal_is_named_with_the_signal(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(["task=misbehave", TASKS, "task.how=kill", "task.rank=1", "engine.cp_size=4"], run_dir)

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 from loguru import logger
-
 from multirank import run_ranks
+
 from worldfoundry.core.distributed import print_per_rank, print_rank_0
 
 

@@ -13,7 +13,8 @@ from wf_launch import TaskConfig, TaskContext, register_task
 
 @dataclass
 class MisbehaveConfig(TaskConfig):
-    """Which rank misbehaves, and how: 'raise', 'kill', 'stuck', 'exit' or 'none'."""
+    """Which rank misbehaves, and how: 'raise', 'raise_first_attempt', 'kill', 'stuck', 'exit',
+    'sleep_all' or 'none'."""
 
     how: str = "raise"
     rank: int = 1
@@ -28,6 +29,8 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
     if ctx.rank == cfg["rank"]:
         if cfg["how"] == "raise":
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
+        if cfg["how"] == "raise_first_attempt" and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+            raise ValueError(f"rank {ctx.rank} fails its first attempt")
         if cfg["how"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if cfg["how"] == "exit":

@@ -130,6 +130,17 @@ def _backend_of(group: Any) -> str:
     return str(dist.get_backend(group))
 
 
+def _attempt_tag() -> str:
+    """Which launch attempt this is, so a restarted attempt never reads the keys of an earlier one.
+
+    torch elastic restarts workers against the same agent store, and a SLURM
+    requeue may reach a store that outlived the first try.
+    """
+    env = os.environ
+    return "-".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                                              "SLURM_JOB_ID", "SLURM_RESTART_COUNT"))
+
+
 def init_distributed_environment(
     world_size: int = -1,
     rank: int = -1,
@@ -161,7 +172,7 @@ def init_distributed_environment(
                                                          timeout=rdzv_timeout))
                 _RDZV.key = key
             _RDZV.generation += 1
-            kwargs.update(store=dist.PrefixStore(f"wf/init{_RDZV.generation}/", _RDZV.store),
+            kwargs.update(store=dist.PrefixStore(f"wf/{_attempt_tag()}/init{_RDZV.generation}/", _RDZV.store),
                           rank=rank, world_size=world_size)
         else:
             kwargs["init_method"] = distributed_init_method
