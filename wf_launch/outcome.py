@@ -41,3 +41,9 @@ def finalize_result(run_dir: Path, plan_info: dict[str, Any], status: str, exit_
     result.setdefault("finished_at", time.time())
     rundir.atomic_write_json(path, result)
     return result
+
+
+def success_summary(result: dict[str, Any]) -> str:
+    """What rank 0's result asks the launcher to print: its ``summary`` or ``table``, if any."""
+    rank0 = (result.get("results") or {}).get("0") or {}
+    return str(rank0.get("summary") or rank0.get("table") or "")

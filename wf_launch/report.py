@@ -49,10 +49,7 @@ def root_cause(records: list[dict[str, Any]], exits: dict[int, int]) -> dict[str
             return {**rec, "cause": "stuck"}
     killed = sorted(r for r, c in exits.items() if c < 0 and -c != signal.SIGTERM)
     if killed:
-        rank = killed[0]
-        name = signal_name(-exits[rank])
-        return {"rank": rank, "cause": "signal", "signal": name, "type": "Signal",
-                "message": f"killed by {name}"}
+        return _signal_cause(killed[0], exits[killed[0]])
     primary = [r for r in records if not PEER_LOSS.search(r.get("message", ""))]
     if primary:
         return {**primary[0], "cause": "exception"}
@@ -62,10 +59,27 @@ def root_cause(records: list[dict[str, Any]], exits: dict[int, int]) -> dict[str
         rank = min(exits)
         code = exits[rank]
         if code < 0:
-            return {"rank": rank, "cause": "signal", "signal": signal_name(-code), "type": "Signal",
-                    "message": f"killed by {signal_name(-code)}"}
+            return _signal_cause(rank, code)
         return {"rank": rank, "cause": "exit", "type": "Exit", "message": f"exited with code {code}"}
     return None
+
+
+def _signal_cause(rank: int, exit_code: int) -> dict[str, Any]:
+    name = signal_name(-exit_code)
+    return {"rank": rank, "cause": "signal", "signal": name, "type": "Signal", "message": f"killed by {name}"}
+
+
+def explain_failure(run_dir: Path, exits: dict[int, int], label_of: Any,
+                    coords_of: Any) -> tuple[dict[str, Any], str] | None:
+    """The root cause of a failed run, shaped for ``result.json``, and its summary (None: nothing explains it)."""
+    cause = root_cause(load_failure_records(run_dir), exits)
+    if cause is None:
+        return None
+    summary = failure_summary(cause, label_of, run_dir)
+    cause.pop("traceback", None)
+    cause["coords"] = coords_of(cause["rank"])
+    cause["log"] = str(rundir.rank_log(run_dir, cause["rank"]))
+    return cause, summary
 
 
 def failure_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:

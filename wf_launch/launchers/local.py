@@ -22,9 +22,9 @@ from loguru import logger
 
 from .. import rundir
 from ..entrypoint import RankSpec, rank_main
-from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result
+from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result, success_summary
 from ..plan import LaunchPlan
-from ..report import failure_summary, load_failure_records, root_cause
+from ..report import explain_failure
 
 _PR_SET_PDEATHSIG = 1
 
@@ -149,28 +149,18 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         return RunOutcome("interrupted", code, plan.run_dir, summary)
     wall = time.time() - t0
     result = finalize_result(plan.run_dir, info, "ok", EXIT_OK, {"timings": {"wall_s": round(wall, 4)}})
-    summary = _success_summary(result)
+    summary = success_summary(result)
     logger.info(f"run ok in {wall:.2f}s: {plan.run_dir / rundir.RESULT}")
     return RunOutcome("ok", EXIT_OK, plan.run_dir, summary, result)
 
 
-def _success_summary(result: dict[str, Any]) -> str:
-    rank0 = (result.get("results") or {}).get("0") or {}
-    return str(rank0.get("summary") or rank0.get("table") or "")
-
-
 def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall: float) -> RunOutcome:
-    records = load_failure_records(plan.run_dir)
-    cause = root_cause(records, exits)
-    if cause is None:
+    explained = explain_failure(plan.run_dir, exits, plan.label, plan.layout.coords)
+    if explained is None:
         cause = {"rank": -1, "cause": "unknown", "type": "Unknown", "message": "no rank reported a failure"}
         summary = "run failed, but no rank left a failure record"
     else:
-        summary = failure_summary(cause, plan.label, plan.run_dir)
-    cause.pop("traceback", None)
-    if cause.get("rank", -1) >= 0:
-        cause["coords"] = plan.layout.coords(cause["rank"])
-        cause["log"] = str(rundir.rank_log(plan.run_dir, cause["rank"]))
+        cause, summary = explained
     logger.debug(f"run failed: {summary}")
     finalize_result(plan.run_dir, info, "failed", EXIT_FAILED,
                     {"failure": cause, "exits": {str(k): v for k, v in exits.items()},

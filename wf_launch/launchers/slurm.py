@@ -30,10 +30,10 @@ from loguru import logger
 from .. import rundir
 from ..config import slurm_tasks_per_node
 from ..entrypoint import Preempted, RankSpec, layout_of, preempt_marker, rank_main
-from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result
+from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result, success_summary
 from ..plan import LaunchPlan
 from ..ranklog import rank_label
-from ..report import failure_summary, load_failure_records, root_cause
+from ..report import explain_failure, load_failure_records
 
 JOB_FILE = "slurm_job.json"
 EXIT_CANCELLED = 128 + signal.SIGTERM
@@ -318,12 +318,10 @@ def is_final(result: dict[str, Any] | None) -> bool:
     return isinstance(result, dict) and "exit_code" in result
 
 
-def _labeller(run_dir: Path) -> Any:
+def _layout(run_dir: Path) -> Any:
     import yaml
 
-    config = yaml.safe_load((Path(run_dir) / rundir.CONFIG).read_text())
-    layout = layout_of(config)
-    return lambda rank: rank_label(rank, layout.coords(rank))
+    return layout_of(yaml.safe_load((Path(run_dir) / rundir.CONFIG).read_text()))
 
 
 def finalize(run_dir: Path, state: str) -> RunOutcome:
@@ -340,8 +338,7 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
     job_id = job.get("job_id")
     if word == "COMPLETED" and (result or {}).get("status") == "ok":
         result = finalize_result(run_dir, info, "ok", EXIT_OK, wall)
-        rank0 = (result.get("results") or {}).get("0") or {}
-        return RunOutcome("ok", EXIT_OK, run_dir, str(rank0.get("summary") or rank0.get("table") or ""), result)
+        return RunOutcome("ok", EXIT_OK, run_dir, success_summary(result), result)
     if word == "CANCELLED":
         summary = f"SLURM job {job_id} was cancelled ({state})"
         finalize_result(run_dir, info, "cancelled", EXIT_CANCELLED,
@@ -352,16 +349,15 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
         finalize_result(run_dir, info, "timeout", EXIT_TIMEOUT,
                         {"failure": {"cause": "timeout", "message": summary}, **wall})
         return RunOutcome("timeout", EXIT_TIMEOUT, run_dir, summary)
-    cause = root_cause(load_failure_records(run_dir), {})
-    if cause is None:
+    layout = _layout(run_dir)
+    explained = explain_failure(run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords)
+    if explained is None:
         cause = {"rank": -1, "cause": "slurm", "type": word,
                  "message": f"SLURM job {job_id} ended {state} and no rank left a failure record; "
                             f"see {job.get('folder')}/{job_id}_*_log.err"}
         summary = cause["message"]
     else:
-        summary = failure_summary(cause, _labeller(run_dir), run_dir)
-        cause.pop("traceback", None)
-        cause["log"] = str(rundir.rank_log(run_dir, cause["rank"]))
+        cause, summary = explained
     finalize_result(run_dir, info, "failed", EXIT_FAILED, {"failure": cause, **wall})
     return RunOutcome("failed", EXIT_FAILED, run_dir, summary)
 

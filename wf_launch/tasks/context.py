@@ -51,11 +51,11 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         from worldfoundry.core.distributed.pipeline import pp_scheduler
 
         pp = pp_scheduler()
-    import os
+    from worldfoundry.core.distributed.init import LaunchEnv
 
     return TaskContext(
         config=config, task_config=dict(config.get("task", {})), rank=world.rank,
-        world_size=world.world_size, local_rank=int(os.environ.get("LOCAL_RANK", world.rank)),
+        world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
         run_dir=Path(run_dir), log=log,
     )
