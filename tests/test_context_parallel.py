@@ -118,6 +118,90 @@ def test_broadcast_tensors_objects_and_split_with_receivers_passing_none() -> No
     assert all(o == ("from 0", 0, "from 1", 1) for o in out[1:])
 
 
+# (source item, seq_dim, expected error) in call order; a shape seen twice in a row makes the
+# next call speculate (header and scatter posted together), so every transition is covered:
+# hits, misses on shape / dtype / size, a hit whose seq_dim cannot be split, a non-tensor
+# source while speculating, and recovery after each error.
+_STEADY = [
+    ((2, 8, 4), torch.float32, 1, None),
+    ((2, 8, 4), torch.float32, 1, None),
+    ((2, 8, 4), torch.float32, 1, None),      # speculative hit
+    ((2, 8, 4), torch.float32, 2, None),      # hit, another seq_dim of the same shape
+    ((2, 16, 4), torch.float32, 1, None),     # miss: larger
+    ((2, 16, 4), torch.float32, 1, None),
+    ((2, 16, 4), torch.bfloat16, 1, None),    # miss: dtype
+    ((2, 16, 4), torch.bfloat16, 1, None),
+    ((1, 4, 4), torch.bfloat16, 1, None),     # miss: smaller
+    ((3, 8), torch.float32, 1, None),
+    ((3, 8), torch.float32, 1, None),
+    ((3, 8), torch.float32, 0, ValueError),   # hit, but 3 rows cannot be split
+    ((3, 8), torch.float32, 1, None),
+    ((3, 8), torch.float32, 1, None),
+    ("not a tensor", None, 1, TypeError),     # miss while speculating
+    ((3, 8), torch.float32, 1, None),
+    ((3, 8), torch.float32, -1, None),
+    ((3, 8), torch.float32, 1, None),         # hit
+    ((3, 8), torch.float32, 5, ValueError),   # seq_dim out of range while speculating
+    ((3, 8), torch.float32, 1, None),
+    ((3, 8), torch.float32, 1, None),
+    ((3, 8), torch.float32, "1", TypeError),  # seq_dim not an int while speculating
+    ((3, 8), torch.float32, 1, None),
+]
+
+
+def _steady_state(rank: int, world: int) -> list[bool]:
+    from torch import distributed as dist
+
+    sub = dist.new_group(list(range(world // 2, world))) if world > 2 else None  # its own state
+    speculating: list[bool] = []
+    for step, (shape, dtype, dim, error) in enumerate(_STEADY):
+        for group, src in ((dist.group.WORLD, 0), (sub, world // 2)):
+            if group is None or rank not in dist.get_process_group_ranks(group):
+                continue
+            n, r = dist.get_world_size(group), dist.get_rank(group)
+            full = shape if isinstance(shape, str) else (_full(shape, offset=step) + src).to(dtype)
+            item = full if rank == src else None
+            if error is not None:
+                with pytest.raises(error, match="broadcast_split_tensor"):
+                    cp.broadcast_split_tensor(item, dim, group)
+                continue
+            shard = cp.broadcast_split_tensor(item, dim, group)
+            assert torch.equal(shard, full.chunk(n, dim)[r]), (step, rank)
+            assert shard.dtype == dtype and shard.is_contiguous()
+            if group is dist.group.WORLD:
+                speculating.append(cp._BST_LAST[dist.group.WORLD][1])
+    return speculating
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_broadcast_split_tensor_speculates_on_repeated_shapes(world: int) -> None:
+    out = run_ranks(_steady_state, world, timeout=60)
+    assert all(o == out[0] for o in out)
+    assert out[0][:4] == [False, True, True, True]
+    assert out[0].count(False) > 4 and out[0].count(True) > 4
+
+
+def _state_reset(rank: int, world: int) -> int:
+    groups.initialize_model_parallel(cp_size=world)
+    pg = groups.get_cp_group()
+    for _ in range(3):
+        cp.broadcast_split_tensor(_full((4, 2)) if rank == 0 else None, 0, pg)
+    assert cp._BST_LAST[pg.device_group][1]
+    groups.destroy_model_parallel()
+    remembered = len(cp._BST_LAST)
+    groups.initialize_model_parallel(cp_size=world)
+    shard = cp.broadcast_split_tensor(_full((2, 4)) if rank == 0 else None, 1, groups.get_cp_group())
+    assert torch.equal(shard, _full((2, 4)).chunk(world, 1)[rank])
+    groups.destroy_model_parallel()
+    return remembered
+
+
+@pytest.mark.slow
+def test_destroy_forgets_broadcast_headers() -> None:
+    assert run_ranks(_state_reset, 2, timeout=60) == [0, 0]
+
+
 def _gather_failure(rank: int, world: int) -> str:
     from torch import distributed as dist
 

@@ -14,6 +14,7 @@ global rank.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -219,12 +220,18 @@ def cat_outputs_cp_with_grad(x: torch.Tensor, seq_dim: int, cp_group: GroupLike 
 
 # ---------------------------------------------------------------- broadcast
 
-def _encode_header(kind: int, t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+def _header_fields(kind: int, t: torch.Tensor | None) -> list[int]:
     fields = [kind, 0, 0, 0]
     if t is not None:
         fields = [kind, _DTYPE_INDEX[t.dtype], _DEVICE_TYPES.index(t.device.type), t.dim(), *t.shape]
-    fields += [0] * (_HEADER_LEN - len(fields))
-    return torch.tensor(fields, dtype=torch.int64, device=device)
+    return fields + [0] * (_HEADER_LEN - len(fields))
+
+
+def _source_fields(item: Any) -> list[int]:
+    """The header the source sends for ``item``: a tensor's description, or "an object"."""
+    if isinstance(item, torch.Tensor) and _tensor_sendable(item):
+        return _header_fields(_KIND_TENSOR, item)
+    return _header_fields(_KIND_OBJECT, None)
 
 
 def _tensor_sendable(t: torch.Tensor) -> bool:
@@ -232,24 +239,32 @@ def _tensor_sendable(t: torch.Tensor) -> bool:
             and t.device.type in _DEVICE_TYPES and t.dtype in _DTYPES)
 
 
+def _decode_header(h: Sequence[int], fallback: torch.device) -> tuple[int, torch.Size, torch.dtype, torch.device]:
+    ndim = h[3]
+    return (h[0], torch.Size(h[4:4 + ndim]), _DTYPES[h[1]],
+            _current_device(_DEVICE_TYPES[h[2]]) if h[0] == _KIND_TENSOR else fallback)
+
+
+def _header_buffer(fields: list[int] | None, device: torch.device) -> torch.Tensor:
+    if fields is None:
+        return torch.empty(_HEADER_LEN, dtype=torch.int64, device=device)
+    return torch.tensor(fields, dtype=torch.int64, device=device)
+
+
 def _exchange_header(item: Any, is_src: bool, src: int, ctrl_pg: Any,
                      fn: str) -> tuple[int, torch.Size, torch.dtype, torch.device]:
     """Broadcast (kind, shape, dtype, device type) from ``src``; receivers learn what is coming."""
-    device = _header_device(ctrl_pg)
-    if is_src:
-        sendable = isinstance(item, torch.Tensor) and _tensor_sendable(item)
-        header = _encode_header(_KIND_TENSOR if sendable else _KIND_OBJECT,
-                                item if sendable else None, device)
-    else:
-        header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=device)
+    return _decode_header(_broadcast_header(_source_fields(item) if is_src else None, src, ctrl_pg, fn),
+                          _header_device(ctrl_pg))
+
+
+def _broadcast_header(fields: list[int] | None, src: int, ctrl_pg: Any, fn: str) -> list[int]:
+    header = _header_buffer(fields, _header_device(ctrl_pg))
     try:
         dist.broadcast(header, src=src, group=ctrl_pg)
     except (RuntimeError, ValueError) as e:
         raise RuntimeError(f"{fn}: header broadcast from global rank {src} failed: {e}") from e
-    h = header.tolist()
-    ndim = h[3]
-    return (h[0], torch.Size(h[4:4 + ndim]), _DTYPES[h[1]],
-            _current_device(_DEVICE_TYPES[h[2]]) if h[0] == _KIND_TENSOR else device)
+    return header.tolist()
 
 
 def _src_of(pg: Any) -> int:
@@ -312,48 +327,137 @@ def broadcast(item: Any, process_group: GroupLike = None) -> Any:
     return given
 
 
+_BST_LAST: weakref.WeakKeyDictionary[Any, tuple[list[int], bool]] = weakref.WeakKeyDictionary()
+"""Per data group: the header of the previous ``broadcast_split_tensor`` and whether it repeated the one before.
+
+Every member updates it identically (from headers all of them received), so all
+agree on whether the next call speculates.
+"""
+
+
+def _reset_broadcast_state() -> None:
+    """Forget every group's last header (``destroy_model_parallel`` calls this on every rank)."""
+    _BST_LAST.clear()
+
+
 def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
                            process_group: GroupLike = None) -> torch.Tensor:
     """Send the minimum rank's ``tensor`` out as shards: group rank r gets block r along ``seq_dim``.
 
     Non-source ranks may pass ``None`` (their argument is ignored). A header
-    carries the full shape, dtype and device type, then one ``scatter`` moves
+    carries the full shape, dtype and device type, and one ``scatter`` moves
     each rank only its own block, 1/n of the bytes a broadcast would. Returns a
     fresh contiguous shard on every rank (the same as
     ``split_inputs_cp(broadcast(tensor))``). ``None`` group returns ``tensor``.
+
+    In steady state the header no longer delays the shards: once two calls in a
+    row on a group carried the same header (shape, dtype, device type), the next
+    call posts the header broadcast and a scatter of that shape together. If the
+    source's tensor then differs, that scatter carries placeholder bytes (wasted
+    once) and the call scatters again with the new header; speculation resumes
+    once the new shape repeats. Every member must call with the same ``seq_dim``.
+
     Raises ValueError on every rank (after the header) when the length along
-    ``seq_dim`` is not divisible by the group size or ``seq_dim`` is out of range.
+    ``seq_dim`` is not divisible by the group size or ``seq_dim`` is out of range,
+    and TypeError when the source's ``tensor`` is not a sendable tensor.
     """
     if process_group is None:
         return tensor
     fn = "broadcast_split_tensor"
-    pg = _device_group(process_group)
+    pg, ctrl_pg = _device_group(process_group), _cpu_group(process_group)
     size, _ = _size_and_rank(pg, fn)
     src = _src_of(pg)
     is_src = dist.get_rank() == src
     if size == 1:
         _norm_dim(seq_dim, _check_tensor(tensor, fn, "tensor").dim(), fn)
         return tensor
-    kind, shape, dtype, device = _exchange_header(tensor if is_src else None, is_src, src,
-                                                 _cpu_group(process_group), fn)
+    fields = _source_fields(tensor) if is_src else None
+    last = _BST_LAST.get(pg)
+    try:
+        if last is not None and last[1]:
+            header, out = _speculative_scatter(tensor, fields, seq_dim, last[0], pg, ctrl_pg, size, src, fn)
+            if out is not None:
+                return out
+        else:
+            header = _broadcast_header(fields, src, ctrl_pg, fn)
+        out = _scatter_split(tensor, header, seq_dim, pg, ctrl_pg, size, src, fn)
+    except BaseException:
+        _BST_LAST.pop(pg, None)
+        raise
+    _BST_LAST[pg] = (header, last is not None and last[0] == header)
+    return out
+
+
+def _pieces(tensor: torch.Tensor, dim: int, shard: int, size: int) -> list[torch.Tensor]:
+    return [tensor.detach().narrow(dim, r * shard, shard).contiguous() for r in range(size)]
+
+
+def _scatter_split(tensor: torch.Tensor | None, header: list[int], seq_dim: int, pg: Any, ctrl_pg: Any,
+                   size: int, src: int, fn: str) -> torch.Tensor:
+    """Scatter the source's blocks once every member knows ``header``; raise consistently on bad input."""
+    is_src = dist.get_rank() == src
+    kind, shape, dtype, device = _decode_header(header, _header_device(ctrl_pg))
     if kind != _KIND_TENSOR:
         got = f"{type(tensor).__name__}" if is_src else "a non-tensor"
         raise TypeError(f"{fn}: the source (global rank {src}) must pass a strided torch.Tensor with at most "
                         f"{_MAX_NDIM} dims on one of {list(_DEVICE_TYPES)}; it passed {got}"
-                        + (f" (layout {tensor.layout})" if isinstance(tensor, torch.Tensor) else ""))
+                        + (f" (layout {tensor.layout})" if is_src and isinstance(tensor, torch.Tensor) else ""))
     dim = _norm_dim(seq_dim, len(shape), fn)
     shard = _shard_len(shape[dim], dim, size, fn)
-    out_shape = (*shape[:dim], shard, *shape[dim + 1:])
-    out = torch.empty(out_shape, dtype=dtype, device=tensor.device if is_src else device)
-    pieces = None
-    if is_src:
-        pieces = [tensor.detach().narrow(dim, r * shard, shard).contiguous() for r in range(size)]
+    out = torch.empty((*shape[:dim], shard, *shape[dim + 1:]), dtype=dtype,
+                      device=tensor.device if is_src else device)
     try:
-        dist.scatter(out, pieces, src=src, group=pg)
+        dist.scatter(out, _pieces(tensor, dim, shard, size) if is_src else None, src=src, group=pg)
     except (RuntimeError, ValueError) as e:
         raise RuntimeError(f"{fn}: scatter of a {tuple(shape)} {dtype} tensor along seq_dim {dim} from "
                            f"global rank {src} failed: {e}") from e
     return out
+
+
+def _dim_in_range(dim: Any, ndim: int) -> bool:
+    return isinstance(dim, int) and not isinstance(dim, bool) and -ndim <= dim < ndim
+
+
+def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, seq_dim: int,
+                         expected: list[int], pg: Any, ctrl_pg: Any, size: int, src: int,
+                         fn: str) -> tuple[list[int], torch.Tensor | None]:
+    """Post the header broadcast and a scatter shaped by ``expected`` together.
+
+    Returns the header received and, when it equals ``expected``, the shard (else
+    ``None``: the scatter moved placeholder bytes of the expected size, and the
+    caller scatters again with the real header). The scatter is flat (numel / n
+    elements, the same for every ``seq_dim``), so every member posts the same
+    sizes whatever ``seq_dim`` it passed; ``seq_dim`` is checked afterwards, on
+    every rank alike, so a bad one raises everywhere instead of stranding peers.
+    """
+    is_src = fields is not None
+    _, shape, dtype, device = _decode_header(expected, _header_device(ctrl_pg))
+    numel = math.prod(shape) // size
+    dim = shard = None
+    if is_src and fields == expected and _dim_in_range(seq_dim, len(shape)):
+        dim = seq_dim % len(shape)
+        shard = shape[dim] // size if shape[dim] % size == 0 else None
+    if is_src and shard is not None:
+        device = tensor.device
+        pieces = [p.view(-1) for p in _pieces(tensor, dim, shard, size)]
+    elif is_src:
+        pieces = [torch.empty(numel, dtype=dtype, device=device)] * size
+    header_buf = _header_buffer(fields, _header_device(ctrl_pg))
+    out = torch.empty(numel, dtype=dtype, device=device)
+    try:
+        header_work = dist.broadcast(header_buf, src=src, group=ctrl_pg, async_op=True)
+        data_work = dist.scatter(out, pieces if is_src else None, src=src, group=pg, async_op=True)
+        header_work.wait()
+        data_work.wait()
+    except (RuntimeError, ValueError) as e:
+        raise RuntimeError(f"{fn}: header broadcast and scatter of a {tuple(shape)} {dtype} tensor from "
+                           f"global rank {src} failed: {e}") from e
+    header = header_buf.tolist()
+    if header != expected:
+        return header, None
+    dim = _norm_dim(seq_dim, len(shape), fn)
+    shard = _shard_len(shape[dim], dim, size, fn)
+    return header, out.view(*shape[:dim], shard, *shape[dim + 1:])
 
 
 # ---------------------------------------------------------------- find_split

@@ -280,13 +280,15 @@ def model_parallel_is_initialized() -> bool:
 def destroy_model_parallel() -> None:
     """Destroy every group ``initialize_model_parallel`` made and reset dependent state.
 
-    Also resets the PP scheduler and ``cp_size_t``. The default process group is
+    Also resets the PP scheduler, ``cp_size_t`` and what ``broadcast_split_tensor``
+    remembers of each group's last header. The default process group is
     destroyed only if ``init_distributed_environment`` created it. Safe to call
     when nothing is initialized.
     """
-    from . import pipeline
+    from . import context_parallel, pipeline
 
     pipeline._reset_pp_scheduler()
+    context_parallel._reset_broadcast_state()
     _destroy_created()
     _STATE.groups = {}
     _STATE.layout = None
