@@ -254,12 +254,14 @@ def _header_buffer(fields: list[int] | None, device: torch.device) -> torch.Tens
 def _exchange_header(item: Any, is_src: bool, src: int, ctrl_pg: Any,
                      fn: str) -> tuple[int, torch.Size, torch.dtype, torch.device]:
     """Broadcast (kind, shape, dtype, device type) from ``src``; receivers learn what is coming."""
-    return _decode_header(_broadcast_header(_source_fields(item) if is_src else None, src, ctrl_pg, fn),
-                          _header_device(ctrl_pg))
+    device = _header_device(ctrl_pg)
+    return _decode_header(_broadcast_header(_source_fields(item) if is_src else None, src, ctrl_pg, device, fn),
+                          device)
 
 
-def _broadcast_header(fields: list[int] | None, src: int, ctrl_pg: Any, fn: str) -> list[int]:
-    header = _header_buffer(fields, _header_device(ctrl_pg))
+def _broadcast_header(fields: list[int] | None, src: int, ctrl_pg: Any, device: torch.device,
+                      fn: str) -> list[int]:
+    header = _header_buffer(fields, device)
     try:
         dist.broadcast(header, src=src, group=ctrl_pg)
     except (RuntimeError, ValueError) as e:
@@ -372,15 +374,17 @@ def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
         _norm_dim(seq_dim, _check_tensor(tensor, fn, "tensor").dim(), fn)
         return tensor
     fields = _source_fields(tensor) if is_src else None
+    header_device = _header_device(ctrl_pg)
     last = _BST_LAST.get(pg)
     try:
         if last is not None and last[1]:
-            header, out = _speculative_scatter(tensor, fields, seq_dim, last[0], pg, ctrl_pg, size, src, fn)
+            header, out = _speculative_scatter(tensor, fields, seq_dim, last[0], pg, ctrl_pg, header_device,
+                                               size, src, fn)
             if out is not None:
                 return out
         else:
-            header = _broadcast_header(fields, src, ctrl_pg, fn)
-        out = _scatter_split(tensor, header, seq_dim, pg, ctrl_pg, size, src, fn)
+            header = _broadcast_header(fields, src, ctrl_pg, header_device, fn)
+        out = _scatter_split(tensor, header, seq_dim, pg, header_device, size, src, fn)
     except BaseException:
         _BST_LAST.pop(pg, None)
         raise
@@ -392,20 +396,25 @@ def _pieces(tensor: torch.Tensor, dim: int, shard: int, size: int) -> list[torch
     return [tensor.detach().narrow(dim, r * shard, shard).contiguous() for r in range(size)]
 
 
-def _scatter_split(tensor: torch.Tensor | None, header: list[int], seq_dim: int, pg: Any, ctrl_pg: Any,
-                   size: int, src: int, fn: str) -> torch.Tensor:
+def _split_shape(shape: torch.Size, seq_dim: int, size: int, fn: str) -> tuple[int, int, tuple[int, ...]]:
+    """(dim, shard length, shard shape) of splitting ``shape`` along ``seq_dim`` over ``size`` ranks; raises on bad input."""
+    dim = _norm_dim(seq_dim, len(shape), fn)
+    shard = _shard_len(shape[dim], dim, size, fn)
+    return dim, shard, (*shape[:dim], shard, *shape[dim + 1:])
+
+
+def _scatter_split(tensor: torch.Tensor | None, header: list[int], seq_dim: int, pg: Any,
+                   header_device: torch.device, size: int, src: int, fn: str) -> torch.Tensor:
     """Scatter the source's blocks once every member knows ``header``; raise consistently on bad input."""
     is_src = dist.get_rank() == src
-    kind, shape, dtype, device = _decode_header(header, _header_device(ctrl_pg))
+    kind, shape, dtype, device = _decode_header(header, header_device)
     if kind != _KIND_TENSOR:
         got = f"{type(tensor).__name__}" if is_src else "a non-tensor"
         raise TypeError(f"{fn}: the source (global rank {src}) must pass a strided torch.Tensor with at most "
                         f"{_MAX_NDIM} dims on one of {list(_DEVICE_TYPES)}; it passed {got}"
                         + (f" (layout {tensor.layout})" if is_src and isinstance(tensor, torch.Tensor) else ""))
-    dim = _norm_dim(seq_dim, len(shape), fn)
-    shard = _shard_len(shape[dim], dim, size, fn)
-    out = torch.empty((*shape[:dim], shard, *shape[dim + 1:]), dtype=dtype,
-                      device=tensor.device if is_src else device)
+    dim, shard, out_shape = _split_shape(shape, seq_dim, size, fn)
+    out = torch.empty(out_shape, dtype=dtype, device=tensor.device if is_src else device)
     try:
         dist.scatter(out, _pieces(tensor, dim, shard, size) if is_src else None, src=src, group=pg)
     except (RuntimeError, ValueError) as e:
@@ -414,13 +423,9 @@ def _scatter_split(tensor: torch.Tensor | None, header: list[int], seq_dim: int,
     return out
 
 
-def _dim_in_range(dim: Any, ndim: int) -> bool:
-    return isinstance(dim, int) and not isinstance(dim, bool) and -ndim <= dim < ndim
-
-
 def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, seq_dim: int,
-                         expected: list[int], pg: Any, ctrl_pg: Any, size: int, src: int,
-                         fn: str) -> tuple[list[int], torch.Tensor | None]:
+                         expected: list[int], pg: Any, ctrl_pg: Any, header_device: torch.device,
+                         size: int, src: int, fn: str) -> tuple[list[int], torch.Tensor | None]:
     """Post the header broadcast and a scatter shaped by ``expected`` together.
 
     Returns the header received and, when it equals ``expected``, the shard (else
@@ -431,22 +436,24 @@ def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, 
     every rank alike, so a bad one raises everywhere instead of stranding peers.
     """
     is_src = fields is not None
-    _, shape, dtype, device = _decode_header(expected, _header_device(ctrl_pg))
+    _, shape, dtype, device = _decode_header(expected, header_device)
     numel = math.prod(shape) // size
-    dim = shard = None
-    if is_src and fields == expected and _dim_in_range(seq_dim, len(shape)):
-        dim = seq_dim % len(shape)
-        shard = shape[dim] // size if shape[dim] % size == 0 else None
-    if is_src and shard is not None:
-        device = tensor.device
-        pieces = [p.view(-1) for p in _pieces(tensor, dim, shard, size)]
-    elif is_src:
+    pieces = None
+    if is_src and fields == expected:
+        try:
+            dim, shard, _ = _split_shape(shape, seq_dim, size, fn)
+        except (TypeError, ValueError):
+            pass  # placeholders go out; every rank raises the same error once the header is in
+        else:
+            device = tensor.device
+            pieces = [p.view(-1) for p in _pieces(tensor, dim, shard, size)]
+    if is_src and pieces is None:
         pieces = [torch.empty(numel, dtype=dtype, device=device)] * size
-    header_buf = _header_buffer(fields, _header_device(ctrl_pg))
+    header_buf = _header_buffer(fields, header_device)
     out = torch.empty(numel, dtype=dtype, device=device)
     try:
         header_work = dist.broadcast(header_buf, src=src, group=ctrl_pg, async_op=True)
-        data_work = dist.scatter(out, pieces if is_src else None, src=src, group=pg, async_op=True)
+        data_work = dist.scatter(out, pieces, src=src, group=pg, async_op=True)
         header_work.wait()
         data_work.wait()
     except (RuntimeError, ValueError) as e:
@@ -455,9 +462,7 @@ def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, 
     header = header_buf.tolist()
     if header != expected:
         return header, None
-    dim = _norm_dim(seq_dim, len(shape), fn)
-    shard = _shard_len(shape[dim], dim, size, fn)
-    return header, out.view(*shape[:dim], shard, *shape[dim + 1:])
+    return header, out.view(_split_shape(shape, seq_dim, size, fn)[2])
 
 
 # ---------------------------------------------------------------- find_split
