@@ -11,11 +11,15 @@ from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 
 from . import rundir
-from .config import ConfigError, validate_run_config
+from .config import ConfigError
 from .launchers import get_launcher
-from .outcome import EXIT_CONFIG, RunOutcome
+from .outcome import RunOutcome
 from .plan import LaunchPlan
 from .ranklog import setup_launcher_logging
+from .record import RunRecord, Status
+from .schema import validate_run_config
+
+__all__ = ["resolve", "run"]
 
 
 def resolve(cfg: DictConfig) -> dict[str, Any]:
@@ -25,9 +29,8 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
 
 def _record_invalid(run_dir: Path, overrides: list[str], message: str) -> None:
     """Leave ``result.json`` (status 'invalid', the error) so sweep reports can list the point."""
-    rundir.atomic_write_json(run_dir / rundir.RESULT, {
-        "status": "invalid", "exit_code": EXIT_CONFIG, "overrides": list(overrides), "run_dir": str(run_dir),
-        "failure": {"cause": "invalid_config", "message": message}, "finished_at": time.time()})
+    RunRecord(Status.INVALID, run_dir=str(run_dir), overrides=list(overrides), final=True,
+              failure={"cause": "invalid_config", "message": message}, finished_at=time.time()).write()
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
@@ -38,12 +41,12 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
     except (ConfigError, ValueError) as exc:
         print(f"wf_launch: config error: {exc}", file=sys.stderr)
         _record_invalid(run_dir, overrides, str(exc))
-        return RunOutcome("invalid", EXIT_CONFIG, run_dir, str(exc))
+        return RunOutcome(Status.INVALID, run_dir, str(exc))
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
     if config["launcher"].get("dry_run"):
         print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}")
-        return RunOutcome("dry_run", 0, run_dir, "")
+        return RunOutcome(Status.DRY_RUN, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_launcher_logging(run_dir / rundir.LAUNCHER_LOG)
     rundir.atomic_write_text(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))

@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import register_configs
+from .schema import register_configs
 from .tasks.registry import load_task_modules
 
 _UID = uuid.uuid4().hex[:6]

@@ -26,6 +26,10 @@ from worldfoundry.core.distributed.topology import Layout
 from . import rundir
 from .ranklog import rank_label, setup_rank_logging
 
+__all__ = ["ATTEMPT_VAR", "Preempted", "RankSpec", "layout_of", "preempt_marker", "rank_main", "record_failure"]
+
+ATTEMPT_VAR = "WF_ATTEMPT"
+"""Which try of the run this rank belongs to (0, 1, ...): every launcher sets it, the runtime reads it."""
 TIMEOUT_GRACE_S = 3.0
 _TIMEOUT_KEY = "wf_launch/timed_out/{}"
 
@@ -156,12 +160,9 @@ def _ranks_that_never_arrived(rank: int, world_size: int, grace_s: float) -> lis
 
 
 def _attempt() -> int:
-    """Which try of the job this is: torch elastic's restart count, or SLURM's requeue count."""
-    for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
-        raw = os.environ.get(var, "")
-        if raw.isdigit():
-            return int(raw)
-    return 0
+    """Which try of the run this is (:data:`ATTEMPT_VAR`, set by the launcher; 0 when unset)."""
+    raw = os.environ.get(ATTEMPT_VAR, "")
+    return int(raw) if raw.isdigit() else 0
 
 
 def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseException,
@@ -281,15 +282,13 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
 
 
 def _write_success(spec: RankSpec, gathered: list[dict[str, Any]]) -> None:
+    from .record import RunRecord, Status
+
     layout = layout_of(spec.config)
-    result = {
-        "status": "ok",
-        "task": spec.config["task"]["name"],
-        "layout": {**layout.sizes, "order": "-".join(layout.dims), "world_size": layout.world_size},
-        "results": {str(g["rank"]): g["result"] for g in gathered},
-        "timings": {"ranks": {str(g["rank"]): g["timings"] for g in gathered}},
-        "hosts": sorted({g["host"] for g in gathered}),
-        "run_dir": str(spec.run_dir),
-        "finished_at": time.time(),
-    }
-    rundir.atomic_write_json(Path(spec.run_dir) / rundir.RESULT, result)
+    RunRecord(
+        status=Status.OK, run_dir=str(spec.run_dir), task=spec.config["task"]["name"],
+        layout={**layout.sizes, "order": "-".join(layout.dims), "world_size": layout.world_size},
+        results={str(g["rank"]): g["result"] for g in gathered},
+        timings={"ranks": {str(g["rank"]): g["timings"] for g in gathered}},
+        hosts=sorted({g["host"] for g in gathered}), finished_at=time.time(),
+    ).write()

@@ -1,49 +1,38 @@
-"""RunOutcome: how a launch ended, and the run record it leaves."""
+"""RunOutcome: how a launch ended, as the launcher hands it back to the CLI and the sweep."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from . import rundir
+from .record import RunRecord, Status, exit_code_of
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+__all__ = ["RunOutcome"]
 
 
 @dataclass
 class RunOutcome:
-    """Status ('ok', 'failed', 'interrupted', 'invalid', 'submitted', 'dry_run') and where it is recorded."""
+    """A launch's :class:`~wf_launch.record.Status`, where it is recorded, and what to print.
 
-    status: str
-    exit_code: int
+    ``record`` is the run record when one was written; the exit code follows
+    from the status (:data:`wf_launch.record.EXIT_CODES`).
+    """
+
+    status: Status
     run_dir: Path | None = None
     summary: str = ""
-    result: dict[str, Any] | None = None
+    record: RunRecord | None = None
+    signal: str | None = None
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
 
-def finalize_result(run_dir: Path, plan_info: dict[str, Any], status: str, exit_code: int,
-                    extra: dict[str, Any]) -> dict[str, Any]:
-    """Merge launcher facts into ``result.json`` (written by rank 0 on success) and write it atomically."""
-    path = run_dir / rundir.RESULT
-    result = rundir.read_json(path) or {}
-    if status != "ok":
-        result.pop("finished_at", None)
-    result.update(plan_info)
-    result["status"] = status
-    result["exit_code"] = exit_code
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = {**result[key], **value}
-        else:
-            result[key] = value
-    result.setdefault("finished_at", time.time())
-    rundir.atomic_write_json(path, result)
-    return result
+    @property
+    def exit_code(self) -> int:
+        return exit_code_of(self.status, self.signal)
 
-
-def success_summary(result: dict[str, Any]) -> str:
-    """What rank 0's result asks the launcher to print: its ``summary`` or ``table``, if any."""
-    rank0 = (result.get("results") or {}).get("0") or {}
-    return str(rank0.get("summary") or rank0.get("table") or "")
+    @classmethod
+    def of(cls, record: RunRecord, run_dir: Path | None = None, summary: str | None = None) -> RunOutcome:
+        """The outcome a written record stands for (``summary`` defaults to rank 0's)."""
+        return cls(record.status, run_dir or Path(record.run_dir), record.summary if summary is None else summary,
+                   record, record.signal)

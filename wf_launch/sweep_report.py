@@ -35,15 +35,17 @@ from typing import Any
 import yaml
 
 from . import rundir
+from .record import RecordError, RunRecord, Status
 
 DIMS = ("tp", "cp", "pp", "dp")
 IDENTITY_FIELDS = frozenset({"rank", "local_rank", "world_size", "stage", "node_rank"})
 DEFAULT_METRIC = "tokens_per_s"
 CSV_NAME, MD_NAME, CHART_NAME = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
 PLAN_FILE = "multirun.yaml"
-NOT_RUN, INCOMPLETE = "not_run", "incomplete"
+NOT_RUN, INCOMPLETE, UNREADABLE = "not_run", "incomplete", "unreadable"
+"""Report-only statuses: planned but never started; started, no record yet; a record that cannot be read."""
 BASE_COLUMNS = ("job", "status", "overrides", "tp", "cp", "pp", "dp", "world", "wall_s")
-FAILED_STATUSES = frozenset({"failed", "interrupted", "cancelled", "timeout"})
+FAILED_STATUSES = frozenset({*(str(s) for s in Status if s.is_failure and s is not Status.INVALID), UNREADABLE})
 
 
 def _load_yaml(path: Path) -> Any:
@@ -127,9 +129,13 @@ def planned_points(sweep_dir: Path | str) -> list[list[str]]:
 
 
 def _point(job_dir: Path) -> dict[str, Any]:
-    result = rundir.read_json(job_dir / rundir.RESULT)
-    if not isinstance(result, dict):
-        result = {}
+    try:
+        record = RunRecord.read(job_dir)
+    except RecordError as exc:
+        return {"job": _job_num(job_dir), "status": UNREADABLE,
+                "overrides": " ".join(str(o) for o in _load_yaml(job_dir / ".hydra" / "overrides.yaml") or []),
+                **_layout({}, job_dir), "wall_s": None, "failure": str(exc), "metrics": {}, "dir": str(job_dir)}
+    result = record.to_json() if record is not None else {}
     overrides = result.get("overrides")
     if overrides is None:
         overrides = _load_yaml(job_dir / ".hydra" / "overrides.yaml") or []
@@ -334,7 +340,7 @@ def sweep_exit_code(points: list[dict[str, Any]]) -> int:
     statuses = {p["status"] for p in points}
     if statuses & FAILED_STATUSES:
         return 1
-    return 2 if "invalid" in statuses else 0
+    return 2 if Status.INVALID in statuses else 0
 
 
 def _status_line(points: list[dict[str, Any]], written: dict[str, Path]) -> str:
@@ -384,7 +390,7 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             self._record_launch_error(job_dir, job_return)
             return
         outcome = job_return.return_value
-        if getattr(outcome, "status", None) == "interrupted":
+        if getattr(outcome, "status", None) == Status.INTERRUPTED:
             self.report()
             raise SystemExit(int(getattr(outcome, "exit_code", 130)) or 130)
 
@@ -394,17 +400,20 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
 
         from hydra.core.utils import JobStatus
 
-        from .outcome import EXIT_FAILED, RunOutcome, finalize_result
+        from .outcome import RunOutcome
 
-        exc = job_return._return_value
+        try:
+            job_return.return_value  # noqa: B018 - re-raises what the launch raised
+            return
+        except BaseException as raised:
+            exc = raised
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         message = f"launcher error: {type(exc).__name__}: {exc}"
-        finalize_result(job_dir, {"overrides": list(job_return.overrides or []), "run_dir": str(job_dir)},
-                        "failed", EXIT_FAILED, {"failure": {"cause": "launcher_error", "type": type(exc).__name__,
-                                                            "message": str(exc)}})
+        RunRecord.finalize(job_dir, Status.FAILED, overrides=list(job_return.overrides or []), run_dir=str(job_dir),
+                           failure={"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)})
         print(f"wf_launch: {message}", file=sys.stderr, flush=True)
         job_return.status = JobStatus.COMPLETED
-        job_return.return_value = RunOutcome("failed", EXIT_FAILED, job_dir, message)
+        job_return.return_value = RunOutcome(Status.FAILED, job_dir, message)
 
     def report(self) -> list[dict[str, Any]]:
         """Write the report for this sweep; returns its points."""

@@ -35,7 +35,8 @@ class WfSlurmLauncher(BasicLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from wf_launch.launchers import slurm
-        from wf_launch.outcome import EXIT_FAILED, RunOutcome
+        from wf_launch.outcome import RunOutcome
+        from wf_launch.record import Status
 
         assert self.config is not None
         slurm.begin_batch()
@@ -51,7 +52,7 @@ class WfSlurmLauncher(BasicLauncher):
         failed = {p.plan.run_dir: err for p, job_id, err in submitted if not job_id}
         for run_dir, err in failed.items():
             if run_dir in by_dir:
-                by_dir[run_dir].return_value = RunOutcome("failed", EXIT_FAILED, run_dir, err)
+                by_dir[run_dir].return_value = RunOutcome(Status.FAILED, run_dir, err)
         if waiting:
             poll = min(p.plan.config["launcher"]["poll_interval_s"] for p, _, _ in submitted)
             print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)

@@ -1,18 +1,14 @@
-"""Launchers differ only in how rank processes come to exist; see ``get_launcher``."""
+"""Launchers differ only in how rank processes come to exist.
+
+:mod:`.base` defines the :class:`~.base.Launcher` protocol, :mod:`.registry` finds
+launchers (built-ins and the ``wf_launch.launchers`` entry-point group); ``local``
+and ``slurm`` are the built-in ones.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from .base import DetachedLauncher, Launcher, LauncherConfig
+from .registry import ENTRY_POINT_GROUP, get_launcher, load_launchers, register_launcher, registered_launchers
 
-
-def get_launcher(name: str) -> Any:
-    """The launcher module for ``launcher.name`` (each has ``describe(plan)`` and ``launch(plan)``)."""
-    if name == "local":
-        from . import local
-
-        return local
-    if name == "slurm":
-        from . import slurm
-
-        return slurm
-    raise ValueError(f"launcher.name={name!r} is not allowed: choose 'local' or 'slurm'")
+__all__ = ["ENTRY_POINT_GROUP", "DetachedLauncher", "Launcher", "LauncherConfig", "get_launcher",
+           "load_launchers", "register_launcher", "registered_launchers"]

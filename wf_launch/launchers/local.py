@@ -16,17 +16,42 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
 from .. import rundir
-from ..entrypoint import RankSpec, rank_main
-from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result, success_summary
-from ..plan import LaunchPlan
+from ..config import config_error
+from ..entrypoint import ATTEMPT_VAR, RankSpec, rank_main
+from ..outcome import RunOutcome
+from ..record import RunRecord, Status
 from ..report import explain_failure
+from .base import LauncherConfig
+from .registry import register_launcher
+
+if TYPE_CHECKING:
+    from worldfoundry.core.distributed.topology import Layout
+
+    from ..plan import LaunchPlan
+
+__all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threads_per_rank"]
 
 _PR_SET_PDEATHSIG = 1
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    """Ranks as local processes on torch's elastic agent."""
+
+    name: str = "local"
+    start_method: str = "auto"
+    max_restarts: int = 0
+    threads_per_rank: int = 0
+    rdzv_port: int = 0
+    monitor_interval_s: float = 0.1
+    shutdown_timeout_s: int = 5
 
 
 def choose_start_method(requested: str) -> str:
@@ -47,6 +72,22 @@ def threads_per_rank(requested: int, nproc: int) -> int:
     if requested > 0:
         return requested
     return max(1, (os.cpu_count() or 1) // max(1, nproc))
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    """The local launcher's own fields."""
+    if cfg.get("start_method") not in START_METHODS:
+        raise config_error("launcher.start_method", cfg.get("start_method"), f"choose one of {list(START_METHODS)}")
+    for key in ("max_restarts", "threads_per_rank", "rdzv_port"):
+        value = cfg.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise config_error(f"launcher.{key}", value, "expected an integer >= 0")
+    if cfg["rdzv_port"] > 65535:
+        raise config_error("launcher.rdzv_port", cfg["rdzv_port"], "expected 0 (pick a free port) or 1..65535")
+    if not cfg.get("monitor_interval_s", 0) > 0:
+        raise config_error("launcher.monitor_interval_s", cfg.get("monitor_interval_s"), "expected seconds > 0")
+    if cfg.get("shutdown_timeout_s", -1) < 0:
+        raise config_error("launcher.shutdown_timeout_s", cfg.get("shutdown_timeout_s"), "expected seconds >= 0")
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -85,6 +126,7 @@ def local_rank_entry(spec: RankSpec, launcher_pid: int) -> dict[str, Any]:
     _die_with_parent()
     if os.getppid() != launcher_pid:
         os._exit(1)
+    os.environ[ATTEMPT_VAR] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
     try:
         return rank_main(spec)
     except BaseException:
@@ -138,20 +180,17 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     except RanksFailed as exc:
         return _failed(plan, info, exc.exit_codes, time.time() - t0)
     except (SignalException, KeyboardInterrupt) as exc:
-        signum = getattr(exc, "sigval", signal.SIGINT)
-        name = signal.Signals(signum).name
+        name = signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name
         summary = f"interrupted by {name}: every rank was stopped"
         logger.debug(summary)
-        code = 128 + int(signum)
-        finalize_result(plan.run_dir, info, "interrupted", code,
-                        {"failure": {"cause": "interrupt", "signal": name, "message": summary},
-                         "timings": {"wall_s": round(time.time() - t0, 4)}})
-        return RunOutcome("interrupted", code, plan.run_dir, summary)
+        record = RunRecord.finalize(plan.run_dir, Status.INTERRUPTED, signal_name=name, **info,
+                                    failure={"cause": "interrupt", "signal": name, "message": summary},
+                                    timings={"wall_s": round(time.time() - t0, 4)})
+        return RunOutcome.of(record, plan.run_dir, summary)
     wall = time.time() - t0
-    result = finalize_result(plan.run_dir, info, "ok", EXIT_OK, {"timings": {"wall_s": round(wall, 4)}})
-    summary = success_summary(result)
-    logger.info(f"run ok in {wall:.2f}s: {plan.run_dir / rundir.RESULT}")
-    return RunOutcome("ok", EXIT_OK, plan.run_dir, summary, result)
+    record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(wall, 4)})
+    logger.info(f"run ok in {wall:.2f}s: {RunRecord.path(plan.run_dir)}")
+    return RunOutcome.of(record, plan.run_dir)
 
 
 def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall: float) -> RunOutcome:
@@ -162,7 +201,23 @@ def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall:
     else:
         cause, summary = explained
     logger.debug(f"run failed: {summary}")
-    finalize_result(plan.run_dir, info, "failed", EXIT_FAILED,
-                    {"failure": cause, "exits": {str(k): v for k, v in exits.items()},
-                     "timings": {"wall_s": round(wall, 4)}})
-    return RunOutcome("failed", EXIT_FAILED, plan.run_dir, summary)
+    record = RunRecord.finalize(plan.run_dir, Status.FAILED, **info, failure=cause,
+                                exits={str(k): v for k, v in exits.items()}, timings={"wall_s": round(wall, 4)})
+    return RunOutcome.of(record, plan.run_dir, summary)
+
+
+@register_launcher
+class LocalLauncher:
+    """Ranks as processes on this machine, on torch's elastic agent (``launcher=local``)."""
+
+    name: ClassVar[str] = "local"
+    config_class: ClassVar[type[LauncherConfig]] = LocalLauncherConfig
+
+    def validate(self, cfg: dict[str, Any], layout: Layout, engine: dict[str, Any]) -> None:
+        validate(cfg)
+
+    def describe(self, plan: LaunchPlan) -> str:
+        return describe(plan)
+
+    def launch(self, plan: LaunchPlan) -> RunOutcome:
+        return launch(plan)

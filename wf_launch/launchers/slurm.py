@@ -16,31 +16,107 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
 from .. import rundir
-from ..config import slurm_tasks_per_node
-from ..entrypoint import Preempted, RankSpec, layout_of, preempt_marker, rank_main
-from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result, success_summary
+from ..config import NCCL_BACKENDS, config_error, normalize_backend, positive_int
+from ..entrypoint import ATTEMPT_VAR, Preempted, RankSpec, layout_of, preempt_marker, rank_main
+from ..outcome import RunOutcome
 from ..plan import LaunchPlan
 from ..ranklog import rank_label
+from ..record import RunRecord, Status
 from ..report import explain_failure, load_failure_records
+from .base import LauncherConfig
+from .registry import register_launcher
+
+if TYPE_CHECKING:
+    from worldfoundry.core.distributed.topology import Layout
 
 JOB_FILE = "slurm_job.json"
-EXIT_CANCELLED = 128 + signal.SIGTERM
-EXIT_TIMEOUT = 124
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                              "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """One SLURM task per rank, submitted through submitit (docs/slurm.md)."""
+
+    name: str = "slurm"
+    nodes: int = 1
+    tasks_per_node: int | None = None
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: float | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60
+    constraint: str | None = None
+    exclude: str | None = None
+    job_name: str = "wf_launch"
+    sbatch_extra: dict[str, str] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+    srun_args: list[str] = field(default_factory=list)
+    folder: str = "submitit"
+    wait: bool = True
+    poll_interval_s: float = 1.0
+    signal_delay_s: int = 90
+    max_requeues: int = 3
+    preempt_wait_s: float = 20.0
+
+
+def slurm_tasks_per_node(launcher: dict[str, Any], world_size: int) -> int:
+    """``launcher.tasks_per_node``, or world size / nodes when it is null."""
+    nodes = launcher["nodes"]
+    if launcher.get("tasks_per_node") is not None:
+        return int(launcher["tasks_per_node"])
+    if world_size % nodes:
+        raise config_error("launcher.nodes", nodes, f"the layout's {world_size} rank(s) must split evenly over "
+                           "the nodes (or set launcher.tasks_per_node)")
+    return world_size // nodes
+
+
+def validate_slurm_launcher(launcher: dict[str, Any], engine: dict[str, Any], world_size: int) -> None:
+    """SLURM launcher values, and that one SLURM task per rank covers the layout exactly."""
+    positive_int("launcher.nodes", launcher.get("nodes"))
+    if launcher.get("tasks_per_node") is not None:
+        positive_int("launcher.tasks_per_node", launcher["tasks_per_node"])
+    for key in ("cpus_per_task", "time_min", "signal_delay_s"):
+        positive_int(f"launcher.{key}", launcher.get(key))
+    for key in ("gpus_per_node", "max_requeues"):
+        value = launcher.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise config_error(f"launcher.{key}", value, "expected an integer >= 0")
+    mem = launcher.get("mem_gb")
+    if mem is not None and not mem > 0:
+        raise config_error("launcher.mem_gb", mem, "expected GB > 0, or null for the partition's default")
+    for key in ("poll_interval_s", "preempt_wait_s"):
+        if not launcher.get(key, 0) > 0:
+            raise config_error(f"launcher.{key}", launcher.get(key), "expected seconds > 0")
+    if launcher["signal_delay_s"] >= launcher["time_min"] * 60:
+        raise config_error("launcher.signal_delay_s", launcher["signal_delay_s"],
+                           f"expected fewer seconds than the time limit ({launcher['time_min'] * 60} s)")
+    if not str(launcher.get("folder") or "").strip():
+        raise config_error("launcher.folder", launcher.get("folder"), "a folder name inside the run directory")
+    tpn = slurm_tasks_per_node(launcher, world_size)
+    if launcher["nodes"] * tpn != world_size:
+        raise config_error("launcher.tasks_per_node", launcher.get("tasks_per_node"),
+                           f"launcher.nodes ({launcher['nodes']}) x launcher.tasks_per_node ({tpn}) = "
+                           f"{launcher['nodes'] * tpn} SLURM tasks, but the layout "
+                           f"(tp*cp*pp*dp) has {world_size} rank(s); one task per rank")
+    if normalize_backend(engine.get("distributed_backend", "auto")) in NCCL_BACKENDS and launcher["gpus_per_node"] < tpn:
+        raise config_error("launcher.gpus_per_node", launcher["gpus_per_node"],
+                           f"engine.distributed_backend={engine.get('distributed_backend')!r} needs one GPU per "
+                           f"task: at least launcher.tasks_per_node ({tpn}); or use gloo")
 
 
 # ----------------------------------------------------------------------------- in the SLURM task
@@ -94,6 +170,7 @@ class SlurmRank:
 
     def __call__(self) -> dict[str, Any]:
         export_rank_env()
+        os.environ[ATTEMPT_VAR] = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
         try:
             return rank_main(self.spec)
         except Preempted:
@@ -239,9 +316,9 @@ def submit_batch(shared: Path) -> list[tuple[Pending, str | None, str]]:
         except Exception as exc:
             message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
             for run in group:
-                finalize_result(run.plan.run_dir, _plan_info(run.plan), "failed", EXIT_FAILED,
-                                {"failure": {"cause": "launcher_error", "type": type(exc).__name__,
-                                             "message": str(exc)}})
+                RunRecord.finalize(run.plan.run_dir, Status.FAILED, **_plan_info(run.plan),
+                                   failure={"cause": "launcher_error", "type": type(exc).__name__,
+                                            "message": str(exc)})
                 out.append((run, None, message))
                 print(f"wf_launch: {run.plan.run_dir}: {message}", file=sys.stderr, flush=True)
             continue
@@ -259,14 +336,14 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     fn = SlurmRank(_rank_spec(plan, launch_time))
     if _BATCH is not None:
         _BATCH.append(Pending(plan, fn, launch_time))
-        return RunOutcome("submitted", EXIT_OK, plan.run_dir, "")
+        return RunOutcome(Status.SUBMITTED, plan.run_dir)
     ex = _executor(plan)
     job = ex.submit(fn)
     _record_job(plan, job.job_id, ex.folder, launch_time)
     logger.info(f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
                 f"run dir {plan.run_dir}")
     if not lc["wait"]:
-        return RunOutcome("submitted", EXIT_OK, plan.run_dir,
+        return RunOutcome(Status.SUBMITTED, plan.run_dir,
                           f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
     return wait_all([plan.run_dir], lc["poll_interval_s"])[0]
 
@@ -313,11 +390,6 @@ def read_job(run_dir: Path) -> dict[str, Any] | None:
     return rundir.read_json(Path(run_dir) / JOB_FILE)
 
 
-def is_final(result: dict[str, Any] | None) -> bool:
-    """Whether ``result.json`` was finalized by the launcher or status (rank 0 alone leaves no exit code)."""
-    return isinstance(result, dict) and "exit_code" in result
-
-
 def _layout(run_dir: Path) -> Any:
     import yaml
 
@@ -328,27 +400,25 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
     """Write the final ``result.json`` of a run whose SLURM job ended in ``state`` (idempotent)."""
     run_dir = Path(run_dir)
     job = read_job(run_dir) or {}
-    result = rundir.read_json(run_dir / rundir.RESULT)
-    if is_final(result):
-        return RunOutcome(result["status"], result["exit_code"], run_dir, "", result)
+    record = RunRecord.read(run_dir)
+    if record is not None and record.final:
+        return RunOutcome.of(record, run_dir, "")
     word = state.split()[0]
     info = {**job.get("info", {}), "slurm": {"job_id": job.get("job_id"), "state": state,
                                              "folder": job.get("folder")}}
-    wall = {"timings": {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)}}
+    info["timings"] = {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)}
     job_id = job.get("job_id")
-    if word == "COMPLETED" and (result or {}).get("status") == "ok":
-        result = finalize_result(run_dir, info, "ok", EXIT_OK, wall)
-        return RunOutcome("ok", EXIT_OK, run_dir, success_summary(result), result)
+    if word == "COMPLETED" and record is not None and record.status is Status.OK:
+        return RunOutcome.of(RunRecord.finalize(run_dir, Status.OK, **info), run_dir)
     if word == "CANCELLED":
         summary = f"SLURM job {job_id} was cancelled ({state})"
-        finalize_result(run_dir, info, "cancelled", EXIT_CANCELLED,
-                        {"failure": {"cause": "cancelled", "message": summary}, **wall})
-        return RunOutcome("cancelled", EXIT_CANCELLED, run_dir, summary)
+        record = RunRecord.finalize(run_dir, Status.CANCELLED, **info,
+                                    failure={"cause": "cancelled", "message": summary})
+        return RunOutcome.of(record, run_dir, summary)
     if word == "TIMEOUT":
         summary = f"SLURM job {job_id} hit its time limit"
-        finalize_result(run_dir, info, "timeout", EXIT_TIMEOUT,
-                        {"failure": {"cause": "timeout", "message": summary}, **wall})
-        return RunOutcome("timeout", EXIT_TIMEOUT, run_dir, summary)
+        record = RunRecord.finalize(run_dir, Status.TIMEOUT, **info, failure={"cause": "timeout", "message": summary})
+        return RunOutcome.of(record, run_dir, summary)
     layout = _layout(run_dir)
     explained = explain_failure(run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords)
     if explained is None:
@@ -358,8 +428,8 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
         summary = cause["message"]
     else:
         cause, summary = explained
-    finalize_result(run_dir, info, "failed", EXIT_FAILED, {"failure": cause, **wall})
-    return RunOutcome("failed", EXIT_FAILED, run_dir, summary)
+    record = RunRecord.finalize(run_dir, Status.FAILED, **info, failure=cause)
+    return RunOutcome.of(record, run_dir, summary)
 
 
 def cancel(run_dir: Path) -> str | None:
@@ -407,7 +477,7 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
                     outcomes[run_dir] = finalize(run_dir, state)
                     del pending[run_dir]
             time.sleep(0.5)
-    return [outcomes.get(Path(d)) or RunOutcome("cancelled", EXIT_CANCELLED, Path(d), "not confirmed ended")
+    return [outcomes.get(Path(d)) or RunOutcome(Status.CANCELLED, Path(d), "not confirmed ended")
             for d in run_dirs]
 
 
@@ -416,9 +486,10 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
     run_dir = Path(run_dir)
     job = read_job(run_dir) or {}
     world = int(job.get("world_size") or 0)
-    result = rundir.read_json(run_dir / rundir.RESULT) or {}
-    ok = set((result.get("results") or {}) if result.get("status") == "ok" else {})
-    stopped = result.get("status") if result.get("status") in ("cancelled", "timeout") else None
+    record = RunRecord.read(run_dir)
+    ok = set(record.results) if record is not None and record.status is Status.OK else set()
+    stopped = str(record.status) if record is not None and record.status in (Status.CANCELLED, Status.TIMEOUT) \
+        else None
     errors = {r["rank"]: r for r in load_failure_records(run_dir)}
     out: dict[int, str] = {}
     for rank in range(world):
@@ -437,3 +508,30 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
             text += f"; preemption signal at restart {marker['restart']} (hook: {marker['hook']})"
         out[rank] = text
     return out
+
+
+@register_launcher
+class SlurmLauncher:
+    """One SLURM task per rank through submitit (``launcher=slurm``)."""
+
+    name: ClassVar[str] = "slurm"
+    config_class: ClassVar[type[LauncherConfig]] = SlurmLauncherConfig
+
+    def validate(self, cfg: dict[str, Any], layout: Layout, engine: dict[str, Any]) -> None:
+        validate_slurm_launcher(cfg, engine, layout.world_size)
+
+    def describe(self, plan: LaunchPlan) -> str:
+        return describe(plan)
+
+    def launch(self, plan: LaunchPlan) -> RunOutcome:
+        return launch(plan)
+
+    def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
+        job = read_job(run_dir) or {}
+        state = job_state(job["job_id"])
+        if is_terminal(state) and not in_queue(job["job_id"]):
+            return state, finalize(run_dir, state)
+        return state, None
+
+    def cancel(self, run_dir: Path) -> str | None:
+        return cancel(run_dir)

@@ -6,13 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = ["TaskContext", "build_context"]
+
 
 @dataclass
 class TaskContext:
     """Everything a task needs on one rank.
 
-    ``config`` is the resolved run config (a plain dict: engine, launcher, task);
-    ``task_config`` its ``task`` section. ``rank`` / ``world_size`` / ``local_rank``
+    ``cfg`` is the task's config: an instance of the dataclass the task was
+    registered with (``register_task(name, config=...)``), typed, defaults
+    applied. ``config`` is the resolved run config (a plain dict: engine,
+    launcher, task); ``task_config`` its ``task`` section as a dict. ``rank`` / ``world_size`` / ``local_rank``
     / ``device`` place this rank; ``coords`` are its tp/cp/pp/dp coordinates.
     ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp', 'tp-pp' to
     :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects;
@@ -20,6 +24,7 @@ class TaskContext:
     directory shared by all ranks; ``log`` a loguru logger bound to this rank.
     """
 
+    cfg: Any
     config: dict[str, Any]
     task_config: dict[str, Any]
     rank: int
@@ -53,8 +58,11 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         pp = pp_scheduler()
     from worldfoundry.core.distributed.init import LaunchEnv
 
+    from .registry import task_config_class
+
+    task = dict(config.get("task", {}))
     return TaskContext(
-        config=config, task_config=dict(config.get("task", {})), rank=world.rank,
+        cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=world.rank,
         world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
         run_dir=Path(run_dir), log=log,

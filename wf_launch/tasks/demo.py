@@ -24,14 +24,14 @@ gathers every rank's row and reports the run: ``max_abs_err`` (max over replicas
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from wf_launch.config import ConfigError, TaskConfig
+from wf_launch.config import ConfigError, EngineConfig, TaskConfig
 from worldfoundry.core.distributed import broadcast_split_tensor, cat_outputs_cp, get_layout
 
 from ._vdit import CPSplit, VDiT, patchify, stage_blocks, unpatchify
@@ -71,24 +71,11 @@ class DemoTaskConfig(TaskConfig):
     check: bool = True
     atol: float | None = None
 
-    @classmethod
-    def from_task_config(cls, task: Mapping[str, Any]) -> DemoTaskConfig:
-        """Build from the run's ``task`` section (a dict or DictConfig) and validate it."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(str(k) for k in task if k not in known)
-        if unknown:
-            raise ConfigError(f"task.{unknown[0]}={task[unknown[0]]!r} is not allowed: demo has no such "
-                              f"field; allowed fields: {sorted(known - {'name', 'modules'})}")
-        values = {k: task[k] for k in known if k in task}
-        for key in ("patch", "modules"):
-            if isinstance(values.get(key), Iterable) and not isinstance(values[key], str):
-                values[key] = list(values[key])
-        cfg = cls(**values)
-        cfg.validate()
-        return cfg
+    def validate(self, engine: EngineConfig | None = None) -> None:
+        """Raise :class:`ConfigError` naming the field, its value and what is allowed.
 
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
+        With the run's ``engine``, also check that its ``cp_size`` can split the latent.
+        """
         def bad(name: str, allowed: str) -> ConfigError:
             return ConfigError(f"task.{name}={getattr(self, name)!r} is not allowed: {allowed}")
 
@@ -123,6 +110,8 @@ class DemoTaskConfig(TaskConfig):
         if self.atol is not None and (isinstance(self.atol, bool) or not isinstance(self.atol, (int, float))
                                       or not self.atol > 0):
             raise bad("atol", "expected a number > 0, or null for the dtype's default")
+        if engine is not None:
+            plan_split(self, engine.cp_size)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int, int]:
@@ -152,10 +141,8 @@ class DemoTaskConfig(TaskConfig):
 
 
 def validate_config(task: Mapping[str, Any], engine: Mapping[str, Any] | None = None) -> None:
-    """Launcher-side check of ``task`` and of its fit with ``engine`` (before any process starts)."""
-    cfg = DemoTaskConfig.from_task_config(task)
-    if engine is not None:
-        plan_split(cfg, int(engine["cp_size"]))
+    """``DemoTaskConfig.from_task_config(task, engine)``, kept for callers of the older hook."""
+    DemoTaskConfig.from_task_config(task, engine)
 
 
 def plan_split(cfg: DemoTaskConfig, cp_size: int) -> CPSplit:
@@ -190,7 +177,7 @@ def _sync(device: Any) -> None:
 @register_task("demo", config=DemoTaskConfig)
 def demo(ctx: TaskContext) -> dict[str, Any]:
     """Run the CP x PP forward, time it, check it against one process; rank 0 reports the run."""
-    cfg = DemoTaskConfig.from_task_config(ctx.task_config)
+    cfg: DemoTaskConfig = ctx.cfg
     cp, pp = ctx.groups["cp"], ctx.groups["pp"]
     stage, n_stages = ctx.coords["pp"], pp.world_size
     first, last = stage == 0, stage == n_stages - 1

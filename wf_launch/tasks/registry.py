@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
+__all__ = ["ENTRY_POINT_GROUP", "get_task", "load_task_modules", "register_task", "registered_configs",
+           "registered_tasks", "task_config_class"]
+
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
 _TASKS: dict[str, TaskFn] = {}
@@ -23,14 +26,21 @@ ENTRY_POINT_GROUP = "wf_launch.tasks"
 def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``).
 
-    ``config`` is an optional dataclass (subclassing
-    :class:`wf_launch.config.TaskConfig`, or with ``name`` and ``modules`` fields)
-    that becomes the Hydra schema of ``task=name``; without one the task takes a
-    plain TaskConfig. A ``validate_config(task_cfg, engine_cfg)`` attribute on
-    ``fn`` is called with both sections (dicts) before any process starts.
+    ``config`` is an optional dataclass subclassing
+    :class:`wf_launch.config.TaskConfig`: it becomes the Hydra schema of
+    ``task=name``, its ``validate(engine)`` runs in the launcher before any
+    process starts, and the task receives the instance as ``ctx.cfg``. Without
+    one the task takes a plain TaskConfig. (A ``validate_config(task, engine)``
+    attribute on ``fn``, the older way, is still called with both sections.)
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
+
+    from ..config import TaskConfig
+
+    if config is not None and not (isinstance(config, type) and issubclass(config, TaskConfig)):
+        raise ValueError(f"register_task({name!r}): config={config!r} must be a dataclass subclassing "
+                         "wf_launch.config.TaskConfig")
 
     def deco(fn: TaskFn) -> TaskFn:
         existing = _TASKS.get(name)
@@ -84,12 +94,14 @@ def registered_tasks() -> list[str]:
     return sorted(_TASKS)
 
 
-def registered_configs() -> dict[str, Any]:
-    """A config node for every registered task: its own dataclass, else a plain TaskConfig."""
+def task_config_class(name: str) -> type:
+    """The config dataclass of task ``name`` (its own, else :class:`~wf_launch.config.TaskConfig`)."""
     from ..config import TaskConfig
 
-    out: dict[str, Any] = {}
-    for name in _TASKS:
-        cls = _CONFIGS.get(name)
-        out[name] = cls(name=name) if cls is not None else TaskConfig(name=name)
-    return out
+    get_task(name)
+    return _CONFIGS.get(name, TaskConfig)
+
+
+def registered_configs() -> dict[str, Any]:
+    """A config node for every registered task: its own dataclass, else a plain TaskConfig."""
+    return {name: task_config_class(name)(name=name) for name in _TASKS}

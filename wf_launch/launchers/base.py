@@ -1,0 +1,77 @@
+"""The launcher protocol: what every way of starting ranks provides.
+
+A launcher is a class with a ``name``, a config dataclass (the Hydra schema of
+``launcher=NAME``), and ``validate`` / ``describe`` / ``launch``. Launchers whose
+runs outlive the command (``launcher.wait=false`` on a scheduler) also provide
+``status`` and ``cancel``, which ``python -m wf_launch.status`` uses. Built-in
+launchers and third-party ones (entry-point group ``wf_launch.launchers``)
+register the same way (:func:`wf_launch.launchers.register_launcher`);
+docs/launchers.md shows a new one end to end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from omegaconf import MISSING
+
+from ..config import config_error
+
+if TYPE_CHECKING:
+    from worldfoundry.core.distributed.topology import Layout
+
+    from ..outcome import RunOutcome
+    from ..plan import LaunchPlan
+
+__all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "validate_common"]
+
+
+@dataclass
+class LauncherConfig:
+    """What every launcher's config has (subclass it for a launcher's own fields)."""
+
+    name: str = MISSING
+    dry_run: bool = False
+    console_ranks: list[int] | None = None
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """How rank processes come to exist. One instance serves one CLI invocation."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[LauncherConfig]]
+
+    def validate(self, cfg: dict[str, Any], layout: Layout, engine: dict[str, Any]) -> None:
+        """Raise :class:`~wf_launch.config.ConfigError` (field, value, what is allowed) before any process starts."""
+
+    def describe(self, plan: LaunchPlan) -> str:
+        """The launch plan as text, for ``launcher.dry_run=true`` (starts nothing)."""
+
+    def launch(self, plan: LaunchPlan) -> RunOutcome:
+        """Start every rank of ``plan``, and (unless detached) wait and finalize the run record."""
+
+
+@runtime_checkable
+class DetachedLauncher(Launcher, Protocol):
+    """A launcher whose runs can outlive the command that started them."""
+
+    def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
+        """The scheduler's state of the run, and its final outcome once it ended (finalizing the record)."""
+
+    def cancel(self, run_dir: Path) -> str | None:
+        """Stop the run if it still runs; returns the scheduler's id of what was cancelled (None: nothing)."""
+
+
+def validate_common(cfg: dict[str, Any], world_size: int) -> None:
+    """The fields every launcher has."""
+    ranks = cfg.get("console_ranks")
+    if ranks is not None:
+        bad = [r for r in ranks if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world_size]
+        if bad:
+            raise config_error("launcher.console_ranks", list(ranks),
+                               f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
+    if not isinstance(cfg.get("dry_run", False), bool):
+        raise config_error("launcher.dry_run", cfg.get("dry_run"), "expected true or false")
