@@ -1,4 +1,6 @@
 from wf_launch.cli import main
 
+__all__ = []
+
 if __name__ == "__main__":
     main()

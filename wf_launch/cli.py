@@ -15,6 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from .schema import register_configs
 from .tasks.registry import load_task_modules
 
+__all__ = ["main"]
+
 _UID = uuid.uuid4().hex[:6]
 
 

@@ -10,6 +10,8 @@ from worldfoundry.core.distributed.topology import DIMS, Layout
 
 from .ranklog import rank_label
 
+__all__ = ["LaunchPlan"]
+
 
 @dataclass(frozen=True)
 class LaunchPlan:

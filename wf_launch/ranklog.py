@@ -9,6 +9,10 @@ from typing import Any, TextIO
 
 from loguru import logger
 
+from worldfoundry.core.distributed.topology import DIMS
+
+__all__ = ["CONSOLE_FORMAT", "FILE_FORMAT", "rank_label", "setup_launcher_logging", "setup_rank_logging"]
+
 CONSOLE_FORMAT = ("<green>{time:HH:mm:ss.SSS}</green> <cyan>[{extra[label]}]</cyan> "
                   "<level>{level: <7}</level> {message}")
 FILE_FORMAT = ("{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | [{extra[label]}] "
@@ -17,7 +21,7 @@ FILE_FORMAT = ("{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | [{extra[label]}] 
 
 def rank_label(rank: int, coords: dict[str, int]) -> str:
     """'r5 tp0 cp1 pp1 dp0': a rank and its layout coordinates."""
-    return f"r{rank} " + " ".join(f"{d}{coords[d]}" for d in ("tp", "cp", "pp", "dp"))
+    return f"r{rank} " + " ".join(f"{d}{coords[d]}" for d in DIMS)
 
 
 class _LogStream(io.TextIOBase):

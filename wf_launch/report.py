@@ -10,6 +10,8 @@ from typing import Any
 
 from . import rundir
 
+__all__ = ["PEER_LOSS", "explain_failure", "failure_summary", "load_failure_records", "root_cause", "signal_name"]
+
 PEER_LOSS = re.compile(r"connection closed by peer|connection reset|broken pipe|"
                        r"ProcessGroup.*abort|NCCL communicator was aborted", re.IGNORECASE)
 

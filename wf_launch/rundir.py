@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOGS", "RESULT", "atomic_write_json", "atomic_write_text", "environment_info", "rank_error", "rank_log", "read_json"]
+
 RESULT = "result.json"
 CONFIG = "config.yaml"
 ENVIRONMENT = "environment.json"

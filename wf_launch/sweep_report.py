@@ -34,17 +34,20 @@ from typing import Any
 
 import yaml
 
+from worldfoundry.core.distributed.topology import DIMS
+
 from . import rundir
 from .record import RecordError, RunRecord, Status
 
-DIMS = ("tp", "cp", "pp", "dp")
+__all__ = ["BASE_COLUMNS", "DEFAULT_METRIC", "FAILED_STATUSES", "IDENTITY_FIELDS", "PLAN_FILE", "SweepReport", "collect_points", "failure_text", "main", "metric_names", "metric_value", "planned_points", "point_metrics", "render_chart", "render_csv", "render_markdown", "sweep_exit_code", "write_report"]
+
 IDENTITY_FIELDS = frozenset({"rank", "local_rank", "world_size", "stage", "node_rank"})
 DEFAULT_METRIC = "tokens_per_s"
 CSV_NAME, MD_NAME, CHART_NAME = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
 PLAN_FILE = "multirun.yaml"
 NOT_RUN, INCOMPLETE, UNREADABLE = "not_run", "incomplete", "unreadable"
 """Report-only statuses: planned but never started; started, no record yet; a record that cannot be read."""
-BASE_COLUMNS = ("job", "status", "overrides", "tp", "cp", "pp", "dp", "world", "wall_s")
+BASE_COLUMNS = ("job", "status", "overrides", *DIMS, "world", "wall_s")
 FAILED_STATUSES = frozenset({*(str(s) for s in Status if s.is_failure and s is not Status.INVALID), UNREADABLE})
 
 
@@ -163,7 +166,7 @@ def collect_points(sweep_dir: Path | str) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
     points = [_point(d) for d in sorted(sweep_dir.iterdir())
               if d.is_dir() and not d.name.startswith(".")
-              and ((d / ".hydra").is_dir() or (d / rundir.RESULT).is_file())]
+              and ((d / ".hydra").is_dir() or RunRecord.path(d).is_file())]
     seen = {p["job"] for p in points}
     for num, overrides in enumerate(planned_points(sweep_dir)):
         if num not in seen:

@@ -20,6 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.launcher.api import LaunchConfig
 
+__all__ = ["RanksFailed", "run_agent"]
+
 
 class _ExitCodeAgent(LocalElasticAgent):
     """A LocalElasticAgent that remembers each global rank's exit code when a failure is seen."""

@@ -1,0 +1,3 @@
+"""Built-in tasks (demo, layout, noop) and the task registry; tasks register on import."""
+
+__all__: list[str] = []

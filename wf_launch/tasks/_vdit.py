@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["CPAttention", "CPSplit", "DiTBlock", "FinalLayer", "VDiT", "patchify", "sincos_3d", "stage_blocks", "timestep_embedding", "unpatchify"]
+
 Patch = tuple[int, int, int]
 
 

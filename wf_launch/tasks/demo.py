@@ -38,6 +38,8 @@ from ._vdit import CPSplit, VDiT, patchify, stage_blocks, unpatchify
 from .context import TaskContext
 from .registry import register_task
 
+__all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split", "validate_config"]
+
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
                                   "bfloat16": torch.bfloat16}
 DEFAULT_ATOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 0.05}

@@ -21,10 +21,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from worldfoundry.core.distributed.topology import COMBINED, DIMS
+
 from .context import TaskContext
 from .registry import register_task
 
-GROUPS: tuple[str, ...] = ("tp", "cp", "pp", "dp", "tp-cp", "dp-cp", "tp-pp")
+__all__ = ["GROUPS", "check_group", "format_ranks", "layout", "render_table"]
+
+GROUPS: tuple[str, ...] = (*DIMS, *COMBINED)
 """Groups shown in the table (and checked, with 'world')."""
 
 
@@ -60,9 +64,9 @@ def format_ranks(ranks: list[int]) -> str:
 
 def render_table(rows: list[dict[str, Any]], title: str = "") -> str:
     """Text table, one line per rank: host, local rank, tp/cp/pp/dp coordinates, group members, check."""
-    header = ["rank", "host", "local", "tp", "cp", "pp", "dp", *(f"{g} group" for g in GROUPS), "check"]
+    header = ["rank", "host", "local", *DIMS, *(f"{g} group" for g in GROUPS), "check"]
     body = [[str(r["rank"]), str(r["host"]), str(r["local_rank"]),
-             *(str(r["coords"][d]) for d in ("tp", "cp", "pp", "dp")),
+             *(str(r["coords"][d]) for d in DIMS),
              *(format_ranks(r["groups"][g]) for g in GROUPS),
              "ok" if r["ok"] else "FAIL"] for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]

@@ -7,6 +7,8 @@ from typing import Any
 from .context import TaskContext
 from .registry import register_task
 
+__all__ = ["noop"]
+
 
 @register_task("noop")
 def noop(ctx: TaskContext) -> dict[str, Any]:

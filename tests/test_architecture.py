@@ -1,0 +1,179 @@
+"""How the code is organised, checked: no import cycles, one writer of result.json, open launchers."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import cli_env
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("wf_launch", "worldfoundry", "hydra_plugins")
+THIRD_PARTY = Path(__file__).parent / "third_party"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every repo module ``name`` imports, at module level or inside functions."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_import_graph_has_no_cycles() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
+
+
+def _code_files() -> list[Path]:
+    return [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+
+
+def test_no_module_imports_hydra_internals() -> None:
+    offenders = []
+    for path in _code_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith("hydra._internal")]
+    assert offenders == []
+
+
+_SUBMITIT_PRIVATE = re.compile(r"\b(_make_sbatch_string|_convert_mem|core\._submit|submitit\.\w+(\.\w+)*\._\w+)")
+
+
+def test_submitit_private_names_live_in_one_module() -> None:
+    users = sorted(str(p.relative_to(REPO)) for p in _code_files() if _SUBMITIT_PRIVATE.search(p.read_text()))
+    assert len(users) <= 1, f"submitit's private names are used in {users}; keep them in one adapter module"
+
+
+def _code_strings_and_attrs(path: Path) -> tuple[set[str], set[str]]:
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and id(n) not in docstrings}
+    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return strings, attrs
+
+
+def test_result_json_is_written_and_read_by_the_run_record_only() -> None:
+    users = []
+    for path in _code_files():
+        strings, attrs = _code_strings_and_attrs(path)
+        rel = str(path.relative_to(REPO))
+        if rel in ("wf_launch/record.py", "wf_launch/rundir.py"):
+            continue
+        if "RESULT" in attrs or any("result.json" in s for s in strings if "\n" not in s and len(s) < 40):
+            users.append(rel)
+    assert users == [], f"modules that touch result.json without wf_launch.record.RunRecord: {users}"
+
+
+def _third_party_env() -> dict[str, str]:
+    env = cli_env()
+    env["PYTHONPATH"] = f"{THIRD_PARTY}:{env['PYTHONPATH']}"
+    return env
+
+
+def test_third_party_launcher_from_an_entry_point_is_listed_and_runs(tmp_path: Path) -> None:
+    env = _third_party_env()
+    help_out = subprocess.run([sys.executable, "-m", "wf_launch", "--help"], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=120)
+    assert help_out.returncode == 0, help_out.stderr
+    assert re.search(r"^launcher: .*\binproc\b", help_out.stdout, re.M), help_out.stdout
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "wf_launch", "launcher=inproc", "task=noop",
+                           "launcher.greeting=hi", f"hydra.run.dir={run_dir}"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from wf_launch.record import RunRecord, Status
+
+    record = RunRecord.read(run_dir)
+    assert record is not None and record.status is Status.OK and record.final
+    assert record.launcher == "inproc" and record.task == "noop" and "0" in record.results
+
+    bad = subprocess.run([sys.executable, "-m", "wf_launch", "launcher=inproc", "engine.dp_size=2",
+                          f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=120)
+    assert bad.returncode == 2 and "launcher.name='inproc' is not allowed: runs one rank" in bad.stderr
+
+
+def test_unknown_launcher_names_the_registered_ones() -> None:
+    from wf_launch.config import ConfigError
+    from wf_launch.launchers import get_launcher
+
+    with pytest.raises(ConfigError, match=r"launcher\.name='k8s' is not allowed: choose one of \[.*'local'.*'slurm'"):
+        get_launcher("k8s")
+
+
+def test_register_launcher_refuses_an_incomplete_class() -> None:
+    from wf_launch.launchers import LauncherConfig, register_launcher
+
+    class NoLaunch:
+        name = "nolaunch"
+        config_class = LauncherConfig
+
+        def validate(self, cfg: dict, layout: object, engine: dict) -> None: ...
+
+        def describe(self, plan: object) -> str:
+            return ""
+
+    with pytest.raises(ValueError, match=r"lacks \['launch'\]"):
+        register_launcher(NoLaunch)
