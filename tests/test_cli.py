@@ -93,6 +93,18 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     _no_leftovers(run_dir)
 
 
+def test_a_user_error_that_mentions_timeout_blames_its_rank_not_healthy_peers(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(["task=misbehave", TASKS, "task.how=raise_timeout_word", "task.rank=1", "engine.dp_size=4"],
+                   run_dir)
+    assert proc.returncode == 1
+    failure = result(run_dir)["failure"]
+    assert failure["rank"] == 1 and failure["type"] == "ValueError" and failure["cause"] == "exception"
+    assert "missing_ranks" not in failure and "never arrived" not in proc.stderr
+    assert "rank 1 (r1 tp0 cp0 pp0 dp1) failed first: ValueError: rank 1: bad timeout value 0" in proc.stderr
+    _no_leftovers(run_dir)
+
+
 def test_max_restarts_reruns_the_ranks_then_reports_the_last_attempt(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(["task=misbehave", TASKS, "task.how=raise", "task.rank=1", "engine.cp_size=2",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -45,6 +46,7 @@ class RankSpec:
     launch_time: float = field(default_factory=time.time)
     write_result: bool = True
     preempt: Any = None
+    max_log_mb: float = 0
 
 
 class Preempted(BaseException):
@@ -123,10 +125,35 @@ def layout_of(config: dict[str, Any]) -> Layout:
                   dp_size=e["dp_size"], order=e["order"])
 
 
+_GLOO_TIMEOUT = re.compile(r"^\[[^\]]*gloo[^\]]*\] Timed out|^Application timeout caused pair closure")
+_TIMEOUT_WORDS = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen
+
+
 def is_timeout_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective that gave up waiting (gloo or NCCL wording)."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    return any(w in text for w in ("timed out", "timeout", "deadline exceeded"))
+    """Whether ``exc`` is (or was caused by) a collective or store that gave up waiting.
+
+    Recognised by type and origin, never by a word alone: torch's
+    ``DistStoreError`` / ``DistBackendError`` with timeout wording (store waits,
+    NCCL's watchdog), and gloo's own ``RuntimeError`` whose message comes from gloo's
+    transport (``[.../gloo/...] Timed out waiting ...``). A user's
+    ``ValueError("bad timeout")`` is not a timeout.
+    """
+    import torch.distributed as dist
+
+    for e in _chain(exc):
+        if isinstance(e, (dist.DistStoreError, dist.DistBackendError)) and _TIMEOUT_WORDS.search(str(e)):
+            return True
+        if type(e) is RuntimeError and _GLOO_TIMEOUT.search(str(e)):
+            return True
+    return False
 
 
 def is_peer_loss(exc: BaseException) -> bool:
@@ -233,7 +260,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     coords = layout_of(spec.config).coords(env.rank)
     console = spec.console_ranks is None or env.rank in spec.console_ranks
     log_path = rundir.rank_log(run_dir, env.rank)
-    log = setup_rank_logging(log_path, env.rank, rank_label(env.rank, coords), console)
+    log = setup_rank_logging(log_path, env.rank, rank_label(env.rank, coords), console,
+                             max_log_mb=spec.max_log_mb)
     fault_file = open(log_path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
     faulthandler.enable(file=fault_file)
     torch.set_num_threads(max(1, spec.threads_per_rank))

@@ -13,7 +13,7 @@ from wf_launch import TaskConfig, TaskContext, register_task
 
 @dataclass
 class MisbehaveConfig(TaskConfig):
-    """Which rank misbehaves, and how: 'raise', 'raise_first_attempt', 'kill', 'stuck', 'exit',
+    """Which rank misbehaves, and how: 'raise', 'raise_timeout_word', 'raise_first_attempt', 'kill', 'stuck', 'exit',
     'sleep_all' or 'none'."""
 
     how: str = "raise"
@@ -29,6 +29,8 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
     if ctx.rank == cfg["rank"]:
         if cfg["how"] == "raise":
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
+        if cfg["how"] == "raise_timeout_word":
+            raise ValueError(f"rank {ctx.rank}: bad timeout value 0")
         if cfg["how"] == "raise_first_attempt" and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
             raise ValueError(f"rank {ctx.rank} fails its first attempt")
         if cfg["how"] == "kill":

@@ -35,6 +35,7 @@ class LauncherConfig:
     name: str = MISSING
     dry_run: bool = False
     console_ranks: list[int] | None = None
+    max_log_mb: float = 1024.0
 
 
 @runtime_checkable
@@ -73,5 +74,8 @@ def validate_common(cfg: dict[str, Any], world_size: int) -> None:
         if bad:
             raise config_error("launcher.console_ranks", list(ranks),
                                f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
+    max_log = cfg.get("max_log_mb", 0)
+    if isinstance(max_log, bool) or not isinstance(max_log, (int, float)) or not 0 <= max_log < float("inf"):
+        raise config_error("launcher.max_log_mb", max_log, "expected MB >= 0 per rank log (0 = no cap)")
     if not isinstance(cfg.get("dry_run", False), bool):
         raise config_error("launcher.dry_run", cfg.get("dry_run"), "expected true or false")

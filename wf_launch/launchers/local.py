@@ -169,7 +169,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         local_addr="127.0.0.1", shutdown_timeout=lc["shutdown_timeout_s"],
     )
     spec = RankSpec(config=plan.config, run_dir=str(plan.run_dir), threads_per_rank=threads,
-                    console_ranks=lc.get("console_ranks"), launch_time=time.time())
+                    console_ranks=lc.get("console_ranks"), launch_time=time.time(),
+                    max_log_mb=float(lc.get("max_log_mb") or 0))
     logger.info(f"launching {nproc} rank(s): {plan.layout.describe()}, task={plan.task}, "
                 f"start method {method}, run dir {plan.run_dir}")
     info = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,

@@ -244,6 +244,7 @@ def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
     lc = plan.config["launcher"]
     return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
                     console_ranks=lc.get("console_ranks"), launch_time=launch_time,
+                    max_log_mb=float(lc.get("max_log_mb") or 0),
                     preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
                                          float(lc["preempt_wait_s"]), lc["max_requeues"]))
 
