@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,20 +35,43 @@ def _record_invalid(run_dir: Path, overrides: list[str], message: str) -> None:
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
-    """Validate ``cfg``, write the run record's inputs, and launch (or print the plan)."""
+    """Claim the run directory, validate ``cfg``, write the run record's inputs, and launch (or print the plan).
+
+    A run directory holds one run: launching into one that holds a run (or that a
+    live launch owns) is refused with exit code 2 before anything is written,
+    unless ``launcher.overwrite=true`` (the old run is moved aside). A dry run
+    claims nothing and writes nothing there.
+    """
+    dry_run = OmegaConf.select(cfg, "launcher.dry_run", default=False) is True
+    claim = None
+    if not dry_run:
+        try:
+            claim = rundir.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True)
+        except rundir.RunDirInUse as exc:
+            print(f"wf_launch: {exc}", file=sys.stderr)
+            return RunOutcome(Status.INVALID, run_dir, str(exc))
+    try:
+        return _validate_and_launch(cfg, run_dir, overrides, dry_run)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], dry_run: bool) -> RunOutcome:
     try:
         config = resolve(cfg)
         layout = validate_run_config(config)
     except (ConfigError, ValueError) as exc:
         print(f"wf_launch: config error: {exc}", file=sys.stderr)
-        _record_invalid(run_dir, overrides, str(exc))
+        if not dry_run:
+            _record_invalid(run_dir, overrides, str(exc))
         return RunOutcome(Status.INVALID, run_dir, str(exc))
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
-    if config["launcher"].get("dry_run"):
+    if dry_run:
         print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}")
         return RunOutcome(Status.DRY_RUN, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, int(config["launcher"].get("run_dir_mode") or "0700", 8))
     setup_launcher_logging(run_dir / rundir.LAUNCHER_LOG)
     rundir.atomic_write_text(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     rundir.atomic_write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))

@@ -9,12 +9,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOGS", "RESULT", "atomic_write_json", "atomic_write_text", "environment_info", "rank_error", "rank_log", "read_json"]
+__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json"]
 
 RESULT = "result.json"
+LOCK = ".wf_launch.lock"
 CONFIG = "config.yaml"
 ENVIRONMENT = "environment.json"
 LAUNCHER_LOG = "launcher.log"
@@ -58,6 +60,81 @@ def read_json(path: Path | str) -> Any:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         return None
+
+
+class RunDirInUse(Exception):
+    """The run directory already holds a run, or a live launch owns it."""
+
+
+MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, "slurm_job.json")
+"""What a launch leaves in its run directory: any of them means the directory holds a run."""
+
+
+def _held_by(run_dir: Path) -> str | None:
+    existing = [m for m in MARKERS if (run_dir / m).exists()]
+    if not existing:
+        return None
+    try:
+        data = read_json(run_dir / RESULT)
+        what = f"status {data.get('status')!r}" if isinstance(data, dict) else "no result.json yet"
+    except (OSError, ValueError):
+        what = "an unreadable result.json"
+    return f"{what}; holds {', '.join(existing)}"
+
+
+class RunDirClaim:
+    """An exclusive claim on a run directory for one launch (a lock file held until :meth:`release`)."""
+
+    def __init__(self, run_dir: Path, fd: int | None) -> None:
+        self.run_dir = run_dir
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunDirClaim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
+    """Make ``run_dir`` this launch's own: one run directory holds one run.
+
+    Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
+    when the directory already holds a run (its ``result.json``, logs, config)
+    and ``overwrite`` is false. With ``overwrite`` the old run is moved aside into
+    a sibling ``NAME.replaced-TIMESTAMP`` directory, never merged into.
+    """
+    import fcntl
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirInUse(f"run directory {run_dir} is in use by a live launch (pid {holder}); "
+                          "choose another hydra.run.dir") from None
+    held = _held_by(run_dir)
+    if held and not overwrite:
+        os.close(fd)
+        raise RunDirInUse(f"run directory {run_dir} already holds a run ({held}); choose another "
+                          "hydra.run.dir, or pass launcher.overwrite=true to move that run aside")
+    if held:
+        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        aside.mkdir()
+        for entry in run_dir.iterdir():
+            if entry.name not in (LOCK, ".hydra"):
+                entry.rename(aside / entry.name)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return RunDirClaim(run_dir, fd)
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

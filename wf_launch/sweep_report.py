@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -381,7 +382,27 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         self._sweep_dir: Path | None = None
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        self._sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        """A sweep directory holds one sweep: refuse one that holds points already (exit 2).
+
+        With ``launcher.overwrite=true`` the earlier sweep is moved aside into a
+        sibling ``NAME.replaced-TIMESTAMP`` directory first, so its points never
+        mix into this sweep's report.
+        """
+        from omegaconf import OmegaConf
+
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        old = sorted(d.name for d in sweep_dir.iterdir()
+                     if d.is_dir() and any((d / m).exists() for m in rundir.MARKERS)) if sweep_dir.is_dir() else []
+        if old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
+            print(f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
+                  f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
+                  "launcher.overwrite=true to move that sweep aside", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        if old:
+            aside = sweep_dir.with_name(f"{sweep_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            sweep_dir.rename(aside)
+            sweep_dir.mkdir()
+        self._sweep_dir = sweep_dir
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus

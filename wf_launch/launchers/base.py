@@ -11,6 +11,7 @@ docs/launchers.md shows a new one end to end.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -36,6 +37,8 @@ class LauncherConfig:
     dry_run: bool = False
     console_ranks: list[int] | None = None
     max_log_mb: float = 1024.0
+    overwrite: bool = False
+    run_dir_mode: str = "0700"
 
 
 @runtime_checkable
@@ -77,5 +80,10 @@ def validate_common(cfg: dict[str, Any], world_size: int) -> None:
     max_log = cfg.get("max_log_mb", 0)
     if isinstance(max_log, bool) or not isinstance(max_log, (int, float)) or not 0 <= max_log < float("inf"):
         raise config_error("launcher.max_log_mb", max_log, "expected MB >= 0 per rank log (0 = no cap)")
-    if not isinstance(cfg.get("dry_run", False), bool):
-        raise config_error("launcher.dry_run", cfg.get("dry_run"), "expected true or false")
+    mode = cfg.get("run_dir_mode", "0700")
+    if not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode) or int(mode, 8) & 0o700 != 0o700:
+        raise config_error("launcher.run_dir_mode", mode, "an octal mode string such as '0700' or '0750' "
+                           "that leaves the owner rwx")
+    for key in ("dry_run", "overwrite"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise config_error(f"launcher.{key}", cfg.get(key), "expected true or false")
