@@ -169,7 +169,7 @@ def _steady_state(rank: int, world: int) -> list[bool]:
             assert torch.equal(shard, full.chunk(n, dim)[r]), (step, rank)
             assert shard.dtype == dtype and shard.is_contiguous()
             if group is dist.group.WORLD:
-                speculating.append(cp._BST_LAST[dist.group.WORLD][1])
+                speculating.append(cp._last_headers()[dist.group.WORLD][1])
     return speculating
 
 
@@ -187,9 +187,9 @@ def _state_reset(rank: int, world: int) -> int:
     pg = groups.get_cp_group()
     for _ in range(3):
         cp.broadcast_split_tensor(_full((4, 2)) if rank == 0 else None, 0, pg)
-    assert cp._BST_LAST[pg.device_group][1]
+    assert cp._last_headers()[pg.device_group][1]
     groups.destroy_model_parallel()
-    remembered = len(cp._BST_LAST)
+    remembered = len(cp._last_headers())
     groups.initialize_model_parallel(cp_size=world)
     shard = cp.broadcast_split_tensor(_full((2, 4)) if rank == 0 else None, 1, groups.get_cp_group())
     assert torch.equal(shard, _full((2, 4)).chunk(world, 1)[rank])
