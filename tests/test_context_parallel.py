@@ -254,6 +254,31 @@ def test_find_split(shape: object, cp_size: int, patch: tuple[int, ...], view: i
     assert got.numel() * cp_size * view == dims[2] * dims[3] * dims[4]
 
 
+@pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "expected", "cp_t"), [
+    ((1, 16, 8, 32, 32), 1, (1, 2, 2), 1, (8, 32, 32), 1),
+    ((1, 16, 3, 32, 32), 4, (1, 2, 2), 1, (3, 8, 32), 1),
+    ((2, 16, 6, 32, 32), 4, (1, 2, 2), 1, (3, 16, 32), 2),
+    ((1, 16, 8, 32, 32), 4, (1, 2, 2), 2, (1, 32, 32), 4),
+    (torch.Size([1, 16, 5, 24, 40]), 6, (1, 2, 2), 1, (5, 4, 40), 1),
+])
+def test_find_split_plan_returns_the_split_and_records_nothing(shape: object, cp_size: int,
+                                                               patch: tuple[int, ...], view: int,
+                                                               expected: tuple[int, ...], cp_t: int) -> None:
+    groups.destroy_model_parallel()
+    plan = cp.find_split_plan(shape, cp_size, patch, view)
+    assert isinstance(plan, cp.CPSplit)
+    assert plan.block == torch.Size(expected) and isinstance(plan.block, torch.Size)
+    assert (plan.cp_size_t, plan.cp_size_h) == (cp_t, cp_size // cp_t)
+    block, cp_size_t, cp_size_h = plan
+    assert cp_size_t * cp_size_h == cp_size
+    assert groups.get_cp_size_t() is None  # only find_split records
+    assert cp.find_split(shape, cp_size, patch, view) == block
+    assert groups.get_cp_size_t() == cp_size_t
+    with pytest.raises(ValueError, match="not a multiple of its patch"):
+        cp.find_split_plan((1, 16, 8, 33, 32), 2)
+    assert groups.get_cp_size_t() == cp_size_t
+
+
 @pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "match"), [
     ((1, 16, 8, 32), 2, (1, 2, 2), 1, r"5 sizes \(B, C, T, H, W\)"),
     ((1, 16, 8, 32, 32), 0, (1, 2, 2), 1, r"cp_size must be an integer >= 1, got 0"),

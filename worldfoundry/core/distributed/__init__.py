@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "is_last_rank": "groups", "is_last_tp_cp_rank": "groups", "get_cp_size_t": "groups",
     # init and backends
     "dist_init": "init", "LaunchEnv": "init", "launch_attempt": "init",
-    "resolve_backend": "backend", "group_device": "backend",
+    "resolve_backend": "backends", "group_device": "backends",
     # context parallel
     "split_inputs_cp": "context_parallel", "cat_outputs_cp": "context_parallel",
     "cat_outputs_cp_with_grad": "context_parallel", "broadcast": "context_parallel",

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import runtime as _rt
-from .backend import group_device
+from .backends import group_device
 
 __all__ = [
     "CPSplit",

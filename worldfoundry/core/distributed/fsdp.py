@@ -89,7 +89,7 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    from .backend import group_device
+    from .backends import group_device
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"fsdp2_wrap: model must be an nn.Module, got {type(model).__name__}")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .backend import group_device
+from .backends import group_device
 
 __all__ = ["gather_bytes", "gather_state_dicts"]
 

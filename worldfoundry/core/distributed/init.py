@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import runtime as _rt
-from .backend import BACKENDS, resolve_backend
+from .backends import BACKENDS, resolve_backend
 from .groups import init_distributed_environment, initialize_model_parallel
 from .runtime import launch_attempt
 from .topology import Layout, engine_value
@@ -73,7 +73,7 @@ def start_default_group(requested_backend: str = "auto", timeout: timedelta | No
     """Resolve the backend, bind this rank's device and start the default group unless it is up.
 
     The one start-up path of ``dist_init`` and ``distributed_run``:
-    :func:`~.backend.resolve_backend` (so NCCL always starts as
+    :func:`~.backends.resolve_backend` (so NCCL always starts as
     ``cpu:gloo,cuda:nccl``), ``torch.cuda.set_device(cuda:LOCAL_RANK)`` for NCCL,
     then :func:`~.runtime.init_default_group` with the launch's rank and world
     size (the launch's store, one per launch). A single process without

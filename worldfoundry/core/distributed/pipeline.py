@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import groups as _groups
 from . import runtime as _rt
-from .backend import group_device
+from .backends import group_device
 
 __all__ = ["PPScheduler", "init_pp_scheduler", "pp_scheduler"]
 
