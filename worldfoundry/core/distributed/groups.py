@@ -5,7 +5,10 @@ groups (tp, cp, pp, dp and the combined tp-cp, dp-cp, tp-pp); ``get_*_group()``
 hand out :class:`GroupCoordinator` objects; ``destroy_model_parallel`` destroys
 every group it made and resets the state that hangs off them (PP scheduler, the
 ``cp_size_t`` that ``find_split`` records), so the process can be initialized again
-with another layout.
+with another layout. All of that state lives in the process's
+:class:`~.runtime.Runtime` (``runtime.current()``); the functions here are thin
+wrappers over it, and ``destroy_model_parallel`` is its ``close()``. This module
+imports nothing built on top of it (CP, PP): those keep their state in the runtime.
 
 Every rank walks every group in the same order (Megatron's way): ``new_group`` for
 a group a rank is not in is a cheap local call, and group names stay unique, so
@@ -25,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import runtime as _rt
-from .topology import COMBINED, DIMS, Layout
+from .topology import COMBINED, DEFAULT_ORDER, DIMS, Layout
 
 __all__ = [
     "GroupCoordinator", "destroy_model_parallel", "get_cp_group", "get_cp_size_t", "get_dp_cp_group",
@@ -131,7 +134,7 @@ def initialize_model_parallel(
     cp_size: int = 1,
     nccl_communicator_config_path: str | None = None,
     distributed_timeout_minutes: float = 30,
-    order: str = "tp-cp-pp-dp",
+    order: str = DEFAULT_ORDER,
     dp_size: int | None = None,
 ) -> None:
     """Build this rank's tp, cp, pp, dp, tp-cp, dp-cp and tp-pp groups.
