@@ -219,3 +219,24 @@ def test_backend_function_is_not_shadowed_by_the_backends_module() -> None:
 
     assert wfd.backend is run_control.backend  # the contract's backend(), after backends.py is imported
     assert wfd.group_device is backends.group_device
+
+
+def _run_owns_what_the_body_built(rank: int, world: int) -> list[object]:
+    config = SimpleNamespace(engine_config=SimpleNamespace(distributed_backend="gloo",
+                                                           distributed_timeout_minutes=0.5, cp_size=2))
+    out: list[object] = []
+    with run_control.distributed_run(device="cpu") as state:
+        assert init.dist_init(config) == torch.device("cpu")
+        out.append((state.rank, groups.get_cp_group().ranks))
+    out.append((dist.is_initialized(), groups.model_parallel_is_initialized()))
+    with pytest.raises(ValueError, match="body failed"), run_control.distributed_run(device="cpu"):
+        init.dist_init(config)
+        raise ValueError("body failed")  # every rank fails alike: the group is aborted, the runtime forgotten
+    out.append((dist.is_initialized(), groups.model_parallel_is_initialized()))
+    return out
+
+
+@pytest.mark.slow
+def test_distributed_run_closes_the_runtime_built_on_its_group() -> None:
+    out = run_ranks(_run_owns_what_the_body_built, 2, init=False, timeout=60)
+    assert out == [[(0, [0, 1]), (False, False), (False, False)], [(1, [0, 1]), (False, False), (False, False)]]
