@@ -169,7 +169,7 @@ def _steady_state(rank: int, world: int) -> list[bool]:
             assert torch.equal(shard, full.chunk(n, dim)[r]), (step, rank)
             assert shard.dtype == dtype and shard.is_contiguous()
             if group is dist.group.WORLD:
-                speculating.append(cp._BST_LAST[dist.group.WORLD][1])
+                speculating.append(cp._last_headers()[dist.group.WORLD][1])
     return speculating
 
 
@@ -187,9 +187,9 @@ def _state_reset(rank: int, world: int) -> int:
     pg = groups.get_cp_group()
     for _ in range(3):
         cp.broadcast_split_tensor(_full((4, 2)) if rank == 0 else None, 0, pg)
-    assert cp._BST_LAST[pg.device_group][1]
+    assert cp._last_headers()[pg.device_group][1]
     groups.destroy_model_parallel()
-    remembered = len(cp._BST_LAST)
+    remembered = len(cp._last_headers())
     groups.initialize_model_parallel(cp_size=world)
     shard = cp.broadcast_split_tensor(_full((2, 4)) if rank == 0 else None, 1, groups.get_cp_group())
     assert torch.equal(shard, _full((2, 4)).chunk(world, 1)[rank])
@@ -252,6 +252,31 @@ def test_find_split(shape: object, cp_size: int, patch: tuple[int, ...], view: i
     assert groups.get_cp_size_t() == cp_t
     dims = list(shape.tolist() if isinstance(shape, torch.Tensor) else shape)
     assert got.numel() * cp_size * view == dims[2] * dims[3] * dims[4]
+
+
+@pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "expected", "cp_t"), [
+    ((1, 16, 8, 32, 32), 1, (1, 2, 2), 1, (8, 32, 32), 1),
+    ((1, 16, 3, 32, 32), 4, (1, 2, 2), 1, (3, 8, 32), 1),
+    ((2, 16, 6, 32, 32), 4, (1, 2, 2), 1, (3, 16, 32), 2),
+    ((1, 16, 8, 32, 32), 4, (1, 2, 2), 2, (1, 32, 32), 4),
+    (torch.Size([1, 16, 5, 24, 40]), 6, (1, 2, 2), 1, (5, 4, 40), 1),
+])
+def test_find_split_plan_returns_the_split_and_records_nothing(shape: object, cp_size: int,
+                                                               patch: tuple[int, ...], view: int,
+                                                               expected: tuple[int, ...], cp_t: int) -> None:
+    groups.destroy_model_parallel()
+    plan = cp.find_split_plan(shape, cp_size, patch, view)
+    assert isinstance(plan, cp.CPSplit)
+    assert plan.block == torch.Size(expected) and isinstance(plan.block, torch.Size)
+    assert (plan.cp_size_t, plan.cp_size_h) == (cp_t, cp_size // cp_t)
+    block, cp_size_t, cp_size_h = plan
+    assert cp_size_t * cp_size_h == cp_size
+    assert groups.get_cp_size_t() is None  # only find_split records
+    assert cp.find_split(shape, cp_size, patch, view) == block
+    assert groups.get_cp_size_t() == cp_size_t
+    with pytest.raises(ValueError, match="not a multiple of its patch"):
+        cp.find_split_plan((1, 16, 8, 33, 32), 2)
+    assert groups.get_cp_size_t() == cp_size_t
 
 
 @pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "match"), [

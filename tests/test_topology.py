@@ -83,3 +83,29 @@ def test_layout_math_is_cheap_at_a_million_ranks() -> None:
     assert len(members) == 16 and 987_654 in members
     assert L.coords(L.rank_of(L.coords(987_654))) == L.coords(987_654)
     assert time.perf_counter() - t0 < 5  # generous: pure arithmetic, no per-rank tables
+
+
+@pytest.mark.parametrize("dp", [None, 0, -1, "absent"])
+def test_from_engine_takes_dp_from_the_world(dp: object) -> None:
+    from types import SimpleNamespace
+
+    engine = {"tp_size": 2, "cp_size": 2, "pp_size": 1, "order": "cp-tp-pp-dp"}
+    if dp != "absent":
+        engine["dp_size"] = dp
+    for cfg in (engine, SimpleNamespace(**engine)):
+        L = Layout.from_engine(cfg, 8)
+        assert L == Layout(8, tp_size=2, cp_size=2, pp_size=1, dp_size=2, order="cp-tp-pp-dp")
+    with pytest.raises(ValueError, match="dp_size must be given"):
+        Layout.from_engine(engine)
+
+
+def test_from_engine_world_is_the_product_when_not_given() -> None:
+    L = Layout.from_engine({"tp_size": 2, "cp_size": 3, "pp_size": 2, "dp_size": 2, "order": "tp-cp-pp-dp"})
+    assert L.world_size == 24 and L.sizes == {"tp": 2, "cp": 3, "pp": 2, "dp": 2}
+    assert Layout.from_engine({"dp_size": 4}) == Layout(4)  # absent tp/cp/pp are 1, order the default
+    with pytest.raises(ValueError, match=r"tp\*cp\*pp\*dp = 8 != world size 4"):
+        Layout.from_engine({"tp_size": 2, "dp_size": 4}, 4)
+    with pytest.raises(ValueError, match=r"cp_size must be an integer >= 1, got 'x'"):
+        Layout.from_engine({"cp_size": "x", "dp_size": 1})
+    with pytest.raises(ValueError, match="unknown token"):
+        Layout.from_engine({"dp_size": 1, "order": "tp-xx"})

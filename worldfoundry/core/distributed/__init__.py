@@ -20,12 +20,14 @@ _EXPORTS: dict[str, str] = {
     "get_pp_group": "groups", "get_dp_group": "groups", "get_tp_cp_group": "groups",
     "get_dp_cp_group": "groups", "get_tp_pp_group": "groups", "get_group": "groups",
     "is_last_rank": "groups", "is_last_tp_cp_rank": "groups", "get_cp_size_t": "groups",
-    # init
-    "dist_init": "init", "LaunchEnv": "init", "resolve_backend": "init",
+    # init and backends
+    "dist_init": "init", "LaunchEnv": "init", "launch_attempt": "init",
+    "resolve_backend": "backends", "group_device": "backends",
     # context parallel
     "split_inputs_cp": "context_parallel", "cat_outputs_cp": "context_parallel",
     "cat_outputs_cp_with_grad": "context_parallel", "broadcast": "context_parallel",
     "broadcast_split_tensor": "context_parallel", "find_split": "context_parallel",
+    "find_split_plan": "context_parallel", "CPSplit": "context_parallel",
     # pipeline
     "PPScheduler": "pipeline", "init_pp_scheduler": "pipeline", "pp_scheduler": "pipeline",
     # run control (document 001)

@@ -16,19 +16,22 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from . import groups as _groups
+from . import runtime as _rt
+from .backends import group_device
 
 __all__ = [
+    "CPSplit",
     "broadcast",
     "broadcast_split_tensor",
     "cat_outputs_cp",
     "cat_outputs_cp_with_grad",
     "find_split",
+    "find_split_plan",
     "split_inputs_cp",
 ]
 
@@ -96,14 +99,7 @@ def _current_device(device_type: str) -> torch.device:
 
 def _header_device(pg: Any) -> torch.device:
     """Device for small control tensors on ``pg``: CPU whenever the group has a CPU backend."""
-    backend = str(dist.get_backend(pg)).lower()
-    if "gloo" in backend or "mpi" in backend:
-        return torch.device("cpu")
-    if "nccl" in backend:
-        return _current_device("cuda")
-    if "xccl" in backend:
-        return _current_device("xpu")
-    return torch.device("cpu")
+    return group_device(pg, control=True)
 
 
 # ---------------------------------------------------------------- split / gather
@@ -329,17 +325,21 @@ def broadcast(item: Any, process_group: GroupLike = None) -> Any:
     return given
 
 
-_BST_LAST: weakref.WeakKeyDictionary[Any, tuple[list[int], bool]] = weakref.WeakKeyDictionary()
-"""Per data group: the header of the previous ``broadcast_split_tensor`` and whether it repeated the one before.
-
-Every member updates it identically (from headers all of them received), so all
-agree on whether the next call speculates.
-"""
+_BST_KEY = "context_parallel.broadcast_split_tensor"
 
 
-def _reset_broadcast_state() -> None:
-    """Forget every group's last header (``destroy_model_parallel`` calls this on every rank)."""
-    _BST_LAST.clear()
+def _last_headers() -> weakref.WeakKeyDictionary[Any, tuple[list[int], bool]]:
+    """Per data group: the header of the previous ``broadcast_split_tensor`` and whether it repeated the one before.
+
+    Kept in the runtime's cache, so closing the runtime (``destroy_model_parallel``,
+    on every rank) forgets it. Every member updates it identically (from headers
+    all of them received), so all agree on whether the next call speculates.
+    """
+    cache = _rt.current().cache
+    last = cache.get(_BST_KEY)
+    if last is None:
+        last = cache[_BST_KEY] = weakref.WeakKeyDictionary()
+    return last
 
 
 def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
@@ -375,7 +375,8 @@ def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
         return tensor
     fields = _source_fields(tensor) if is_src else None
     header_device = _header_device(ctrl_pg)
-    last = _BST_LAST.get(pg)
+    remembered = _last_headers()
+    last = remembered.get(pg)
     try:
         if last is not None and last[1]:
             header, out = _speculative_scatter(tensor, fields, seq_dim, last[0], pg, ctrl_pg, header_device,
@@ -386,9 +387,9 @@ def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
             header = _broadcast_header(fields, src, ctrl_pg, header_device, fn)
         out = _scatter_split(tensor, header, seq_dim, pg, header_device, size, src, fn)
     except BaseException:
-        _BST_LAST.pop(pg, None)
+        remembered.pop(pg, None)
         raise
-    _BST_LAST[pg] = (header, last is not None and last[0] == header)
+    remembered[pg] = (header, last is not None and last[0] == header)
     return out
 
 
@@ -475,25 +476,26 @@ def _as_int(value: Any, name: str, minimum: int = 1) -> int:
     return value
 
 
-def find_split(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_size: int,
-               patch_values: Sequence[int] = (1, 2, 2), view_factor: int = 1) -> torch.Size:
-    """Per-rank latent block ``torch.Size([T', H', W])`` for a (B, C, T, H, W) latent split over ``cp_size``.
+class CPSplit(NamedTuple):
+    """What :func:`find_split_plan` chose: the per-rank block and how the CP ranks were spread.
 
-    The flattened T*H*W token sequence is cut on patch boundaries: T is first
-    divided by ``view_factor`` (views are processed separately), then for T and
-    then H, ``g = gcd(size // patch, remaining_cp)`` ranks go to that axis,
-    ``size //= g`` and ``remaining_cp //= g``. W is never split. Sizes are in
-    latent units (not patches), per view, so ``T' * H' * W * cp_size ==
-    T * H * W / view_factor``. Records the ranks given to time (``g`` of T) as
-    ``groups.get_cp_size_t()``; it is reset to ``None`` at the start of every call
-    (and by ``destroy_model_parallel``), so a failed call leaves no stale value.
-
-    Raises ValueError for: a shape that is not 5-D or has a size < 1; ``cp_size``,
-    a patch value or ``view_factor`` < 1; T not divisible by ``view_factor``; T/view,
-    H or W not a multiple of its patch (tokens would be dropped); ranks left over
-    after H.
+    ``cp_size_t * cp_size_h`` is the CP size; W is never split.
     """
-    _groups.set_cp_size_t(None)
+
+    block: torch.Size
+    """Per-rank latent block ``(T', H', W)``, per view."""
+    cp_size_t: int
+    """CP ranks along time (T)."""
+    cp_size_h: int
+    """CP ranks along height (H)."""
+
+
+def find_split_plan(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_size: int,
+                    patch_values: Sequence[int] = (1, 2, 2), view_factor: int = 1) -> CPSplit:
+    """:func:`find_split`'s decision as a value, ``CPSplit(block, cp_size_t, cp_size_h)``; records nothing.
+
+    Same rules and the same ValueErrors as :func:`find_split`.
+    """
     if isinstance(shape_tensor, torch.Tensor):
         shape_list = shape_tensor.reshape(-1).tolist() if shape_tensor.dim() <= 1 else None
     else:
@@ -526,5 +528,37 @@ def find_split(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_size:
             f"find_split: cp_size={cp} cannot be absorbed by T={t} (per view) and H={h} on patch boundaries "
             f"(patches {pt}x{ph}: {t // pt} x {h // ph} patches; {g_t} rank(s) to T, {g_h} to H, "
             f"{remaining} left over, and W is never split)")
-    _groups.set_cp_size_t(g_t)
-    return torch.Size([t // g_t, h // g_h, w])
+    return CPSplit(torch.Size([t // g_t, h // g_h, w]), g_t, g_h)
+
+
+def find_split(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_size: int,
+               patch_values: Sequence[int] = (1, 2, 2), view_factor: int = 1) -> torch.Size:
+    """Per-rank latent block ``torch.Size([T', H', W])`` for a (B, C, T, H, W) latent split over ``cp_size``.
+
+    The flattened T*H*W token sequence is cut on patch boundaries: T is first
+    divided by ``view_factor`` (views are processed separately), then for T and
+    then H, ``g = gcd(size // patch, remaining_cp)`` ranks go to that axis,
+    ``size //= g`` and ``remaining_cp //= g``. W is never split. Sizes are in
+    latent units (not patches), per view, so ``T' * H' * W * cp_size ==
+    T * H * W / view_factor``.
+
+    The contract returns a plain ``torch.Size`` (which cannot carry attributes:
+    torch does not allow subclassing it), and position embeddings that never see
+    the return value need to know how many CP ranks went to time to rebuild the
+    global grid. So the ranks given to time (``g`` of T) are also recorded in the
+    runtime, read by ``groups.get_cp_size_t()``; the record is reset to ``None``
+    at the start of every call (and by ``destroy_model_parallel``, which closes
+    the runtime), so a failed call leaves no stale value. Callers that want the
+    whole decision as a value use :func:`find_split_plan`
+    (``CPSplit(block, cp_size_t, cp_size_h)``).
+
+    Raises ValueError for: a shape that is not 5-D or has a size < 1; ``cp_size``,
+    a patch value or ``view_factor`` < 1; T not divisible by ``view_factor``; T/view,
+    H or W not a multiple of its patch (tokens would be dropped); ranks left over
+    after H.
+    """
+    rt = _rt.current()
+    rt.cp_size_t = None
+    plan = find_split_plan(shape_tensor, cp_size, patch_values, view_factor)
+    rt.cp_size_t = plan.cp_size_t
+    return plan.block

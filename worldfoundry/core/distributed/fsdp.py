@@ -89,6 +89,8 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    from .backends import group_device
+
     if not isinstance(model, nn.Module):
         raise TypeError(f"fsdp2_wrap: model must be an nn.Module, got {type(model).__name__}")
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
@@ -104,8 +106,7 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
 
     layers = _decoder_layers(model)
     ignored = _off_dtype_params(model)
-    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    mesh = init_device_mesh(group_device().type, (dist.get_world_size(),))
     device = _shard_device(mesh)
     kwargs: dict[str, Any] = {
         "mesh": mesh,

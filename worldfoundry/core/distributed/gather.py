@@ -16,16 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .backends import group_device
+
 __all__ = ["gather_bytes", "gather_state_dicts"]
 
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
-
-
-def _comm_device(group: Any) -> torch.device:
-    """CUDA (the bound device) for an NCCL group, CPU for anything else."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _as_uint8(data: bytes | bytearray | memoryview) -> torch.Tensor:
@@ -59,7 +54,7 @@ def _gather(data: bytes | bytearray | memoryview | None, dst: int, group: Any, c
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     if dst not in ranks:
         raise ValueError(f"{where}: dst={dst} is not a rank of the group; allowed: {ranks}")
-    device = _comm_device(group)
+    device = group_device(group)
     me = dist.get_rank()
     nbytes = -1 if failure is not None else len(data or b"")
     sizes_t = [torch.zeros(1, dtype=torch.int64, device=device) for _ in ranks]

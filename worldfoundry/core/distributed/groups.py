@@ -5,7 +5,10 @@ groups (tp, cp, pp, dp and the combined tp-cp, dp-cp, tp-pp); ``get_*_group()``
 hand out :class:`GroupCoordinator` objects; ``destroy_model_parallel`` destroys
 every group it made and resets the state that hangs off them (PP scheduler, the
 ``cp_size_t`` that ``find_split`` records), so the process can be initialized again
-with another layout.
+with another layout. All of that state lives in the process's
+:class:`~.runtime.Runtime` (``runtime.current()``); the functions here are thin
+wrappers over it, and ``destroy_model_parallel`` is its ``close()``. This module
+imports nothing built on top of it (CP, PP): those keep their state in the runtime.
 
 Every rank walks every group in the same order (Megatron's way): ``new_group`` for
 a group a rank is not in is a cheap local call, and group names stay unique, so
@@ -17,15 +20,22 @@ Groups with identical members are created once and shared.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .topology import COMBINED, DIMS, Layout
+from . import runtime as _rt
+from .topology import COMBINED, DEFAULT_ORDER, DIMS, Layout
+
+__all__ = [
+    "GroupCoordinator", "destroy_model_parallel", "get_cp_group", "get_cp_size_t", "get_dp_cp_group",
+    "get_dp_group", "get_group", "get_layout", "get_pp_group", "get_tp_cp_group", "get_tp_group",
+    "get_tp_pp_group", "get_world_group", "init_distributed_environment", "initialize_model_parallel",
+    "is_last_rank", "is_last_tp_cp_rank", "model_parallel_is_initialized", "set_cp_size_t",
+]
 
 _NOT_INITIALIZED = (
     "{what} is not initialized: call worldfoundry.core.distributed.dist_init(config) "
@@ -89,56 +99,8 @@ class GroupCoordinator:
         return f"GroupCoordinator({self.name}, ranks={self.ranks}, rank={self.rank})"
 
 
-@dataclass
-class _ParallelState:
-    world: GroupCoordinator | None = None
-    layout: Layout | None = None
-    groups: dict[str, GroupCoordinator] = field(default_factory=dict)
-    created: list[Any] = field(default_factory=list)
-    owns_world: bool = False
-    cp_size_t: int | None = None
-
-
-_STATE = _ParallelState()
-
-
-@dataclass
-class _Rendezvous:
-    """The launch's store, kept across destroy/init so the same process can re-initialize."""
-
-    key: tuple[str, int, int] | None = None
-    store: Any = None
-    generation: int = 0
-
-
-_RDZV = _Rendezvous()
-_INHERITED_STORES: list[Any] = []
-
-
-def _forget_store_after_fork() -> None:
-    # A forked child must neither use nor destroy its parent's store (its destructor
-    # would tear down the parent's server socket and abort): keep it, unused, forever.
-    if _RDZV.store is not None:
-        _INHERITED_STORES.append(_RDZV.store)
-    _RDZV.key, _RDZV.store = None, None
-
-
-os.register_at_fork(after_in_child=_forget_store_after_fork)
-
-
 def _backend_of(group: Any) -> str:
     return str(dist.get_backend(group))
-
-
-def _attempt_tag() -> str:
-    """Which launch attempt this is, so a restarted attempt never reads the keys of an earlier one.
-
-    torch elastic restarts workers against the same agent store, and a SLURM
-    requeue may reach a store that outlived the first try.
-    """
-    env = os.environ
-    return "-".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                                              "SLURM_JOB_ID", "SLURM_RESTART_COUNT"))
 
 
 def init_distributed_environment(
@@ -156,33 +118,14 @@ def init_distributed_environment(
     ``cpu:gloo,cuda:nccl``). Rank and world size default to the environment
     (``env://``). Returns the world :class:`GroupCoordinator`.
     """
-    if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"backend": backend}
-        if timeout is not None:
-            kwargs["timeout"] = timeout
-        if device_id is not None:
-            kwargs["device_id"] = device_id
-        if world_size >= 0 and rank >= 0:
-            # One store per launch, re-used with a fresh prefix by every later init: a
-            # second init after destroy never races the first store's shutdown.
-            key = (distributed_init_method, rank, world_size)
-            if _RDZV.key != key:
-                rdzv_timeout = timeout or timedelta(minutes=30)
-                _RDZV.store, _, _ = next(dist.rendezvous(distributed_init_method, rank, world_size,
-                                                         timeout=rdzv_timeout))
-                _RDZV.key = key
-            _RDZV.generation += 1
-            kwargs.update(store=dist.PrefixStore(f"wf/{_attempt_tag()}/init{_RDZV.generation}/", _RDZV.store),
-                          rank=rank, world_size=world_size)
-        else:
-            kwargs["init_method"] = distributed_init_method
-        dist.init_process_group(**kwargs)
-        _STATE.owns_world = True
-    if _STATE.world is None:
+    rt = _rt.current()
+    if _rt.init_default_group(backend, world_size, rank, distributed_init_method, timeout, device_id):
+        rt.owns_world = True
+    if rt.world is None:
         default = dist.group.WORLD
-        _STATE.world = GroupCoordinator("world", list(range(dist.get_world_size())),
-                                        dist.get_rank(), default, default)
-    return _STATE.world
+        rt.world = GroupCoordinator("world", list(range(dist.get_world_size())),
+                                    dist.get_rank(), default, default)
+    return rt.world
 
 
 def initialize_model_parallel(
@@ -191,7 +134,7 @@ def initialize_model_parallel(
     cp_size: int = 1,
     nccl_communicator_config_path: str | None = None,
     distributed_timeout_minutes: float = 30,
-    order: str = "tp-cp-pp-dp",
+    order: str = DEFAULT_ORDER,
     dp_size: int | None = None,
 ) -> None:
     """Build this rank's tp, cp, pp, dp, tp-cp, dp-cp and tp-pp groups.
@@ -205,9 +148,10 @@ def initialize_model_parallel(
     """
     if not dist.is_initialized():
         raise RuntimeError(_NOT_INITIALIZED.format(what="torch.distributed"))
-    if _STATE.layout is not None:
+    rt = _rt.current()
+    if rt.layout is not None:
         raise RuntimeError(
-            f"model parallel groups already exist ({_STATE.layout.describe()}); "
+            f"model parallel groups already exist ({rt.layout.describe()}); "
             "call destroy_model_parallel() before initializing another layout")
     world_size, rank = dist.get_world_size(), dist.get_rank()
     layout = Layout(world_size, tp_size=tp_size, cp_size=cp_size, pp_size=pp_size,
@@ -230,14 +174,14 @@ def initialize_model_parallel(
                                     group_desc=name)
                 by_members[key] = pg
                 if rank in members:
-                    _STATE.created.append(pg)
+                    rt.created.append(pg)
             members = layout.group_of(rank, name)
             pg = by_members[tuple(members)]
             groups[name] = GroupCoordinator(name, members, rank, pg, pg)
     except BaseException:
-        _destroy_created()
+        rt.destroy_created()
         raise
-    _STATE.layout, _STATE.groups = layout, groups
+    rt.layout, rt.groups = layout, groups
 
 
 def _load_nccl_options(path: str | None) -> dict[str, dict[str, int]]:
@@ -263,60 +207,44 @@ def _pg_options(opts: dict[str, int] | None) -> Any:
     return pg_opts
 
 
-def _destroy_created() -> None:
-    for pg in reversed(_STATE.created):
-        try:
-            dist.destroy_process_group(pg)
-        except (RuntimeError, ValueError):
-            pass
-    _STATE.created.clear()
-
-
 def model_parallel_is_initialized() -> bool:
     """Whether ``initialize_model_parallel`` has built the groups (and they are not destroyed)."""
-    return _STATE.layout is not None
+    return _rt.current().layout is not None
 
 
 def destroy_model_parallel() -> None:
     """Destroy every group ``initialize_model_parallel`` made and reset dependent state.
 
-    Also resets the PP scheduler, ``cp_size_t`` and what ``broadcast_split_tensor``
-    remembers of each group's last header. The default process group is
-    destroyed only if ``init_distributed_environment`` created it. Safe to call
-    when nothing is initialized.
+    Closes the runtime (:meth:`.runtime.Runtime.close`): also resets the PP
+    scheduler, ``cp_size_t`` and what ``broadcast_split_tensor`` remembers of each
+    group's last header. The default process group is destroyed only if
+    ``init_distributed_environment`` created it. Safe to call when nothing is
+    initialized.
     """
-    from . import context_parallel, pipeline
-
-    pipeline._reset_pp_scheduler()
-    context_parallel._reset_broadcast_state()
-    _destroy_created()
-    _STATE.groups = {}
-    _STATE.layout = None
-    _STATE.cp_size_t = None
-    if _STATE.owns_world and dist.is_initialized():
-        dist.destroy_process_group()
-    _STATE.world = None
-    _STATE.owns_world = False
+    _rt.current().close()
 
 
 def get_layout() -> Layout:
     """The layout ``initialize_model_parallel`` built."""
-    if _STATE.layout is None:
+    layout = _rt.current().layout
+    if layout is None:
         raise RuntimeError(_NOT_INITIALIZED.format(what="model parallel"))
-    return _STATE.layout
+    return layout
 
 
 def _group(name: str) -> GroupCoordinator:
-    if _STATE.layout is None:
+    rt = _rt.current()
+    if rt.layout is None:
         raise RuntimeError(_NOT_INITIALIZED.format(what=f"the {name} group"))
-    return _STATE.groups[name]
+    return rt.groups[name]
 
 
 def get_world_group() -> GroupCoordinator:
     """All ranks."""
-    if _STATE.world is None:
+    world = _rt.current().world
+    if world is None:
         raise RuntimeError(_NOT_INITIALIZED.format(what="the world group"))
-    return _STATE.world
+    return world
 
 
 def get_tp_group() -> GroupCoordinator:
@@ -372,7 +300,7 @@ def is_last_rank() -> bool:
 
 def is_last_tp_cp_rank() -> bool:
     """Whether this is the last rank of its combined tp-cp group (True in a single process)."""
-    if _STATE.layout is None:
+    if _rt.current().layout is None:
         if dist.is_initialized() and dist.get_world_size() > 1:
             raise RuntimeError(_NOT_INITIALIZED.format(what="the tp-cp group"))
         return True
@@ -381,9 +309,9 @@ def is_last_tp_cp_rank() -> bool:
 
 def get_cp_size_t() -> int | None:
     """CP ranks the last ``find_split`` gave to the time axis (None before any)."""
-    return _STATE.cp_size_t
+    return _rt.current().cp_size_t
 
 
 def set_cp_size_t(value: int | None) -> None:
     """Record CP ranks given to the time axis (``find_split`` calls this)."""
-    _STATE.cp_size_t = value
+    _rt.current().cp_size_t = value

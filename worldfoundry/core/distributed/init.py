@@ -6,15 +6,20 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from . import runtime as _rt
+from .backends import BACKENDS, resolve_backend
 from .groups import init_distributed_environment, initialize_model_parallel
-from .topology import Layout
+from .runtime import launch_attempt
+from .topology import Layout, engine_value
 
-BACKENDS = ("auto", "nccl", "gloo", "cpu:gloo,cuda:nccl")
+__all__ = ["BACKENDS", "LaunchEnv", "dist_init", "env_int", "launch_attempt", "resolve_backend",
+           "start_default_group"]
 
 
 def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
@@ -54,45 +59,42 @@ class LaunchEnv:
         return cls(rank, world, local_rank, max(local_world, local_rank + 1))
 
 
-def _get(cfg: Any, name: str, default: Any) -> Any:
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    if hasattr(cfg, "get") and not hasattr(cfg, name):
-        return cfg.get(name, default)
-    return getattr(cfg, name, default)
-
-
-def resolve_backend(requested: str, local_world_size: int, local_rank: int) -> str:
-    """Turn ``auto|nccl|gloo|cpu:gloo,cuda:nccl`` into the backend string to initialize.
-
-    ``auto`` picks NCCL only when there is a GPU for every local rank. NCCL is
-    initialized as ``cpu:gloo,cuda:nccl`` so that CPU tensors and objects have a
-    gloo path in every group. Raises ValueError for an unknown backend, NCCL without
-    CUDA, or more local ranks than GPUs.
-    """
-    req = str(requested).strip().lower().replace(" ", "")
-    if req not in BACKENDS:
-        raise ValueError(f"engine_config.distributed_backend={requested!r} is not allowed; "
-                         f"choose one of {list(BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if req == "auto":
-        return "cpu:gloo,cuda:nccl" if gpus >= max(local_world_size, 1) else "gloo"
-    if req == "gloo":
-        return "gloo"
-    if gpus == 0:
-        raise ValueError(f"engine_config.distributed_backend={requested!r} needs CUDA, but this machine "
-                         "has no usable GPU; use 'gloo' (or 'auto') to run on CPU")
-    if local_world_size > gpus or local_rank >= gpus:
-        raise ValueError(f"engine_config.distributed_backend={requested!r}: {local_world_size} local ranks "
-                         f"(LOCAL_RANK={local_rank}) but only {gpus} GPU(s) on this node; start at most "
-                         f"{gpus} ranks per node or use 'gloo'")
-    return "cpu:gloo,cuda:nccl"
+_get = engine_value  # backward-compatible name
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_default_group(requested_backend: str = "auto", timeout: timedelta | None = None,
+                        env: LaunchEnv | None = None) -> tuple[torch.device, bool]:
+    """Resolve the backend, bind this rank's device and start the default group unless it is up.
+
+    The one start-up path of ``dist_init`` and ``distributed_run``:
+    :func:`~.backends.resolve_backend` (so NCCL always starts as
+    ``cpu:gloo,cuda:nccl``), ``torch.cuda.set_device(cuda:LOCAL_RANK)`` for NCCL,
+    then :func:`~.runtime.init_default_group` with the launch's rank and world
+    size (the launch's store, one per launch). A single process without
+    MASTER_ADDR rendezvouses on a free loopback port. Returns ``(device, started)``;
+    ``started`` is False when a default group was up already (it is left as is).
+    Raises ValueError (from ``resolve_backend``) before anything is started.
+    """
+    env = LaunchEnv.from_environ() if env is None else env
+    backend = resolve_backend(requested_backend, env.local_world_size, env.local_rank)
+    device = torch.device("cpu")
+    device_id = None
+    if "nccl" in backend:
+        device = device_id = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        return device, False
+    init_method = "env://"
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    started = _rt.init_default_group(backend, env.world_size, env.rank, init_method, timeout, device_id)
+    return device, started
 
 
 def dist_init(config: Any) -> torch.device:
@@ -120,31 +122,12 @@ def dist_init(config: Any) -> torch.device:
     if not timeout_min > 0:
         raise ValueError(f"engine_config.distributed_timeout_minutes="
                          f"{_get(engine, 'distributed_timeout_minutes', None)!r}: must be a number > 0")
-    dp = _get(engine, "dp_size", None)
-    layout = Layout(
-        env.world_size,
-        tp_size=_get(engine, "tp_size", 1), cp_size=_get(engine, "cp_size", 1),
-        pp_size=_get(engine, "pp_size", 1), dp_size=None if dp in (None, -1, 0) else dp,
-        order=_get(engine, "order", "tp-cp-pp-dp"),
-    )
-    backend = resolve_backend(_get(engine, "distributed_backend", "auto"),
-                              env.local_world_size, env.local_rank)
-    device = torch.device("cpu")
-    device_id = None
-    if "nccl" in backend:
-        device = device_id = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    from datetime import timedelta
-
-    timeout = timedelta(minutes=timeout_min)
-    if not dist.is_initialized():
-        init_method = "env://"
-        if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-            init_method = f"tcp://127.0.0.1:{_free_port()}"
-        init_distributed_environment(env.world_size, env.rank, init_method, env.local_rank,
-                                     backend, timeout, device_id)
-    else:
-        init_distributed_environment()
+    layout = Layout.from_engine(engine, env.world_size)
+    device, started = start_default_group(_get(engine, "distributed_backend", "auto"),
+                                          timedelta(minutes=timeout_min), env)
+    if started:
+        _rt.current().owns_world = True
+    init_distributed_environment()
     initialize_model_parallel(layout.tp_size, layout.pp_size, layout.cp_size,
                               _get(engine, "nccl_communicator_config_path", None), timeout_min,
                               layout.order, layout.dp_size)

@@ -7,6 +7,8 @@ from typing import Any
 
 from loguru import logger
 
+__all__ = ["current_rank", "print_per_rank", "print_rank_0", "rank_logger"]
+
 
 def current_rank() -> int:
     """This process's global rank: the live group's, else RANK from the launch, else 0."""

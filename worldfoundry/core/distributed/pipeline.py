@@ -7,10 +7,11 @@ and collected in the same (FIFO) order with
 :meth:`PPScheduler.queue_irecv_prev_data`; messages from one peer are matched
 in posting order, so the n-th queued receive gets the n-th message sent.
 
-One scheduler exists per process (:func:`init_pp_scheduler` /
-:func:`pp_scheduler`); ``groups.destroy_model_parallel`` drops it (and any
-pending receives) through :func:`_reset_pp_scheduler`, so the process can be
-initialized again with another layout.
+One scheduler exists per runtime (:func:`init_pp_scheduler` /
+:func:`pp_scheduler`); it lives in the runtime's PP scheduler slot
+(:attr:`.runtime.Runtime.pp_scheduler`), so ``groups.destroy_model_parallel``
+(which closes the runtime) drops it and any pending receives, and the process
+can be initialized again with another layout.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from . import groups as _groups
+from . import runtime as _rt
+from .backends import group_device
 
 __all__ = ["PPScheduler", "init_pp_scheduler", "pp_scheduler"]
 
@@ -38,15 +41,6 @@ def _as_timedelta(timeout: Timeout, name: str = "timeout") -> timedelta | None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, a timedelta or None, got {timeout!r}")
     return timedelta(seconds=float(timeout))
-
-
-def _group_device(pg: Any) -> torch.device:
-    """CUDA's current device when the group runs NCCL (XPU's for XCCL), else the CPU."""
-    backend = str(dist.get_backend(pg)).lower()
-    for name, device_type in (("nccl", "cuda"), ("xccl", "xpu")):
-        if name in backend:
-            return torch.device(device_type, torch.get_device_module(device_type).current_device())
-    return torch.device("cpu")
 
 
 class PPScheduler:
@@ -67,7 +61,7 @@ class PPScheduler:
         self._pg = self.group.device_group
         self.next_rank: int = self.group.next_rank
         self.prev_rank: int = self.group.prev_rank
-        self.device = torch.device(device) if device is not None else _group_device(self._pg)
+        self.device = torch.device(device) if device is not None else group_device(self._pg)
         self.timeout = _as_timedelta(timeout)
         self.tag = tag
         self._queue: deque[tuple[torch.Tensor, dist.Work]] = deque()
@@ -164,45 +158,42 @@ class PPScheduler:
         self._closed = True
 
 
-_SCHEDULER: PPScheduler | None = None
-_GENERATION = 0
-"""Schedulers created in this process; every rank counts alike, so it doubles as the message tag."""
-
-
 def init_pp_scheduler(timeout: Timeout = None) -> PPScheduler:
     """Create the process-wide :class:`PPScheduler` on this rank's pp group and return it.
 
     Raises RuntimeError if one exists already (``destroy_model_parallel()``
-    resets it) or the model-parallel groups are not initialized.
+    resets it) or the model-parallel groups are not initialized. Each new
+    scheduler gets a new tag (every rank counts alike).
     """
-    global _SCHEDULER, _GENERATION
-    if _SCHEDULER is not None:
-        raise RuntimeError(f"init_pp_scheduler: the PP scheduler is already initialized ({_SCHEDULER!r}); "
+    rt = _rt.current()
+    if rt.pp_scheduler is not None:
+        raise RuntimeError(f"init_pp_scheduler: the PP scheduler is already initialized ({rt.pp_scheduler!r}); "
                            "call destroy_model_parallel() before initializing it again")
     group = _groups.get_pp_group()
-    _GENERATION += 1
-    _SCHEDULER = PPScheduler(group, timeout=timeout, tag=_GENERATION)
-    return _SCHEDULER
+    rt.pp_generation += 1
+    rt.pp_scheduler = PPScheduler(group, timeout=timeout, tag=rt.pp_generation)
+    return rt.pp_scheduler
 
 
 def pp_scheduler() -> PPScheduler:
     """The process-wide :class:`PPScheduler`; RuntimeError if it was not initialized."""
-    if _SCHEDULER is None:
+    scheduler = _rt.current().pp_scheduler
+    if scheduler is None:
         raise RuntimeError("the PP scheduler is not initialized: call "
                            "worldfoundry.core.distributed.dist_init(config) with pp_size > 1, or "
                            "init_pp_scheduler() after initialize_model_parallel(...)")
-    return _SCHEDULER
+    return scheduler
 
 
 def _reset_pp_scheduler() -> None:
-    """Drop the process-wide scheduler and its pending receives (``destroy_model_parallel`` calls this).
+    """Drop the process-wide scheduler and its pending receives (the runtime's close does the same).
 
     Posted receives cannot be cancelled through torch.distributed; they are
     forgotten. On gloo the next scheduler uses a new tag, so one still posted on
     a group that survives (the world group when pp spans every rank) never
     matches its messages. NCCL ignores tags: drain queued receives before a reset.
     """
-    global _SCHEDULER
-    if _SCHEDULER is not None:
-        _SCHEDULER.close()
-    _SCHEDULER = None
+    rt = _rt.current()
+    scheduler, rt.pp_scheduler = rt.pp_scheduler, None
+    if scheduler is not None:
+        scheduler.close()

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from .init import env_int
+from . import runtime as _rt
+from .init import LaunchEnv, env_int, start_default_group
 
 __all__ = [
     "DistributedProcessGroup",
@@ -292,15 +293,9 @@ def distributed_run(
     pre_existing = is_initialized()
     if is_distributed_launch():
         dev = _launch_device(dev)
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        if not pre_existing:
-            kwargs: dict[str, Any] = {"backend": "nccl" if dev.type == "cuda" else "gloo"}
-            if timeout is not None:
-                kwargs["timeout"] = timeout
-            if dev.type == "cuda":
-                kwargs["device_id"] = dev
-            dist.init_process_group(**kwargs)
+        # the same start-up path as dist_init: NCCL starts as cpu:gloo,cuda:nccl, cuda:LOCAL_RANK bound
+        dev, _ = start_default_group("nccl" if dev.type == "cuda" else "gloo", timeout,
+                                     LaunchEnv.from_environ())
     elif dev.type == "cuda":
         _require_cuda(dev.index)
 
@@ -311,11 +306,16 @@ def distributed_run(
         if not pre_existing and is_initialized():
             if dist.get_world_size() > 1:
                 _abort_world()
+                _rt.current().close(destroy=False)
             else:
-                dist.destroy_process_group()
+                _rt.current().close()
+                if is_initialized():
+                    dist.destroy_process_group()
         raise
     if not pre_existing and is_initialized():
-        dist.destroy_process_group()
+        _rt.current().close()  # groups the body built on this run's group go with it
+        if is_initialized():
+            dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- fault-propagating collectives

@@ -9,14 +9,30 @@ world size before a single rank starts.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
+
+__all__ = ["COMBINED", "DIMS", "DEFAULT_ORDER", "Layout", "engine_value", "parse_order"]
 
 DIMS: tuple[str, ...] = ("tp", "cp", "pp", "dp")
 """Parallel dimensions a layout knows."""
 
 COMBINED: tuple[str, ...] = ("tp-cp", "dp-cp", "tp-pp")
 """Combined groups built beside the four plain ones (helpers and data parallelism use them)."""
+
+DEFAULT_ORDER = "-".join(DIMS)
+"""Megatron's default order, innermost first: ``tp-cp-pp-dp``."""
+
+
+def engine_value(engine: Any, name: str, default: Any = None) -> Any:
+    """Field ``name`` of an engine config: a Mapping (key), a ``.get`` object (OmegaConf), or attributes."""
+    if isinstance(engine, Mapping):
+        return engine.get(name, default)
+    if hasattr(engine, "get") and not hasattr(engine, name):
+        return engine.get(name, default)
+    return getattr(engine, name, default)
 
 
 def _layout_error(order: str, sizes: dict[str, int], world_size: int | None, why: str) -> ValueError:
@@ -63,11 +79,11 @@ class Layout:
     cp_size: int = 1
     pp_size: int = 1
     dp_size: int | None = None
-    order: str = "tp-cp-pp-dp"
+    order: str = DEFAULT_ORDER
     dims: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        raw = {"tp": self.tp_size, "cp": self.cp_size, "pp": self.pp_size, "dp": self.dp_size}
+        raw = {d: getattr(self, f"{d}_size") for d in DIMS}
         ws = self.world_size
         if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
             raise _layout_error(self.order, raw, ws, "world_size must be an integer >= 1")
@@ -76,7 +92,7 @@ class Layout:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise _layout_error(self.order, raw, ws, f"{d}_size must be an integer >= 1, got {v!r}")
-        model = self.tp_size * self.cp_size * self.pp_size
+        model = math.prod(raw[d] for d in DIMS if d != "dp")
         if ws % model:
             raise _layout_error(self.order, raw, ws,
                                 f"tp*cp*pp = {model} does not divide the world size {ws}")
@@ -87,10 +103,37 @@ class Layout:
                                 f"tp*cp*pp*dp = {model * self.dp_size} != world size {ws}")
         object.__setattr__(self, "dims", parse_order(self.order, self.sizes, ws))
 
+    @classmethod
+    def from_engine(cls, engine: Any, world_size: int | None = None) -> Layout:
+        """The layout an engine config describes: ``tp_size``, ``cp_size``, ``pp_size``, ``dp_size``, ``order``.
+
+        ``engine`` is a Mapping or an attribute object (an OmegaConf config works
+        as either). Absent ``tp_size`` / ``cp_size`` / ``pp_size`` are 1 and an
+        absent ``order`` is ``tp-cp-pp-dp``; ``dp_size`` None, 0 or -1 (or absent)
+        takes what ``world_size`` leaves. ``world_size=None`` means the product of
+        the four sizes, so ``dp_size`` must then be given. Raises the same
+        ValueError as the constructor.
+        """
+        sizes: dict[str, Any] = {d: engine_value(engine, f"{d}_size", None if d == "dp" else 1) for d in DIMS}
+        if sizes["dp"] in (None, 0, -1):
+            sizes["dp"] = None
+        order = engine_value(engine, "order", DEFAULT_ORDER)
+        if world_size is None:
+            if sizes["dp"] is None:
+                raise _layout_error(str(order), sizes, None,
+                                    "dp_size must be given when the world size is not (it is their product)")
+            world_size = 1
+            for d in DIMS:
+                v = sizes[d]
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise _layout_error(str(order), sizes, None, f"{d}_size must be an integer >= 1, got {v!r}")
+                world_size *= v
+        return cls(world_size, **{f"{d}_size": v for d, v in sizes.items()}, order=order)
+
     @property
     def sizes(self) -> dict[str, int]:
         """Size of each dimension."""
-        return {"tp": self.tp_size, "cp": self.cp_size, "pp": self.pp_size, "dp": self.dp_size or 1}
+        return {d: getattr(self, f"{d}_size") or 1 for d in DIMS}
 
     @cached_property
     def strides(self) -> dict[str, int]:

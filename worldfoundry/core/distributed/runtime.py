@@ -1,0 +1,196 @@
+"""The process's distributed runtime: every piece of state the library keeps, in one object.
+
+:class:`Runtime` holds the world group object, the named model-parallel groups,
+their layout, the process groups this library created (so they can be destroyed),
+whether it owns the default group, the PP scheduler slot, the ``cp_size_t`` that
+``find_split`` records, and a cache dict in which helpers keep per-runtime state
+(e.g. ``broadcast_split_tensor``'s last headers). :meth:`Runtime.close` tears it
+all down (on-close hooks first) and leaves the same object ready for the next
+initialization. :func:`current` returns the process's runtime; the functions in
+``groups`` / ``pipeline`` / ``context_parallel`` are thin wrappers over it.
+
+The launch's rendezvous store is launch-scoped, not runtime-scoped: it is created
+once per launch and re-used (with a fresh prefix) by every later initialization
+of the default group (:func:`init_default_group`), so a process can close and
+initialize again. The prefix also carries :func:`launch_attempt` (``WF_ATTEMPT``),
+so a restarted attempt never reads an earlier attempt's keys.
+
+Nothing here imports the helpers built on top (groups, CP, PP): they register
+with the runtime, it never reaches up to them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .topology import Layout
+
+__all__ = ["ATTEMPT_ENV", "Runtime", "current", "init_default_group", "launch_attempt"]
+
+ATTEMPT_ENV = "WF_ATTEMPT"
+"""The one environment variable the library reads to tell launch attempts apart."""
+
+
+def launch_attempt() -> int:
+    """This process's launch attempt number: ``WF_ATTEMPT`` (set by launchers; absent or empty = 0).
+
+    Raises ValueError, naming the variable, when it is not an integer >= 0.
+    """
+    raw = os.environ.get(ATTEMPT_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"environment variable {ATTEMPT_ENV}={raw!r} must be an integer >= 0 "
+                         "(the launch attempt number: 0 for the first)")
+    return value
+
+
+@dataclass(eq=False)
+class Runtime:
+    """Every piece of distributed state of this process (see the module docstring)."""
+
+    world: Any = None
+    """The world ``GroupCoordinator`` (None before ``init_distributed_environment``)."""
+    layout: Layout | None = None
+    """The model-parallel layout (None until ``initialize_model_parallel``)."""
+    groups: dict[str, Any] = field(default_factory=dict)
+    """Named ``GroupCoordinator`` objects: tp, cp, pp, dp, tp-cp, dp-cp, tp-pp."""
+    created: list[Any] = field(default_factory=list)
+    """Process groups this library created and this rank belongs to (destroyed by close)."""
+    owns_world: bool = False
+    """Whether this runtime initialized the default group (close then destroys it)."""
+    pp_scheduler: Any = None
+    """The process-wide PP scheduler slot (``pipeline.init_pp_scheduler`` fills it)."""
+    pp_generation: int = 0
+    """Schedulers created in this process; not reset by close, so scheduler tags never repeat."""
+    cp_size_t: int | None = None
+    """CP ranks the last ``find_split`` gave to the time axis."""
+    cache: dict[str, Any] = field(default_factory=dict)
+    """Per-runtime state of helpers, by key; cleared by close."""
+    _on_close: list[Callable[[Runtime], None]] = field(default_factory=list, repr=False)
+
+    def on_close(self, hook: Callable[[Runtime], None]) -> None:
+        """Run ``hook(self)`` at the next :meth:`close` (once; hooks run newest first)."""
+        self._on_close.append(hook)
+
+    def destroy_created(self) -> None:
+        """Destroy the process groups this runtime created (newest first), ignoring ones already gone."""
+        for pg in reversed(self.created):
+            try:
+                dist.destroy_process_group(pg)
+            except (RuntimeError, ValueError):
+                pass
+        self.created.clear()
+
+    def close(self, destroy: bool = True) -> None:
+        """Tear everything down: hooks, PP scheduler, caches, groups, ``cp_size_t``, the owned default group.
+
+        ``destroy=False`` forgets the process groups without calling into
+        torch.distributed (after an abort, when they are gone already). Safe to
+        call when nothing is initialized; the object is reusable afterwards.
+        """
+        hooks, self._on_close = self._on_close, []
+        for hook in reversed(hooks):
+            hook(self)
+        scheduler, self.pp_scheduler = self.pp_scheduler, None
+        if scheduler is not None:
+            scheduler.close()
+        self.cache.clear()
+        if destroy:
+            self.destroy_created()
+        self.created.clear()
+        self.groups = {}
+        self.layout = None
+        self.cp_size_t = None
+        if destroy and self.owns_world and dist.is_initialized():
+            dist.destroy_process_group()
+        self.world = None
+        self.owns_world = False
+
+
+_RUNTIME = Runtime()
+
+
+def current() -> Runtime:
+    """The process's runtime."""
+    return _RUNTIME
+
+
+# ---------------------------------------------------------------- the launch's rendezvous store
+
+@dataclass
+class _Rendezvous:
+    """The launch's store, kept across destroy/init so the same process can re-initialize."""
+
+    key: tuple[str, int, int] | None = None
+    store: Any = None
+    generation: int = 0
+
+
+_RDZV = _Rendezvous()
+_INHERITED_STORES: list[Any] = []
+
+
+def _forget_store_after_fork() -> None:
+    # A forked child must neither use nor destroy its parent's store (its destructor
+    # would tear down the parent's server socket and abort): keep it, unused, forever.
+    if _RDZV.store is not None:
+        _INHERITED_STORES.append(_RDZV.store)
+    _RDZV.key, _RDZV.store = None, None
+
+
+os.register_at_fork(after_in_child=_forget_store_after_fork)
+
+
+def init_default_group(
+    backend: str,
+    world_size: int = -1,
+    rank: int = -1,
+    init_method: str = "env://",
+    timeout: timedelta | None = None,
+    device_id: torch.device | None = None,
+) -> bool:
+    """Initialize torch.distributed's default group unless it is up; True if this call did.
+
+    The one path by which the library starts a default group (``dist_init``,
+    ``init_distributed_environment`` and ``distributed_run`` all come here). With
+    ``world_size`` and ``rank`` given, the launch's store is created once and
+    re-used with a fresh prefix ``wf/attempt<WF_ATTEMPT>/init<n>/`` by every later
+    call; otherwise ``init_method`` is handed to torch as it is.
+    """
+    if dist.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"backend": backend}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if device_id is not None:
+        kwargs["device_id"] = device_id
+    if world_size >= 0 and rank >= 0:
+        attempt = launch_attempt()  # a bad WF_ATTEMPT raises before any store is made
+        # One store per launch, re-used with a fresh prefix by every later init: a
+        # second init after destroy never races the first store's shutdown.
+        key = (init_method, rank, world_size)
+        if _RDZV.key != key:
+            rdzv_timeout = timeout or timedelta(minutes=30)
+            _RDZV.store, _, _ = next(dist.rendezvous(init_method, rank, world_size,
+                                                     timeout=rdzv_timeout))
+            _RDZV.key = key
+        _RDZV.generation += 1
+        kwargs.update(store=dist.PrefixStore(f"wf/attempt{attempt}/init{_RDZV.generation}/",
+                                             _RDZV.store),
+                      rank=rank, world_size=world_size)
+    else:
+        kwargs["init_method"] = init_method
+    dist.init_process_group(**kwargs)
+    return True
