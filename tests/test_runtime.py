@@ -9,7 +9,15 @@ import torch
 import torch.distributed as dist
 from multirank import run_ranks
 
-from worldfoundry.core.distributed import backends, context_parallel, groups, init, pipeline, run_control, runtime
+from worldfoundry.core.distributed import (
+    backends,
+    context_parallel,
+    groups,
+    init,
+    pipeline,
+    run_control,
+    runtime,
+)
 
 COMBINED_FORM = "cpu:gloo,cuda:nccl"
 

@@ -94,7 +94,7 @@ def test_from_engine_takes_dp_from_the_world(dp: object) -> None:
         engine["dp_size"] = dp
     for cfg in (engine, SimpleNamespace(**engine)):
         L = Layout.from_engine(cfg, 8)
-        assert L == Layout(8, tp_size=2, cp_size=2, pp_size=1, dp_size=2, order="cp-tp-pp-dp")
+        assert Layout(8, tp_size=2, cp_size=2, pp_size=1, dp_size=2, order="cp-tp-pp-dp") == L
     with pytest.raises(ValueError, match="dp_size must be given"):
         Layout.from_engine(engine)
 

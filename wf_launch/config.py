@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 from omegaconf import MISSING
 
+from worldfoundry.core.distributed.backends import BACKENDS
 from worldfoundry.core.distributed.topology import DIMS, Layout, parse_order
 
 __all__ = ["BACKENDS", "NCCL_BACKENDS", "ConfigError", "EngineConfig", "RunConfig", "TaskConfig", "config_error",
            "normalize_backend", "positive_int"]
 
-BACKENDS = ("auto", "nccl", "gloo", "cpu:gloo,cuda:nccl")
-NCCL_BACKENDS = ("nccl", "cpu:gloo,cuda:nccl")
+NCCL_BACKENDS = tuple(b for b in BACKENDS if "nccl" in b)
 
 
 class ConfigError(ValueError):
@@ -102,7 +102,7 @@ class EngineConfig:
 
     def layout(self) -> Layout:
         """The layout these sizes describe (world size = their product)."""
-        return Layout(self.world_size, **{f"{d}_size": v for d, v in self.sizes.items()}, order=self.order)
+        return Layout.from_engine(self)
 
 
 T = TypeVar("T", bound="TaskConfig")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.distributed.env import ATTEMPT_ENV, launch_attempt
 from worldfoundry.core.distributed.topology import Layout
 
 from . import rundir
@@ -29,7 +30,7 @@ from .ranklog import rank_label, setup_rank_logging
 
 __all__ = ["ATTEMPT_VAR", "Preempted", "RankSpec", "layout_of", "preempt_marker", "rank_main", "record_failure"]
 
-ATTEMPT_VAR = "WF_ATTEMPT"
+ATTEMPT_VAR = ATTEMPT_ENV
 """Which try of the run this rank belongs to (0, 1, ...): every launcher sets it, the runtime reads it."""
 TIMEOUT_GRACE_S = 3.0
 _TIMEOUT_KEY = "wf_launch/timed_out/{}"
@@ -119,10 +120,7 @@ def _install_preempt_handler(spec: RankSpec, rank: int, world_size: int, log: An
 
 def layout_of(config: dict[str, Any]) -> Layout:
     """The layout a resolved config describes (world size = product of the sizes)."""
-    e = config["engine"]
-    world = e["tp_size"] * e["cp_size"] * e["pp_size"] * e["dp_size"]
-    return Layout(world, tp_size=e["tp_size"], cp_size=e["cp_size"], pp_size=e["pp_size"],
-                  dp_size=e["dp_size"], order=e["order"])
+    return Layout.from_engine(config["engine"])
 
 
 _GLOO_TIMEOUT = re.compile(r"^\[[^\]]*gloo[^\]]*\] Timed out|^Application timeout caused pair closure")
@@ -188,8 +186,10 @@ def _ranks_that_never_arrived(rank: int, world_size: int, grace_s: float) -> lis
 
 def _attempt() -> int:
     """Which try of the run this is (:data:`ATTEMPT_VAR`, set by the launcher; 0 when unset)."""
-    raw = os.environ.get(ATTEMPT_VAR, "")
-    return int(raw) if raw.isdigit() else 0
+    try:
+        return launch_attempt()
+    except ValueError:
+        return 0
 
 
 def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseException,

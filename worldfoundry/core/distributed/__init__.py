@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "get_dp_cp_group": "groups", "get_tp_pp_group": "groups", "get_group": "groups",
     "is_last_rank": "groups", "is_last_tp_cp_rank": "groups", "get_cp_size_t": "groups",
     # init and backends
-    "dist_init": "init", "LaunchEnv": "init", "launch_attempt": "init",
+    "dist_init": "init", "LaunchEnv": "env", "launch_attempt": "env",
     "resolve_backend": "backends", "group_device": "backends",
     # context parallel
     "split_inputs_cp": "context_parallel", "cat_outputs_cp": "context_parallel",

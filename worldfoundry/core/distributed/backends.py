@@ -1,5 +1,8 @@
 """Backends: the one list of allowed backend names, the one resolver, the one device rule.
 
+Importing this module does not import torch (the launcher validates configs with
+``BACKENDS`` before anything heavy loads).
+
 ``BACKENDS`` is what ``engine_config.distributed_backend`` accepts;
 :func:`resolve_backend` turns a request into the string the default group is
 initialized with (NCCL always as ``cpu:gloo,cuda:nccl``); :func:`group_device`
@@ -9,10 +12,10 @@ allocates communication buffers (CP, PP, gather, FSDP2's mesh).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BACKENDS", "NCCL_BACKEND", "group_device", "resolve_backend"]
 
@@ -37,6 +40,8 @@ def resolve_backend(requested: str, local_world_size: int, local_rank: int) -> s
     if req not in BACKENDS:
         raise ValueError(f"engine_config.distributed_backend={requested!r} is not allowed; "
                          f"choose one of {list(BACKENDS)}")
+    import torch
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if req == "auto":
         return NCCL_BACKEND if gpus >= max(local_world_size, 1) else "gloo"
@@ -65,6 +70,9 @@ def group_device(group: Any = None, *, control: bool = False) -> torch.device:
     go: the CPU whenever the group has a CPU backend (gloo or mpi, so also the
     gloo half of ``cpu:gloo,cuda:nccl``), else the answer above.
     """
+    import torch
+    import torch.distributed as dist
+
     pg = getattr(group, "device_group", group)
     backend = str(dist.get_backend(pg)).lower()
     if control and ("gloo" in backend or "mpi" in backend):

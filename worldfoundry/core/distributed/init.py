@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -14,50 +12,12 @@ import torch.distributed as dist
 
 from . import runtime as _rt
 from .backends import BACKENDS, resolve_backend
+from .env import LaunchEnv, env_int, launch_attempt
 from .groups import init_distributed_environment, initialize_model_parallel
-from .runtime import launch_attempt
 from .topology import Layout, engine_value
 
 __all__ = ["BACKENDS", "LaunchEnv", "dist_init", "env_int", "launch_attempt", "resolve_backend",
            "start_default_group"]
-
-
-def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
-    """Integer environment variable ``name`` (``default`` when unset or empty); ValueError names it."""
-    raw = (os.environ if environ is None else environ).get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-@dataclass(frozen=True)
-class LaunchEnv:
-    """What the launcher told this process: its rank, the world and its local slot."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-
-    @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> LaunchEnv:
-        """Read RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (all absent: rank 0 of 1)."""
-        env = os.environ if environ is None else environ
-
-        def read(name: str, default: int) -> int:
-            return env_int(name, default, env)
-
-        world = read("WORLD_SIZE", 1)
-        rank = read("RANK", 0)
-        local_rank = read("LOCAL_RANK", rank if world == 1 else 0 if "RANK" not in env else rank)
-        local_world = read("LOCAL_WORLD_SIZE", world if "LOCAL_RANK" not in env else local_rank + 1)
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"RANK={rank} / WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE")
-        return cls(rank, world, local_rank, max(local_world, local_rank + 1))
-
 
 _get = engine_value  # backward-compatible name
 

@@ -30,31 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .env import ATTEMPT_ENV, launch_attempt
 from .topology import Layout
 
 __all__ = ["ATTEMPT_ENV", "Runtime", "current", "init_default_group", "launch_attempt"]
-
-ATTEMPT_ENV = "WF_ATTEMPT"
-"""The one environment variable the library reads to tell launch attempts apart."""
-
-
-def launch_attempt() -> int:
-    """This process's launch attempt number: ``WF_ATTEMPT`` (set by launchers; absent or empty = 0).
-
-    Raises ValueError, naming the variable, when it is not an integer >= 0.
-    """
-    raw = os.environ.get(ATTEMPT_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"environment variable {ATTEMPT_ENV}={raw!r} must be an integer >= 0 "
-                         "(the launch attempt number: 0 for the first)")
-    return value
-
 
 @dataclass(eq=False)
 class Runtime:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-__all__ = ["COMBINED", "DIMS", "DEFAULT_ORDER", "Layout", "engine_value", "parse_order"]
+__all__ = ["COMBINED", "DEFAULT_ORDER", "DIMS", "Layout", "engine_value", "parse_order"]
 
 DIMS: tuple[str, ...] = ("tp", "cp", "pp", "dp")
 """Parallel dimensions a layout knows."""
