@@ -80,3 +80,15 @@ def test_model_without_plan_in_a_multi_rank_run_raises() -> None:
         assert "records no plan, but it is held in a run of 2 ranks" in res["unrecorded"]
         assert "set_distribution_plan" in res["unrecorded"]
         assert res["recorded"] == 2
+
+
+def test_layout_table_of_a_huge_world_stays_small() -> None:
+    from pathlib import Path
+
+    from wf_launch.plan import LaunchPlan
+    from worldfoundry.core.distributed.topology import Layout
+
+    plan = LaunchPlan(config={}, layout=Layout(1 << 20, cp_size=4, dp_size=1 << 18), run_dir=Path("x"))
+    table = plan.layout_table()
+    assert len(table) < 4000 and "... 1048560 more ranks, not shown" in table
+    assert "3..1048575 step 4 (262144 ranks)" in table.splitlines()[-1]

@@ -22,6 +22,10 @@ __all__ = ["BACKENDS", "NCCL_BACKENDS", "ConfigError", "EngineConfig", "RunConfi
            "normalize_backend", "positive_int"]
 
 NCCL_BACKENDS = tuple(b for b in BACKENDS if "nccl" in b)
+MIN_TIMEOUT_MINUTES = 0.001 / 60
+"""1 ms: torch rounds a timeout to whole milliseconds, and 0 ms means "fail at once"."""
+MAX_TIMEOUT_MINUTES = 7 * 24 * 60
+"""A week: longer (or ``inf``) overflows the timedelta torch hands to C++."""
 
 
 class ConfigError(ValueError):
@@ -89,9 +93,11 @@ class EngineConfig:
             raise config_error("engine.distributed_backend", self.distributed_backend,
                                f"choose one of {list(BACKENDS)}")
         timeout = self.distributed_timeout_minutes
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not MIN_TIMEOUT_MINUTES <= timeout <= MAX_TIMEOUT_MINUTES):
             raise config_error("engine.distributed_timeout_minutes", timeout,
-                               "expected a number of minutes > 0 (fractions allowed, e.g. 0.5)")
+                               f"expected minutes from {MIN_TIMEOUT_MINUTES:.6g} (1 ms) to {MAX_TIMEOUT_MINUTES} "
+                               "(a week); fractions allowed, e.g. 0.5")
         for d in DIMS:
             positive_int(f"engine.{d}_size", getattr(self, f"{d}_size"))
         try:

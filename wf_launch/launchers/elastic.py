@@ -9,18 +9,77 @@ launcher can name the rank that was killed and the signal that killed it.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
 from torch.distributed.launcher.api import LaunchConfig
 
-__all__ = ["RanksFailed", "run_agent"]
+LOOPBACK = "127.0.0.1"
+
+
+class PortInUse(OSError):
+    """The launch's own rendezvous port is taken: a launch never joins another process's store."""
+
+    def __init__(self, port: int, why: str) -> None:
+        super().__init__(f"launcher.rdzv_port={port}: port {port} is in use on {LOOPBACK} ({why}); "
+                         "choose another port, or 0 for a free one")
+        self.port = port
+
+
+def loopback_store(port: int, timeout_s: float) -> dist.TCPStore:
+    """A TCPStore server that listens on 127.0.0.1 only (torch's own binds every interface).
+
+    The socket is bound here and handed to the store (``master_listen_fd``), so a
+    busy ``port`` is an error (:class:`PortInUse`) instead of torch's silent
+    fallback to joining whatever listens there as a client.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, port))
+        sock.listen(4096)
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(port, exc.strerror or str(exc)) from None
+    bound = sock.getsockname()[1]
+    return dist.TCPStore(LOOPBACK, bound, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
+                         wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+
+
+class _LoopbackRendezvousHandler(DynamicRendezvousHandler):
+    """torch's c10d rendezvous, with the store the workers share also on loopback only."""
+
+    store_timeout_s: float = 60.0
+
+    def _create_tcp_store_server(self, master_addr: str, master_port: int) -> dist.TCPStore:
+        return loopback_store(master_port, self.store_timeout_s)
+
+
+def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezvousHandler:
+    read_timeout = float(params.get_as_int("read_timeout", 60) or 60)
+    store = loopback_store(port, read_timeout)
+    backend = C10dRendezvousBackend(store, params.run_id)
+    join = params.get_as_int("join_timeout", params.get_as_int("timeout", 600))
+    handler = _LoopbackRendezvousHandler.from_backend(
+        params.run_id, store, backend, params.min_nodes, params.max_nodes, LOOPBACK,
+        RendezvousTimeout(join=timedelta(seconds=join or 600)))
+    handler.store_timeout_s = read_timeout
+    return handler
+
+__all__ = ["LOOPBACK", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
 
 
 class _ExitCodeAgent(LocalElasticAgent):
@@ -54,8 +113,12 @@ class RanksFailed(Exception):
         self.exit_codes = exit_codes
 
 
-def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any) -> dict[int, Any]:
+def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
+              loopback_only: bool = True) -> dict[int, Any]:
     """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
+
+    With ``loopback_only`` (a single host), the rendezvous store and the store
+    the ranks share listen on 127.0.0.1 only, on ports this launch owns.
 
     Raises :class:`RanksFailed` when workers fail, and lets the agent's
     ``SignalException`` through when the launcher itself is signalled (after the
@@ -65,8 +128,12 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any) 
                                   run_id=config.run_id, min_nodes=config.min_nodes,
                                   max_nodes=config.max_nodes, local_addr=config.local_addr,
                                   **config.rdzv_configs)
+    if loopback_only:
+        handler = _loopback_handler(params, int(config.rdzv_endpoint.rpartition(":")[2] or 0))
+    else:
+        handler = rdzv_registry.get_rendezvous_handler(params)
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint,
-                      args=tuple(args), rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+                      args=tuple(args), rdzv_handler=handler,
                       max_restarts=config.max_restarts, monitor_interval=config.monitor_interval,
                       local_addr=config.local_addr)
     agent = _ExitCodeAgent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,

@@ -39,6 +39,8 @@ __all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threa
 
 _PR_SET_PDEATHSIG = 1
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
+RANKS_PER_CORE = 64
+"""Local ranks allowed per core without ``launcher.oversubscribe=true`` (128 on a 2-core machine)."""
 
 
 @dataclass
@@ -52,6 +54,8 @@ class LocalLauncherConfig(LauncherConfig):
     rdzv_port: int = 0
     monitor_interval_s: float = 0.1
     shutdown_timeout_s: int = 5
+    loopback_only: bool = True
+    oversubscribe: bool = False
 
 
 def choose_start_method(requested: str) -> str:
@@ -74,8 +78,8 @@ def threads_per_rank(requested: int, nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, nproc))
 
 
-def validate(cfg: dict[str, Any]) -> None:
-    """The local launcher's own fields."""
+def validate(cfg: dict[str, Any], world_size: int = 1) -> None:
+    """The local launcher's own fields, and that the world fits this host."""
     if cfg.get("start_method") not in START_METHODS:
         raise config_error("launcher.start_method", cfg.get("start_method"), f"choose one of {list(START_METHODS)}")
     for key in ("max_restarts", "threads_per_rank", "rdzv_port"):
@@ -88,6 +92,20 @@ def validate(cfg: dict[str, Any]) -> None:
         raise config_error("launcher.monitor_interval_s", cfg.get("monitor_interval_s"), "expected seconds > 0")
     if cfg.get("shutdown_timeout_s", -1) < 0:
         raise config_error("launcher.shutdown_timeout_s", cfg.get("shutdown_timeout_s"), "expected seconds >= 0")
+    interval = cfg.get("monitor_interval_s")
+    if not interval <= 60:
+        raise config_error("launcher.monitor_interval_s", interval, "expected seconds in (0, 60]")
+    if not cfg.get("shutdown_timeout_s") <= 3600:
+        raise config_error("launcher.shutdown_timeout_s", cfg.get("shutdown_timeout_s"), "expected seconds <= 3600")
+    for key in ("loopback_only", "oversubscribe"):
+        if not isinstance(cfg.get(key), bool):
+            raise config_error(f"launcher.{key}", cfg.get(key), "expected true or false")
+    cores = os.cpu_count() or 1
+    if world_size > RANKS_PER_CORE * cores and not cfg.get("oversubscribe"):
+        raise config_error("engine (tp_size*cp_size*pp_size*dp_size)", world_size,
+                           f"the layout has {world_size} ranks, more than {RANKS_PER_CORE} per core on this "
+                           f"{cores}-core host ({RANKS_PER_CORE * cores}); use launcher=slurm for more, or pass "
+                           "launcher.oversubscribe=true to start them here anyway")
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -119,12 +137,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def _parent_chain(depth: int) -> list[int]:
+    """This process's parent, grandparent, ... (``depth`` of them; forkserver ranks are grandchildren)."""
+    chain, pid = [], os.getpid()
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            pid = os.getppid() if not chain else 0
+        chain.append(pid)
+    return chain
+
+
 def local_rank_entry(spec: RankSpec, launcher_pid: int) -> dict[str, Any]:
     """What each local rank process runs: signal set-up, then the shared entrypoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
-    if os.getppid() != launcher_pid:
+    if launcher_pid not in _parent_chain(2):
         os._exit(1)
     os.environ[ATTEMPT_VAR] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
     try:
@@ -152,13 +183,15 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
-    from .elastic import RanksFailed, run_agent
+    from .elastic import PortInUse, RanksFailed, run_agent
 
     lc = plan.config["launcher"]
     nproc = plan.world_size
     method = choose_start_method(lc["start_method"])
     threads = threads_per_rank(lc["threads_per_rank"], nproc)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    if lc["loopback_only"]:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     _route_elastic_logs()
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"wf-{uuid.uuid4().hex[:12]}",
@@ -177,7 +210,12 @@ def launch(plan: LaunchPlan) -> RunOutcome:
             "run_dir": str(plan.run_dir), "environment": rundir.environment_info()}
     t0 = time.time()
     try:
-        run_agent(config, local_rank_entry, spec, os.getpid())
+        run_agent(config, local_rank_entry, spec, os.getpid(), loopback_only=lc["loopback_only"])
+    except PortInUse as exc:
+        print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
+        record = RunRecord.finalize(plan.run_dir, Status.INVALID, **info,
+                                    failure={"cause": "invalid_config", "message": str(exc)})
+        return RunOutcome.of(record, plan.run_dir, "")
     except RanksFailed as exc:
         return _failed(plan, info, exc.exit_codes, time.time() - t0)
     except (SignalException, KeyboardInterrupt) as exc:
@@ -215,7 +253,7 @@ class LocalLauncher:
     config_class: ClassVar[type[LauncherConfig]] = LocalLauncherConfig
 
     def validate(self, cfg: dict[str, Any], layout: Layout, engine: dict[str, Any]) -> None:
-        validate(cfg)
+        validate(cfg, layout.world_size)
 
     def describe(self, plan: LaunchPlan) -> str:
         return describe(plan)

@@ -1,0 +1,85 @@
+"""The local launcher against hostile or unlucky input: loopback only, owned ports, bad values refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+from cli_helpers import result, run_cli, start_cli, wait_for_log
+
+TASKS = "task.modules=[wf_test_tasks]"
+
+
+def _listening(pid: int) -> list[str]:
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    out = []
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out += [f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
+    return sorted(set(out))
+
+
+@pytest.mark.slow
+def test_no_rank_or_launcher_socket_listens_beyond_loopback(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_cli(["task=misbehave", TASKS, "task.how=sleep_all", "task.sleep_s=120", "engine.dp_size=4"],
+                     run_dir)
+    try:
+        for r in range(4):
+            wait_for_log(run_dir / "logs" / f"rank{r}.log", "sleeping")
+        listening = _listening(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert len(listening) >= 5, listening  # the rendezvous store, the ranks' store, every rank's gloo
+    assert [a for a in listening if not a.startswith("127.")] == []
+
+
+@pytest.mark.slow
+def test_a_busy_rendezvous_port_is_refused_not_joined(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        proc = run_cli(["task=noop", "engine.dp_size=2", f"launcher.rdzv_port={port}"], tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    assert f"launcher.rdzv_port={port}: port {port} is in use on 127.0.0.1" in proc.stderr
+    assert result(tmp_path / "run")["status"] == "invalid"
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.slow
+def test_forkserver_ranks_run(tmp_path: Path) -> None:
+    proc = run_cli(["task=echo", TASKS, "engine.dp_size=2", "launcher.start_method=forkserver"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    res = result(tmp_path / "run")
+    assert res["status"] == "ok" and sorted(res["results"]) == ["0", "1"]
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("engine.distributed_timeout_minutes=inf", "engine.distributed_timeout_minutes=inf is not allowed"),
+    ("engine.distributed_timeout_minutes=1e-9", "from 1.66667e-05 (1 ms)"),
+    ("engine.distributed_timeout_minutes=-1", "engine.distributed_timeout_minutes=-1.0 is not allowed"),
+    ("engine.dp_size=1000000", "the layout has 1000000 ranks, more than 64 per core"),
+    ("launcher.monitor_interval_s=1e12", "launcher.monitor_interval_s=1000000000000.0 is not allowed"),
+    ("launcher.max_log_mb=inf", "launcher.max_log_mb=inf is not allowed"),
+    ("launcher.run_dir_mode='0077'", "launcher.run_dir_mode='0077' is not allowed"),
+])
+def test_bad_values_are_refused_before_anything_starts(tmp_path: Path, override: str, fragment: str) -> None:
+    proc = run_cli(["task=noop", override], tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_oversubscribe_lets_a_large_local_layout_through(tmp_path: Path) -> None:
+    proc = run_cli(["task=noop", "engine.dp_size=1000000", "launcher.oversubscribe=true", "launcher.dry_run=true"],
+                   tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
