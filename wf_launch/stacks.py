@@ -1,0 +1,254 @@
+"""Hang autopsy: where each rank is, from its stack dump or its failure's traceback, grouped.
+
+Every rank registers ``faulthandler`` on :data:`DUMP_SIGNAL`: the signal makes it
+append the Python stack of all its threads to ``logs/rank{r}.stacks`` (it works
+while a thread is blocked inside a C++ collective, and needs no ptrace). Each
+rank also leaves ``logs/rank{r}.pid`` (pid, host, main thread id) so that a
+launcher or ``python -m wf_launch.status --stacks`` can find and signal it.
+
+A rank's *spot* is its main thread's innermost frame outside torch and this
+project's runtime (what the user's code was doing), plus the library call it
+waits in; ranks at the same spot are listed once, compactly::
+
+    ranks 0-4,6,7 wait in all_reduce at my_tasks.py:58 (train_step)
+    rank 5 (tp0 cp1 pp1 dp0) is at my_tasks.py:52 in wfx_hang: time.sleep(60)
+
+SIGURG is the signal: its default action is to be ignored (a batch shell or a
+process that did not register it is not killed), and neither SLURM nor
+submitit (USR2, TERM) uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DUMP_SIGNAL", "Frame", "Spot", "collect_dumps", "describe_groups", "group_spots", "install",
+           "parse_faulthandler", "parse_traceback", "pid_file", "rank_ranges", "read_pid_file", "spot_of",
+           "stacks_file", "trigger"]
+
+DUMP_SIGNAL = signal.SIGURG
+_LIBRARY = re.compile(r"[/\\](torch|worldfoundry[/\\]core[/\\]distributed|threading\.py|contextlib\.py|"
+                      r"wf_launch[/\\](entrypoint|stacks)\.py)")
+_GENERIC = frozenset({"wrapper", "inner", "_fn", "fn", "__call__", "_wrapped_call_impl", "_call_impl"})
+
+
+def stacks_file(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` appends its stack dumps."""
+    return Path(run_dir) / "logs" / f"rank{rank}.stacks"
+
+
+def pid_file(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` records its pid, host and main thread."""
+    return Path(run_dir) / "logs" / f"rank{rank}.pid"
+
+
+def install(run_dir: Path | str, rank: int) -> Any:
+    """In a rank: dump every thread's stack to its stacks file on :data:`DUMP_SIGNAL`; returns the open file."""
+    import faulthandler
+
+    path = stacks_file(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
+    faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True, chain=False)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "main_thread": threading.main_thread().ident}
+    tmp = pid_file(run_dir, rank).with_suffix(".pid.tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(pid_file(run_dir, rank))
+    return f
+
+
+def read_pid_file(run_dir: Path | str, rank: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads(pid_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One stack frame: file, line and function."""
+
+    file: str
+    line: int
+    function: str
+
+    @property
+    def is_library(self) -> bool:
+        return bool(_LIBRARY.search(self.file))
+
+    def where(self) -> str:
+        return f"{_short(self.file)}:{self.line}"
+
+    def source(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+
+def _short(path: str) -> str:
+    p = Path(path)
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return p.name if len(p.parts) > 3 else str(p)
+
+
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):", re.M)
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+
+
+def parse_faulthandler(text: str) -> dict[int, list[Frame]]:
+    """Each thread's frames (innermost first) in one faulthandler dump, by thread id."""
+    threads: dict[int, list[Frame]] = {}
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        head = _FH_THREAD.match(line)
+        if head:
+            current = threads.setdefault(int(head.group(2), 16), [])
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame and current is not None:
+            current.append(Frame(frame.group(1), int(frame.group(2)), frame.group(3).strip()))
+    return threads
+
+
+_TB_FRAME = re.compile(r'^\s+File "(.*)", line (\d+), in (.+)$')
+
+
+def parse_traceback(text: str) -> list[Frame]:
+    """The frames (innermost first) of a Python traceback's last chained exception."""
+    blocks = re.split(r"\n(?:The above exception was the direct cause|During handling of the above exception)",
+                      text or "")
+    frames = [Frame(m.group(1), int(m.group(2)), m.group(3).strip())
+              for m in map(_TB_FRAME.match, blocks[-1].splitlines()) if m]
+    return frames[::-1]
+
+
+@dataclass(frozen=True)
+class Spot:
+    """Where a rank is: its innermost frame outside the libraries, and the library call it waits in."""
+
+    frame: Frame | None
+    waits_in: str | None = None
+
+    def text(self) -> str:
+        if self.frame is None:
+            return "in no frame of its own (only library frames)"
+        where = f"{self.frame.where()} ({self.frame.function})"
+        if self.waits_in:
+            return f"wait{{s}} in {self.waits_in} at {where}"
+        source = self.frame.source()
+        return f"{{is}} at {self.frame.where()} in {self.frame.function}" + (f": {source}" if source else "")
+
+
+def spot_of(frames: list[Frame]) -> Spot:
+    """The rank's spot, from its frames (innermost first)."""
+    for i, frame in enumerate(frames):
+        if not frame.is_library:
+            inner = [f.function for f in frames[:i] if f.is_library and f.function not in _GENERIC]
+            return Spot(frame, inner[-1] if inner else None)
+    return Spot(None)
+
+
+def main_thread_frames(dump: dict[int, list[Frame]], main_thread: int | None) -> list[Frame]:
+    if main_thread in dump:
+        return dump[main_thread]
+    return next(iter(dump.values()), [])
+
+
+def trigger(pids: dict[int, int], sender: Callable[[int, int], None] = os.kill) -> set[int]:
+    """Send :data:`DUMP_SIGNAL` to each rank's pid; returns the ranks that were signalled."""
+    sent = set()
+    for rank, pid in pids.items():
+        try:
+            sender(pid, DUMP_SIGNAL)
+            sent.add(rank)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sent
+
+
+def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, int], wait_s: float = 2.0
+                  ) -> dict[int, list[Frame]]:
+    """Each rank's main-thread frames from what it appended to its stacks file after ``offsets``.
+
+    Waits up to ``wait_s`` for the dumps to arrive (a rank writes its dump from a
+    signal handler, at once, unless it is stopped or dead).
+    """
+    pending, out = set(ranks), {}
+    deadline = time.monotonic() + wait_s
+    while pending:
+        for rank in sorted(pending):
+            path = stacks_file(run_dir, rank)
+            try:
+                with open(path) as f:
+                    f.seek(offsets.get(rank, 0))
+                    text = f.read()
+            except OSError:
+                continue
+            dump = parse_faulthandler(text)
+            frames = main_thread_frames(dump, (read_pid_file(run_dir, rank) or {}).get("main_thread"))
+            if frames and text.endswith("\n"):
+                out[rank] = frames
+                pending.discard(rank)
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return out
+
+
+def stack_offsets(run_dir: Path | str, ranks: Iterable[int]) -> dict[int, int]:
+    """Current size of each rank's stacks file (a new dump is what comes after it)."""
+    out = {}
+    for rank in ranks:
+        try:
+            out[rank] = stacks_file(run_dir, rank).stat().st_size
+        except OSError:
+            out[rank] = 0
+    return out
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 4, 6, 7] -> '0-4,6,7'."""
+    items = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        parts.append(f"{items[i]}-{items[j]}" if j - i >= 2 else ",".join(map(str, items[i:j + 1])))
+        i = j + 1
+    return ",".join(parts)
+
+
+def group_spots(spots: dict[int, Spot]) -> list[tuple[list[int], Spot]]:
+    """Ranks at the same spot together; the largest group first, then by first rank."""
+    groups: dict[Spot, list[int]] = {}
+    for rank in sorted(spots):
+        groups.setdefault(spots[rank], []).append(rank)
+    return sorted(((r, s) for s, r in groups.items()), key=lambda g: (-len(g[0]), g[0][0]))
+
+
+def describe_groups(groups: list[tuple[list[int], Spot]], label_of: Callable[[int], str] | None = None,
+                    indent: str = "  ") -> list[str]:
+    """One line per group: 'ranks 0-4,6,7 wait in ...' or 'rank 5 (tp0 cp1 pp1 dp0) is at ...'."""
+    lines = []
+    for ranks, spot in groups:
+        if len(ranks) == 1:
+            coords = f" ({label_of(ranks[0]).split(' ', 1)[-1]})" if label_of else ""
+            who, verb = f"rank {ranks[0]}{coords}", {"s": "s", "is": "is"}
+        else:
+            who, verb = f"ranks {rank_ranges(ranks)}", {"s": "", "is": "are"}
+        lines.append(f"{indent}{who} {spot.text().format(**verb)}")
+    return lines
