@@ -28,9 +28,12 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
 
 
-def _record_invalid(run_dir: Path, overrides: list[str], message: str) -> None:
+def _record_invalid(run_dir: Path, overrides: list[str], message: str, cfg: DictConfig) -> None:
     """Leave ``result.json`` (status 'invalid', the error) so sweep reports can list the point."""
+    task = OmegaConf.select(cfg, "task.name", default=None, throw_on_resolution_failure=False)
+    launcher = OmegaConf.select(cfg, "launcher.name", default=None, throw_on_resolution_failure=False)
     RunRecord(Status.INVALID, run_dir=str(run_dir), overrides=list(overrides), final=True,
+              task=task if isinstance(task, str) else None, launcher=launcher if isinstance(launcher, str) else None,
               failure={"cause": "invalid_config", "message": message}, finished_at=time.time()).write()
 
 
@@ -64,7 +67,7 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
     except (ConfigError, ValueError) as exc:
         print(f"wf_launch: config error: {exc}", file=sys.stderr)
         if not dry_run:
-            _record_invalid(run_dir, overrides, str(exc))
+            _record_invalid(run_dir, overrides, str(exc), cfg)
         return RunOutcome(Status.INVALID, run_dir, str(exc))
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
