@@ -36,6 +36,18 @@ class TaskContext:
     pp: Any
     run_dir: Path
     log: Any
+    reporter: Any = None
+
+    def progress(self, step: int, total: int | None = None, **metrics: Any) -> None:
+        """Report this rank's step (of ``total``) and metrics: cheap, never a collective.
+
+        The launcher shows the run's progress live (slowest rank, rate, ETA, rank
+        0's metrics) and warns about a rank that stops making progress; a call with
+        metrics also appends a line to ``RUN_DIR/metrics.jsonl``
+        (``python -m wf_launch.plot RUN_DIR`` draws them).
+        """
+        if self.reporter is not None:
+            self.reporter(step, total, **metrics)
 
     @property
     def is_main(self) -> bool:
@@ -58,6 +70,7 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         pp = pp_scheduler()
     from worldfoundry.core.distributed.init import LaunchEnv
 
+    from ..progress import ProgressReporter
     from .registry import task_config_class
 
     task = dict(config.get("task", {}))
@@ -65,5 +78,5 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=world.rank,
         world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
-        run_dir=Path(run_dir), log=log,
+        run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank),
     )
