@@ -222,8 +222,9 @@ def demo(ctx: TaskContext) -> dict[str, Any]:
         _sync(ctx.device)
         world.barrier()
         start = time.perf_counter()
-        for _ in range(cfg.repeats):
+        for i in range(cfg.repeats):
             out = step()
+            ctx.progress(i + 1, cfg.repeats)
         _wait(pending)
         _sync(ctx.device)
         world.barrier()

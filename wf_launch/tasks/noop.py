@@ -12,6 +12,7 @@ __all__ = ["noop"]
 
 @register_task("noop")
 def noop(ctx: TaskContext) -> dict[str, Any]:
-    """Barrier on the world group and return nothing."""
+    """Barrier on the world group, report the one step, and return nothing."""
     ctx.groups["world"].barrier()
+    ctx.progress(1, 1)
     return {}
