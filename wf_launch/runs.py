@@ -54,7 +54,7 @@ def _walk(root: Path, depth: int = 0) -> Iterator[Path]:
         entries = sorted(root.iterdir())
     except OSError:
         return
-    if any((root / m).exists() for m in (rundir.RESULT, rundir.CONFIG)):
+    if RunRecord.path(root).exists() or (root / rundir.CONFIG).exists():
         yield root
         return
     if depth >= _MAX_DEPTH:
