@@ -46,7 +46,7 @@ def config_groups_help() -> str:
     """The ``--help`` listing of config groups, like Hydra's ``$APP_CONFIG_GROUPS`` but without the
     ``*_schema`` entries (the structured configs the YAML builds on: nothing a user picks).
 
-    Resolved as ``${wf_config_groups:}`` in conf/hydra/help/wf_launch.yaml, through Hydra's public
+    Resolved as ``${wf_config_groups:}`` in wf_launch/conf/hydra/help/wf_launch.yaml, through Hydra's public
     config loader of the running app.
     """
     from hydra.core.global_hydra import GlobalHydra

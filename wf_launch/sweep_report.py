@@ -1,6 +1,6 @@
 """Sweep report: one row per multirun point, as CSV, Markdown and a bar chart.
 
-Hydra calls :class:`SweepReport` (registered in ``conf/config.yaml`` under
+Hydra calls :class:`SweepReport` (registered in ``wf_launch/conf/config.yaml`` under
 ``hydra.callbacks.sweep_report``) when a ``-m`` sweep ends; ``python -m
 wf_launch.sweep_report SWEEP_DIR [--metric M]`` rebuilds the same files later
 from the job directories alone. The reader (:func:`collect_points`) and the
