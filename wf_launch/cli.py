@@ -44,6 +44,38 @@ def _app(cfg: DictConfig) -> object:
     return outcome
 
 
+def config_groups_help() -> str:
+    """The ``--help`` listing of config groups, like Hydra's ``$APP_CONFIG_GROUPS`` but without the
+    ``*_schema`` entries (the structured configs the YAML builds on: nothing a user picks).
+
+    Resolved as ``${wf_config_groups:}`` in wf_launch/conf/hydra/help/wf_launch.yaml, through Hydra's public
+    config loader of the running app.
+    """
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str = "") -> list[str]:
+        found: list[str] = []
+        for group in loader.list_groups(parent):
+            name = f"{parent}/{group}" if parent else group
+            if name == "hydra" or name.startswith("hydra/"):
+                continue
+            if loader.get_group_options(name, ObjectType.CONFIG):
+                found.append(name)
+            if loader.get_group_options(name, ObjectType.GROUP):
+                found += groups(name)
+        return found
+
+    lines = []
+    for group in sorted(set(groups())):
+        options = [o for o in sorted(loader.get_group_options(group)) if not o.endswith("_schema")]
+        if options:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Console entry point.
 
@@ -55,10 +87,8 @@ def main() -> None:
     try:
         load_task_modules(_task_modules_from_argv(sys.argv[1:]))
         register_configs()
-        from hydra_plugins.wf_launch_slurm.wf_slurm_launcher import register as register_slurm_launcher
-
-        register_slurm_launcher()
         OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
+        OmegaConf.register_new_resolver("wf_config_groups", config_groups_help, replace=True)
         hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -53,7 +53,7 @@ def _has_yaml(group: str, name: str) -> bool:
 
 
 def register_configs() -> None:
-    """Put the schema into Hydra's ConfigStore (the YAML in ``conf/`` builds on it).
+    """Put the schema into Hydra's ConfigStore (the YAML in ``wf_launch/conf/`` builds on it).
 
     Every registered launcher's config class is stored as ``launcher/NAME_schema``;
     a launcher without a YAML file of its own (a third-party one) is also

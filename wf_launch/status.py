@@ -1,11 +1,13 @@
-"""``python -m wf_launch.status DIR`` / ``wf-launch-status DIR``: a SLURM run's or sweep's state.
+"""``python -m wf_launch.status DIR`` / ``wf-launch-status DIR``: a detached run's or sweep's state.
 
-DIR is a run directory (holding ``slurm_job.json``) or a sweep directory (whose points
-hold one). For each run: the job's state from ``sacct`` and each rank's outcome; a job
-that has ended gets its final ``result.json`` (cancelled, timeout, failed with the root
-cause) if no one wrote it yet. For a sweep the sweep report is rewritten too.
-``--cancel`` cancels every job still running and waits until SLURM has ended it;
-``--wait`` waits until every job has ended. Exit code: 0 while all are ok or running,
+DIR is a run directory or a sweep directory (whose points are run directories). A run
+directory's ``config.yaml`` names its launcher (``launcher.name``); runs of a
+:class:`~wf_launch.launchers.DetachedLauncher` (``launcher=slurm``, or a third-party
+one registered through the ``wf_launch.launchers`` entry points) are shown: the
+scheduler's state and, once the run ended, its final ``result.json`` (written by the
+launcher's ``status`` if no one wrote it yet). For a sweep the sweep report is
+rewritten too. ``--cancel`` cancels every run still running and waits until it ended;
+``--wait`` waits until every run has ended. Exit code: 0 while all are ok or running,
 else the first non-zero exit code of an ended run.
 """
 
@@ -15,49 +17,73 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import rundir
-from .launchers import slurm
+from .launchers import DetachedLauncher, get_launcher
+from .outcome import RunOutcome
+from .record import RecordError, RunRecord
 
 
-def find_runs(path: Path) -> tuple[list[Path], bool]:
-    """The SLURM run directories at ``path`` and whether ``path`` is a sweep directory."""
-    if (path / slurm.JOB_FILE).is_file():
-        return [path], False
-    runs = sorted((d for d in path.iterdir() if (d / slurm.JOB_FILE).is_file()),
-                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+def launcher_of(run_dir: Path) -> Any | None:
+    """The detached launcher that ran ``run_dir`` (named in its ``config.yaml``), else None."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run_dir / rundir.CONFIG).read_text()) or {}
+        name = (cfg.get("launcher") or {}).get("name")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not isinstance(name, str):
+        return None
+    try:
+        launcher = get_launcher(name)
+    except Exception:
+        return None
+    return launcher if isinstance(launcher, DetachedLauncher) else None
+
+
+def find_runs(path: Path) -> tuple[dict[Path, Any], bool]:
+    """The detached runs at ``path`` (run dir -> its launcher) and whether ``path`` is a sweep directory."""
+    launcher = launcher_of(path)
+    if launcher is not None:
+        return {path: launcher}, False
+    subdirs = sorted((d for d in path.iterdir() if d.is_dir()),
+                     key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    runs = {d: launcher for d in subdirs if (launcher := launcher_of(d)) is not None}
     return runs, True
 
 
-def refresh(run_dir: Path) -> tuple[str, slurm.RunOutcome | None]:
-    """The job's state now, and its final outcome once it has ended (finalizing ``result.json``)."""
-    job = slurm.read_job(run_dir) or {}
-    state = slurm.job_state(job["job_id"])
-    if slurm.is_terminal(state) and not slurm.in_queue(job["job_id"]):
-        return state, slurm.finalize(run_dir, state)
-    return state, None
+def _label(run_dir: Path, launcher: Any) -> str:
+    """How the launcher names the run ('SLURM job 42'); '<name> run' when it has no ``status_label``."""
+    label_of = getattr(launcher, "status_label", None)
+    return label_of(run_dir) if callable(label_of) else f"{launcher.name} run"
 
 
-def _print_run(run_dir: Path, state: str, outcome: slurm.RunOutcome | None) -> None:
-    job = slurm.read_job(run_dir) or {}
+def _print_run(run_dir: Path, launcher: Any, state: str, outcome: RunOutcome | None) -> None:
+    label = _label(run_dir, launcher)
     verdict = f" -> {outcome.status} (exit {outcome.exit_code})" if outcome else ""
-    print(f"{run_dir}: SLURM job {job.get('job_id')} {state}{verdict}")
+    print(f"{run_dir}: {label} {state}{verdict}")
     if outcome and outcome.exit_code:
-        result = rundir.read_json(run_dir / rundir.RESULT) or {}
-        failure = result.get("failure") or {}
+        try:
+            record = RunRecord.read(run_dir)
+        except RecordError:
+            record = None
+        failure = (record.failure if record is not None else None) or {}
         print(f"  {failure.get('message') or outcome.summary}".rstrip())
         if failure.get("log"):
             print(f"  log: {failure['log']}")
-    for rank, text in slurm.rank_outcomes(run_dir).items():
-        print(f"  rank {rank}: {text}")
+    details = getattr(launcher, "status_details", None)
+    for line in (details(run_dir) if callable(details) else []):
+        print(f"  {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Show (and finalize) the state of the SLURM run or sweep at DIR; ``--cancel`` cancels it."""
+    """Show (and finalize) the state of the detached run or sweep at DIR; ``--cancel`` cancels it."""
     ap = argparse.ArgumentParser(prog="python -m wf_launch.status", description=main.__doc__)
-    ap.add_argument("dir", type=Path, help="a run directory (with slurm_job.json) or a sweep directory")
-    ap.add_argument("--cancel", action="store_true", help="scancel every job still running, wait for the end")
-    ap.add_argument("--wait", action="store_true", help="wait until every job has ended")
+    ap.add_argument("dir", type=Path, help="a run directory or a sweep directory")
+    ap.add_argument("--cancel", action="store_true", help="cancel every run still running, wait for the end")
+    ap.add_argument("--wait", action="store_true", help="wait until every run has ended")
     ap.add_argument("--timeout", type=float, default=600, help="seconds --wait / --cancel wait (default 600)")
     args = ap.parse_args(argv)
     if not args.dir.is_dir():
@@ -65,21 +91,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs, is_sweep = find_runs(args.dir.absolute())
     if not runs:
-        print(f"wf_launch.status: no SLURM run in {str(args.dir)!r} (no {slurm.JOB_FILE} there or in its "
-              "sub-directories)", file=sys.stderr)
+        print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "
+              "with status/cancel, e.g. launcher=slurm, there or in its sub-directories)", file=sys.stderr)
         return 2
     if args.cancel:
-        for run_dir in runs:
-            job_id = slurm.cancel(run_dir)
-            print(f"cancelling SLURM job {job_id} ({run_dir})", file=sys.stderr)
+        for run_dir, launcher in runs.items():
+            if launcher.cancel(run_dir) is not None:
+                print(f"cancelling {_label(run_dir, launcher)} ({run_dir})", file=sys.stderr)
     deadline = time.monotonic() + args.timeout
     while True:
-        states = {run_dir: refresh(run_dir) for run_dir in runs}
+        states = {run_dir: launcher.status(run_dir) for run_dir, launcher in runs.items()}
         if not (args.wait or args.cancel) or all(o for _, o in states.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     for run_dir, (state, outcome) in states.items():
-        _print_run(run_dir, state, outcome)
+        _print_run(run_dir, runs[run_dir], state, outcome)
     if is_sweep:
         from .sweep_report import collect_points, write_report
 

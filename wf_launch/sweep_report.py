@@ -1,6 +1,6 @@
 """Sweep report: one row per multirun point, as CSV, Markdown and a bar chart.
 
-Hydra calls :class:`SweepReport` (registered in ``conf/config.yaml`` under
+Hydra calls :class:`SweepReport` (registered in ``wf_launch/conf/config.yaml`` under
 ``hydra.callbacks.sweep_report``) when a ``-m`` sweep ends; ``python -m
 wf_launch.sweep_report SWEEP_DIR [--metric M]`` rebuilds the same files later
 from the job directories alone. The reader (:func:`collect_points`) and the
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import math
 import os
@@ -113,12 +114,28 @@ def _job_num(job_dir: Path) -> int | None:
     return num if isinstance(num, int) else None
 
 
+def expand_sweep(overrides: list[Any]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands parsed ``overrides``: the cartesian
+    product of every key's values (a later override of a key replaces an earlier one, keeping its
+    place), in order. Only discrete sweeps (``a=1,2``, ``choice``, ``range``); others raise ValueError.
+    """
+    axes: dict[str, list[str]] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            if not override.is_discrete_sweep():
+                raise ValueError(f"cannot expand the sweep {key} offline (not a discrete sweep)")
+            axes[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            axes[key] = [f"{key}={override.get_value_element_as_str()}"]
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
 def planned_points(sweep_dir: Path | str) -> list[list[str]]:
     """Each job's overrides, in job-number order, as Hydra's basic sweeper expands ``multirun.yaml``.
 
     Empty when there is no ``multirun.yaml`` or its sweep cannot be expanded offline.
     """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     cfg = _load_yaml(Path(sweep_dir) / PLAN_FILE) or {}
@@ -126,10 +143,9 @@ def planned_points(sweep_dir: Path | str) -> list[list[str]]:
     params = (hydra_cfg.get("sweeper") or {}).get("params") or {}
     args = [f"{k}={v}" for k, v in params.items()] + list((hydra_cfg.get("overrides") or {}).get("task") or [])
     try:
-        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
+        return expand_sweep(OverridesParser.create().parse_overrides(args))
     except Exception:
         return []
-    return [list(job) for batch in batches for job in batch]
 
 
 def _point(job_dir: Path) -> dict[str, Any]:

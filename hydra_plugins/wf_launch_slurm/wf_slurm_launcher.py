@@ -1,69 +1,80 @@
-"""Hydra launcher ``wf_slurm`` (selected by ``launcher=slurm``, see conf/launcher/slurm.yaml).
+# No ``from __future__ import annotations`` here (see config.py): Hydra's plugin scanner
+# executes this module before it is in sys.modules.
+"""Hydra launcher ``wf_slurm`` (selected by ``launcher=slurm``, see wf_launch/conf/launcher/slurm.yaml).
 
 Hydra's basic launcher calls the app once per point and waits for it; that would submit
-a SLURM sweep one job after another. This launcher runs every point through the app as
-the basic launcher does (job dirs, ``.hydra/``, callbacks, validation: an invalid point
-is recorded and the others go on), but the SLURM launcher only *prepares* each point;
-once all are prepared, they are submitted together (one job array per distinct sbatch
-shape) and the sweep waits for all of them (unless ``launcher.wait=false``), reporting
-each point as it ends. Hydra's ``on_multirun_end`` callbacks (the sweep report) run after
-this, on final results. Points of another launcher run inline, as with the basic one.
+a SLURM sweep one job after another. This launcher runs every point through the app
+inline, exactly as the basic launcher does (job dirs, ``.hydra/``, callbacks,
+validation: an invalid point is recorded and the others go on), inside a
+:class:`~wf_launch.launchers.slurm.SlurmBatch` scope: a point of ``launcher=slurm``
+is then only *prepared*. Once every point ran, the batch submits the prepared points
+together (one job array per distinct sbatch shape) and the sweep waits for them
+(unless ``launcher.wait=false``), reporting each point as it ends. Hydra's
+``on_multirun_end`` callbacks (the sweep report) run after this, on final results.
+
+For any other Hydra app (and points of another wf_launch launcher) nothing is
+prepared: every job runs inline and returns its value, as with the basic launcher.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-from dataclasses import dataclass
+import logging
 from pathlib import Path
+from typing import List, Optional, Sequence
 
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
 
-
-@dataclass
-class WfSlurmLauncherConf:
-    _target_: str = "hydra_plugins.wf_launch_slurm.wf_slurm_launcher.WfSlurmLauncher"
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="wf_slurm", node=WfSlurmLauncherConf,
-                             provider="wf_launch")
+log = logging.getLogger(__name__)
 
 
-class WfSlurmLauncher(BasicLauncher):
-    """Prepare every point, submit all SLURM points at once, then wait for them."""
+class WfSlurmLauncher(Launcher):
+    """Run every point inline; submit the SLURM points prepared meanwhile at once, then wait for them."""
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from wf_launch.launchers import slurm
-        from wf_launch.outcome import RunOutcome
-        from wf_launch.record import Status
+    def __init__(self) -> None:
+        self.config: Optional[DictConfig] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.hydra_context: Optional[HydraContext] = None
 
-        assert self.config is not None
-        slurm.begin_batch()
-        try:
-            runs = list(super().launch(job_overrides, initial_job_idx))
-        except BaseException:
-            slurm.drop_batch()
-            raise
-        submitted = slurm.submit_batch(Path(str(self.config.hydra.sweep.dir)).absolute())
-        by_dir = {Path(str(r._return_value.run_dir)): r for r in runs
-                  if isinstance(getattr(r, "_return_value", None), RunOutcome)}
-        waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.config["launcher"]["wait"]]
-        failed = {p.plan.run_dir: err for p, job_id, err in submitted if not job_id}
-        for run_dir, err in failed.items():
-            if run_dir in by_dir:
-                by_dir[run_dir].return_value = RunOutcome(Status.FAILED, run_dir, err)
-        if waiting:
-            poll = min(p.plan.config["launcher"]["poll_interval_s"] for p, _, _ in submitted)
-            print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)
-            for outcome in slurm.wait_all(waiting, poll):
-                if outcome.run_dir in by_dir:
-                    by_dir[outcome.run_dir].return_value = outcome
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def _run_points(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        runs: List[JobReturn] = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = idx
+                sweep_config.hydra.job.num = idx
+            runs.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                                config=sweep_config, job_dir_key="hydra.sweep.dir",
+                                job_subdir_key="hydra.sweep.subdir"))
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return runs
 
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from wf_launch.launchers.slurm import SlurmBatch
 
-def register() -> None:
-    """Make the launcher known to Hydra even where its plugin scan misses it (editable installs)."""
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance().register(WfSlurmLauncher)
+        assert self.config is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(job_overrides)} jobs locally (SLURM points are submitted together)")
+        batch = SlurmBatch(sweep_dir)
+        with batch.collecting():  # an exception here drops the prepared points unsubmitted
+            runs = self._run_points(job_overrides, initial_job_idx)
+        if not batch:
+            return runs
+        outcomes = batch.submit_and_wait()
+        for ret in runs:
+            if ret.status is not JobStatus.COMPLETED:
+                continue
+            run_dir = getattr(ret.return_value, "run_dir", None)
+            if run_dir is not None and Path(str(run_dir)) in outcomes:
+                ret.return_value = outcomes[Path(str(run_dir))]
+        return runs

@@ -1,0 +1,245 @@
+"""Submission: the sbatch parameters and script of a plan, one job, or a sweep's batch of jobs.
+
+A run submits one job (and waits for it unless ``launcher.wait=false``). Inside
+:meth:`SlurmBatch.collecting` (what the ``wf_slurm`` Hydra launcher opens around a
+``-m`` sweep) :func:`launch` only *prepares* the run into that batch;
+:meth:`SlurmBatch.submit` then submits every prepared run at once, one job array per
+distinct sbatch shape. The batch in force is a context variable, set and reset by
+``collecting``: there is no module-level switch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from ... import rundir
+from ...config import config_error
+from ...entrypoint import RankSpec
+from ...outcome import RunOutcome
+from ...plan import LaunchPlan
+from ...record import RunRecord, Status
+from .env import SlurmRank, SlurmRequeue
+from .finalize import JOB_FILE
+from .poll import wait_all
+from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
+
+__all__ = ["Pending", "SlurmBatch", "current_batch", "describe", "launch", "sbatch_parameters", "sbatch_script",
+           "slurm_tasks_per_node", "submitit_folder"]
+
+
+def slurm_tasks_per_node(launcher: dict[str, Any], world_size: int) -> int:
+    """``launcher.tasks_per_node``, or world size / nodes when it is null."""
+    nodes = launcher["nodes"]
+    if launcher.get("tasks_per_node") is not None:
+        return int(launcher["tasks_per_node"])
+    if world_size % nodes:
+        raise config_error("launcher.nodes", nodes, f"the layout's {world_size} rank(s) must split evenly over "
+                           "the nodes (or set launcher.tasks_per_node)")
+    return world_size // nodes
+
+
+def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
+    """submitit's folder: in the run directory, or ``shared`` (a sweep's job arrays)."""
+    return ((shared or plan.run_dir) / plan.config["launcher"]["folder"]).absolute()
+
+
+def sbatch_parameters(plan: LaunchPlan) -> dict[str, Any]:
+    """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
+    lc = plan.config["launcher"]
+    params: dict[str, Any] = {
+        "job_name": lc["job_name"], "nodes": lc["nodes"],
+        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size), "cpus_per_task": lc["cpus_per_task"],
+        "time": lc["time_min"], "signal_delay_s": lc["signal_delay_s"],
+        "srun_args": ["--kill-on-bad-exit=1", *lc["srun_args"]],
+        "additional_parameters": {"requeue": True, **dict(lc["sbatch_extra"] or {})},
+    }
+    if lc["gpus_per_node"]:
+        params["gpus_per_node"] = lc["gpus_per_node"]
+    if lc["mem_gb"] is not None:
+        params["mem"] = convert_mem(float(lc["mem_gb"]))
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
+        if lc[key]:
+            params[key] = lc[key]
+    if lc["setup"]:
+        params["setup"] = list(lc["setup"])
+    return params
+
+
+def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | None = None) -> str:
+    """The exact sbatch script submitit submits for this plan (``array``: the job array's size)."""
+    folder = submitit_folder(plan, shared)
+    return make_sbatch_string(command=submit_command(folder), folder=folder, map_count=array,
+                              **sbatch_parameters(plan))
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The submission as text, then the sbatch script (``launcher.dry_run``)."""
+    lc = plan.config["launcher"]
+    tpn = slurm_tasks_per_node(lc, plan.world_size)
+    return "\n".join([
+        f"launcher      slurm (submitit), {lc['nodes']} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
+        f"task          {plan.task}",
+        (f"time limit    {lc['time_min']} min; USR2 {lc['signal_delay_s']} s before it "
+         f"(on_preempt hooks, up to {lc['max_requeues']} requeue(s))"),
+        f"wait          {lc['wait']}",
+        f"run dir       {plan.run_dir}",
+        f"submitit      {submitit_folder(plan)}",
+        "",
+        "sbatch script:",
+        sbatch_script(plan),
+    ])
+
+
+def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
+    lc = plan.config["launcher"]
+    return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
+                    console_ranks=lc.get("console_ranks"), launch_time=launch_time,
+                    max_log_mb=float(lc.get("max_log_mb") or 0),
+                    preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
+                                         float(lc["preempt_wait_s"]), lc["max_requeues"]))
+
+
+def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
+    return slurm_executor(submitit_folder(plan, shared), plan.config["launcher"]["max_requeues"],
+                          **sbatch_parameters(plan))
+
+
+def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
+    return {"launcher": "slurm", "task": plan.task, "overrides": plan.overrides, "run_dir": str(plan.run_dir),
+            "environment": rundir.environment_info()}
+
+
+def _record_job(plan: LaunchPlan, job_id: str, folder: Path, submitted_at: float) -> dict[str, Any]:
+    lc = plan.config["launcher"]
+    record = {"job_id": job_id, "folder": str(folder), "submitted_at": submitted_at,
+              "nodes": lc["nodes"], "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
+              "world_size": plan.world_size, "info": _plan_info(plan),
+              "status_command": f"python -m wf_launch.status {plan.run_dir}"}
+    rundir.atomic_write_json(plan.run_dir / JOB_FILE, record)
+    return record
+
+
+@dataclass
+class Pending:
+    """A prepared, not yet submitted run (a sweep point waiting in a :class:`SlurmBatch`)."""
+
+    plan: LaunchPlan
+    fn: SlurmRank
+    launch_time: float
+
+
+_CURRENT: contextvars.ContextVar[SlurmBatch | None] = contextvars.ContextVar("wf_launch_slurm_batch", default=None)
+
+
+def current_batch() -> SlurmBatch | None:
+    """The batch :func:`launch` prepares into now (None: submit each run at once)."""
+    return _CURRENT.get()
+
+
+class SlurmBatch:
+    """SLURM runs prepared during a sweep, submitted together (one job array per sbatch shape).
+
+    ``shared`` is the sweep directory: the job arrays' submitit folder lives there.
+    """
+
+    def __init__(self, shared: Path) -> None:
+        self.shared = Path(shared).absolute()
+        self.pending: list[Pending] = []
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, pending: Pending) -> None:
+        self.pending.append(pending)
+
+    @contextmanager
+    def collecting(self) -> Iterator[SlurmBatch]:
+        """While open, :func:`launch` prepares runs into this batch; an exception drops what was prepared."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        except BaseException:
+            self.pending.clear()
+            raise
+        finally:
+            _CURRENT.reset(token)
+
+    def submit(self) -> list[tuple[Pending, str | None, str]]:
+        """Submit every prepared run: one job array per distinct sbatch shape, all at once.
+
+        Returns (run, job id or None, error) per run; a refused group is recorded as failed.
+        """
+        runs, self.pending = self.pending, []
+        groups: dict[str, list[Pending]] = {}
+        for run in runs:
+            key = json.dumps([sbatch_parameters(run.plan), run.plan.config["launcher"]["folder"]], sort_keys=True)
+            groups.setdefault(key, []).append(run)
+        out: list[tuple[Pending, str | None, str]] = []
+        for group in groups.values():
+            ex = _executor(group[0].plan, self.shared)
+            submitted_at = time.time()
+            try:
+                with ex.batch():
+                    jobs = [ex.submit(run.fn) for run in group]
+            except Exception as exc:
+                message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
+                for run in group:
+                    RunRecord.finalize(run.plan.run_dir, Status.FAILED, **_plan_info(run.plan),
+                                       failure={"cause": "launcher_error", "type": type(exc).__name__,
+                                                "message": str(exc)})
+                    out.append((run, None, message))
+                    print(f"wf_launch: {run.plan.run_dir}: {message}", file=sys.stderr, flush=True)
+                continue
+            for run, job in zip(group, jobs):
+                _record_job(run.plan, job.job_id, ex.folder, submitted_at)
+                out.append((run, job.job_id, ""))
+            logger.info(f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}")
+        return out
+
+    def submit_and_wait(self) -> dict[Path, RunOutcome]:
+        """Submit, then wait for every run with ``launcher.wait=true``; the new outcome of each run.
+
+        Runs submitted with ``launcher.wait=false`` keep their 'submitted' outcome (not listed).
+        """
+        submitted = self.submit()
+        outcomes = {p.plan.run_dir: RunOutcome(Status.FAILED, p.plan.run_dir, err)
+                    for p, job_id, err in submitted if not job_id}
+        waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.config["launcher"]["wait"]]
+        if waiting:
+            poll = min(p.plan.config["launcher"]["poll_interval_s"] for p, _, _ in submitted)
+            print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)
+            for outcome in wait_all(waiting, poll):
+                if outcome.run_dir is not None:
+                    outcomes[Path(outcome.run_dir)] = outcome
+        return outcomes
+
+
+def launch(plan: LaunchPlan) -> RunOutcome:
+    """Submit the run (or prepare it into the current batch); wait for it unless ``launcher.wait=false``."""
+    lc = plan.config["launcher"]
+    launch_time = time.time()
+    fn = SlurmRank(_rank_spec(plan, launch_time))
+    batch = current_batch()
+    if batch is not None:
+        batch.add(Pending(plan, fn, launch_time))
+        return RunOutcome(Status.SUBMITTED, plan.run_dir)
+    ex = _executor(plan)
+    job = ex.submit(fn)
+    _record_job(plan, job.job_id, ex.folder, launch_time)
+    logger.info(f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
+                f"run dir {plan.run_dir}")
+    if not lc["wait"]:
+        return RunOutcome(Status.SUBMITTED, plan.run_dir,
+                          f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
+    return wait_all([plan.run_dir], lc["poll_interval_s"])[0]
