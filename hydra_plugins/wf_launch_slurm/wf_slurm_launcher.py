@@ -17,8 +17,8 @@ prepared: every job runs inline and returns its value, as with the basic launche
 """
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -32,18 +32,18 @@ class WfSlurmLauncher(Launcher):
     """Run every point inline; submit the SLURM points prepared meanwhile at once, then wait for them."""
 
     def __init__(self) -> None:
-        self.config: Optional[DictConfig] = None
-        self.task_function: Optional[TaskFunction] = None
-        self.hydra_context: Optional[HydraContext] = None
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
 
-    def _run_points(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
+    def _run_points(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        runs: List[JobReturn] = []
+        runs: list[JobReturn] = []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
