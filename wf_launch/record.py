@@ -45,6 +45,7 @@ class Status(StrEnum):
     INVALID = "invalid"
     SUBMITTED = "submitted"
     DRY_RUN = "dry_run"
+    UNKNOWN = "unknown"
 
     @property
     def is_failure(self) -> bool:
@@ -63,6 +64,7 @@ EXIT_CODES: dict[Status, int] = {
     Status.TIMEOUT: 124,
     Status.CANCELLED: 128 + signal.SIGTERM,
     Status.INTERRUPTED: 128 + signal.SIGINT,
+    Status.UNKNOWN: 3,
 }
 """Exit code of each status; an interrupted run uses 128 + its signal instead (:func:`exit_code_of`)."""
 

@@ -94,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "
               "with status/cancel, e.g. launcher=slurm, there or in its sub-directories)", file=sys.stderr)
         return 2
+    try:
+        return _show(args, runs, is_sweep)
+    except ValueError as exc:  # e.g. a job id in a run's files that is not a scheduler's id
+        print(f"wf_launch.status: {exc}", file=sys.stderr)
+        return 2
+
+
+def _show(args: argparse.Namespace, runs: dict[Path, Any], is_sweep: bool) -> int:
     if args.cancel:
         for run_dir, launcher in runs.items():
             if launcher.cancel(run_dir) is not None:

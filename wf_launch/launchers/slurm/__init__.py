@@ -14,6 +14,7 @@ job, a sweep's batch), :mod:`.poll` (job state, waiting, cancel), :mod:`.finaliz
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -77,8 +78,29 @@ class SlurmLauncherConfig(LauncherConfig):
     preempt_wait_s: float = 20.0
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+OWNED_SRUN_OPTIONS = ("--ntasks", "-n", "--nodes", "-N", "--ntasks-per-node", "--kill-on-bad-exit", "-K",
+                      "--cpus-per-task", "-c", "--gpus-per-node", "--gres", "--output", "-o", "--error", "-e",
+                      "--unbuffered", "-u", "--jobid", "--het-group", "--pack-group")
+"""srun options the launcher sets itself: the layout (one task per rank) and "one failing rank ends the step"."""
+MAX_POLL_S = 600.0
+MAX_MEM_GB = 1 << 20
+
+
+def _single_line(field: str, value: Any, what: str) -> None:
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise config_error(field, value, f"{what} without control characters (a newline would end the "
+                           "#SBATCH block and run the rest as shell)")
+
+
 def validate_slurm_launcher(launcher: dict[str, Any], engine: dict[str, Any], world_size: int) -> None:
-    """SLURM launcher values, and that one SLURM task per rank covers the layout exactly."""
+    """SLURM launcher values, and that one SLURM task per rank covers the layout exactly.
+
+    Every value that reaches the sbatch script is a single line: a newline in a
+    partition or an ``sbatch_extra`` value would end the ``#SBATCH`` block, run
+    what follows as shell, and silently drop every later ``#SBATCH`` line.
+    """
     positive_int("launcher.nodes", launcher.get("nodes"))
     if launcher.get("tasks_per_node") is not None:
         positive_int("launcher.tasks_per_node", launcher["tasks_per_node"])
@@ -89,16 +111,34 @@ def validate_slurm_launcher(launcher: dict[str, Any], engine: dict[str, Any], wo
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise config_error(f"launcher.{key}", value, "expected an integer >= 0")
     mem = launcher.get("mem_gb")
-    if mem is not None and not mem > 0:
-        raise config_error("launcher.mem_gb", mem, "expected GB > 0, or null for the partition's default")
+    if mem is not None and not (isinstance(mem, (int, float)) and 0 < mem <= MAX_MEM_GB):
+        raise config_error("launcher.mem_gb", mem, f"expected GB in (0, {MAX_MEM_GB}], or null for the "
+                           "partition's default")
     for key in ("poll_interval_s", "preempt_wait_s"):
-        if not launcher.get(key, 0) > 0:
-            raise config_error(f"launcher.{key}", launcher.get(key), "expected seconds > 0")
+        value = launcher.get(key, 0)
+        if not (isinstance(value, (int, float)) and 0 < value <= MAX_POLL_S):
+            raise config_error(f"launcher.{key}", value, f"expected seconds in (0, {MAX_POLL_S:g}]")
     if launcher["signal_delay_s"] >= launcher["time_min"] * 60:
         raise config_error("launcher.signal_delay_s", launcher["signal_delay_s"],
                            f"expected fewer seconds than the time limit ({launcher['time_min'] * 60} s)")
-    if not str(launcher.get("folder") or "").strip():
-        raise config_error("launcher.folder", launcher.get("folder"), "a folder name inside the run directory")
+    for key in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
+        _single_line(f"launcher.{key}", launcher.get(key), "a single line")
+    for key, value in dict(launcher.get("sbatch_extra") or {}).items():
+        if not isinstance(key, str) or not _SBATCH_KEY.fullmatch(key):
+            raise config_error("launcher.sbatch_extra", {key: value}, "keys are sbatch option names "
+                               "(letters, digits, '-' and '_', e.g. mail-type)")
+        _single_line(f"launcher.sbatch_extra.{key}", value if isinstance(value, str) else str(value), "a single line")
+    for i, line in enumerate(launcher.get("setup") or []):
+        _single_line(f"launcher.setup[{i}]", line, "one shell line per list item")
+    for i, arg in enumerate(launcher.get("srun_args") or []):
+        _single_line(f"launcher.srun_args[{i}]", arg, "one argument")
+        option = str(arg).split("=", 1)[0]
+        if option in OWNED_SRUN_OPTIONS or (option.startswith("-") and not option.startswith("--")
+                                            and option[:2] in OWNED_SRUN_OPTIONS):
+            raise config_error(f"launcher.srun_args[{i}]", arg,
+                               f"{option} is set by the launcher (one task per rank, --kill-on-bad-exit=1); "
+                               "use launcher.nodes / launcher.tasks_per_node / launcher.cpus_per_task instead")
+    _validate_folder(launcher.get("folder"))
     tpn = slurm_tasks_per_node(launcher, world_size)
     if launcher["nodes"] * tpn != world_size:
         raise config_error("launcher.tasks_per_node", launcher.get("tasks_per_node"),
@@ -109,6 +149,16 @@ def validate_slurm_launcher(launcher: dict[str, Any], engine: dict[str, Any], wo
         raise config_error("launcher.gpus_per_node", launcher["gpus_per_node"],
                            f"engine.distributed_backend={engine.get('distributed_backend')!r} needs one GPU per "
                            f"task: at least launcher.tasks_per_node ({tpn}); or use gloo")
+
+
+def _validate_folder(folder: Any) -> None:
+    """submitit's folder is a relative path inside the run (or sweep) directory: submitit runs the pickles there."""
+    text = str(folder or "")
+    parts = Path(text).parts
+    if (not text.strip() or _CONTROL.search(text) or Path(text).is_absolute() or ".." in parts
+            or text.startswith("~")):
+        raise config_error("launcher.folder", folder, "a relative folder inside the run directory (no '..', "
+                           "not absolute): submitit executes the pickles it finds there")
 
 
 @register_launcher
@@ -135,7 +185,7 @@ class SlurmLauncher:
             if record is not None and record.final:
                 return "NOT SUBMITTED", RunOutcome.of(record, Path(run_dir))
             return "NOT SUBMITTED", None
-        state = job_state(job["job_id"])
+        state = job_state(job["job_id"], Path(run_dir))
         if is_terminal(state) and not in_queue(job["job_id"]):
             return state, finalize(run_dir, state)
         return state, None

@@ -17,7 +17,7 @@ from typing import Any
 from ...entrypoint import ATTEMPT_VAR, Preempted, RankSpec, rank_main
 from .submitit_adapter import job_environment
 
-__all__ = ["SlurmRank", "SlurmRequeue", "export_rank_env", "master_port"]
+__all__ = ["SlurmRank", "SlurmRequeue", "export_rank_env", "master_port", "requeue_target"]
 
 _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
@@ -37,15 +37,49 @@ class SlurmRequeue:
         return self.restart() < self.max_requeues
 
     def requeue(self) -> None:
-        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=60,
-                       capture_output=True)
+        subprocess.run(["scontrol", "requeue", requeue_target()], check=True, timeout=60, capture_output=True)
 
 
-def master_port(job_id: str, restart: int) -> int:
-    """A port derived from the job (and cluster), the same on every task; a requeue gets a new one."""
-    key = f"{os.environ.get('SLURM_CLUSTER_NAME', '')}:{os.environ.get('SLURM_CONF', '')}:{job_id}:{restart}"
+def requeue_target(environ: dict[str, str] | None = None) -> str:
+    """The id that requeues this job alone: ``ARRAYJOB_TASK`` for an array task, else the job id.
+
+    For the first task of a job array ``SLURM_JOB_ID`` equals the array's id, and
+    requeueing that id requeues every task of the array (every point of a sweep).
+    """
+    env = os.environ if environ is None else environ
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env["SLURM_JOB_ID"]
+
+
+def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None) -> int:
+    """The rendezvous port every task of the job agrees on; a requeue gets another.
+
+    The step's own reserved ports (``SLURM_STEP_RESV_PORTS``, where the cluster
+    reserves ports for steps) come first. Otherwise the port follows the job id
+    (offset per cluster): consecutive job ids, such as the points of one sweep
+    packed onto a node, get distinct ports, and a requeue moves by a large stride.
+    """
+    env = os.environ if environ is None else environ
+    reserved = env.get("SLURM_STEP_RESV_PORTS", "")
+    first = reserved.split(",")[0].split("-")[0].strip()
+    if first.isdigit() and 0 < int(first) < 65536:
+        return int(first) + (restart % max(1, _resv_count(reserved)))
     low, high = _PORT_RANGE
-    return low + zlib.crc32(key.encode()) % (high - low)
+    span = high - low
+    offset = zlib.crc32(f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}".encode()) % span
+    digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
+    return low + (offset + int(digits) + 7919 * restart) % span
+
+
+def _resv_count(reserved: str) -> int:
+    count = 0
+    for part in reserved.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.strip().isdigit():
+            count += (int(hi) - int(lo) + 1) if hi.strip().isdigit() else 1
+    return count
 
 
 def export_rank_env() -> dict[str, str]:

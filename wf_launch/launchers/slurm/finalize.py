@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -13,14 +14,36 @@ from ...ranklog import rank_label
 from ...record import RunRecord, Status
 from ...report import explain_failure, load_failure_records
 
-__all__ = ["JOB_FILE", "finalize", "rank_outcomes", "read_job"]
+__all__ = ["JOB_FILE", "JOB_ID", "checked_job_id", "finalize", "rank_outcomes", "read_job"]
 
 JOB_FILE = "slurm_job.json"
 
 
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+"""SLURM's job id syntax: '123', or '123_4' for a task of job array 123."""
+
+
+def checked_job_id(job_id: Any, where: str = "job id") -> str:
+    """``job_id`` if it is a SLURM job id; ValueError otherwise (it never reaches a command line)."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise ValueError(f"{where}: {job_id!r} is not a SLURM job id (123, or 123_4 for an array task); "
+                         "refusing to pass it to SLURM's commands")
+    return job_id
+
+
 def read_job(run_dir: Path) -> dict[str, Any] | None:
-    """The run's ``slurm_job.json`` (None for a run not submitted to SLURM)."""
-    return rundir.read_json(Path(run_dir) / JOB_FILE)
+    """The run's ``slurm_job.json`` (None for a run not submitted to SLURM); ValueError for a bad job id."""
+    path = Path(run_dir) / JOB_FILE
+    try:
+        job = rundir.read_json(path)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    if job is None:
+        return None
+    if not isinstance(job, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    checked_job_id(job.get("job_id"), f"{path}: job_id")
+    return job
 
 
 def _layout(run_dir: Path) -> Any:
@@ -51,6 +74,11 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
     if word == "TIMEOUT":
         summary = f"SLURM job {job_id} hit its time limit"
         record = RunRecord.finalize(run_dir, Status.TIMEOUT, **info, failure={"cause": "timeout", "message": summary})
+        return RunOutcome.of(record, run_dir, summary)
+    if word == "UNKNOWN":
+        summary = (f"SLURM no longer knows job {job_id} ({state.partition(' ')[2] or 'no accounting'}) and "
+                   "no rank left a result or a failure record; its outcome is unknown")
+        record = RunRecord.finalize(run_dir, Status.UNKNOWN, **info, failure={"cause": "unknown", "message": summary})
         return RunOutcome.of(record, run_dir, summary)
     layout = _layout(run_dir)
     explained = explain_failure(run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords)

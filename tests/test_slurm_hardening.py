@@ -1,0 +1,170 @@
+"""The SLURM launcher against hostile and unlucky input: no injection, no stray ids, no endless waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import USER_TASKS, cli_env
+from slurm_fixture import SlurmCluster
+
+from wf_launch.launchers.slurm.env import master_port, requeue_target
+
+SLURM = "launcher=slurm"
+TEST_TASKS = "task.modules=[wf_test_tasks]"
+
+
+def _cli(args: list[str], run_dir: Path, env: dict[str, str] | None = None, timeout: float = 180,
+         multirun: bool = False) -> subprocess.CompletedProcess[str]:
+    where = f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"
+    return subprocess.run([sys.executable, "-m", "wf_launch", *(["-m"] if multirun else []), *args, where],
+                          capture_output=True, text=True, timeout=timeout, env=env or cli_env(),
+                          cwd=run_dir.parent)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("launcher.partition='a\ntouch /tmp/wf_injected #'", "launcher.partition='a\\ntouch /tmp/wf_injected #' is "
+                                                          "not allowed: a single line"),
+    ("launcher.job_name='x\r--begin=now+1year'", "launcher.job_name="),
+    ("+launcher.sbatch_extra={comment: 'ok\n#SBATCH --begin=now+1year'}", "launcher.sbatch_extra.comment="),
+    ("launcher.setup=['echo a\necho b']", "launcher.setup[0]="),
+    ("launcher.srun_args=['--ntasks=3']", "launcher.srun_args[0]='--ntasks=3' is not allowed: --ntasks is set by "
+                                          "the launcher"),
+    ("launcher.srun_args=['--kill-on-bad-exit=0']", "--kill-on-bad-exit is set by the launcher"),
+    ("launcher.srun_args=[-n3]", "launcher.srun_args[0]='-n3' is not allowed"),
+    ("launcher.mem_gb=inf", "launcher.mem_gb=inf is not allowed"),
+    ("launcher.poll_interval_s=1e12", "launcher.poll_interval_s=1000000000000.0 is not allowed"),
+    ("launcher.folder=/etc", "launcher.folder='/etc' is not allowed: a relative folder inside the run directory"),
+    ("launcher.folder=../..", "launcher.folder='../..' is not allowed"),
+])
+def test_hostile_slurm_values_are_refused_before_any_script_exists(tmp_path: Path, override: str,
+                                                                   fragment: str) -> None:
+    proc = _cli([SLURM, override, "launcher.dry_run=true"], tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert fragment in proc.stderr, proc.stderr
+    assert "#SBATCH" not in proc.stdout and not Path("/tmp/wf_injected").exists()
+
+
+@pytest.mark.parametrize("key", ["mail-type\nx", "mail type", "-begin", ""])
+def test_malformed_sbatch_keys_are_refused(key: str) -> None:
+    from wf_launch.config import ConfigError
+    from wf_launch.launchers.slurm import SlurmLauncherConfig, validate_slurm_launcher
+
+    cfg = {**vars(SlurmLauncherConfig()), "sbatch_extra": {key: "END"}}
+    with pytest.raises(ConfigError, match="keys are sbatch option names"):
+        validate_slurm_launcher(cfg, {}, 1)
+
+
+def test_a_crafted_job_id_never_reaches_scancel(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("launcher: {name: slurm}\nengine: {tp_size: 1, cp_size: 1, pp_size: 1, "
+                                         "dp_size: 1, order: tp-cp-pp-dp}\n")
+    (run_dir / "slurm_job.json").write_text(json.dumps({"job_id": "--me", "world_size": 1}))
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    called = tmp_path / "called"
+    for tool in ("scancel", "sacct", "squeue", "scontrol"):
+        (shims / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {called}\n")
+        (shims / tool).chmod(0o755)
+    env = {**cli_env(), "PATH": f"{shims}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert "'--me' is not a SLURM job id" in proc.stderr
+    assert not called.exists(), called.read_text()
+
+
+def test_ports_and_requeue_targets() -> None:
+    ports = [master_port(str(j), 0, {}) for j in range(5000, 5100)]
+    assert len(set(ports)) == 100, "consecutive job ids (sweep points on one node) must not share a port"
+    assert master_port("5000", 1, {}) != master_port("5000", 0, {})
+    assert master_port("9", 0, {"SLURM_STEP_RESV_PORTS": "12000-12004"}) == 12000
+    assert requeue_target({"SLURM_JOB_ID": "10", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "0"}) == "10_0"
+    assert requeue_target({"SLURM_JOB_ID": "11"}) == "11"
+
+
+def _env(cluster: SlurmCluster, extra_path: Path | None = None) -> dict[str, str]:
+    env = dict(cluster.env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
+    if extra_path is not None:
+        env["PATH"] = f"{extra_path}:{env['PATH']}"
+    return env
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_without_accounting_the_wait_still_ends(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\n"
+                                 "exit 1\n")
+    (shims / "sacct").chmod(stat.S_IRWXU)
+    run_dir = tmp_path / "run"
+    proc = _cli([SLURM, "task=noop", "engine.dp_size=2", "launcher.poll_interval_s=0.5"], run_dir,
+                env=_env(slurm_cluster, shims), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((run_dir / "result.json").read_text())
+    assert res["status"] == "ok" and res["exit_code"] == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sigterm_to_a_waiting_launcher_cancels_and_finalizes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "wf_launch", SLURM, "task=misbehave", TEST_TASKS,
+                             "task.how=sleep_all", "task.sleep_s=300", "engine.dp_size=2", f"hydra.run.dir={run_dir}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster),
+                            cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not ((run_dir / "logs" / "rank1.log").exists() and "sleeping" in (run_dir / "logs" / "rank1.log").read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "ranks never started"
+        time.sleep(0.3)
+    job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err
+    assert "SIGTERM: cancelling 1 SLURM job(s)" in err
+    res = json.loads((run_dir / "result.json").read_text())
+    assert res["status"] == "cancelled" and res["exit_code"] == 143
+    assert slurm_cluster.run(["squeue", "-h", "-j", job_id], check=False).stdout.strip() == ""
+
+
+def _restarts(cluster: SlurmCluster, job_id: str) -> int:
+    out = cluster.run(["scontrol", "-o", "show", "job", job_id], check=False).stdout
+    found = [w for w in out.split() if w.startswith("Restarts=")]
+    return int(found[0].split("=")[1]) if found else -1
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_preempting_one_sweep_point_requeues_that_point_alone(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = _cli([SLURM, "task=resumable", "task.modules=[wf_slurm_test_tasks]", "engine.dp_size=1,2",
+                 "launcher.wait=false", "launcher.max_requeues=1"], sweep, env=_env(slurm_cluster), multirun=True)
+    assert proc.returncode == 0, proc.stderr
+    ids = [json.loads((sweep / str(n) / "slurm_job.json").read_text())["job_id"] for n in range(2)]
+    deadline = time.monotonic() + 120
+    while not all((sweep / str(n) / "logs" / "rank0.log").exists() for n in range(2)):
+        assert time.monotonic() < deadline, "points never started"
+        time.sleep(0.3)
+    time.sleep(2)
+    try:
+        slurm_cluster.run(["scancel", "--signal=USR2", ids[0]])
+        deadline = time.monotonic() + 60
+        while _restarts(slurm_cluster, ids[0]) < 1:
+            assert time.monotonic() < deadline, "the preempted point was not requeued"
+            time.sleep(0.5)
+        time.sleep(3)
+        assert _restarts(slurm_cluster, ids[1]) == 0, "the healthy point was requeued too"
+    finally:
+        for n in range(2):
+            subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(sweep / str(n))],
+                           capture_output=True, text=True, env=_env(slurm_cluster), timeout=180)
