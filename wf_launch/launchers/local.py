@@ -3,7 +3,9 @@
 Rendezvous is c10d on ``127.0.0.1:0`` (the OS picks a free port, so concurrent
 launches never collide) unless ``launcher.rdzv_port`` names one. ``start_method:
 auto`` forks from this process, which has imported torch but never run a torch op
-or touched CUDA; it falls back to spawn where fork is unsafe.
+or touched CUDA; it falls back to spawn where fork is unsafe. By the time the
+agent forks, it runs threads of its own (the rendezvous stores' servers), so a
+forked rank waits at a :class:`~.elastic.ForkGate` until every rank is forked.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -25,6 +27,9 @@ from ..entrypoint import RankSpec, rank_main
 from ..outcome import EXIT_FAILED, EXIT_OK, RunOutcome, finalize_result, success_summary
 from ..plan import LaunchPlan
 from ..report import explain_failure
+
+if TYPE_CHECKING:
+    from .elastic import ForkGate
 
 _PR_SET_PDEATHSIG = 1
 
@@ -78,10 +83,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def local_rank_entry(spec: RankSpec, launcher_pid: int) -> dict[str, Any]:
+def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = None) -> dict[str, Any]:
     """What each local rank process runs: signal set-up, then the shared entrypoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if gate is not None:
+        gate.wait()  # before any libc call that may take a lock a launcher thread held at fork
     _die_with_parent()
     if os.getppid() != launcher_pid:
         os._exit(1)
@@ -110,7 +117,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
-    from .elastic import RanksFailed, run_agent
+    from .elastic import ForkGate, RanksFailed, run_agent
 
     lc = plan.config["launcher"]
     nproc = plan.world_size
@@ -134,7 +141,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
             "run_dir": str(plan.run_dir), "environment": rundir.environment_info()}
     t0 = time.time()
     try:
-        run_agent(config, local_rank_entry, spec, os.getpid())
+        gate = ForkGate()
+        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate)
     except RanksFailed as exc:
         return _failed(plan, info, exc.exit_codes, time.time() - t0)
     except (SignalException, KeyboardInterrupt) as exc:
