@@ -34,6 +34,10 @@ class ForkGate:
     forked in that moment inherits the lock held, and its own first
     ``getnameinfo()`` (the TCPStore connect in ``dist_init``) blocks forever. With
     the gate no worker connects to anything while the agent is still forking.
+
+    Cost: the workers' start-up no longer overlaps the forks, and all of them
+    connect at once; the store's server thread does one reverse-DNS lookup per
+    connection (a dropped query costs glibc's 5 s resolver timeout for everyone).
     """
 
     def __init__(self) -> None:
