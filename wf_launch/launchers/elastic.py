@@ -5,10 +5,14 @@ killed by a signal and a peer exits an instant later because it lost that rank,
 the peer can be the one reported. This agent snapshots every worker's exit code at
 the moment the failure is seen (before the agent stops the survivors), so the
 launcher can name the rank that was killed and the signal that killed it.
+
+With ``fork`` it also holds every forked worker at a :class:`ForkGate` until the
+agent has forked them all (see there).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,6 +31,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 from torch.distributed.launcher.api import LaunchConfig
+
+__all__ = ["LOOPBACK", "ForkGate", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -79,13 +85,67 @@ def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezv
     handler.store_timeout_s = read_timeout
     return handler
 
-__all__ = ["LOOPBACK", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
+
+
+class ForkGate:
+    """Holds forked workers at their start until the agent has forked every one of them.
+
+    The agent forks workers from a process that runs threads: the rendezvous
+    stores' libuv server threads call ``getnameinfo()`` for each connection a
+    started worker makes, holding glibc's resolver lock for that moment. A worker
+    forked in that moment inherits the lock held, and its own first
+    ``getnameinfo()`` (the TCPStore connect in ``dist_init``) blocks forever. With
+    the gate no worker connects to anything while the agent is still forking.
+
+    Cost: the workers' start-up no longer overlaps the forks, and all of them
+    connect at once; the store's server thread does one reverse-DNS lookup per
+    connection (a dropped query costs glibc's 5 s resolver timeout for everyone).
+    """
+
+    def __init__(self) -> None:
+        self._fds: tuple[int, int] | None = None
+
+    def arm(self) -> None:
+        """In the agent, before it forks the workers."""
+        self._fds = os.pipe()
+
+    def release(self, workers: int) -> None:
+        """In the agent, once every worker is forked: let them all go."""
+        if self._fds is None:
+            return
+        r, w = self._fds
+        self._fds = None
+        try:
+            os.write(w, b"\0" * workers)
+        finally:
+            os.close(w)
+            os.close(r)
+
+    def wait(self) -> None:
+        """In a forked worker: block until the agent has forked every worker (or died)."""
+        if self._fds is None:
+            return
+        r, w = self._fds
+        self._fds = None
+        os.close(w)
+        os.read(r, 1)
+        os.close(r)
 
 
 class _ExitCodeAgent(LocalElasticAgent):
     """A LocalElasticAgent that remembers each global rank's exit code when a failure is seen."""
 
     exit_codes: dict[int, int]
+    gate: ForkGate | None = None
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        if self.gate is None or self._start_method != "fork":
+            return super()._start_workers(worker_group)
+        self.gate.arm()
+        try:
+            return super()._start_workers(worker_group)
+        finally:
+            self.gate.release(len(worker_group.workers))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
@@ -114,11 +174,13 @@ class RanksFailed(Exception):
 
 
 def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
-              loopback_only: bool = True) -> dict[int, Any]:
+              loopback_only: bool = True, gate: ForkGate | None = None) -> dict[int, Any]:
     """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
 
     With ``loopback_only`` (a single host), the rendezvous store and the store
-    the ranks share listen on 127.0.0.1 only, on ports this launch owns.
+    the ranks share listen on 127.0.0.1 only, on ports this launch owns. With
+    ``fork``, ``gate`` (if given, and passed to the entrypoint among ``args``) is
+    armed around each start of the workers; the entrypoint calls ``gate.wait()`` first.
 
     Raises :class:`RanksFailed` when workers fail, and lets the agent's
     ``SignalException`` through when the launcher itself is signalled (after the
@@ -139,6 +201,7 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
     agent = _ExitCodeAgent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,
                            shutdown_timeout=config.shutdown_timeout)
     agent.exit_codes = {}
+    agent.gate = gate
     try:
         result = agent.run()
     except SignalException:

@@ -3,7 +3,9 @@
 Rendezvous is c10d on ``127.0.0.1:0`` (the OS picks a free port, so concurrent
 launches never collide) unless ``launcher.rdzv_port`` names one. ``start_method:
 auto`` forks from this process, which has imported torch but never run a torch op
-or touched CUDA; it falls back to spawn where fork is unsafe.
+or touched CUDA; it falls back to spawn where fork is unsafe. By the time the
+agent forks, it runs threads of its own (the rendezvous stores' servers), so a
+forked rank waits at a :class:`~.elastic.ForkGate` until every rank is forked.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
 
     from ..plan import LaunchPlan
+    from .elastic import ForkGate
 
 __all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threads_per_rank"]
 
@@ -150,10 +153,12 @@ def _parent_chain(depth: int) -> list[int]:
     return chain
 
 
-def local_rank_entry(spec: RankSpec, launcher_pid: int) -> dict[str, Any]:
+def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = None) -> dict[str, Any]:
     """What each local rank process runs: signal set-up, then the shared entrypoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if gate is not None:
+        gate.wait()  # before any libc call that may take a lock a launcher thread held at fork
     _die_with_parent()
     if launcher_pid not in _parent_chain(2):
         os._exit(1)
@@ -183,7 +188,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
-    from .elastic import PortInUse, RanksFailed, run_agent
+    from .elastic import ForkGate, PortInUse, RanksFailed, run_agent
 
     lc = plan.config["launcher"]
     nproc = plan.world_size
@@ -210,7 +215,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
             "run_dir": str(plan.run_dir), "environment": rundir.environment_info()}
     t0 = time.time()
     try:
-        run_agent(config, local_rank_entry, spec, os.getpid(), loopback_only=lc["loopback_only"])
+        gate = ForkGate()
+        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate, loopback_only=lc["loopback_only"])
     except PortInUse as exc:
         print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
         record = RunRecord.finalize(plan.run_dir, Status.INVALID, **info,
