@@ -54,6 +54,7 @@ class EngineConfig:
 
     distributed_backend: str = "auto"
     distributed_timeout_minutes: float = 30.0
+    init_timeout_s: float = 300.0
     tp_size: int = 1
     cp_size: int = 1
     pp_size: int = 1
@@ -98,6 +99,10 @@ class EngineConfig:
             raise config_error("engine.distributed_timeout_minutes", timeout,
                                f"expected minutes from {MIN_TIMEOUT_MINUTES:.6g} (1 ms) to {MAX_TIMEOUT_MINUTES} "
                                "(a week); fractions allowed, e.g. 0.5")
+        init = self.init_timeout_s
+        if isinstance(init, bool) or not isinstance(init, (int, float)) or not 1 <= init <= MAX_TIMEOUT_MINUTES * 60:
+            raise config_error("engine.init_timeout_s", init, f"expected seconds from 1 to {MAX_TIMEOUT_MINUTES * 60} "
+                               "(how long ranks may take to join the process groups)")
         for d in DIMS:
             positive_int(f"engine.{d}_size", getattr(self, f"{d}_size"))
         try:

@@ -25,15 +25,14 @@ from typing import Any
 from worldfoundry.core.distributed.env import ATTEMPT_ENV, launch_attempt
 from worldfoundry.core.distributed.topology import Layout
 
-from . import rundir
+from . import rundir, stacks
 from .ranklog import rank_label, setup_rank_logging
 
-__all__ = ["ATTEMPT_VAR", "Preempted", "RankSpec", "layout_of", "preempt_marker", "rank_main", "record_failure"]
+__all__ = ["ATTEMPT_VAR", "Preempted", "RankSpec", "joined_marker", "layout_of", "preempt_marker", "rank_main",
+           "record_failure"]
 
 ATTEMPT_VAR = ATTEMPT_ENV
 """Which try of the run this rank belongs to (0, 1, ...): every launcher sets it, the runtime reads it."""
-TIMEOUT_GRACE_S = 3.0
-_TIMEOUT_KEY = "wf_launch/timed_out/{}"
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,7 @@ class RankSpec:
     write_result: bool = True
     preempt: Any = None
     max_log_mb: float = 0
+    on_timeout: Any = None
 
 
 class Preempted(BaseException):
@@ -161,27 +161,9 @@ def is_peer_loss(exc: BaseException) -> bool:
     return bool(PEER_LOSS.search(str(exc)))
 
 
-def _ranks_that_never_arrived(rank: int, world_size: int, grace_s: float) -> list[int] | None:
-    """After a collective timed out: check in on the store, wait for peers, list the absent.
-
-    Every rank that timed out waiting checks in; the ranks that never do are the
-    ones the collective waited for. Returns None if the store is unreachable.
-    """
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = _get_default_store()
-        store.set(_TIMEOUT_KEY.format(rank), str(time.time()))
-        deadline = time.monotonic() + grace_s
-        present: set[int] = set()
-        while True:
-            present = {r for r in range(world_size) if store.check([_TIMEOUT_KEY.format(r)])}
-            if len(present) == world_size or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        return sorted(set(range(world_size)) - present)
-    except Exception:
-        return None
+def joined_marker(run_dir: Path | str, rank: int, phase: str = "joined") -> Path:
+    """Where a rank records (with its attempt) that it ``arrived`` at ``dist_init``, or ``joined`` the groups."""
+    return Path(run_dir) / rundir.LOGS / f"rank{rank}.{phase}"
 
 
 def _attempt() -> int:
@@ -192,8 +174,7 @@ def _attempt() -> int:
         return 0
 
 
-def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseException,
-                   missing: list[int] | None = None) -> dict[str, Any]:
+def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseException) -> dict[str, Any]:
     """Write this rank's failure record (atomically) and return it."""
     kind = "timeout" if is_timeout_error(exc) else (
         "interrupt" if isinstance(exc, KeyboardInterrupt) else "exception")
@@ -210,8 +191,6 @@ def record_failure(run_dir: Path, rank: int, coords: dict[str, int], exc: BaseEx
         "log": str(rundir.rank_log(run_dir, rank)),
         "attempt": _attempt(),
     }
-    if missing is not None:
-        record["missing_ranks"] = missing
     rundir.atomic_write_json(rundir.rank_error(run_dir, rank), record)
     return record
 
@@ -264,6 +243,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                              max_log_mb=spec.max_log_mb)
     fault_file = open(log_path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
     faulthandler.enable(file=fault_file)
+    stacks_out = stacks.install(run_dir, env.rank)  # noqa: F841 - kept open for faulthandler until exit
     torch.set_num_threads(max(1, spec.threads_per_rank))
     task_cfg = spec.config["task"]
     timings: dict[str, float] = {"start_s": round(t_start - spec.launch_time, 4)}
@@ -271,9 +251,12 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     try:
         load_task_modules(task_cfg.get("modules") or [], builtins=False)
         task = get_task(task_cfg["name"])
+        log.debug(f"rank {env.rank} joining the process group (pid {os.getpid()})")
+        joined_marker(run_dir, env.rank, "arrived").write_text(f"{_attempt()}\n")
         device = dist_init({"engine_config": spec.config["engine"]})
         t_init = time.time()
         timings["init_s"] = round(t_init - t_start, 4)
+        joined_marker(run_dir, env.rank).write_text(f"{_attempt()}\n")
         log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
         ctx = build_context(spec.config, run_dir, device, log)
         if preempt is not None:
@@ -281,6 +264,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         timings["task_entry_s"] = round(time.time() - spec.launch_time, 4)
         value = _json_checked(task_cfg["name"], task(ctx))
         timings["task_s"] = round(time.time() - t_init, 4)
+        if ctx.reporter is not None:
+            ctx.reporter.close()
         gathered = _gather_to_rank0({"rank": env.rank, "coords": coords, "result": value,
                                      "timings": timings, "host": socket.gethostname()})
         if gathered is not None and spec.write_result:
@@ -291,16 +276,17 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         log.warning(f"rank {env.rank} leaves for the requeue")
         raise
     except BaseException as exc:
-        missing = None
-        if is_timeout_error(exc) and env.world_size > 1:
-            missing = _ranks_that_never_arrived(env.rank, env.world_size, TIMEOUT_GRACE_S)
-        record_failure(run_dir, env.rank, coords, exc, missing)
+        timed_out = is_timeout_error(exc) and env.world_size > 1
+        if timed_out and spec.on_timeout is not None:
+            try:
+                spec.on_timeout()  # e.g. SLURM: every rank of the job dumps its stacks, before srun ends them
+            except Exception as hook_exc:
+                log.warning(f"stack dump request failed: {type(hook_exc).__name__}: {hook_exc}")
+        record_failure(run_dir, env.rank, coords, exc)
         if is_peer_loss(exc):
             log.warning(f"rank {env.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
             log.opt(exception=exc).debug("traceback")
         else:
-            if missing:
-                log.error(f"collective timed out; ranks that never arrived: {missing}")
             log.opt(exception=exc).error(f"rank {env.rank} failed: {type(exc).__name__}: {exc}")
         raise
     finally:

@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DUMP_SIGNAL", "Frame", "Spot", "collect_dumps", "describe_groups", "group_spots", "install",
-           "parse_faulthandler", "parse_traceback", "pid_file", "rank_ranges", "read_pid_file", "spot_of",
-           "stacks_file", "trigger"]
+           "last_dump", "parse_faulthandler", "parse_traceback", "pid_file", "rank_ranges", "read_last_dumps",
+           "read_pid_file", "spot_of", "stack_offsets", "stacks_file", "trigger"]
 
 DUMP_SIGNAL = signal.SIGURG
-_LIBRARY = re.compile(r"[/\\](torch|worldfoundry[/\\]core[/\\]distributed|threading\.py|contextlib\.py|"
-                      r"wf_launch[/\\](entrypoint|stacks)\.py)")
+_LIBRARY = re.compile(r"[/\\](torch[/\\]|threading\.py|contextlib\.py|multiprocessing[/\\]|runpy\.py|"
+                      r"importlib[/\\])|^<")
+_PROJECT = re.compile(r"[/\\](worldfoundry[/\\]core[/\\]distributed|wf_launch[/\\](entrypoint|stacks|launchers)"
+                      r"|submitit[/\\])")
 _GENERIC = frozenset({"wrapper", "inner", "_fn", "fn", "__call__", "_wrapped_call_impl", "_call_impl"})
 
 
@@ -86,7 +88,12 @@ class Frame:
 
     @property
     def is_library(self) -> bool:
-        return bool(_LIBRARY.search(self.file))
+        """torch, the standard library's plumbing, or this project's runtime and launchers."""
+        return bool(_LIBRARY.search(self.file) or _PROJECT.search(self.file))
+
+    @property
+    def is_project(self) -> bool:
+        return bool(_PROJECT.search(self.file))
 
     def where(self) -> str:
         return f"{_short(self.file)}:{self.line}"
@@ -152,12 +159,44 @@ class Spot:
 
 
 def spot_of(frames: list[Frame]) -> Spot:
-    """The rank's spot, from its frames (innermost first)."""
-    for i, frame in enumerate(frames):
-        if not frame.is_library:
-            inner = [f.function for f in frames[:i] if f.is_library and f.function not in _GENERIC]
-            return Spot(frame, inner[-1] if inner else None)
+    """The rank's spot, from its frames (innermost first).
+
+    The innermost frame of the user's code, else (a rank still starting up) the
+    innermost frame of this project's runtime; ``waits_in`` is the library call
+    made from there.
+    """
+    for wanted in (lambda f: not f.is_library, lambda f: f.is_project):
+        for i, frame in enumerate(frames):
+            if wanted(frame):
+                inner = [f.function for f in frames[:i] if f.is_library and f.function not in _GENERIC]
+                return Spot(frame, inner[-1] if inner else None)
     return Spot(None)
+
+
+def last_dump(text: str) -> dict[int, list[Frame]]:
+    """The most recent of several dumps appended to one stacks file (a thread id repeats at each new dump)."""
+    blocks = list(_FH_THREAD.finditer(text))
+    start, seen = 0, set()
+    for m in blocks:
+        tid = int(m.group(2), 16)
+        if tid in seen:
+            start, seen = m.start(), set()
+        seen.add(tid)
+    return parse_faulthandler(text[start:])
+
+
+def read_last_dumps(run_dir: Path | str, ranks: Iterable[int]) -> dict[int, list[Frame]]:
+    """Each rank's main-thread frames in the last dump of its stacks file (ranks without one are absent)."""
+    out = {}
+    for rank in ranks:
+        try:
+            text = stacks_file(run_dir, rank).read_text(errors="replace")
+        except OSError:
+            continue
+        frames = main_thread_frames(last_dump(text), (read_pid_file(run_dir, rank) or {}).get("main_thread"))
+        if frames:
+            out[rank] = frames
+    return out
 
 
 def main_thread_frames(dump: dict[int, list[Frame]], main_thread: int | None) -> list[Frame]:

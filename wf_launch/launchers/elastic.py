@@ -137,8 +137,13 @@ class _ExitCodeAgent(LocalElasticAgent):
 
     exit_codes: dict[int, int]
     gate: ForkGate | None = None
+    watch: Any = None
+    dumps: dict[int, Any] | None = None
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self.dumps = None
+        if self.watch is not None:
+            self.watch.restart()
         if self.gate is None or self._start_method != "fork":
             return super()._start_workers(worker_group)
         self.gate.arm()
@@ -147,12 +152,26 @@ class _ExitCodeAgent(LocalElasticAgent):
         finally:
             self.gate.release(len(worker_group.workers))
 
+    def _live_pids(self, worker_group: WorkerGroup) -> dict[int, int]:
+        """Global rank -> pid of every worker still running."""
+        codes = _exit_codes(self._pcontext)
+        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        return {w.global_rank: pids[w.local_rank] for w in worker_group.workers
+                if w.local_rank in pids and codes.get(w.local_rank) is None}
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self.watch is not None and self._pcontext is not None and self.dumps is None:
+            codes = _exit_codes(self._pcontext)
+            if any(c not in (None, 0) for c in codes.values()):
+                # A rank failed; torch stops the survivors as soon as it notices. First: where is everyone?
+                self.dumps = self.watch.autopsy(self._live_pids(worker_group))
         result = super()._monitor_workers(worker_group)
         if result.is_failed():
             codes = _exit_codes(self._pcontext)
             self.exit_codes = {w.global_rank: codes[w.local_rank] for w in worker_group.workers
                                if codes.get(w.local_rank) not in (None, 0)}
+        elif self.watch is not None and self._pcontext is not None:
+            self.watch.tick(self._live_pids(worker_group))
         return result
 
 
@@ -166,21 +185,26 @@ def _exit_codes(pcontext: Any) -> dict[int, int | None]:
 
 
 class RanksFailed(Exception):
-    """The ranks failed: ``exit_codes`` maps each failed global rank to its exit code (< 0: signal)."""
+    """The ranks failed: ``exit_codes`` maps each failed global rank to its exit code (< 0: signal);
+    ``dumps`` the stacks of the ranks still alive when the failure was seen."""
 
-    def __init__(self, exit_codes: dict[int, int], error: ChildFailedError) -> None:
+    def __init__(self, exit_codes: dict[int, int], error: ChildFailedError,
+                 dumps: dict[int, Any] | None = None) -> None:
         super().__init__(str(error))
         self.exit_codes = exit_codes
+        self.dumps = dumps or {}
 
 
 def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
-              loopback_only: bool = True, gate: ForkGate | None = None) -> dict[int, Any]:
+              loopback_only: bool = True, gate: ForkGate | None = None, watch: Any = None) -> dict[int, Any]:
     """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
 
     With ``loopback_only`` (a single host), the rendezvous store and the store
     the ranks share listen on 127.0.0.1 only, on ports this launch owns. With
     ``fork``, ``gate`` (if given, and passed to the entrypoint among ``args``) is
     armed around each start of the workers; the entrypoint calls ``gate.wait()`` first.
+    ``watch`` (a :class:`~wf_launch.watch.RankWatch`) is ticked between checks of
+    the workers and asked for stacks when one fails.
 
     Raises :class:`RanksFailed` when workers fail, and lets the agent's
     ``SignalException`` through when the launcher itself is signalled (after the
@@ -202,6 +226,7 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
                            shutdown_timeout=config.shutdown_timeout)
     agent.exit_codes = {}
     agent.gate = gate
+    agent.watch = watch
     try:
         result = agent.run()
     except SignalException:
@@ -215,5 +240,5 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
         codes = dict(agent.exit_codes)
         for rank, failure in result.failures.items():
             codes.setdefault(rank, failure.exitcode)
-        raise RanksFailed(codes, error)
+        raise RanksFailed(codes, error, agent.dumps)
     return result.return_values

@@ -188,6 +188,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
+    from ..watch import RankWatch, StartupTimeout
     from .elastic import ForkGate, PortInUse, RanksFailed, run_agent
 
     lc = plan.config["launcher"]
@@ -216,14 +217,19 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     t0 = time.time()
     try:
         gate = ForkGate()
-        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate, loopback_only=lc["loopback_only"])
+        watch = RankWatch(plan.run_dir, nproc, plan.label, float(plan.config["engine"]["init_timeout_s"]),
+                          write=logger.info)
+        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate, loopback_only=lc["loopback_only"],
+                  watch=watch)
+    except StartupTimeout as exc:
+        return _startup_timeout(plan, info, exc, time.time() - t0)
     except PortInUse as exc:
         print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
         record = RunRecord.finalize(plan.run_dir, Status.INVALID, **info,
                                     failure={"cause": "invalid_config", "message": str(exc)})
         return RunOutcome.of(record, plan.run_dir, "")
     except RanksFailed as exc:
-        return _failed(plan, info, exc.exit_codes, time.time() - t0)
+        return _failed(plan, info, exc.exit_codes, time.time() - t0, exc.dumps)
     except (SignalException, KeyboardInterrupt) as exc:
         name = signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name
         summary = f"interrupted by {name}: every rank was stopped"
@@ -238,8 +244,29 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     return RunOutcome.of(record, plan.run_dir)
 
 
-def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall: float) -> RunOutcome:
-    explained = explain_failure(plan.run_dir, exits, plan.label, plan.layout.coords)
+def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:
+    from ..stacks import describe_groups, group_spots, spot_of, stacks_file
+
+    spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
+    lines = [str(exc), *describe_groups(group_spots(spots), plan.label)]
+    lines.append(f"  logs: {', '.join(str(rundir.rank_log(plan.run_dir, r)) for r in exc.missing[:8])}"
+                 + (" ..." if len(exc.missing) > 8 else ""))
+    stuck = {str(r): ({"frame": spots[r].frame.where() if spots[r].frame else None,
+                       "function": spots[r].frame.function if spots[r].frame else None,
+                       "waits_in": spots[r].waits_in, "dump": str(stacks_file(plan.run_dir, r))}
+                      if r in spots else {"frame": None, "note": "no stack dump"}) for r in exc.missing}
+    summary = "\n".join(lines)
+    failure = {"rank": exc.missing[0], "cause": "init_timeout", "type": "StartupTimeout", "message": str(exc),
+               "missing_ranks": exc.missing, "stuck": stuck, "coords": plan.layout.coords(exc.missing[0]),
+               "log": str(rundir.rank_log(plan.run_dir, exc.missing[0]))}
+    record = RunRecord.finalize(plan.run_dir, Status.FAILED, **info, failure=failure,
+                                timings={"wall_s": round(wall, 4)})
+    return RunOutcome.of(record, plan.run_dir, summary)
+
+
+def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall: float,
+            dumps: dict[int, Any] | None = None) -> RunOutcome:
+    explained = explain_failure(plan.run_dir, exits, plan.label, plan.layout.coords, plan.world_size, dumps)
     if explained is None:
         cause = {"rank": -1, "cause": "unknown", "type": "Unknown", "message": "no rank reported a failure"}
         summary = "run failed, but no rank left a failure record"
