@@ -168,3 +168,18 @@ def test_preempting_one_sweep_point_requeues_that_point_alone(slurm_cluster: Slu
         for n in range(2):
             subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(sweep / str(n))],
                            capture_output=True, text=True, env=_env(slurm_cluster), timeout=180)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_stuck_rank_on_slurm_is_named_with_its_frame(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _cli([SLURM, "task=misbehave", TEST_TASKS, "task.how=stuck", "task.rank=2", "task.sleep_s=120",
+                 "engine.cp_size=2", "engine.dp_size=2", "launcher.nodes=2", "engine.distributed_timeout_minutes=0.1"],
+                run_dir, env=_env(slurm_cluster), timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    failure = json.loads((run_dir / "result.json").read_text())["failure"]
+    assert failure["cause"] == "stuck" and failure["missing_ranks"] == [2], failure
+    assert failure["stuck"]["2"]["function"] == "misbehave"
+    assert failure["stuck"]["2"]["frame"].startswith("wf_test_tasks.py:")
+    assert Path(failure["stuck"]["2"]["dump"]).is_file()

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...entrypoint import ATTEMPT_VAR, Preempted, RankSpec, rank_main
+from ...stacks import DUMP_SIGNAL
 from .submitit_adapter import job_environment
 
-__all__ = ["SlurmRank", "SlurmRequeue", "export_rank_env", "master_port", "requeue_target"]
+__all__ = ["SlurmRank", "SlurmRequeue", "SlurmStackDump", "export_rank_env", "master_port", "requeue_target"]
 
 _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
@@ -38,6 +39,25 @@ class SlurmRequeue:
 
     def requeue(self) -> None:
         subprocess.run(["scontrol", "requeue", requeue_target()], check=True, timeout=60, capture_output=True)
+
+
+@dataclass(frozen=True)
+class SlurmStackDump:
+    """``RankSpec.on_timeout`` on SLURM: every rank of this job dumps its stacks, before srun ends them.
+
+    ``scancel --signal=URG`` reaches the job's steps only (not the batch shell);
+    every rank registered faulthandler on SIGURG. The rank that timed out then
+    waits ``settle_s`` so the dumps land before its exit makes srun stop the rest.
+    """
+
+    settle_s: float = 1.5
+
+    def __call__(self) -> None:
+        import time
+
+        subprocess.run(["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
+                       check=False, capture_output=True, timeout=10)
+        time.sleep(self.settle_s)
 
 
 def requeue_target(environ: dict[str, str] | None = None) -> str:

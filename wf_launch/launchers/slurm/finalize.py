@@ -81,7 +81,8 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
         record = RunRecord.finalize(run_dir, Status.UNKNOWN, **info, failure={"cause": "unknown", "message": summary})
         return RunOutcome.of(record, run_dir, summary)
     layout = _layout(run_dir)
-    explained = explain_failure(run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords)
+    explained = explain_failure(run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords,
+                                layout.world_size)
     if explained is None:
         cause = {"rank": -1, "cause": "slurm", "type": word,
                  "message": f"SLURM job {job_id} ended {state} and no rank left a failure record; "

@@ -29,7 +29,7 @@ from ...entrypoint import RankSpec
 from ...outcome import RunOutcome
 from ...plan import LaunchPlan
 from ...record import RunRecord, Status
-from .env import SlurmRank, SlurmRequeue
+from .env import SlurmRank, SlurmRequeue, SlurmStackDump
 from .finalize import JOB_FILE
 from .poll import wait_all
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
@@ -105,7 +105,7 @@ def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
     lc = plan.config["launcher"]
     return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
                     console_ranks=lc.get("console_ranks"), launch_time=launch_time,
-                    max_log_mb=float(lc.get("max_log_mb") or 0),
+                    max_log_mb=float(lc.get("max_log_mb") or 0), on_timeout=SlurmStackDump(),
                     preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
                                          float(lc["preempt_wait_s"]), lc["max_requeues"]))
 
