@@ -49,3 +49,29 @@ def test_a_rank_that_never_joins_fails_start_up_with_its_stack(tmp_path: Path) -
     assert failure["cause"] == "init_timeout" and failure["missing_ranks"] == [3]
     assert failure["stuck"]["3"]["function"] == "_hang_here"
     assert leftover_processes(str(run_dir)) == []
+
+
+def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cli_helpers import start_cli, wait_for_log
+
+    run_dir = tmp_path / "run"
+    proc = start_cli(["task=misbehave", TASKS, "task.how=stuck", "task.rank=1", "task.sleep_s=120",
+                      "engine.dp_size=4"], run_dir)
+    try:
+        wait_for_log(run_dir / "logs" / "rank1.log", "ready")
+        for r in range(4):
+            wait_for_log(run_dir / "logs" / f"rank{r}.log", "ready")
+        out = subprocess.run([sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+                             capture_output=True, text=True, env=cli_env(), timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"stacks of 4/4 ranks of {run_dir}:" in out.stdout
+    assert "ranks 0,2,3 wait in barrier at " in out.stdout
+    assert "rank 1 (tp0 cp0 pp0 dp1) is at " in out.stdout and "in misbehave: time.sleep" in out.stdout

@@ -183,3 +183,27 @@ def test_a_stuck_rank_on_slurm_is_named_with_its_frame(slurm_cluster: SlurmClust
     assert failure["stuck"]["2"]["function"] == "misbehave"
     assert failure["stuck"]["2"]["frame"].startswith("wf_test_tasks.py:")
     assert Path(failure["stuck"]["2"]["dump"]).is_file()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_status_stacks_on_a_live_slurm_run(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _cli([SLURM, "task=misbehave", TEST_TASKS, "task.how=stuck", "task.rank=1", "task.sleep_s=300",
+                 "engine.dp_size=2", "launcher.wait=false"], run_dir, env=_env(slurm_cluster))
+    assert proc.returncode == 0, proc.stderr
+    try:
+        deadline = time.monotonic() + 120
+        while not all((run_dir / "logs" / f"rank{r}.log").exists()
+                      and "ready" in (run_dir / "logs" / f"rank{r}.log").read_text() for r in range(2)):
+            assert time.monotonic() < deadline, "ranks never started"
+            time.sleep(0.3)
+        out = subprocess.run([sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+                             capture_output=True, text=True, env=_env(slurm_cluster), timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "stacks of 2/2 ranks" in out.stdout
+        assert "rank 0 (tp0 cp0 pp0 dp0) waits in barrier at " in out.stdout
+        assert "rank 1 (tp0 cp0 pp0 dp1) is at " in out.stdout and "in misbehave" in out.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)], capture_output=True,
+                       text=True, env=_env(slurm_cluster), timeout=180)

@@ -33,9 +33,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DUMP_SIGNAL", "Frame", "Spot", "collect_dumps", "describe_groups", "group_spots", "install",
-           "last_dump", "parse_faulthandler", "parse_traceback", "pid_file", "rank_ranges", "read_last_dumps",
-           "read_pid_file", "spot_of", "stack_offsets", "stacks_file", "trigger"]
+__all__ = [
+    "DUMP_SIGNAL",
+    "Frame",
+    "Spot",
+    "collect_dumps",
+    "describe_groups",
+    "group_spots",
+    "install",
+    "last_dump",
+    "live_autopsy",
+    "parse_faulthandler",
+    "parse_traceback",
+    "pid_file",
+    "rank_ranges",
+    "read_last_dumps",
+    "read_pid_file",
+    "spot_of",
+    "stack_offsets",
+    "stacks_file",
+    "trigger",
+]
 
 DUMP_SIGNAL = signal.SIGURG
 _LIBRARY = re.compile(r"[/\\](torch[/\\]|threading\.py|contextlib\.py|multiprocessing[/\\]|runpy\.py|"
@@ -291,3 +309,46 @@ def describe_groups(groups: list[tuple[list[int], Spot]], label_of: Callable[[in
             who, verb = f"ranks {rank_ranges(ranks)}", {"s": "", "is": "are"}
         lines.append(f"{indent}{who} {spot.text().format(**verb)}")
     return lines
+
+
+def _local_pids(run_dir: Path | str, world_size: int) -> dict[int, int]:
+    """Ranks of a run on this host whose recorded process is still alive."""
+    host = socket.gethostname()
+    out = {}
+    for rank in range(world_size):
+        info = read_pid_file(run_dir, rank)
+        if not info or info.get("host") != host:
+            continue
+        pid = int(info.get("pid") or 0)
+        try:
+            os.kill(pid, 0)
+        except (ProcessLookupError, PermissionError, OverflowError):
+            continue
+        out[rank] = pid
+    return out
+
+
+def live_autopsy(run_dir: Path | str, world_size: int, label_of: Callable[[int], str],
+                 signal_ranks: Callable[[Path], bool] | None = None, wait_s: float = 5.0) -> tuple[int, list[str]]:
+    """Dump and group the stacks of a running run's ranks now: (ranks that answered, report lines).
+
+    ``signal_ranks`` (a launcher's way to reach its ranks, e.g. SLURM's
+    ``scancel --signal``) is used when given; otherwise the ranks recorded on this
+    host are signalled directly.
+    """
+    run_dir = Path(run_dir)
+    offsets = stack_offsets(run_dir, range(world_size))
+    if signal_ranks is not None:
+        expected = set(range(world_size)) if signal_ranks(run_dir) else set()
+    else:
+        expected = trigger(_local_pids(run_dir, world_size))
+    if not expected:
+        return 0, [f"no running rank of {run_dir} could be reached (has the run ended?)"]
+    dumps = collect_dumps(run_dir, expected, offsets, wait_s=wait_s)
+    lines = [f"stacks of {len(dumps)}/{world_size} ranks of {run_dir}:"]
+    lines += describe_groups(group_spots({r: spot_of(f) for r, f in dumps.items()}), label_of)
+    silent = sorted(expected - set(dumps))
+    if silent:
+        lines.append(f"  ranks {rank_ranges(silent)} gave no dump (ended, or stopped in a signal-blocking call)")
+    lines.append(f"  full dumps: {stacks_file(run_dir, 0).parent}/rank{{r}}.stacks")
+    return len(dumps), lines

@@ -78,6 +78,32 @@ def _print_run(run_dir: Path, launcher: Any, state: str, outcome: RunOutcome | N
         print(f"  {line}")
 
 
+def _stacks(run_dir: Path) -> int:
+    """``--stacks``: signal the run's ranks to dump their stacks and print them grouped."""
+    import yaml
+
+    from .entrypoint import layout_of
+    from .ranklog import rank_label
+    from .stacks import live_autopsy
+
+    try:
+        config = yaml.safe_load((run_dir / rundir.CONFIG).read_text()) or {}
+        layout = layout_of(config)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        print(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    launcher = launcher_of(run_dir)
+    signal_ranks = getattr(launcher, "signal_ranks", None)
+    try:
+        answered, lines = live_autopsy(run_dir, layout.world_size, lambda r: rank_label(r, layout.coords(r)),
+                                       signal_ranks)
+    except ValueError as exc:
+        print(f"wf_launch.status: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0 if answered else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Show (and finalize) the state of the detached run or sweep at DIR; ``--cancel`` cancels it."""
     ap = argparse.ArgumentParser(prog="python -m wf_launch.status", description=main.__doc__)
@@ -85,10 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel", action="store_true", help="cancel every run still running, wait for the end")
     ap.add_argument("--wait", action="store_true", help="wait until every run has ended")
     ap.add_argument("--timeout", type=float, default=600, help="seconds --wait / --cancel wait (default 600)")
+    ap.add_argument("--stacks", action="store_true",
+                    help="dump every rank's Python stacks now and group them by where the ranks are "
+                         "(a local or SLURM run that looks stuck)")
     args = ap.parse_args(argv)
     if not args.dir.is_dir():
         print(f"wf_launch.status: {str(args.dir)!r} is not a directory", file=sys.stderr)
         return 2
+    if args.stacks:
+        return _stacks(args.dir.absolute())
     runs, is_sweep = find_runs(args.dir.absolute())
     if not runs:
         print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "

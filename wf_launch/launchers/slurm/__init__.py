@@ -194,6 +194,19 @@ class SlurmLauncher:
         return cancel(run_dir)
 
     # python -m wf_launch.status: what it shows of a SLURM run beyond the generic lines.
+    def signal_ranks(self, run_dir: Path) -> bool:
+        """Ask every rank of the run's job to dump its stacks (``scancel --signal=URG``, steps only)."""
+        import subprocess
+
+        from ...stacks import DUMP_SIGNAL
+
+        job = read_job(run_dir)
+        if not job or is_terminal(job_state(job["job_id"], Path(run_dir))):
+            return False
+        out = subprocess.run(["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", job["job_id"]],
+                             capture_output=True, text=True, timeout=30, check=False)
+        return out.returncode == 0
+
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"
 
