@@ -351,7 +351,7 @@ def write_report(sweep_dir: Path | str, points: list[dict[str, Any]], metric: st
             written["png"] = sweep_dir / CHART_NAME
         except ImportError:
             print("wf_launch: sweep chart skipped: matplotlib is not installed "
-                  "(pip install 'worldfoundry-launch[plot]')", file=sys.stderr)
+                  "(pip install matplotlib)", file=sys.stderr)
     return written
 
 

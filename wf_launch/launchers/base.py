@@ -39,6 +39,8 @@ class LauncherConfig:
     max_log_mb: float = 1024.0
     overwrite: bool = False
     run_dir_mode: str = "0700"
+    progress_interval_s: float = 10.0
+    stall_warning_s: float = 300.0
 
 
 @runtime_checkable
@@ -84,6 +86,10 @@ def validate_common(cfg: dict[str, Any], world_size: int) -> None:
     if not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode) or int(mode, 8) & 0o700 != 0o700:
         raise config_error("launcher.run_dir_mode", mode, "an octal mode string such as '0700' or '0750' "
                            "that leaves the owner rwx")
+    for key in ("progress_interval_s", "stall_warning_s"):
+        value = cfg.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.1 <= value <= 7 * 24 * 3600:
+            raise config_error(f"launcher.{key}", value, "expected seconds from 0.1 to a week")
     for key in ("dry_run", "overwrite"):
         if not isinstance(cfg.get(key, False), bool):
             raise config_error(f"launcher.{key}", cfg.get(key), "expected true or false")

@@ -188,6 +188,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
+    from ..progress import ProgressMonitor, ProgressView
     from ..watch import RankWatch, StartupTimeout
     from .elastic import ForkGate, PortInUse, RanksFailed, run_agent
 
@@ -219,8 +220,13 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         gate = ForkGate()
         watch = RankWatch(plan.run_dir, nproc, plan.label, float(plan.config["engine"]["init_timeout_s"]),
                           write=logger.info)
-        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate, loopback_only=lc["loopback_only"],
-                  watch=watch)
+        monitor = ProgressMonitor(ProgressView(plan.run_dir, nproc, plan.label, float(lc["stall_warning_s"])),
+                                  float(lc["progress_interval_s"]), write=logger.info).start()
+        try:
+            run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
+                      loopback_only=lc["loopback_only"], watch=watch)
+        finally:
+            monitor.stop()
     except StartupTimeout as exc:
         return _startup_timeout(plan, info, exc, time.time() - t0)
     except PortInUse as exc:

@@ -170,13 +170,19 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     it, and record 'cancelled'. A job no SLURM command knows any more, whose ranks
     left no record, ends as 'unknown' after :data:`UNKNOWN_GRACE_S`.
     """
+    from loguru import logger
+
+    from .live import LiveView
+
     pending = {Path(d): read_job(d)["job_id"] for d in run_dirs}  # type: ignore[index]
     outcomes: dict[Path, RunOutcome] = {}
     unknown_since: dict[Path, float] = {}
     many = len(run_dirs) > 1
+    live = LiveView(list(pending), write=logger.info)
     try:
         with _stop_signals():
             while pending:
+                live.tick()
                 for run_dir, job_id in list(pending.items()):
                     outcome = _settle(run_dir, job_id, job_state(job_id, run_dir), unknown_since)
                     if outcome is None:
@@ -202,5 +208,6 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
                     outcomes[run_dir] = finalize(run_dir, state if is_terminal(state) else "CANCELLED")
                     del pending[run_dir]
             time.sleep(0.5)
+    live.close()
     return [outcomes.get(Path(d)) or RunOutcome(Status.CANCELLED, Path(d), "not confirmed ended")
             for d in run_dirs]
