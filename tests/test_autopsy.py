@@ -75,3 +75,25 @@ def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
     assert f"stacks of 4/4 ranks of {run_dir}:" in out.stdout
     assert "ranks 0,2,3 wait in barrier at " in out.stdout
     assert "rank 1 (tp0 cp0 pp0 dp1) is at " in out.stdout and "in misbehave: time.sleep" in out.stdout
+
+
+def test_status_follow_and_tail_on_a_local_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from cli_helpers import start_cli, wait_for_log
+
+    run_dir = tmp_path / "run"
+    proc = start_cli(["task=misbehave", TASKS, "task.how=sleep_all", "task.sleep_s=4", "engine.dp_size=2",
+                      "launcher.console_ranks=[1]"], run_dir)
+    wait_for_log(run_dir / "logs" / "rank1.log", "ready")
+    follow = subprocess.run([sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+                            capture_output=True, text=True, env=cli_env(), timeout=120)
+    proc.communicate(timeout=120)
+    assert follow.returncode == 0, follow.stderr
+    assert "[r1 tp0 cp0 pp0 dp1] sleeping" in follow.stderr and "[r0 " not in follow.stderr
+    assert "run ok in " in follow.stderr and str(run_dir / "result.json") in follow.stderr
+    tail = subprocess.run([sys.executable, "-m", "wf_launch.status", "--tail", "3", str(run_dir)],
+                          capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert tail.returncode == 0 and f"==> {run_dir / 'logs' / 'rank1.log'} <==" in tail.stdout
+    assert len(tail.stdout.strip().splitlines()) == 4

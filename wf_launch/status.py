@@ -78,6 +78,74 @@ def _print_run(run_dir: Path, launcher: Any, state: str, outcome: RunOutcome | N
         print(f"  {line}")
 
 
+def _console_ranks(run_dir: Path) -> list[int]:
+    import yaml
+
+    from .entrypoint import layout_of
+
+    config = yaml.safe_load((run_dir / rundir.CONFIG).read_text()) or {}
+    ranks = (config.get("launcher") or {}).get("console_ranks")
+    return list(range(layout_of(config).world_size)) if ranks is None else list(ranks)
+
+
+def _tail(run_dir: Path, lines: int) -> int:
+    """``--tail N``: the last N lines of each console rank's log."""
+    try:
+        ranks = _console_ranks(run_dir)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"wf_launch.status: {run_dir} is not a run directory ({exc})", file=sys.stderr)
+        return 2
+    for rank in ranks:
+        path = rundir.rank_log(run_dir, rank)
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            text = ["(no log yet)"]
+        print(f"==> {path} <==")
+        print("\n".join(text))
+    return 0
+
+
+def _follow(run_dir: Path, timeout_s: float) -> int:
+    """``--follow``: the live view of a run until it has a final record (or ``timeout_s`` passes)."""
+    from loguru import logger
+
+    from .launchers.slurm.live import LiveView, final_line
+    from .outcome import RunOutcome
+    from .ranklog import setup_launcher_logging
+
+    setup_launcher_logging(None)
+    launcher = launcher_of(run_dir)
+    try:
+        view = LiveView([run_dir], write=logger.info)
+    except (OSError, ValueError) as exc:
+        print(f"wf_launch.status: {exc}", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + timeout_s
+    outcome = None
+    while time.monotonic() < deadline:
+        view.tick()
+        if launcher is not None:
+            _, outcome = launcher.status(run_dir)
+        else:
+            try:
+                record = RunRecord.read(run_dir)
+            except RecordError:
+                record = None
+            outcome = RunOutcome.of(record, run_dir) if record is not None and record.final else None
+        if outcome is not None:
+            break
+        time.sleep(0.5)
+    view.close()
+    if outcome is None:
+        logger.info(f"still running after {timeout_s:g} s; detaching")
+        return 0
+    logger.info(final_line(outcome, run_dir))
+    if outcome.exit_code and outcome.summary:
+        print(outcome.summary, file=sys.stderr)
+    return outcome.exit_code
+
+
 def _stacks(run_dir: Path) -> int:
     """``--stacks``: signal the run's ranks to dump their stacks and print them grouped."""
     import yaml
@@ -111,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel", action="store_true", help="cancel every run still running, wait for the end")
     ap.add_argument("--wait", action="store_true", help="wait until every run has ended")
     ap.add_argument("--timeout", type=float, default=600, help="seconds --wait / --cancel wait (default 600)")
+    ap.add_argument("--follow", action="store_true",
+                    help="attach to a running run (local or detached): its state, console ranks' lines and "
+                         "progress, live, until it ends")
+    ap.add_argument("--tail", type=int, default=0, metavar="N",
+                    help="print the last N lines of each console rank's log")
     ap.add_argument("--stacks", action="store_true",
                     help="dump every rank's Python stacks now and group them by where the ranks are "
                          "(a local or SLURM run that looks stuck)")
@@ -120,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.stacks:
         return _stacks(args.dir.absolute())
+    if args.tail:
+        return _tail(args.dir.absolute(), args.tail)
+    if args.follow:
+        return _follow(args.dir.absolute(), args.timeout)
     runs, is_sweep = find_runs(args.dir.absolute())
     if not runs:
         print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "

@@ -61,17 +61,16 @@ class LiveView:
         self._offsets: dict[Path, int] = {}
         self._monitor: ProgressMonitor | None = None
         if self.single:
-            run_dir = next(iter(self.runs))
-            config = _config(run_dir)
-            lc = config.get("launcher") or {}
-            world = int(self.runs[run_dir].get("world_size") or 1)
-            self.console = lc.get("console_ranks")
-            self.console = list(range(world)) if self.console is None else list(self.console)
             from ...entrypoint import layout_of
             from ...ranklog import rank_label
 
+            run_dir = next(iter(self.runs))
+            config = _config(run_dir)
+            lc = config.get("launcher") or {}
             layout = layout_of(config)
-            view = ProgressView(run_dir, world, lambda r: rank_label(r, layout.coords(r)),
+            console = lc.get("console_ranks")
+            self.console = list(range(layout.world_size)) if console is None else list(console)
+            view = ProgressView(run_dir, layout.world_size, lambda r: rank_label(r, layout.coords(r)),
                                 float(lc.get("stall_warning_s", 300)))
             self._monitor = ProgressMonitor(view, float(lc.get("progress_interval_s", 10)), write=write)
 
