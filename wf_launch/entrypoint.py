@@ -80,6 +80,12 @@ def _install_preempt_handler(spec: RankSpec, rank: int, world_size: int, log: An
     state = _PreemptState()
 
     def handler(signum: int, frame: Any) -> None:
+        stop = getattr(state.ctx, "stop", None)
+        if stop is not None and stop.polled:
+            # The task polls ctx.should_stop(): the signal only sets the flag; the task saves at its
+            # next step boundary and returns, and the entrypoint requeues afterwards.
+            stop.request(signal.Signals(signum).name)
+            return
         if state.busy:
             return
         state.busy = True
@@ -116,6 +122,32 @@ def _install_preempt_handler(spec: RankSpec, rank: int, world_size: int, log: An
 
     signal.signal(getattr(signal, f"SIG{policy.signal}"), handler)
     return state
+
+
+def _stop_on_sigterm(ctx: Any) -> None:
+    """SIGTERM to a local rank: a stop request once the task polls ``ctx.should_stop()``, else the default."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if ctx.stop is not None and ctx.stop.polled:
+            ctx.stop.request("SIGTERM")
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _requeue_after_stop(spec: RankSpec, ctx: Any, rank: int, world_size: int, log: Any) -> None:
+    """Every rank agreed to stop (the task saved and returned): rank 0 requeues the job, all leave quietly."""
+    restart = spec.preempt.restart()
+    rundir.atomic_write_json(preempt_marker(spec.run_dir, rank), {
+        "rank": rank, "restart": restart, "hook": "stop flag", "requeue": True, "time": time.time(),
+        "signal_at": ctx.stop.requested_at, "host": socket.gethostname(), "pid": os.getpid()})
+    ctx.groups["world"].barrier()
+    if rank == 0:
+        log.warning("every rank stopped at the same step: requeueing the job")
+        spec.preempt.requeue()
+    raise Preempted(f"rank {rank}: job requeued after restart {restart} (stop flag)")
 
 
 def layout_of(config: dict[str, Any]) -> Layout:
@@ -261,9 +293,15 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         ctx = build_context(spec.config, run_dir, device, log)
         if preempt is not None:
             preempt.task, preempt.ctx = task, ctx
+        else:
+            _stop_on_sigterm(ctx)
         timings["task_entry_s"] = round(time.time() - spec.launch_time, 4)
         value = _json_checked(task_cfg["name"], task(ctx))
         timings["task_s"] = round(time.time() - t_init, 4)
+        if ctx.stop is not None:
+            ctx.stop.drain()
+            if ctx.stop.agreed and spec.preempt is not None and spec.preempt.allowed():
+                _requeue_after_stop(spec, ctx, env.rank, env.world_size, log)
         if ctx.reporter is not None:
             ctx.reporter.close()
         gathered = _gather_to_rank0({"rank": env.rank, "coords": coords, "result": value,

@@ -37,6 +37,7 @@ class TaskContext:
     run_dir: Path
     log: Any
     reporter: Any = None
+    stop: Any = None
 
     def progress(self, step: int, total: int | None = None, **metrics: Any) -> None:
         """Report this rank's step (of ``total``) and metrics: cheap, never a collective.
@@ -48,6 +49,16 @@ class TaskContext:
         """
         if self.reporter is not None:
             self.reporter(step, total, **metrics)
+
+    def should_stop(self) -> bool:
+        """Whether the run should stop at this step boundary: the same answer on every rank.
+
+        A preemption warning (SLURM), SIGTERM or a stop request only sets a flag on
+        the rank that got it; this call agrees on it with a non-blocking all-reduce
+        (every rank must call it at the same step boundaries). On True, save a
+        checkpoint and return: on SLURM the job is then requeued and resumes.
+        """
+        return self.stop.should_stop() if self.stop is not None else False
 
     @property
     def is_main(self) -> bool:
@@ -71,6 +82,7 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
     from worldfoundry.core.distributed.init import LaunchEnv
 
     from ..progress import ProgressReporter
+    from ..stop import StopFlag
     from .registry import task_config_class
 
     task = dict(config.get("task", {}))
@@ -79,4 +91,5 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
         run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank),
+        stop=StopFlag(world.cpu_group),
     )
