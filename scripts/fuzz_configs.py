@@ -213,19 +213,18 @@ _SETUP_DONE = False
 
 
 def setup() -> None:
-    """Register the schema, the built-in tasks and the SLURM Hydra launcher (once)."""
+    """Register the schema, the built-in tasks and the SLURM Hydra launcher's config (once), as the CLI does."""
     global _SETUP_DONE
     if _SETUP_DONE:
         return
     from omegaconf import OmegaConf
 
-    from hydra_plugins.wf_launch_slurm.wf_slurm_launcher import register as register_slurm_launcher
+    import hydra_plugins.wf_launch_slurm.config  # noqa: F401  (hydra/launcher=wf_slurm, as plugin discovery does)
     from wf_launch.schema import register_configs
     from wf_launch.tasks.registry import load_task_modules
 
     load_task_modules()
     register_configs()
-    register_slurm_launcher()
     OmegaConf.register_new_resolver("wf_uid", lambda: "fuzz", replace=True)
     _SETUP_DONE = True
 
