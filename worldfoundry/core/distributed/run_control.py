@@ -358,8 +358,8 @@ class _Outcome:
                 return (where, _OK, len(self.payload))
             if isinstance(self.exc, SystemExit):
                 code = self.exc.code
-                if code is None or (isinstance(code, int) and not isinstance(code, bool)):
-                    return (where, _EXIT, None if code is None else int(code))
+                if code is None or isinstance(code, int):
+                    return (where, _EXIT, None if code is None else int(code))  # int(): a plain int pickles
                 return (where, _EXIT, _safe_str(code))
             return (where, _ERROR, _describe(self.exc))
         except BaseException:
@@ -385,7 +385,7 @@ def _run_fn(fn: Callable[[], Any], where: str, me: int) -> _Outcome:
     return out
 
 
-def _arg_error(where: str, exc: BaseException) -> _Outcome:
+def _arg_error(exc: BaseException) -> _Outcome:
     """An outcome for a rank whose own arguments are wrong: it still joins, then raises ``exc``."""
     out = _Outcome()
     out.exc = exc
@@ -492,7 +492,7 @@ def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _
             raise bad
         return combine([fn()])
     me, world = dist.get_rank(), dist.get_world_size()
-    out = _run_fn(fn, where, me) if bad is None else _arg_error(where, bad)
+    out = _run_fn(fn, where, me) if bad is None else _arg_error(bad)
     headers: list[Any] = [None] * world
     dist.all_gather_object(headers, out.header(where))
     _raise_uniformly(where, headers, out, me)
@@ -540,9 +540,11 @@ def broadcast_from(label: str, fn: Callable[[], _V], rank: int = 0) -> _V:
         return fn()
     me = dist.get_rank()
     if bad is not None:
-        out = _arg_error(where, bad)
+        out = _arg_error(bad)
+    elif me == rank:
+        out = _run_fn(fn, where, me)
     else:
-        out = _run_fn(fn, where, me) if me == rank else _Outcome()
+        out = _Outcome()
     headers: list[Any] = [None] * world
     dist.all_gather_object(headers, out.header(where))
     _raise_uniformly(where, headers, out, me)
