@@ -119,11 +119,13 @@ def test_a_finite_timeout_and_a_big_world_still_pass(hydra_ctx) -> None:
 
 
 @pytest.mark.xfail(strict=False, reason="wf_launch/tasks/demo.py:105-106 DemoTaskConfig.validate computes "
-                   "int(self.hidden * self.mlp_ratio) before checking the ratio is finite: inf / 1e308 raise "
-                   "OverflowError, nan raises ValueError, instead of ConfigError")
-@pytest.mark.parametrize("ratio", ["inf", "nan", "1e308", "-inf"])
-def test_demo_mlp_ratio_not_finite_is_a_config_error(hydra_ctx, ratio: str) -> None:
-    result = fuzz.check(["launcher=local", "task=demo", f"task.mlp_ratio={ratio}"])
+                   "int(self.hidden * self.mlp_ratio) before checking that the product is finite: mlp_ratio "
+                   "inf / -inf / 1e308 / -1e308 raise OverflowError, nan raises ValueError, and a huge hidden "
+                   "(10**400) raises OverflowError (int too large to convert to float), instead of ConfigError")
+@pytest.mark.parametrize("overrides", [["task.mlp_ratio=inf"], ["task.mlp_ratio=nan"], ["task.mlp_ratio=1e308"],
+                                       ["task.mlp_ratio=-inf"], ["task.hidden=" + "1" + "0" * 400]])
+def test_demo_mlp_ratio_not_finite_is_a_config_error(hydra_ctx, overrides: list[str]) -> None:
+    result = fuzz.check(["launcher=local", "task=demo", *overrides])
     assert result.outcome == "config_error", result
 
 

@@ -277,6 +277,7 @@ def distributed_run(
     """Own the run's process group for the block, and yield this process's state.
 
     On a distributed launch (WORLD_SIZE>1) it sets the process group up with ``timeout``
+    (a positive ``timedelta``; zero or negative is a ValueError before anything is set up)
     unless the caller set one up already: ``device='cuda'`` binds ``cuda:LOCAL_RANK`` on
     NCCL, ``device='cpu'`` uses gloo. Without a launch it sets nothing up and the state is
     on ``device``. Rank and size are always the live group's (0 of 1 without one).
