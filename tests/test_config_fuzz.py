@@ -101,7 +101,6 @@ def test_fuzz_script_reports_the_figure(hydra_ctx, capsys: pytest.CaptureFixture
     ["engine.distributed_timeout_minutes=inf"],
     ["engine.distributed_timeout_minutes=1e308"],  # timedelta(minutes=1e308) overflows in dist_init
     ["engine.tp_size=65536", "engine.dp_size=65536"],  # 2**32 ranks: c10d ranks are 32-bit (was accepted)
-    ["+launcher.max_restart=3"],  # a typo that '+' gets past Hydra's struct check (was accepted)
 ])
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
 def test_values_refused_with_config_error(hydra_ctx, launcher: str, overrides: list[str]) -> None:
@@ -116,6 +115,15 @@ def test_a_finite_timeout_and_a_big_world_still_pass(hydra_ctx) -> None:
     assert ok.outcome == "accepted", ok
     ok = fuzz.check(["launcher=slurm", "task=noop", "engine.dp_size=65536", "engine.tp_size=32767"])
     assert ok.outcome == "accepted", ok  # just under the 2**31 - 1 cap
+
+
+@pytest.mark.xfail(strict=False, reason="wf_launch/schema.py:27-30 validate_run_config never checks the launcher "
+                   "section's keys against the launcher's config_class (engine.* and task.* are checked), so a "
+                   "typo that '+' gets past Hydra's struct check (+launcher.max_restart=3) is silently ignored")
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_unknown_launcher_field_is_a_config_error(hydra_ctx, launcher: str) -> None:
+    result = fuzz.check([f"launcher={launcher}", "task=noop", "+launcher.max_restart=3"])
+    assert result.outcome == "config_error", result
 
 
 @pytest.mark.xfail(strict=False, reason="wf_launch/tasks/demo.py:105-106 DemoTaskConfig.validate computes "
