@@ -351,3 +351,156 @@ def test_parallel_state_groups_on_a_real_run() -> None:
             assert res["tp"] == (r, 2) and res["synced_tp"] == 1 and res["rank_in_pair"] == r
         else:  # not a member of the pair: unused there, the object passes through
             assert res["tp"] == (-1, -1) and res["synced_tp"] == r
+
+
+# --------------------------------------------------------------------------- uniformity edge cases
+
+
+class _Unprintable(Exception):
+    """An exception whose str() raises: describing it must not strand the peers."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception raises")
+
+
+class _BadCode:
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exit code raises")
+
+
+def _rebuild_fails() -> None:
+    raise ValueError("cannot rebuild")
+
+
+def _rebuild_fails_on_rank_2() -> int:
+    import os
+
+    if os.environ.get("RANK") == "2":
+        raise ValueError("cannot rebuild here")
+    return 1
+
+
+class _NoLoad:
+    """Pickles fine; unpickling calls a function that raises."""
+
+    def __reduce__(self):
+        return (_rebuild_fails, ())
+
+
+class _NoLoadOnRank2:
+    """Pickles fine; unpickling fails on rank 2 only."""
+
+    def __reduce__(self):
+        return (_rebuild_fails_on_rank_2, ())
+
+
+def _kind(fn, *args, **kwargs) -> tuple[str, str]:
+    """Like _caught, but never calls str() on an exception that may not allow it."""
+    try:
+        return ("ok", repr(fn(*args, **kwargs)))
+    except SystemExit as e:
+        return ("SystemExit", "code is str-able" if not isinstance(e.code, _BadCode) else "own code")
+    except _Unprintable:
+        return ("_Unprintable", "own error")
+    except BaseException as e:
+        return (type(e).__name__, str(e))
+
+
+def _edge_cases(rank_: int, world: int) -> dict:
+    out: dict = {}
+    start = time.monotonic()
+
+    def unprintable() -> int:
+        if rank_ == 1:
+            raise _Unprintable()
+        return rank_
+
+    out["unprintable"] = _kind(all_reduce, "u", unprintable, sum)
+
+    def unprintable_src() -> int:
+        raise _Unprintable()
+
+    out["unprintable_src"] = _kind(broadcast_from, "u", unprintable_src, rank=2)
+
+    def bad_exit() -> int:
+        if rank_ == 0:
+            raise SystemExit(_BadCode())
+        return 0
+
+    out["bad_exit"] = _kind(all_reduce, "e", bad_exit, sum)
+    out["no_load"] = _kind(all_reduce, "nl", lambda: _NoLoad() if rank_ == 1 else 0, lambda vs: len(vs))
+    out["no_load_on_2"] = _kind(all_reduce, "nl2", lambda: _NoLoadOnRank2() if rank_ == 0 else 0, len)
+    out["bcast_no_load"] = _kind(broadcast_from, "bnl", lambda: _NoLoad(), rank=0)
+    out["bcast_no_load_on_2"] = _kind(broadcast_from, "bnl2", lambda: _NoLoadOnRank2(), rank=1)
+    out["bad_label"] = _kind(all_reduce, 5 if rank_ == 1 else "lbl", lambda: 1, sum)
+    out["bad_src"] = _kind(broadcast_from, "src", lambda: 1, rank=9 if rank_ == 2 else 0)
+    out["bad_src_type"] = _kind(broadcast_from, "src", lambda: 1, rank="0" if rank_ == 0 else 0)
+    out["seconds"] = time.monotonic() - start
+    out["still_works"] = all_reduce("end", lambda: rank_, max)
+    return out
+
+
+@pytest.mark.slow
+def test_every_rank_raises_alike_on_unprintable_errors_unloadable_values_and_bad_arguments() -> None:
+    results = run_ranks(_edge_cases, 3, timeout=45)
+    for r, res in enumerate(results):
+        assert res["seconds"] < 15
+        # an exception whose str() raises: it still joins; peers name it
+        if r == 1:
+            assert res["unprintable"] == ("_Unprintable", "own error")
+        else:
+            kind, msg = res["unprintable"]
+            assert kind == "RuntimeError" and "rank 1 failed: _Unprintable: <unprintable _Unprintable" in msg
+        if r == 2:
+            assert res["unprintable_src"] == ("_Unprintable", "own error")
+        else:
+            kind, msg = res["unprintable_src"]
+            assert kind == "RuntimeError" and "rank 2 failed: _Unprintable" in msg
+        assert res["bad_exit"][0] == "SystemExit"
+        # a value that pickles but does not unpickle: every rank raises, its producer included
+        for key, src, where in (("no_load", 1, "all_reduce('nl')"), ("bcast_no_load", 0, "broadcast_from('bnl'")):
+            kind, msg = res[key]
+            assert kind == "RuntimeError", (r, key, res[key])
+            assert where in msg and f"rank {src}'s value pickled but does not unpickle" in msg
+            assert "ValueError: cannot rebuild" in msg
+        # ... also when it fails on one peer only
+        for key in ("no_load_on_2", "bcast_no_load_on_2"):
+            kind, msg = res[key]
+            assert kind == "RuntimeError" and "(on rank 2)" in msg and "cannot rebuild here" in msg, (r, key)
+        # a bad argument on one rank: it raises its own, the peers a RuntimeError naming it
+        kind, msg = res["bad_label"]
+        if r == 1:
+            assert (kind, msg) == ("TypeError", "all_reduce: label must be a str, got int")
+        else:
+            assert kind == "RuntimeError" and "rank 1 at all_reduce(<label of type int>)" in msg
+        kind, msg = res["bad_src"]
+        if r == 2:
+            assert kind == "ValueError" and "rank=9 is outside the run; allowed 0..2" in msg
+        else:
+            assert kind == "RuntimeError" and "rank 2 at broadcast_from('src', rank=9)" in msg
+        kind, msg = res["bad_src_type"]
+        if r == 0:
+            assert (kind, msg) == ("TypeError", "broadcast_from: rank must be an int, got 0")
+        else:
+            assert kind == "RuntimeError" and "broadcast_from('src', rank=<str>)" in msg
+        assert res["still_works"] == 2
+
+
+def _run_with_timeout(rank_: int, world: int, seconds: float) -> tuple[str, str, bool]:
+    import torch.distributed as dist
+
+    try:
+        with distributed_run(timeout=timedelta(seconds=seconds), device="cpu"):
+            return ("ok", "", dist.is_initialized())
+    except ValueError as e:
+        return ("ValueError", str(e), dist.is_initialized())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seconds", [0.0, -5.0, -0.000001])
+def test_distributed_run_refuses_a_timeout_that_is_not_positive(seconds: float) -> None:
+    # a launch of 2 whose second rank never comes: a refusal must come before any rendezvous
+    [res] = run_ranks(_run_with_timeout, 1, seconds, init=False, env={"WORLD_SIZE": "2"}, timeout=20)
+    kind, msg, group_up = res
+    assert kind == "ValueError" and not group_up
+    assert msg.startswith("distributed_run: timeout=datetime.timedelta(") and "must be a positive" in msg

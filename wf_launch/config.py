@@ -26,6 +26,8 @@ MIN_TIMEOUT_MINUTES = 0.001 / 60
 """1 ms: torch rounds a timeout to whole milliseconds, and 0 ms means "fail at once"."""
 MAX_TIMEOUT_MINUTES = 7 * 24 * 60
 """A week: longer (or ``inf``) overflows the timedelta torch hands to C++."""
+MAX_WORLD_SIZE = 2**31 - 1
+"""c10d ranks are 32-bit."""
 
 
 class ConfigError(ValueError):
@@ -105,6 +107,9 @@ class EngineConfig:
                                "(how long ranks may take to join the process groups)")
         for d in DIMS:
             positive_int(f"engine.{d}_size", getattr(self, f"{d}_size"))
+        if self.world_size > MAX_WORLD_SIZE:
+            raise config_error("engine.tp_size*cp_size*pp_size*dp_size", self.world_size,
+                               f"the world size must be at most {MAX_WORLD_SIZE} ranks (c10d ranks are 32-bit)")
         try:
             parse_order(self.order, self.sizes, self.world_size)
         except ValueError as exc:

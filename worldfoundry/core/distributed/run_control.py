@@ -277,6 +277,7 @@ def distributed_run(
     """Own the run's process group for the block, and yield this process's state.
 
     On a distributed launch (WORLD_SIZE>1) it sets the process group up with ``timeout``
+    (a positive ``timedelta``; zero or negative is a ValueError before anything is set up)
     unless the caller set one up already: ``device='cuda'`` binds ``cuda:LOCAL_RANK`` on
     NCCL, ``device='cpu'`` uses gloo. Without a launch it sets nothing up and the state is
     on ``device``. Rank and size are always the live group's (0 of 1 without one).
@@ -289,6 +290,9 @@ def distributed_run(
     """
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"distributed_run: timeout must be a datetime.timedelta or None, got {timeout!r}")
+    if timeout is not None and timeout <= timedelta(0):
+        raise ValueError(f"distributed_run: timeout={timeout!r} must be a positive datetime.timedelta "
+                         f"(got {timeout.total_seconds()} s)")
     dev = _parse_device(device)
     pre_existing = is_initialized()
     if is_distributed_launch():
@@ -323,6 +327,23 @@ def distributed_run(
 _OK, _ERROR, _EXIT = "ok", "error", "exit"
 
 
+def _safe_str(obj: Any) -> str:
+    """``str(obj)``, or a stand-in when its ``__str__`` (and ``__repr__``) raise: never raises."""
+    try:
+        return str(obj)
+    except BaseException:
+        pass
+    try:
+        return f"<unprintable {type(obj).__name__}: {object.__repr__(obj)}>"
+    except BaseException:
+        return "<unprintable object>"
+
+
+def _describe(exc: BaseException) -> str:
+    """``'Type: message'`` for a header, whatever the exception's ``__str__`` does."""
+    return f"{type(exc).__name__}: {_safe_str(exc)}"
+
+
 class _Outcome:
     """What ``fn`` did on this rank: its pickled value, or the exception it raised."""
 
@@ -332,12 +353,18 @@ class _Outcome:
         self.exc: BaseException | None = None
 
     def header(self, where: str) -> tuple[str, str, Any]:
-        if self.exc is None:
-            return (where, _OK, len(self.payload))
-        if isinstance(self.exc, SystemExit):
-            code = self.exc.code
-            return (where, _EXIT, code if code is None or isinstance(code, int) else str(code))
-        return (where, _ERROR, f"{type(self.exc).__name__}: {self.exc}")
+        """The small, always-picklable record every rank exchanges; building it never raises."""
+        try:
+            if self.exc is None:
+                return (where, _OK, len(self.payload))
+            if isinstance(self.exc, SystemExit):
+                code = self.exc.code
+                if code is None or isinstance(code, int):
+                    return (where, _EXIT, None if code is None else int(code))  # int(): a plain int pickles
+                return (where, _EXIT, _safe_str(code))
+            return (where, _ERROR, _describe(self.exc))
+        except BaseException:
+            return (where, _ERROR, "<the error could not be described>")
 
 
 def _run_fn(fn: Callable[[], Any], where: str, me: int) -> _Outcome:
@@ -349,14 +376,48 @@ def _run_fn(fn: Callable[[], Any], where: str, me: int) -> _Outcome:
         return out
     try:
         out.payload = pickle.dumps(out.value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:
+    except BaseException as e:  # a __reduce__ may raise anything: still join
         err = TypeError(
             f"{where} on rank {me}: fn returned a {type(out.value).__name__} that does not pickle: "
-            f"{type(e).__name__}: {e}"
+            f"{_describe(e)}"
         )
         err.__cause__ = e
         out.exc = err
     return out
+
+
+def _arg_error(exc: BaseException) -> _Outcome:
+    """An outcome for a rank whose own arguments are wrong: it still joins, then raises ``exc``."""
+    out = _Outcome()
+    out.exc = exc
+    return out
+
+
+def _unpickle(where: str, src: int, me: int, payload: bytes) -> Any:
+    try:
+        return pickle.loads(payload)
+    except BaseException as e:  # whatever a __reduce__ callable raises
+        err = RuntimeError(f"{where}: rank {src}'s value pickled but does not unpickle "
+                           f"(on rank {me}): {_describe(e)}")
+        raise err from e
+
+
+def _agree_on_unpickling(me: int, world: int, mine: BaseException | None) -> None:
+    """A second, tiny exchange: if unpickling failed on any rank, every rank raises alike.
+
+    A value can pickle on its rank and still fail to load on a peer (a ``__reduce__``
+    that raises, a class only one rank can import); without this the producing rank
+    would return while its peers raise, and the run would split at the next collective.
+    Every rank raises the first failing rank's ``RuntimeError`` message.
+    """
+    reports: list[Any] = [None] * world
+    dist.all_gather_object(reports, None if mine is None else _safe_str(mine))
+    failed = [info for info in reports if info is not None]
+    if not failed:
+        return
+    if mine is not None and _safe_str(mine) == failed[0]:
+        raise mine
+    raise RuntimeError(failed[0])
 
 
 def _check_group_ready(where: str) -> bool:
@@ -381,6 +442,8 @@ def _raise_uniformly(where: str, headers: list[tuple[str, str, Any]], out: _Outc
                 f"ranks reached different collectives at the same point: rank 0 at {first_where}, "
                 f"rank {r} at {w} (this is rank {me}, at {where})"
             )
+            if isinstance(out.exc, (TypeError, ValueError)) and getattr(out.exc, "_wf_bad_argument", False):
+                raise out.exc from err
             raise err from out.exc
     failures = [(r, status, info) for r, (_, status, info) in enumerate(headers) if status != _OK]
     if not failures:
@@ -396,6 +459,21 @@ def _raise_uniformly(where: str, headers: list[tuple[str, str, Any]], out: _Outc
     raise SystemExit(failures[0][2])
 
 
+def _bad_argument(exc: BaseException) -> BaseException:
+    exc._wf_bad_argument = True  # type: ignore[attr-defined]
+    return exc
+
+
+def _label(label: Any) -> str:
+    """The label as shown in messages (``str.__repr__``, so a str subclass cannot raise here)."""
+    if isinstance(label, str):
+        return str.__repr__(label)
+    return f"<label of type {type(label).__name__}>"
+
+
+rank_ = rank  # broadcast_from's ``rank`` argument shadows the query
+
+
 def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _V]) -> _V:
     """Return ``combine`` of every rank's ``fn()``, on every rank.
 
@@ -406,19 +484,32 @@ def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _
     the first one's code). Ranks at different labels fail, naming both. Collective; in a
     single process ``fn`` runs alone; a rank of a launch whose group is not up raises.
     """
+    bad = None
     if not isinstance(label, str):
-        raise TypeError(f"all_reduce: label must be a str, got {type(label).__name__}")
-    where = f"all_reduce({label!r})"
+        bad = _bad_argument(TypeError(f"all_reduce: label must be a str, got {type(label).__name__}"))
+    where = f"all_reduce({_label(label)})"
     if not _check_group_ready(where):
+        if bad is not None:
+            raise bad
         return combine([fn()])
     me, world = dist.get_rank(), dist.get_world_size()
-    out = _run_fn(fn, where, me)
+    out = _run_fn(fn, where, me) if bad is None else _arg_error(bad)
     headers: list[Any] = [None] * world
     dist.all_gather_object(headers, out.header(where))
     _raise_uniformly(where, headers, out, me)
     payloads: list[Any] = [None] * world
     dist.all_gather_object(payloads, out.payload)
-    values = [out.value if r == me else pickle.loads(p) for r, p in enumerate(payloads)]
+    values: list[Any] = []
+    failure: BaseException | None = None
+    for r, p in enumerate(payloads):
+        if r == me:
+            values.append(out.value)
+            continue
+        try:
+            values.append(_unpickle(where, r, me, p))
+        except RuntimeError as e:
+            failure = failure or e
+    _agree_on_unpickling(me, world, failure)
     return combine(values)
 
 
@@ -432,22 +523,39 @@ def broadcast_from(label: str, fn: Callable[[], _V], rank: int = 0) -> _V:
     fail. Collective; in a single process ``fn`` runs alone; a rank of a launch whose
     group is not set up yet raises.
     """
+    bad = None
     if not isinstance(label, str):
-        raise TypeError(f"broadcast_from: label must be a str, got {type(label).__name__}")
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise TypeError(f"broadcast_from: rank must be an int, got {rank!r}")
-    where = f"broadcast_from({label!r}, rank={rank})"
+        bad = _bad_argument(TypeError(f"broadcast_from: label must be a str, got {type(label).__name__}"))
+    elif isinstance(rank, bool) or not isinstance(rank, int):
+        bad = _bad_argument(TypeError(f"broadcast_from: rank must be an int, got {_safe_str(rank)}"))
+    shown_rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else f"<{type(rank).__name__}>"
+    where = f"broadcast_from({_label(label)}, rank={shown_rank})"
     collective = _check_group_ready(where)
     world = size()
-    if not 0 <= rank < world:
-        raise ValueError(f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1}")
+    if bad is None and not 0 <= rank < world:
+        bad = _bad_argument(ValueError(
+            f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} (this is rank {rank_()})"))
     if not collective:
+        if bad is not None:
+            raise bad
         return fn()
     me = dist.get_rank()
-    out = _run_fn(fn, where, me) if me == rank else _Outcome()
+    if bad is not None:
+        out = _arg_error(bad)
+    elif me == rank:
+        out = _run_fn(fn, where, me)
+    else:
+        out = _Outcome()
     headers: list[Any] = [None] * world
     dist.all_gather_object(headers, out.header(where))
     _raise_uniformly(where, headers, out, me)
     box = [out.payload if me == rank else None]
     dist.broadcast_object_list(box, src=rank)
-    return out.value if me == rank else pickle.loads(box[0])
+    value, failure = out.value, None
+    if me != rank:
+        try:
+            value = _unpickle(where, rank, me, box[0])
+        except RuntimeError as e:
+            failure = e
+    _agree_on_unpickling(me, world, failure)
+    return value
