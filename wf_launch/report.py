@@ -91,8 +91,10 @@ def _stuck(records: list[dict[str, Any]], world_size: int | None, dumps: dict[in
         return None
     if any(r.get("kind") == "exception" and not PEER_LOSS.search(r.get("message", "")) for r in records):
         return None
-    waiting = {r["rank"]: spot_of(parse_traceback(r.get("traceback", ""))) for r in timed}
-    common = max(set(waiting.values()), key=list(waiting.values()).count)
+    waiting = {r["rank"]: spot_of(parse_traceback(r.get("traceback", ""))) for r in records
+               if r.get("kind") == "timeout" or PEER_LOSS.search(r.get("message", ""))}
+    timed_spots = [waiting[r["rank"]] for r in timed]
+    common = max(set(timed_spots), key=timed_spots.count)
     recorded = {r["rank"] for r in records}
     dumped = {r: spot_of(frames) for r, frames in dumps.items() if r not in recorded}
     never = sorted(r for r in range(world_size) if r not in recorded and dumped.get(r) != common)

@@ -8,6 +8,7 @@ checks a resolved config through the same dataclasses and each launcher's
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from worldfoundry.core.distributed.topology import Layout
@@ -26,6 +27,11 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
     layout = engine.layout()
     launcher_cfg = cfg.get("launcher") or {}
     launcher = get_launcher(str(launcher_cfg.get("name")))
+    known = {f.name for f in fields(launcher.config_class)}
+    unknown = sorted(str(k) for k in launcher_cfg if k not in known)
+    if unknown:
+        raise config_error(f"launcher.{unknown[0]}", launcher_cfg[unknown[0]],
+                           f"launcher={launcher.name} has no such field; its fields: {sorted(known)}")
     validate_common(launcher_cfg, layout.world_size)
     launcher.validate(launcher_cfg, layout, cfg["engine"])
     task = cfg.get("task") or {}

@@ -42,6 +42,9 @@ __all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split", "va
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
                                   "bfloat16": torch.bfloat16}
+MAX_WIDTH = 1 << 16
+"""The widest demo model (``hidden``); the demo runs on CPUs."""
+MAX_MLP_RATIO = 64.0
 DEFAULT_ATOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 0.05}
 """Tolerance when ``atol`` is null: reduction-order noise of each dtype on outputs of order 1."""
 
@@ -97,14 +100,14 @@ class DemoTaskConfig(TaskConfig):
         for name, p in zip(("frames", "height", "width"), self.patch):
             if getattr(self, name) % p:
                 raise bad(name, f"must be a multiple of its patch size {p} (patch={list(self.patch)})")
-        if self.hidden % 2 or self.hidden < 6:
-            raise bad("hidden", "expected an even integer >= 6 (3D sin-cos positions)")
+        if self.hidden % 2 or not 6 <= self.hidden <= MAX_WIDTH:
+            raise bad("hidden", f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)")
         if self.hidden % self.heads:
             raise ConfigError(f"task.heads={self.heads!r} is not allowed: "
                               f"must divide task.hidden={self.hidden}")
         if (isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float))
-                or int(self.hidden * self.mlp_ratio) < 1):
-            raise bad("mlp_ratio", "expected a number > 0 with int(hidden * mlp_ratio) >= 1")
+                or not 0 < self.mlp_ratio <= MAX_MLP_RATIO or int(self.hidden * self.mlp_ratio) < 1):
+            raise bad("mlp_ratio", f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of {list(DTYPES)}")
         if not isinstance(self.check, bool):
