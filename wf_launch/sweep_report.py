@@ -46,6 +46,7 @@ __all__ = ["BASE_COLUMNS", "DEFAULT_METRIC", "FAILED_STATUSES", "IDENTITY_FIELDS
 IDENTITY_FIELDS = frozenset({"rank", "local_rank", "world_size", "stage", "node_rank"})
 DEFAULT_METRIC = "tokens_per_s"
 CSV_NAME, MD_NAME, CHART_NAME = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
+SCALING_NAME, STEPS_NAME = "sweep_scaling.png", "sweep_steps.png"
 PLAN_FILE = "multirun.yaml"
 NOT_RUN, INCOMPLETE, UNREADABLE = "not_run", "incomplete", "unreadable"
 """Report-only statuses: planned but never started; started, no record yet; a record that cannot be read."""
@@ -323,7 +324,13 @@ def render_chart(points: list[dict[str, Any]], metric: str, path: Path | str) ->
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
+    _save(fig, Path(path))
+    return drawn
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(fd)
     try:
@@ -332,6 +339,66 @@ def render_chart(points: list[dict[str, Any]], metric: str, path: Path | str) ->
     finally:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)
+
+
+def render_scaling_chart(points: list[dict[str, Any]], metric: str, path: Path | str) -> bool:
+    """Throughput against world size, with ideal linear scaling from the smallest world; False if the
+    sweep does not vary the world size or no ok point reports ``metric``."""
+    ok = [p for p in points if p["status"] == "ok" and isinstance(p.get("world"), int)
+          and metric_value(p, metric) is not None]
+    worlds = sorted({p["world"] for p in ok})
+    if len(worlds) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = {w: max(metric_value(p, metric) for p in ok if p["world"] == w) for w in worlds}
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
+    for p in ok:
+        ax.scatter(p["world"], metric_value(p, metric), color="#4C72B0", alpha=0.45, s=18)
+    ax.plot(worlds, [best[w] for w in worlds], "o-", color="#4C72B0", label=f"{metric} (best layout per size)")
+    base = worlds[0]
+    ax.plot(worlds, [best[base] * w / base for w in worlds], "--", color="grey",
+            label=f"ideal linear scaling from {base} rank(s)")
+    ax.set(xscale="log", xlabel="ranks (world size)", ylabel=metric, title=f"{metric} against world size")
+    ax.set_xticks(worlds, [str(w) for w in worlds])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, Path(path))
+    return True
+
+
+def render_steps_chart(points: list[dict[str, Any]], path: Path | str, metric: str | None = None) -> str | None:
+    """One metric over steps (from each point's ``metrics.jsonl``), one line per point; the metric drawn,
+    or None when no point reported progress metrics."""
+    from .plot import load_metrics
+
+    series = {p["job"]: load_metrics(p["dir"]) for p in points if p.get("dir")}
+    names = [n for s in series.values() for n in s]
+    if not names:
+        return None
+    drawn = metric if metric in names else ("loss" if "loss" in names else names[0])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=110)
+    for p in points:
+        by_rank = series.get(p["job"], {}).get(drawn)
+        if by_rank:
+            steps = sorted(by_rank[min(by_rank)])
+            ax.plot([s for s, _ in steps], [v for _, v in steps], lw=1.3,
+                    label=f"job {p['job']}: {p['overrides'] or 'defaults'}"[:60])
+    ax.set(xlabel="step", ylabel=drawn, title=f"{drawn} over steps, one line per point")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    _save(fig, Path(path))
     return drawn
 
 
@@ -349,6 +416,10 @@ def write_report(sweep_dir: Path | str, points: list[dict[str, Any]], metric: st
         try:
             render_chart(points, metric, sweep_dir / CHART_NAME)
             written["png"] = sweep_dir / CHART_NAME
+            if render_scaling_chart(points, metric, sweep_dir / SCALING_NAME):
+                written["scaling"] = sweep_dir / SCALING_NAME
+            if render_steps_chart(points, sweep_dir / STEPS_NAME):
+                written["steps"] = sweep_dir / STEPS_NAME
         except ImportError:
             print("wf_launch: sweep chart skipped: matplotlib is not installed "
                   "(pip install matplotlib)", file=sys.stderr)
