@@ -41,6 +41,7 @@ import os
 import random
 import shutil
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -146,6 +147,56 @@ def _classify(state: Any) -> _Plan:
     return plan
 
 
+def _delete_all(paths: list[Path]) -> None:
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+class _CachedStager:
+    """DCP async stager that copies the state dict into CPU buffers allocated once and reused.
+
+    Reuse is safe because a save waits for the previous one before staging again.
+    Pinned when CUDA is available (faster device-to-host copies).
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+        self._signature: Any = None
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        signature = _signature(state_dict)
+        if self._cache is None or signature != self._signature:
+            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._signature = signature
+        return _copy_state_dict(state_dict, self._cache)
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _signature(obj: Any) -> Any:
+    """Structure, shapes and dtypes of a nested state dict (when it changes, new buffers are made)."""
+    if isinstance(obj, dict):
+        return tuple((k, _signature(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return tuple(_signature(v) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return ("T", tuple(local.shape), local.dtype)
+    return type(obj).__name__
+
+
 def _rng_states() -> dict[str, Any]:
     rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -191,6 +242,8 @@ class Checkpointer:
         self.process_group = process_group
         self._async_group: Any = None
         self._pending: tuple[Any, int, Path] | None = None  # (future, step, temp dir)
+        self._stager: Any = None  # async: CPU staging buffers, reused by every save
+        self._deleter: Any = None  # rank 0: the thread deleting pruned checkpoints
 
     # ----------------------------------------------------------------- group helpers
     def _dist(self) -> bool:
@@ -256,7 +309,10 @@ class Checkpointer:
         if self.async_save and self._dist():
             import torch.distributed.checkpoint as dcp
 
-            self._pending = (dcp.async_save(sd, storage_writer=writer, process_group=group), step, tmp)
+            if self._stager is None:
+                self._stager = _CachedStager()
+            future = dcp.async_save(sd, storage_writer=writer, process_group=group, async_stager=self._stager)
+            self._pending = (future, step, tmp)
             return
         import torch.distributed.checkpoint as dcp
 
@@ -333,21 +389,44 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
     def _prune(self) -> None:
-        """Rank 0: keep the newest ``keep`` complete checkpoints; delete incomplete leftovers."""
-        complete = complete_checkpoints(self.run_dir)
-        for _, path in complete[: max(0, len(complete) - self.keep)]:
-            shutil.rmtree(path, ignore_errors=True)
-        self._clean_incomplete()
+        """Rank 0: keep the newest ``keep`` complete checkpoints; delete incomplete leftovers.
 
-    def _clean_incomplete(self) -> None:
+        Pruned checkpoints are first renamed to hidden ``.step_XXXXXXXX.del-<hex>`` names
+        (atomic, so they can never load again), then deleted by a background thread; a
+        crash mid-delete leaves a hidden name that the next clean-up removes.
+        """
+        complete = complete_checkpoints(self.run_dir)
+        doomed = []
+        for _, path in complete[: max(0, len(complete) - self.keep)]:
+            hidden = path.with_name(f".{path.name}.del-{uuid.uuid4().hex[:16]}")
+            os.replace(path, hidden)
+            doomed.append(hidden)
+        doomed += self._incomplete()
+        if doomed:
+            self._join_deleter()
+            self._deleter = threading.Thread(target=_delete_all, args=(doomed,), name="wf-ckpt-prune", daemon=True)
+            self._deleter.start()
+
+    def _join_deleter(self) -> None:
+        if self._deleter is not None:
+            self._deleter.join()
+            self._deleter = None
+
+    def _incomplete(self) -> list[Path]:
+        """Uncommitted step dirs and hidden leftovers (temp, replaced, pruned) under the root."""
         if not self.root.is_dir():
-            return
+            return []
+        found = []
         for p in self.root.iterdir():
             step = _parse_step(p.name)
-            stale = (step is not None and p.is_dir() and not (p / COMMIT_FILE).is_file()) or (
-                p.name.startswith(f".{_PREFIX}") and (".tmp-" in p.name or ".old-" in p.name))
-            if stale:
-                shutil.rmtree(p, ignore_errors=True)
+            if (step is not None and p.is_dir() and not (p / COMMIT_FILE).is_file()) or (
+                    p.name.startswith(f".{_PREFIX}") and any(t in p.name for t in (".tmp-", ".old-", ".del-"))):
+                found.append(p)
+        return found
+
+    def _clean_incomplete(self) -> None:
+        self._join_deleter()
+        _delete_all(self._incomplete())
 
     # ----------------------------------------------------------------- load
     def latest_step(self) -> int | None:
@@ -427,6 +506,7 @@ class Checkpointer:
     def close(self) -> None:
         """Commit the pending async save (collective) and drop the checkpoint group."""
         self.wait()
+        self._join_deleter()
         if self._async_group is not None:
             try:
                 dist.destroy_process_group(self._async_group)
