@@ -209,21 +209,26 @@ def test_uncommitted_checkpoints_are_ignored_and_cleaned(tmp_path: Path) -> None
 def _async_timing(rank: int, world: int, run_dir: str) -> dict:
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(512, 512) for _ in range(24)))  # ~25 MB fp32
-    out = {}
+    out: dict[bool, float] = {}
     for mode in (False, True):
         ckpt = Checkpointer(os.path.join(run_dir, str(mode)), keep=1, async_save=mode)
-        ckpt.save(0, {"model": model})  # warm-up (async: creates the checkpoint group)
+        ckpt.save(0, {"model": model})  # warm-up (async: the checkpoint group, the staging buffers)
         ckpt.wait()
-        t0 = time.perf_counter()
-        ckpt.save(1, {"model": model})
-        out[mode] = time.perf_counter() - t0
-        with torch.no_grad():  # the "next step" mutates the weights while the async write runs
-            for p in model.parameters():
-                p.add_(1.0)
+        times = []
+        for step in (1, 2, 3):
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            ckpt.save(step, {"model": model})
+            times.append(time.perf_counter() - t0)
+            with torch.no_grad():  # the "next step" mutates the weights while the async write runs
+                for p in model.parameters():
+                    p.add_(1.0)
+            ckpt.wait()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.sub_(1.0)
+        out[mode] = min(times)
         ckpt.close()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.sub_(1.0)
     fresh = nn.Sequential(*(nn.Linear(512, 512) for _ in range(24)))
     step = Checkpointer(os.path.join(run_dir, "True")).load({"model": fresh})
     same = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
@@ -232,11 +237,12 @@ def _async_timing(rank: int, world: int, run_dir: str) -> dict:
 
 @pytest.mark.slow
 def test_async_save_commits_later_and_does_not_block_the_step(tmp_path: Path) -> None:
-    res = run_ranks(_async_timing, 2, str(tmp_path), timeout=120)
+    res = run_ranks(_async_timing, 2, str(tmp_path), timeout=180)
     for r in res:
-        assert r["step"] == 1 and r["same"]  # the snapshot was taken at save(): later updates did not leak in
-    # blocked time of the async save vs the synchronous save of the same tensors, as a ratio only
-    assert max(r["async"] for r in res) < 0.8 * min(r["sync"] for r in res), res
+        assert r["step"] == 3 and r["same"]  # the snapshot was taken at save(): later updates did not leak in
+    assert [s for s, _ in complete_checkpoints(tmp_path / "True")] == [3]
+    # blocked time of the async save vs the synchronous save of the same tensors (best of 3), as a ratio only
+    assert max(r["async"] for r in res) < 0.6 * min(r["sync"] for r in res), res
 
 
 def test_bad_arguments(tmp_path: Path) -> None:
@@ -275,3 +281,27 @@ def test_single_process_roundtrip_without_a_group(tmp_path: Path) -> None:
     assert torch.equal(state["model"].weight, model.weight)
     got = torch.rand(3, generator=state["gen"]), torch.rand(3)
     assert all(torch.equal(a, b) for a, b in zip(expect, got))
+
+
+def _async_dies_before_commit(rank: int, world: int, run_dir: str) -> list:
+    model = nn.Linear(3, 3)
+    ckpt = Checkpointer(run_dir, keep=3, async_save=True)
+    seen = []
+    for s in (1, 2):
+        with torch.no_grad():
+            model.weight.fill_(s)
+        ckpt.save(s, {"model": model, "meta": {"step": s, "rank": rank}})
+        seen.append([step for step, _ in complete_checkpoints(run_dir)])  # the previous one commits here
+    future, _, _ = ckpt._pending
+    future.result()  # step 2's files are written, then the job "dies" before anything commits it
+    return seen
+
+
+@pytest.mark.slow
+def test_async_save_is_committed_only_by_the_next_call(tmp_path: Path) -> None:
+    seen = run_ranks(_async_dies_before_commit, 2, str(tmp_path))
+    assert seen[0] == [[], [1]]  # save(2) committed step 1 first; step 1 was not committed by its own save
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [1]
+    res = run_ranks(_plain_roundtrip, 2, str(tmp_path), [], 3)
+    assert [r["step"] for r in res] == [1, 1] and res[0]["w"] == 1.0  # the written-but-uncommitted 2 is ignored
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
