@@ -305,3 +305,28 @@ def test_async_save_is_committed_only_by_the_next_call(tmp_path: Path) -> None:
     res = run_ranks(_plain_roundtrip, 2, str(tmp_path), [], 3)
     assert [r["step"] for r in res] == [1, 1] and res[0]["w"] == 1.0  # the written-but-uncommitted 2 is ignored
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
+
+
+def _mismatched_steps(rank: int, world: int, run_dir: str) -> str:
+    try:
+        Checkpointer(run_dir).save(rank, {"model": nn.Linear(2, 2)})
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def _load_one(rank: int, world: int, run_dir: str) -> str:
+    try:
+        Checkpointer(run_dir).load({"model": nn.Linear(3, 3), "meta": {}})
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.slow
+def test_collective_errors_reach_every_rank(tmp_path: Path) -> None:
+    msgs = run_ranks(_mismatched_steps, 2, str(tmp_path / "a"))
+    assert all("every rank must save the same step" in m for m in msgs), msgs
+    run_ranks(_plain_roundtrip, 2, str(tmp_path / "b"), [1], 2)
+    [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))
+    assert "was saved by 2 ranks; 1 are loading it" in msg

@@ -260,13 +260,16 @@ class Checkpointer:
 
         return group_device(self.process_group, control=True)
 
-    def _max(self, value: int) -> int:
-        """All-reduce MAX of an int over the group: the agreement primitive (and a barrier)."""
-        if not self._dist():
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self._control_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
-        return int(t.item())
+    def _max(self, *values: int) -> Any:
+        """All-reduce MAX of ints over the group: the agreement primitive (and a barrier).
+
+        One value: returns an int; several: a tuple of ints.
+        """
+        if self._dist():
+            t = torch.tensor(values, dtype=torch.int64, device=self._control_device())
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+            values = tuple(int(v) for v in t.tolist())
+        return values[0] if len(values) == 1 else tuple(values)
 
     def _from_rank0(self, value: int) -> int:
         if not self._dist():
@@ -291,7 +294,8 @@ class Checkpointer:
             raise ValueError(f"step={step!r} must be a non-negative int")
         plan = _classify(state)
         self.wait()  # commit the previous async save first
-        if self._max(step) != step or -self._max(-step) != step:
+        high, neg_low = self._max(step, -step)  # one collective: every rank must take the same path
+        if high != step or -neg_low != step:
             raise ValueError(f"step={step}: every rank must save the same step")
 
         from torch.distributed.checkpoint import FileSystemWriter
@@ -299,8 +303,15 @@ class Checkpointer:
 
         token = self._from_rank0(uuid.uuid4().int >> 65)  # the same temp dir name on every rank
         tmp = self.root / f".{_step_name(step)}.tmp-{token:016x}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        self._write_rank_file(tmp, plan)
+        problem = ""
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            self._write_rank_file(tmp, plan)
+        except Exception as e:  # agree before DCP's collectives, or the other ranks would hang in them
+            problem = f"{type(e).__name__}: {e}"
+        if self._max(int(bool(problem))):
+            raise RuntimeError(f"checkpoint step {step}: a rank could not write its per-rank state "
+                               f"({problem or 'another rank failed'}); nothing was saved")
         sd: dict[str, Any] = {name: get_model_state_dict(m) for name, m in plan.modules.items()}
         for name, (opt, model) in plan.optimizers.items():
             sd[name] = get_optimizer_state_dict(model, opt)
@@ -454,13 +465,18 @@ class Checkpointer:
             return None
         directory = self.root / _step_name(step)
         rank_file = directory / f"rank_{self._rank():05d}.pt"
-        if not rank_file.is_file():
-            raise RuntimeError(f"checkpoint {directory} has no {rank_file.name}: it was saved by a different "
-                               f"number of ranks than the {self._world()} loading it")
-        payload = torch.load(rank_file, map_location="cpu", weights_only=False)  # our own file
-        if payload.get("world_size") != self._world():
-            raise RuntimeError(f"checkpoint {directory} was saved by {payload.get('world_size')} ranks; "
-                               f"{self._world()} are loading it")
+        problem, payload = "", {}
+        try:  # our own file; it holds Python objects (RNG states, plain values), hence weights_only=False
+            payload = torch.load(rank_file, map_location="cpu", weights_only=False)
+            if payload.get("world_size") != self._world():
+                problem = f"it was saved by {payload.get('world_size')} ranks; {self._world()} are loading it"
+        except FileNotFoundError:
+            problem = (f"it has no {rank_file.name}: it was saved by a different number of ranks than the "
+                       f"{self._world()} loading it")
+        except Exception as e:
+            problem = f"{rank_file.name} is unreadable: {type(e).__name__}: {e}"
+        if self._max(int(bool(problem))):  # every rank raises, none is left waiting in DCP's collectives
+            raise RuntimeError(f"cannot load checkpoint {directory}: {problem or 'another rank could not read it'}")
 
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemReader
