@@ -298,6 +298,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         timings["task_entry_s"] = round(time.time() - spec.launch_time, 4)
         value = _json_checked(task_cfg["name"], task(ctx))
         timings["task_s"] = round(time.time() - t_init, 4)
+        if ctx._checkpointer is not None:
+            ctx._checkpointer.close()  # commits a pending asynchronous save
         if ctx.stop is not None:
             ctx.stop.drain()
             if ctx.stop.agreed and spec.preempt is not None and spec.preempt.allowed():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class TaskContext:
     log: Any
     reporter: Any = None
     stop: Any = None
+    _checkpointer: Any = field(default=None, repr=False)
 
     def progress(self, step: int, total: int | None = None, **metrics: Any) -> None:
         """Report this rank's step (of ``total``) and metrics: cheap, never a collective.
@@ -49,6 +50,21 @@ class TaskContext:
         """
         if self.reporter is not None:
             self.reporter(step, total, **metrics)
+
+    @property
+    def checkpoint(self) -> Any:
+        """This run's :class:`~wf_launch.checkpoint.Checkpointer` (created on first use).
+
+        ``keep`` and ``async_save`` come from the task's config when it has those
+        fields (3 and False otherwise); checkpoints live in ``RUN_DIR/checkpoints``.
+        A pending asynchronous save is committed when the task returns.
+        """
+        if self._checkpointer is None:
+            from ..checkpoint import Checkpointer
+
+            self._checkpointer = Checkpointer(self.run_dir, keep=int(getattr(self.cfg, "keep", 3)),
+                                              async_save=bool(getattr(self.cfg, "async_save", False)))
+        return self._checkpointer
 
     def should_stop(self) -> bool:
         """Whether the run should stop at this step boundary: the same answer on every rank.
