@@ -234,12 +234,18 @@ def hydra_context() -> Iterator[None]:
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from hydra.version import VersionBase
+
     setup()
     if GlobalHydra.instance().is_initialized():  # already inside one (the test suite's fixture)
         yield
         return
-    with initialize_config_module(config_module="wf_launch.conf", version_base="1.3"):
-        yield
+    previous = VersionBase.instance().getbase()  # initialize sets Hydra's process-wide version base
+    try:
+        with initialize_config_module(config_module="wf_launch.conf", version_base="1.3"):
+            yield
+    finally:
+        VersionBase.instance().version_base = previous  # setbase() refuses Hydra's own "unspecified"
 
 
 def _hydra_errors() -> tuple[type[BaseException], ...]:
