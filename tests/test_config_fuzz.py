@@ -70,7 +70,7 @@ def examples(draw) -> list[str]:
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None, database=None,
+@settings(max_examples=120, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(overrides=examples())
 def test_any_config_is_accepted_or_refused_with_config_error(hydra_ctx, overrides: list[str]) -> None:
