@@ -207,3 +207,26 @@ def test_status_stacks_on_a_live_slurm_run(slurm_cluster: SlurmCluster, tmp_path
     finally:
         subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)], capture_output=True,
                        text=True, env=_env(slurm_cluster), timeout=180)
+
+
+def test_status_lists_an_unreadable_record_and_goes_on(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for tool in ("sacct", "squeue", "scontrol"):
+        (shims / tool).write_text("#!/bin/sh\nexit 1\n")
+        (shims / tool).chmod(0o755)
+    for n in range(2):
+        run_dir = sweep / str(n)
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text("launcher: {name: slurm}\nengine: {tp_size: 1, cp_size: 1, pp_size: 1, "
+                                             "dp_size: 1, order: tp-cp-pp-dp}\n")
+        (run_dir / "slurm_job.json").write_text(json.dumps({"job_id": f"4{n}", "world_size": 1}))
+    (sweep / "0" / "result.json").write_text('{"status": "ok", "exit_co')
+    (sweep / "1" / "result.json").write_text(json.dumps({"status": "ok", "exit_code": 0, "results": {"0": {}}}))
+    env = {**cli_env(), "PATH": f"{shims}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "wf_launch.status", str(sweep)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert f"{sweep / '0'}: unreadable: " in proc.stdout and "may be truncated" in proc.stdout, proc.stdout + proc.stderr
+    assert f"{sweep / '1'}: SLURM job 41" in proc.stdout and "-> ok (exit 0)" in proc.stdout
+    assert "sweep report: " in proc.stdout

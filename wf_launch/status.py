@@ -215,13 +215,22 @@ def _show(args: argparse.Namespace, runs: dict[Path, Any], is_sweep: bool) -> in
             if launcher.cancel(run_dir) is not None:
                 print(f"cancelling {_label(run_dir, launcher)} ({run_dir})", file=sys.stderr)
     deadline = time.monotonic() + args.timeout
+    unreadable: dict[Path, str] = {}
     while True:
-        states = {run_dir: launcher.status(run_dir) for run_dir, launcher in runs.items()}
-        if not (args.wait or args.cancel) or all(o for _, o in states.values()) or time.monotonic() > deadline:
+        states = {}
+        for run_dir, launcher in runs.items():
+            try:
+                states[run_dir] = launcher.status(run_dir)
+            except RecordError as exc:  # one bad record never stops the others being shown
+                unreadable[run_dir] = str(exc)
+        if (not (args.wait or args.cancel) or all(o for _, o in states.values())
+                or time.monotonic() > deadline):
             break
         time.sleep(0.5)
     for run_dir, (state, outcome) in states.items():
         _print_run(run_dir, runs[run_dir], state, outcome)
+    for run_dir, why in unreadable.items():
+        print(f"{run_dir}: unreadable: {why}")
     if is_sweep:
         from .sweep_report import collect_points, write_report
 
