@@ -233,7 +233,6 @@ def setup() -> None:
 def hydra_context() -> Iterator[None]:
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
-
     from hydra.version import VersionBase
 
     setup()
