@@ -203,7 +203,8 @@ def _rng_states() -> dict[str, Any]:
         rng["cuda"] = torch.cuda.get_rng_state_all()
     np = sys.modules.get("numpy")
     if np is not None:
-        rng["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        rng["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss))
     return rng
 
 
@@ -215,7 +216,8 @@ def _set_rng_states(rng: dict[str, Any]) -> None:
     if "numpy" in rng:
         import numpy as np
 
-        np.random.set_state(rng["numpy"])
+        kind, keys, pos, has_gauss, gauss = rng["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 class Checkpointer:
@@ -466,8 +468,8 @@ class Checkpointer:
         directory = self.root / _step_name(step)
         rank_file = directory / f"rank_{self._rank():05d}.pt"
         problem, payload = "", {}
-        try:  # our own file; it holds Python objects (RNG states, plain values), hence weights_only=False
-            payload = torch.load(rank_file, map_location="cpu", weights_only=False)
+        try:  # tensors and plain values only (numpy's RNG state is stored as a tensor): weights_only holds
+            payload = torch.load(rank_file, map_location="cpu", weights_only=True)
             if payload.get("world_size") != self._world():
                 problem = f"it was saved by {payload.get('world_size')} ranks; {self._world()} are loading it"
         except FileNotFoundError:
