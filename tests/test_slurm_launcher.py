@@ -60,13 +60,14 @@ def _jobs_named(cluster: SlurmCluster, name: str) -> list[str]:
 @pytest.fixture(scope="module")
 def preempted_run(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[tuple[subprocess.Popen, Path]]:
-    """A 2-node run with a 2-minute limit and USR2 100 s before it, started before the other tests so
-    its wait for slurmctld's time-limit pass (every 30 s: 20-50 s) overlaps them. (With a 1-minute limit
-    the signal can come before Python has started, and kills the task.)"""
+    """A 2-node run with a 3-minute limit and USR2 100 s before it, started before the other tests so
+    its wait for slurmctld's time-limit pass (every 30 s: 80-110 s) overlaps them. (With a shorter
+    limit the signal can come before a loaded machine has started Python and torch in the ranks, and
+    then submitit's own handler ends the task: seen in CI with a 2-minute limit.)"""
     run_dir = tmp_path_factory.mktemp("preempt") / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "wf_launch", SLURM, "task=resumable", PREEMPT_TASKS, "engine.cp_size=2",
-         "launcher.nodes=2", "launcher.time_min=2", "launcher.signal_delay_s=100", "launcher.max_requeues=1",
+         "launcher.nodes=2", "launcher.time_min=3", "launcher.signal_delay_s=100", "launcher.max_requeues=1",
          f"hydra.run.dir={run_dir}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster), cwd=run_dir.parent)
     yield proc, run_dir
@@ -219,7 +220,7 @@ def test_sweep_submits_every_point_at_once_and_reports(slurm_cluster: SlurmClust
 def test_time_limit_signal_runs_every_ranks_hook_and_requeues(
         preempted_run: tuple[subprocess.Popen, Path]) -> None:
     proc, run_dir = preempted_run
-    _, err = proc.communicate(timeout=240)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     res = _result(run_dir)
     assert res["status"] == "ok" and res["slurm"]["state"] == "COMPLETED"

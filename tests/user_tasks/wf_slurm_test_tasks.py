@@ -21,11 +21,11 @@ def resumable(ctx: TaskContext) -> dict[str, Any]:
     saved = json.loads(_state_file(ctx).read_text()) if _state_file(ctx).exists() else None
     if restart == 0:
         ctx.steps = 0
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 200
         while time.monotonic() < deadline:
             ctx.steps += 1
             time.sleep(0.2)
-        raise RuntimeError("no preemption signal within 150 s")
+        raise RuntimeError("no preemption signal within 200 s")
     ctx.groups["world"].barrier()
     return {"restart": restart, "resumed_steps": (saved or {}).get("steps", -1)}
 
