@@ -214,17 +214,27 @@ class ProgressMonitor:
         self._thread = threading.Thread(target=self._run, name="wf-progress", daemon=True)
         self._bar: Any = None
         self._last_line = -math.inf
+        self._last_tick = -math.inf
 
     def start(self) -> ProgressMonitor:
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop the thread (if started), show the last state, close the bar."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self.tick()
         if self._bar is not None:
             self._bar.close()
+
+    def maybe_tick(self) -> None:
+        """:meth:`tick` at most every ``poll_s``: for a caller's own loop instead of the thread."""
+        now = time.monotonic()
+        if now - self._last_tick >= self.poll_s:
+            self._last_tick = now
+            self.tick()
 
     def tick(self) -> None:
         """Read the ranks' states once and show them."""

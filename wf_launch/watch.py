@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .entrypoint import joined_marker
 from .stacks import Frame, collect_dumps, rank_ranges, stack_offsets, trigger
@@ -40,7 +41,7 @@ class RankWatch:
 
     def __init__(self, run_dir: Path, world_size: int, label_of: Callable[[int], str], init_timeout_s: float,
                  write: Callable[[str], None], heartbeat_after_s: float = 5.0, heartbeat_every_s: float = 5.0,
-                 ) -> None:
+                 progress: Any = None) -> None:
         self.run_dir = Path(run_dir)
         self.world_size = world_size
         self.label_of = label_of
@@ -48,6 +49,7 @@ class RankWatch:
         self.write = write
         self.heartbeat_after_s = heartbeat_after_s
         self.heartbeat_every_s = heartbeat_every_s
+        self.progress = progress  # a ProgressMonitor ticked from here: no thread in the forking launcher
         self.restart()
 
     def restart(self) -> None:
@@ -67,7 +69,9 @@ class RankWatch:
         return self.reached("joined")
 
     def tick(self, pids: dict[int, int]) -> None:
-        """Between checks of the ranks: heartbeat while they start, :class:`StartupTimeout` past the bound."""
+        """Between checks of the ranks: progress, heartbeat while they start, :class:`StartupTimeout` past the bound."""
+        if self.progress is not None:
+            self.progress.maybe_tick()
         if self._all_joined:
             return
         joined = self.joined()

@@ -218,10 +218,12 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     t0 = time.time()
     try:
         gate = ForkGate()
-        watch = RankWatch(plan.run_dir, nproc, plan.label, float(plan.config["engine"]["init_timeout_s"]),
-                          write=logger.info)
+        # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
+        # launcher forks the ranks, and a forking process should run no threads of its own.
         monitor = ProgressMonitor(ProgressView(plan.run_dir, nproc, plan.label, float(lc["stall_warning_s"])),
-                                  float(lc["progress_interval_s"]), write=logger.info).start()
+                                  float(lc["progress_interval_s"]), write=logger.info)
+        watch = RankWatch(plan.run_dir, nproc, plan.label, float(plan.config["engine"]["init_timeout_s"]),
+                          write=logger.info, progress=monitor)
         try:
             run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
                       loopback_only=lc["loopback_only"], watch=watch)
