@@ -102,13 +102,8 @@ def _stuck(records: list[dict[str, Any]], world_size: int | None, dumps: dict[in
         return None
     first = min(timed, key=lambda r: r.get("time", 0.0))
     spots = {**waiting, **{r: s for r, s in dumped.items() if s == common}, **{r: dumped[r] for r in never if r in dumped}}
-    stuck = {}
-    for r in never:
-        spot = dumped.get(r)
-        stuck[str(r)] = ({"frame": spot.frame.where() if spot.frame else None,
-                          "function": spot.frame.function if spot.frame else None,
-                          "source": spot.frame.source() if spot.frame else None, "waits_in": spot.waits_in}
-                         if spot is not None else {"frame": None, "note": "no stack dump (the rank had ended)"})
+    stuck = {str(r): dumped[r].as_record() if r in dumped else {"frame": None, "note": "no stack dump (the rank had ended)"}
+             for r in never}
     return {**first, "cause": "stuck", "missing_ranks": never, "stuck": stuck, "_spots": spots}
 
 

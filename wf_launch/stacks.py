@@ -166,6 +166,12 @@ class Spot:
     frame: Frame | None
     waits_in: str | None = None
 
+    def as_record(self) -> dict[str, Any]:
+        """The spot as ``result.json`` records a stuck rank: frame, function, source line, library call."""
+        f = self.frame
+        return {"frame": f.where() if f else None, "function": f.function if f else None,
+                "source": f.source() if f else None, "waits_in": self.waits_in}
+
     def text(self) -> str:
         if self.frame is None:
             return "in no frame of its own (only library frames)"

@@ -259,10 +259,8 @@ def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: flo
     lines = [str(exc), *describe_groups(group_spots(spots), plan.label)]
     lines.append(f"  logs: {', '.join(str(rundir.rank_log(plan.run_dir, r)) for r in exc.missing[:8])}"
                  + (" ..." if len(exc.missing) > 8 else ""))
-    stuck = {str(r): ({"frame": spots[r].frame.where() if spots[r].frame else None,
-                       "function": spots[r].frame.function if spots[r].frame else None,
-                       "waits_in": spots[r].waits_in, "dump": str(stacks_file(plan.run_dir, r))}
-                      if r in spots else {"frame": None, "note": "no stack dump"}) for r in exc.missing}
+    stuck = {str(r): {**spots[r].as_record(), "dump": str(stacks_file(plan.run_dir, r))} if r in spots
+             else {"frame": None, "note": "no stack dump"} for r in exc.missing}
     summary = "\n".join(lines)
     failure = {"rank": exc.missing[0], "cause": "init_timeout", "type": "StartupTimeout", "message": str(exc),
                "missing_ranks": exc.missing, "stuck": stuck, "coords": plan.layout.coords(exc.missing[0]),
