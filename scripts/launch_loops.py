@@ -13,6 +13,8 @@ run dir and the tail of the launcher's output. Exits 1 on any failure.
 
     python scripts/launch_loops.py --runs 20 --ranks 32 --timeout-min 0.5
     python scripts/launch_loops.py --runs 0 --rounds 10 --concurrent 3
+    PYTHONPATH=tests/user_tasks python scripts/launch_loops.py --runs 20 --ranks 4 --task fsdp_step \
+        --overrides launcher=slurm launcher.nodes=2 'task.modules=[wf_slurm_test_tasks]'
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ class Launch:
     output: str
 
 
-def _start(overrides: list[str], out_root: str, extra_env: dict[str, str]) -> tuple[subprocess.Popen, float]:
-    cmd = [sys.executable, "-m", "wf_launch", "task=noop", f"hydra.run.dir={out_root}/${{now:%H-%M-%S}}-${{wf_uid:}}",
-           *overrides]
+def _start(overrides: list[str], out_root: str, extra_env: dict[str, str],
+           task: str = "noop") -> tuple[subprocess.Popen, float]:
+    cmd = [sys.executable, "-m", "wf_launch", f"task={task}",
+           f"hydra.run.dir={out_root}/${{now:%H-%M-%S}}-${{wf_uid:}}", *overrides]
     env = {**os.environ, **extra_env}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env=env)
@@ -131,11 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dump", action="store_true",
                    help="on a stall, py-spy dump every process of the launch (into the out dir) before killing")
     p.add_argument("--stop-on-fail", action="store_true", help="stop at the first failure")
+    p.add_argument("--task", default="noop", help="task of the sequential launches (default noop)")
+    p.add_argument("--overrides", nargs="*", default=[],
+                   help="more overrides for every launch, e.g. launcher=slurm launcher.nodes=2")
     args = p.parse_args(argv)
 
     out_root = args.out or tempfile.mkdtemp(prefix="wf_launch_loops-")
     env = {"PYTHONUNBUFFERED": "1"}
-    common = [f"engine.distributed_timeout_minutes={args.timeout_min}"]
+    common = [f"engine.distributed_timeout_minutes={args.timeout_min}", *args.overrides]
     results: list[Launch] = []
     dump = Path(out_root) if args.dump else None
     print(f"run dirs under {out_root}", flush=True)
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs:
         print(f"{args.runs} sequential launch(es) of {args.ranks} ranks", flush=True)
     for i in range(args.runs):
-        proc, t0 = _start([f"engine.dp_size={args.ranks}", *common], out_root, env)
+        proc, t0 = _start([f"engine.dp_size={args.ranks}", *common], out_root, env, args.task)
         launch = _finish(f"seq {i + 1}/{args.runs} ({args.ranks}r)", proc, t0, args.limit_s, dump)
         results.append(launch)
         _report(launch, args.tail)

@@ -38,3 +38,18 @@ def _save(ctx: TaskContext) -> None:
 
 
 resumable.on_preempt = _save
+
+
+@register_task("fsdp_step")
+def fsdp_step(ctx: TaskContext) -> dict[str, Any]:
+    """One FSDP2 forward and backward of a model with an embedding: the case whose interpreter exit
+    can abort on gloo (shared/notes/torch-quirks.md), for the exit loops of scripts/launch_loops.py."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32))
+    fully_shard(model)
+    loss = model(torch.randint(0, 64, (4, 8))).square().mean()
+    loss.backward()
+    return {"loss": float(loss)}

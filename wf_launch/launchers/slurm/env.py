@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
 from ...entrypoint import ATTEMPT_VAR, Preempted, RankSpec, rank_main
+from ...hardexit import exit_after_cleanup, flush_and_exit
 from ...stacks import DUMP_SIGNAL
 from .submitit_adapter import job_environment
 
@@ -126,8 +126,11 @@ class SlurmRank:
         export_rank_env()
         os.environ[ATTEMPT_VAR] = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
         try:
-            return rank_main(self.spec)
+            value = rank_main(self.spec)
         except Preempted:
-            sys.__stdout__.flush()
-            sys.__stderr__.flush()
-            os._exit(0)
+            flush_and_exit(0)
+        except BaseException:
+            exit_after_cleanup(1)  # submitit records the error and re-raises; then leave
+            raise
+        exit_after_cleanup(0)  # submitit writes the result; then leave before torch's teardown can abort
+        return value

@@ -1,0 +1,46 @@
+"""Leave a rank process without running interpreter finalization.
+
+Torch's C++ teardown can abort a rank at interpreter exit after all its work is done
+("terminate called without an active exception", SIGABRT), on gloo with or without
+FSDP2 (see ``shared/notes/torch-quirks.md``): a finished job then reads as FAILED.
+Forked local ranks never meet it, since multiprocessing leaves them through
+``os._exit``. A SLURM task returns through submitit, which must first write its result
+file; :func:`exit_after_cleanup` lets it, and then leaves from an ``atexit`` hook,
+before module teardown and C++ static destructors run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+__all__ = ["exit_after_cleanup", "flush_and_exit"]
+
+
+def flush_and_exit(code: int) -> None:
+    """Flush the logs and standard streams, then ``os._exit(code)``."""
+    try:
+        from loguru import logger
+
+        logger.complete()
+        logger.remove()  # closes (so flushes) every sink, the rank log included
+    except Exception:
+        pass
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def exit_after_cleanup(code: int) -> None:
+    """Leave with ``code`` once the interpreter starts to exit: after the caller's caller (submitit)
+    has returned and after non-daemon threads have been joined, but before finalization.
+
+    ``atexit`` hooks run last-registered first, so hooks registered earlier (loguru's,
+    for instance) do not run; :func:`flush_and_exit` flushes what they would have.
+    """
+    atexit.register(flush_and_exit, code)
