@@ -101,16 +101,21 @@ class RunDirClaim:
         self.release()
 
 
-def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
+def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
 
     Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
     when the directory already holds a run (its ``result.json``, logs, config)
-    and ``overwrite`` is false. With ``overwrite`` the old run is moved aside into
-    a sibling ``NAME.replaced-TIMESTAMP`` directory, never merged into.
+    and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside into
+    a sibling ``NAME.replaced-TIMESTAMP`` directory, never merged into. With
+    ``resume`` the launch continues that run in place (its checkpoints and attempt
+    records stay; its last ``result.json`` moves to ``logs/``), unless it completed.
     """
     import fcntl
 
+    if overwrite and resume:
+        raise RunDirInUse("launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the run "
+                          "in the directory aside, resume continues it)")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -122,6 +127,11 @@ def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
         raise RunDirInUse(f"run directory {run_dir} is in use by a live launch (pid {holder}); "
                           "choose another hydra.run.dir") from None
     held = _held_by(run_dir)
+    if held and resume:
+        _resumable(run_dir, fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return RunDirClaim(run_dir, fd)
     if held and not overwrite:
         os.close(fd)
         raise RunDirInUse(f"run directory {run_dir} already holds a run ({held}); choose another "
@@ -135,6 +145,23 @@ def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunDirClaim(run_dir, fd)
+
+
+def _resumable(run_dir: Path, fd: int) -> None:
+    """Check that the run in ``run_dir`` can be continued, and move its last record into ``logs/``."""
+    try:
+        data = read_json(run_dir / RESULT)
+    except (OSError, ValueError):
+        data = None
+    status = data.get("status") if isinstance(data, dict) else None
+    if status == "ok" and "exit_code" in data:
+        os.close(fd)
+        raise RunDirInUse(f"run directory {run_dir} holds a run that completed (status 'ok'); nothing to "
+                          "resume: choose another hydra.run.dir, or launcher.overwrite=true to start afresh")
+    if data is not None:
+        previous = len(list((run_dir / LOGS).glob("attempt*.json")))
+        (run_dir / LOGS).mkdir(exist_ok=True)
+        os.replace(run_dir / RESULT, run_dir / LOGS / f"result.before-attempt{previous}.json")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

@@ -56,3 +56,55 @@ def echo(ctx: TaskContext) -> dict[str, Any]:
         "run_dir": str(ctx.run_dir), "device": str(ctx.device),
         "started": ctx.config["engine"]["order"],
     }
+
+
+@dataclass
+class DrillTrainConfig(TaskConfig):
+    """A small resumable training loop for the drill tests (what ``task=train`` does, in miniature)."""
+
+    steps: int = 24
+    checkpoint_every: int = 4
+    step_sleep_s: float = 0.1
+    seed: int = 0
+
+
+@register_task("drill_train", config=DrillTrainConfig)
+def drill_train(ctx: TaskContext) -> dict[str, Any]:
+    """Data-parallel SGD on a linear model over every rank; checkpoints, stops on ``ctx.should_stop()``, resumes."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    cfg = ctx.cfg
+    torch.manual_seed(cfg.seed)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    data = torch.Generator().manual_seed(cfg.seed + 1000 + ctx.rank)
+    progress = {"step": 0, "loss": 0.0}
+    state = {"model": model, "optim": opt, "data": data, "progress": progress}
+    ctx.checkpoint.load(state)
+    group = ctx.groups["world"].cpu_group
+    while progress["step"] < cfg.steps:
+        x = torch.randn(8, 16, generator=data)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= ctx.world_size
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)
+        progress["step"] += 1
+        progress["loss"] = float(mean) / ctx.world_size
+        ctx.progress(progress["step"], cfg.steps, loss=progress["loss"])
+        time.sleep(cfg.step_sleep_s)
+        stop = ctx.should_stop()
+        if progress["step"] % cfg.checkpoint_every == 0 or stop:
+            ctx.checkpoint.save(progress["step"], state)
+        if stop:
+            break
+    weights = b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())
+    return {"steps_done": progress["step"], "final_loss": progress["loss"],
+            "weights_sha256": hashlib.sha256(weights).hexdigest()}
