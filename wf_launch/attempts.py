@@ -28,7 +28,7 @@ from typing import Any
 
 from . import rundir
 
-__all__ = ["attempt_file", "cause_of_exits", "close", "collect", "count", "last_step", "read", "update"]
+__all__ = ["attempt_file", "cause_of_exits", "close", "collect", "count", "describe", "last_step", "read", "update"]
 
 _FIELDS = ("started_at", "ended_at", "resumed_from", "last_step", "ended_by")
 
@@ -121,3 +121,14 @@ def collect(run_dir: Path | str) -> list[dict[str, Any]]:
                     "steps_lost": lost})
         previous = marker
     return out
+
+
+def describe(entries: list[dict[str, Any]]) -> list[str]:
+    """One line per attempt, for ``python -m wf_launch.status`` and the drill."""
+
+    def show(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    return [f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step {show(a.get('resumed_from'))}, "
+            f"reached step {show(a.get('last_step'))}, steps lost {show(a.get('steps_lost'))}; "
+            f"ended by {show(a.get('ended_by'))}" for a in entries]

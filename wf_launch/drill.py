@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import rundir
+from . import attempts, rundir
 from .progress import METRICS_FILE, PUBLISH_ENV, read_progress
 from .record import RecordError, RunRecord, Status
 
@@ -240,8 +240,6 @@ def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
     reached the step after it (rank 0's ``metrics.jsonl``), less one ordinary step: the
     downtime (stop, restart or requeue, start-up, loading) plus the steps done twice.
     """
-    from . import attempts
-
     lines: list[tuple[float, int]] = []
     try:
         with open(run_dir / METRICS_FILE) as f:
@@ -313,9 +311,7 @@ def render(summary: dict[str, Any]) -> str:
     if summary["missing"]:
         lines.append(f"  the reference's rank 0 returned no {summary['missing']}: nothing to compare")
     lines.append(f"  attempts made: {len(summary['attempts'])}")
-    for a in summary["attempts"]:
-        lines.append(f"    attempt {a['attempt']}: cause {a['cause']}; resumed from {a['resumed_from']}; "
-                     f"last step {a['last_step']}; ended by {a['ended_by']}; steps lost {a['steps_lost']}")
+    lines += [f"    {line}" for line in attempts.describe(summary["attempts"])]
     for i in summary["injections"]:
         lost = "?" if i["time_lost_s"] is None else f"{i['time_lost_s']:.2f} s"
         lines.append(f"  {i['kind']} at step {i['reached_step']} ({i['target']}): time lost {lost} "

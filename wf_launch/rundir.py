@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json"]
+__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json", "record_environment"]
 
 RESULT = "result.json"
 LOCK = ".wf_launch.lock"
@@ -193,3 +193,34 @@ def environment_info(cwd: Path | str | None = None) -> dict[str, Any]:
         status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
         info["git_dirty"] = bool(status)
     return info
+
+
+MAX_DIFF_BYTES = 256 * 1024
+MAX_PACKAGES = 5000
+
+
+def _packages() -> list[str]:
+    """``pip freeze`` of this interpreter (``name==version``, sorted), read from the installed metadata."""
+    from importlib import metadata
+
+    found = set()
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            found.add(f"{name}=={dist.version}")
+    return sorted(found, key=str.lower)[:MAX_PACKAGES]
+
+
+def record_environment(run_dir: Path | str, cwd: Path | str | None = None) -> dict[str, Any]:
+    """Write ``environment.json`` (:func:`environment_info` plus the installed packages, ``pip freeze``
+    style, and ``git diff HEAD`` when the checkout is dirty, cut at :data:`MAX_DIFF_BYTES`) and return
+    the summary the run record keeps (without those two)."""
+    info = environment_info(cwd)
+    full = {**info, "packages": _packages()}
+    if info.get("git_dirty"):
+        diff = _git(["diff", "HEAD"], Path(cwd or os.getcwd())) or ""
+        data = diff.encode()
+        full["git_diff"] = data[:MAX_DIFF_BYTES].decode(errors="replace")
+        full["git_diff_truncated"] = len(data) > MAX_DIFF_BYTES
+    atomic_write_json(Path(run_dir) / ENVIRONMENT, full)
+    return {**info, "details": ENVIRONMENT}

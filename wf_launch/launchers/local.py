@@ -223,7 +223,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     logger.info(f"launching {nproc} rank(s): {plan.layout.describe()}, task={plan.task}, "
                 f"start method {method}, run dir {plan.run_dir}")
     info = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,
-            "run_dir": str(plan.run_dir), "environment": rundir.environment_info()}
+            "run_dir": str(plan.run_dir), "environment": rundir.record_environment(plan.run_dir)}
     t0 = time.time()
     try:
         gate = ForkGate()
