@@ -42,7 +42,7 @@ def test_slurm_drill_across_two_nodes_ends_identical(slurm_cluster: SlurmCluster
     assert first["ended_by"] == "preempted: USR2 (stop flag)"
     assert requeued["cause"] == "preempted: USR2 (stop flag)" and requeued["steps_lost"] == 0
     assert requeued["resumed_from"] == first["last_step"] and requeued["last_step"] == 30
-    assert len(_result(directory / "interrupted")["hosts"]) == 2
+    assert json.loads((directory / "interrupted" / "slurm_job.json").read_text())["nodes"] == 2
     status = subprocess.run([sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
                             capture_output=True, text=True, timeout=120, env=_env(slurm_cluster))
     assert "attempt 1: preempted: USR2 (stop flag); resumed from step" in status.stdout, status.stdout
