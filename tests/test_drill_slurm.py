@@ -58,11 +58,12 @@ def _wait_for(path: Path, what: str, timeout: float = 240) -> None:
 def test_a_preempted_sweep_point_requeues_alone_and_both_match_the_reference(slurm_cluster: SlurmCluster,
                                                                              tmp_path: Path) -> None:
     env = _env(slurm_cluster)
-    args = [sys.executable, "-m", "wf_launch", "launcher=slurm", *TRAIN, "task.steps=30"]
-    reference = subprocess.Popen([*args, f"hydra.run.dir={tmp_path / 'reference'}"], env=env, cwd=tmp_path,
+    args = ["launcher=slurm", *TRAIN, "task.steps=30"]
+    cli = [sys.executable, "-m", "wf_launch"]
+    reference = subprocess.Popen([*cli, *args, f"hydra.run.dir={tmp_path / 'reference'}"], env=env, cwd=tmp_path,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     sweep = tmp_path / "sweep"  # two points that must give the same weights: async or synchronous saves
-    proc = subprocess.Popen([*args, "-m", "task.async_save=false,true", f"hydra.sweep.dir={sweep}"], env=env,
+    proc = subprocess.Popen([*cli, "-m", *args, "task.async_save=false,true", f"hydra.sweep.dir={sweep}"], env=env,
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         progress = sweep / "0" / "logs" / "rank0.progress.json"
