@@ -1,14 +1,15 @@
 """Task ``train``: matches a single-process run, and an interrupted run resumes bitwise.
 
-Multi-rank checks run the real CLI (kill -9 of a rank, ``launcher.max_restarts=1``: the
-restarted ranks resume from the newest checkpoint) and the task on forked gloo ranks
-(a stop requested on one rank, the way a signal does, agreed by every rank).
+Multi-rank checks run the real CLI: kill -9 of a rank with ``launcher.max_restarts=1`` (the
+restarted ranks resume from the newest checkpoint), and SIGTERM to one rank (the stop flag:
+every rank saves and returns; a new start from that checkpoint finishes the run).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -17,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 from cli_helpers import leftover_processes, result, run_cli, start_cli
-from multirank import run_ranks
 
 from wf_launch.checkpoint import complete_checkpoints
 from wf_launch.config import ConfigError, EngineConfig
@@ -123,45 +123,50 @@ def test_matches_single_process_and_a_killed_run_resumes_bitwise(tmp_path: Path,
 
 # ------------------------------------------------------------------ multi-rank, the stop flag
 
-def _run_train(rank: int, world_size: int, engine: dict[str, Any], task: dict[str, Any], run_dir: str,
-               stop_at: int | None) -> Any:
-    """One rank of task ``train``; rank 1 asks to stop after step ``stop_at`` (as a signal would)."""
-    from loguru import logger
-
-    from wf_launch.tasks.context import build_context
-    from wf_launch.tasks.registry import get_task
-    from worldfoundry.core.distributed import destroy_model_parallel, dist_init
-
-    eng = {"distributed_backend": "gloo", "distributed_timeout_minutes": 1.0, **engine}
-    device = dist_init({"engine_config": eng})
-    try:
-        ctx = build_context({"engine": eng, "task": {"name": "train", **task}}, Path(run_dir), device, logger)
-
-        def report(step: int, total: int | None = None, **metrics: Any) -> None:
-            if step == stop_at and rank == 1:
-                ctx.stop.request("test")
-
-        ctx.reporter = report
-        value = get_task("train")(ctx)
-        ctx.checkpoint.close()
-        ctx.stop.drain()
-        return value
-    finally:
-        destroy_model_parallel()
+def _wait_for_step(proc: Any, run_dir: Path, rank: int, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    progress = run_dir / "logs" / f"rank{rank}.progress.json"
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"rank {rank} never reached step {step}"
+        try:
+            if json.loads(progress.read_text())["step"] >= step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
-def test_a_stop_saves_returns_and_the_next_start_resumes_bitwise(tmp_path: Path) -> None:
-    engine, task = {"dp_size": 2}, {"steps": 5, "batch": 1}
+def test_sigterm_saves_and_returns_and_a_start_from_its_checkpoint_ends_bitwise_equal(tmp_path: Path) -> None:
+    args = ["task=train", "task.steps=6", "task.batch=1", "engine.dp_size=2"]
+    proc = run_cli(args, tmp_path / "straight", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    want = result(tmp_path / "straight")["results"]["0"]
 
-    def launch(run_dir: Path, stop_at: int | None) -> dict[str, Any]:
-        return run_ranks(_run_train, 2, engine, task, str(run_dir), stop_at, init=False, timeout=180)[0]
+    stopped = tmp_path / "stopped"
+    proc = start_cli([*args, "task.step_sleep_s=0.5"], stopped)
+    try:
+        _wait_for_step(proc, stopped, rank=1, step=2)
+        os.kill(json.loads((stopped / "logs" / "rank1.pid").read_text())["pid"], signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    got = result(stopped)["results"]["0"]
+    assert got["stopped"] is True and 2 < got["steps_done"] < 6, got
+    assert [s for s, _ in complete_checkpoints(stopped)] == [got["steps_done"]]
+    assert got["loss_curve"] == want["loss_curve"][:got["steps_done"]]
 
-    want = launch(tmp_path / "straight", None)
-    stopped = launch(tmp_path / "stopped", 2)
-    assert stopped["stopped"] is True and stopped["steps_done"] == 3  # asked during step 2, agreed after 3
-    assert [s for s, _ in complete_checkpoints(tmp_path / "stopped")] == [3]
-    resumed = launch(tmp_path / "stopped", None)
-    assert resumed["stopped"] is False and resumed["steps_done"] == 5
-    assert {k: resumed[k] for k in SAME} == {k: want[k] for k in SAME}
-    assert resumed["attempts"] == [{"attempt": 0, "resumed_from": None}, {"attempt": 1, "resumed_from": 3}]
+    resumed = tmp_path / "resumed"  # a requeued job: the same checkpoints, a new start
+    resumed.mkdir()
+    shutil.copytree(stopped / "checkpoints", resumed / "checkpoints")
+    proc = run_cli(args, resumed, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = result(resumed)["results"]["0"]
+    assert res["stopped"] is False and res["steps_done"] == 6
+    assert {k: res[k] for k in SAME} == {k: want[k] for k in SAME}
+    assert res["attempts"] == [{"attempt": 0, "resumed_from": None},
+                               {"attempt": 1, "resumed_from": got["steps_done"]}]
