@@ -33,6 +33,7 @@ import copy
 import hashlib
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -276,6 +277,9 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     dp_rank, dp_size = ctx.coords["dp"], ctx.groups["dp"].world_size
     cp_rank, cp_pg = cp.rank_in_group, (cp if cp.world_size > 1 else None)
     split = cfg.plan_split(cp.world_size)
+    # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
+    # Stage's outputs are views of FSDP2's own hooks and linear layers, and nothing edits them in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStage\) returned a view tensor")
     if ctx.stop is not None and ctx.stop.calls == 0:
         ctx.stop.every = 1  # a step dwarfs one tiny async all-reduce; a stop then lands within two steps
 
