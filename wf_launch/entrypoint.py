@@ -29,7 +29,7 @@ from . import attempts, rundir, stacks
 from .ranklog import rank_label, setup_rank_logging
 
 __all__ = ["ATTEMPT_VAR", "Preempted", "RankSpec", "joined_marker", "layout_of", "preempt_marker", "rank_main",
-           "record_failure", "sigterm_seen"]
+           "record_failure"]
 
 ATTEMPT_VAR = ATTEMPT_ENV
 """Which try of the run this rank belongs to (0, 1, ...): every launcher sets it, the runtime reads it."""
@@ -125,20 +125,11 @@ def _install_preempt_handler(spec: RankSpec, rank: int, world_size: int, log: An
     return state
 
 
-_SIGTERM_SEEN: list[float] = []
-
-
-def sigterm_seen() -> bool:
-    """Whether this rank got SIGTERM and turned it into a stop request (its launcher is shutting down)."""
-    return bool(_SIGTERM_SEEN)
-
-
 def _stop_on_sigterm(ctx: Any) -> None:
     """SIGTERM to a local rank: a stop request once the task polls ``ctx.should_stop()``, else the default."""
 
     def handler(signum: int, frame: Any) -> None:
         if ctx.stop is not None and ctx.stop.polled:
-            _SIGTERM_SEEN.append(time.time())
             ctx.stop.request("SIGTERM")
             return
         signal.signal(signum, signal.SIG_DFL)

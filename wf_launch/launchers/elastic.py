@@ -158,6 +158,18 @@ class _ExitCodeAgent(LocalElasticAgent):
         finally:
             self.gate.release(len(worker_group.workers))
 
+    def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+        # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag saves
+        # and returns, and its rank then waits for the agent to collect its return value, which a stopping
+        # agent never does. Let those ranks exit at once instead of at the end of the shutdown timeout.
+        # (A rank killed inside the event's wait may hold its lock: then skip it rather than block.)
+        event = getattr(self._pcontext, "_worker_finished_event", None)
+        cond = getattr(event, "_cond", None)
+        if cond is not None and cond.acquire(timeout=1.0):
+            cond.release()
+            event.set()
+        super()._shutdown(*args, **kwargs)
+
     def _live_pids(self, worker_group: WorkerGroup) -> dict[int, int]:
         """Global rank -> pid of every worker still running."""
         codes = _exit_codes(self._pcontext)

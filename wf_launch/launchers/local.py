@@ -25,7 +25,7 @@ from loguru import logger
 
 from .. import attempts, rundir
 from ..config import config_error
-from ..entrypoint import ATTEMPT_VAR, RankSpec, rank_main, sigterm_seen
+from ..entrypoint import ATTEMPT_VAR, RankSpec, rank_main
 from ..outcome import RunOutcome
 from ..record import RunRecord, Status
 from ..report import explain_failure
@@ -164,18 +164,11 @@ def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = 
         os._exit(1)
     os.environ[ATTEMPT_VAR] = str(spec.attempt_base + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
     try:
-        value = rank_main(spec)
+        return rank_main(spec)
     except BaseException:
         sys.__stdout__.flush()
         sys.__stderr__.flush()
         os._exit(1)
-    if sigterm_seen():
-        # The launcher is stopping the ranks (its SIGTERM became the task's stop flag, the task saved and
-        # returned): leave now. Returning would wait for an agent that no longer collects return values.
-        sys.__stdout__.flush()
-        sys.__stderr__.flush()
-        os._exit(0)
-    return value
 
 
 class _ToLoguru(logging.Handler):

@@ -23,7 +23,7 @@ from typing import Any
 
 from loguru import logger
 
-from ... import rundir
+from ... import attempts, rundir
 from ...config import config_error
 from ...entrypoint import RankSpec
 from ...outcome import RunOutcome
@@ -132,6 +132,7 @@ def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
     return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
                     console_ranks=lc.get("console_ranks"), launch_time=launch_time,
                     max_log_mb=float(lc.get("max_log_mb") or 0), on_timeout=SlurmStackDump(),
+                    attempt_base=attempts.count(plan.run_dir),
                     preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
                                          float(lc["preempt_wait_s"]), lc["max_requeues"]))
 
