@@ -113,16 +113,23 @@ def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[byt
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the launch (its own process group), SIGKILL after 60 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _finish(proc: subprocess.Popen[bytes], deadline: float) -> int:
     try:
         return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop(proc)
         raise DrillError("the run did not finish within --timeout") from None
 
 
@@ -155,6 +162,7 @@ class Drill:
         self.dir = directory
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def _launch_overrides(self, injections: list[Injection]) -> list[str]:
         given = {o.split("=", 1)[0].lstrip("+~") for o in self.overrides}
@@ -172,7 +180,11 @@ class Drill:
         run = _Run(self.dir / "reference", self._launch_overrides([]))
         t0 = time.monotonic()
         proc = _cli(run.overrides, run.run_dir, self.dir / "reference.log")
-        run.exit_codes.append(_finish(proc, t0 + self.timeout_s))
+        try:
+            run.exit_codes.append(_finish(proc, t0 + self.timeout_s))
+        except BaseException:
+            _stop(proc)
+            raise
         run.launches, run.wall_s = 1, time.monotonic() - t0
         return run
 
@@ -181,11 +193,24 @@ class Drill:
         log = self.dir / "interrupted.log"
         t0 = time.monotonic()
         deadline = t0 + self.timeout_s
-        proc = _cli(run.overrides, run.run_dir, log)
+        self._proc = _cli(run.overrides, run.run_dir, log)
         run.launches = 1
+        try:
+            self._inject(run, injections, log, deadline)
+            run.exit_codes.append(_finish(self._proc, deadline))
+        except BaseException:
+            _stop(self._proc)  # never leave a run behind (on SLURM its launcher cancels the job on SIGTERM)
+            raise
+        run.wall_s = time.monotonic() - t0
+        _time_lost(run.run_dir, injections)
+        return run
+
+    def _inject(self, run: _Run, injections: list[Injection], log: Path, deadline: float) -> None:
+        """Each interruption in turn, at its step (``self._proc``: the launch process running now)."""
         seen_pids: set[int] = set()
         since = 0.0
         for inj in injections:
+            proc = self._proc
             state = self._wait_for_step(proc, run.run_dir, inj.step, since, seen_pids, deadline)
             if state is None:
                 raise DrillError(f"the run ended before step {inj.step} ({inj.kind} never injected); "
@@ -203,17 +228,16 @@ class Drill:
                 os.kill(proc.pid, signal.SIGTERM)
                 inj.target = f"launcher pid {proc.pid}"
                 run.exit_codes.append(_finish(proc, deadline))
-                proc = _cli([*run.overrides, "launcher.resume=true"], run.run_dir, log)
+                self._proc = _cli([*run.overrides, "launcher.resume=true"], run.run_dir, log)
                 run.launches += 1
             elif inj.kind == "usr2":
                 job = (rundir.read_json(run.run_dir / "slurm_job.json") or {}).get("job_id")
-                subprocess.run(["scancel", "--signal=USR2", str(job)], check=True, capture_output=True, timeout=30)
+                out = subprocess.run(["scancel", "--signal=USR2", str(job)], capture_output=True, text=True,
+                                     timeout=30, check=False)
+                if out.returncode != 0:
+                    raise DrillError(f"scancel --signal=USR2 {job} failed: {out.stderr.strip()}")
                 inj.target = f"SLURM job {job}"
             since = inj.at
-        run.exit_codes.append(_finish(proc, deadline))
-        run.wall_s = time.monotonic() - t0
-        _time_lost(run.run_dir, injections)
-        return run
 
     def _wait_for_step(self, proc: subprocess.Popen[bytes], run_dir: Path, step: int, since: float,
                        old_pids: set[int], deadline: float) -> dict[int, dict[str, Any]] | None:
