@@ -51,6 +51,9 @@ TASK_FIELDS = {
              "heads", "depth", "mlp_ratio", "dtype", "warmup", "repeats", "check", "atol"],
     "layout": ["name", "modules"],
     "noop": ["name", "modules"],
+    "train": ["name", "modules", "seed", "steps", "micro_batches", "batch", "lr", "weight_decay", "ema_beta", "loss",
+              "checkpoint_every", "keep", "async_save", "step_sleep_s", "check_reference", "reference_atol",
+              "channels", "frames", "height", "width", "patch", "hidden", "heads", "depth", "mlp_ratio"],
 }
 # the type each field has in the schema: most values are drawn to fit it, so they reach validation
 FIELD_TYPES: dict[str, str] = {
@@ -67,6 +70,9 @@ FIELD_TYPES: dict[str, str] = {
     "modules": "list[str]", "seed": "int", "batch": "int", "channels": "int", "frames": "int", "height": "int",
     "width": "int", "patch": "list[int]", "hidden": "int", "heads": "int", "depth": "int",
     "mlp_ratio": "float", "dtype": "str", "warmup": "int", "repeats": "int", "check": "bool", "atol": "float?",
+    "steps": "int", "micro_batches": "int", "lr": "float", "weight_decay": "float", "ema_beta": "float",
+    "loss": "str", "checkpoint_every": "int", "keep": "int", "async_save": "bool", "step_sleep_s": "float",
+    "check_reference": "bool", "reference_atol": "float",
 }
 UNKNOWN_FIELDS = ["bogus", "tp", "sizes", "x" * 40, "ünïcode"]
 
@@ -180,7 +186,7 @@ def _keys(launcher: str, task: str) -> list[tuple[str, str]]:
 
 def random_example(rng: random.Random) -> Example:
     launcher = rng.choice(["local", "slurm"])
-    task = rng.choice(["demo", "demo", "layout", "noop"])
+    task = rng.choice(["demo", "demo", "layout", "noop", "train", "train"])
     ex = Example(launcher, task)
     keys = _keys(launcher, task)
     for _ in range(rng.randrange(1, 5)):

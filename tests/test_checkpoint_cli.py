@@ -15,7 +15,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "checkpointing.md"
 
 
 def test_docs_example_trains_and_keeps_its_newest_checkpoints(tmp_path: Path) -> None:
-    code = re.search(r"## Example task loop\s+```python\n(.*?)```", DOCS.read_text(), re.S)
+    code = re.search(r"## Example task loop.*?```python\n(.*?)```", DOCS.read_text(), re.S)
     assert code, "docs/checkpointing.md lost its example"
     pkg = tmp_path / "src"
     pkg.mkdir()
@@ -23,7 +23,7 @@ def test_docs_example_trains_and_keeps_its_newest_checkpoints(tmp_path: Path) ->
     env = cli_env()
     env["PYTHONPATH"] = f"{pkg}:{env['PYTHONPATH']}"
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "wf_launch", "task=train", "task.modules=[ckpt_example]",
+    proc = subprocess.run([sys.executable, "-m", "wf_launch", "task=my_train", "task.modules=[ckpt_example]",
                            "engine.dp_size=2", "task.steps=30", "task.save_every=5", "task.keep=3",
                            f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=300)

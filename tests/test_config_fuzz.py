@@ -49,7 +49,7 @@ _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
 @st.composite
 def examples(draw) -> list[str]:
     launcher = draw(st.sampled_from(["local", "slurm"]))
-    task = draw(st.sampled_from(["demo", "layout", "noop"]))
+    task = draw(st.sampled_from(["demo", "layout", "noop", "train"]))
     keys = fuzz._keys(launcher, task)
     overrides = [f"launcher={launcher}", f"task={task}"]
     for _ in range(draw(st.integers(1, 4))):

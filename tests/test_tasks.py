@@ -50,7 +50,7 @@ def test_builtin_tasks_registered() -> None:
     from wf_launch.tasks.registry import get_task, load_task_modules, registered_configs
 
     load_task_modules()
-    for name in ("demo", "layout", "noop"):
+    for name in ("demo", "layout", "noop", "train"):
         assert callable(get_task(name))
     assert isinstance(registered_configs()["demo"], DemoTaskConfig)
     get_task("demo").validate_config({"name": "demo", "frames": 8})

@@ -42,14 +42,16 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
 
     A run directory holds one run: launching into one that holds a run (or that a
     live launch owns) is refused with exit code 2 before anything is written,
-    unless ``launcher.overwrite=true`` (the old run is moved aside). A dry run
+    unless ``launcher.overwrite=true`` (the old run is moved aside) or
+    ``launcher.resume=true`` (the interrupted run continues there). A dry run
     claims nothing and writes nothing there.
     """
     dry_run = OmegaConf.select(cfg, "launcher.dry_run", default=False) is True
     claim = None
     if not dry_run:
         try:
-            claim = rundir.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True)
+            claim = rundir.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
+                                 OmegaConf.select(cfg, "launcher.resume", default=False) is True)
         except rundir.RunDirInUse as exc:
             print(f"wf_launch: {exc}", file=sys.stderr)
             return RunOutcome(Status.INVALID, run_dir, str(exc))

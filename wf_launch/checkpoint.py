@@ -227,10 +227,12 @@ class Checkpointer:
     the background; the next ``save`` / ``wait`` / ``load`` / ``close`` commits.
     ``process_group``: the group of ranks that save together (None: the default group).
     Every method except :meth:`latest_step` is collective over that group.
+    ``record_attempt``: rank 0 records the step :meth:`load` resumed from in this launch
+    attempt's record (``logs/attempt{N}.json``, :mod:`wf_launch.attempts`); ``ctx.checkpoint`` sets it.
     """
 
     def __init__(self, run_dir: str | os.PathLike, keep: int = 3, async_save: bool = False,
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, record_attempt: bool = False) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep={keep!r} must be an int >= 1 (how many complete checkpoints to keep)")
         if not isinstance(async_save, bool):
@@ -242,6 +244,7 @@ class Checkpointer:
         self.keep = keep
         self.async_save = async_save
         self.process_group = process_group
+        self.record_attempt = record_attempt
         self._async_group: Any = None
         self._pending: tuple[Any, int, Path] | None = None  # (future, step, temp dir)
         self._stager: Any = None  # async: CPU staging buffers, reused by every save
@@ -463,6 +466,12 @@ class Checkpointer:
             chosen = -1 if latest is None else latest
             self._clean_incomplete()
         step = self._from_rank0(chosen)
+        if self.record_attempt and self._rank() == 0:
+            from worldfoundry.core.distributed.env import launch_attempt
+
+            from .attempts import update
+
+            update(self.run_dir, launch_attempt(), resumed_from=None if step < 0 else step)
         if step < 0:
             return None
         directory = self.root / _step_name(step)

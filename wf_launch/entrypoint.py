@@ -25,7 +25,7 @@ from typing import Any
 from worldfoundry.core.distributed.env import ATTEMPT_ENV, launch_attempt
 from worldfoundry.core.distributed.topology import Layout
 
-from . import rundir, stacks
+from . import attempts, rundir, stacks
 from .ranklog import rank_label, setup_rank_logging
 
 __all__ = ["ATTEMPT_VAR", "Preempted", "RankSpec", "joined_marker", "layout_of", "preempt_marker", "rank_main",
@@ -48,6 +48,7 @@ class RankSpec:
     preempt: Any = None
     max_log_mb: float = 0
     on_timeout: Any = None
+    attempt_base: int = 0
 
 
 class Preempted(BaseException):
@@ -280,6 +281,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     task_cfg = spec.config["task"]
     timings: dict[str, float] = {"start_s": round(t_start - spec.launch_time, 4)}
     preempt = None if spec.preempt is None else _install_preempt_handler(spec, env.rank, env.world_size, log)
+    ctx = None
     try:
         load_task_modules(task_cfg.get("modules") or [], builtins=False)
         task = get_task(task_cfg["name"])
@@ -289,6 +291,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         t_init = time.time()
         timings["init_s"] = round(t_init - t_start, 4)
         joined_marker(run_dir, env.rank).write_text(f"{_attempt()}\n")
+        if env.rank == 0:
+            attempts.update(run_dir, _attempt(), started_at=t_start)
         log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
         ctx = build_context(spec.config, run_dir, device, log)
         if preempt is not None:
@@ -303,7 +307,11 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         if ctx.stop is not None:
             ctx.stop.drain()
             if ctx.stop.agreed and spec.preempt is not None and spec.preempt.allowed():
+                _end_attempt(run_dir, env.rank, ctx, f"preempted: {spec.preempt.signal} (stop flag)")
                 _requeue_after_stop(spec, ctx, env.rank, env.world_size, log)
+        stopped = ctx.stop is not None and ctx.stop.agreed
+        _end_attempt(run_dir, env.rank, ctx, f"stop flag: {ctx.stop.requested or 'another rank'}"
+                     if stopped else "completed")
         if ctx.reporter is not None:
             ctx.reporter.close()
         gathered = _gather_to_rank0({"rank": env.rank, "coords": coords, "result": value,
@@ -313,9 +321,12 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         groups.destroy_model_parallel()
         return value
     except Preempted:
+        if ctx is not None and not (attempts.read(run_dir, _attempt()) or {}).get("ended_by"):
+            _end_attempt(run_dir, env.rank, ctx, f"preempted: {spec.preempt.signal}")
         log.warning(f"rank {env.rank} leaves for the requeue")
         raise
     except BaseException as exc:
+        _end_attempt(run_dir, env.rank, ctx, None)
         timed_out = is_timeout_error(exc) and env.world_size > 1
         if timed_out and spec.on_timeout is not None:
             try:
@@ -333,6 +344,20 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         from loguru import logger
 
         logger.complete()
+
+
+def _end_attempt(run_dir: Path, rank: int, ctx: Any, ended_by: str | None) -> None:
+    """Rank 0 records how far this attempt got and (when it knows) why it ended; the launcher fills the rest."""
+    if rank != 0 or ctx is None:
+        return
+    step = ctx.reporter.step if ctx.reporter is not None else None
+    fields: dict[str, Any] = {"ended_at": time.time(), "last_step": step}
+    if ended_by is not None:
+        fields["ended_by"] = ended_by
+    try:
+        attempts.update(run_dir, _attempt(), **fields)
+    except OSError:
+        pass
 
 
 def _write_success(spec: RankSpec, gathered: list[dict[str, Any]]) -> None:

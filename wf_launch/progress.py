@@ -31,9 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRICS_FILE", "ProgressMonitor", "ProgressReporter", "ProgressView", "progress_file", "read_progress"]
+__all__ = ["METRICS_FILE", "PUBLISH_ENV", "ProgressMonitor", "ProgressReporter", "ProgressView", "progress_file", "publish_interval", "read_progress"]
 
 METRICS_FILE = "metrics.jsonl"
+PUBLISH_ENV = "WF_PROGRESS_PUBLISH_S"
+"""Seconds between a rank's progress publications (default 0.5); the drill sets 0: every step is seen."""
+
+
+def publish_interval(default: float = 0.5) -> float:
+    """:data:`PUBLISH_ENV` if set to seconds >= 0, else ``default``."""
+    try:
+        value = float(os.environ.get(PUBLISH_ENV, default))
+    except ValueError:
+        return default
+    return value if 0 <= value < float("inf") else default
 
 
 def progress_file(run_dir: Path | str, rank: int) -> Path:

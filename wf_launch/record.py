@@ -110,6 +110,7 @@ class RunRecord:
     hosts: list[str] = field(default_factory=list)
     failure: dict[str, Any] | None = None
     exits: dict[str, int] | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] | None = None
     signal: str | None = None
     finished_at: float | None = None
@@ -162,7 +163,8 @@ class RunRecord:
         record = cls(status=status, final="exit_code" in data,
                      extra={k: v for k, v in data.items() if k not in known and k not in ("status", "exit_code")},
                      **values)
-        for name, kind in (("results", dict), ("timings", dict), ("overrides", list), ("hosts", list)):
+        for name, kind in (("results", dict), ("timings", dict), ("overrides", list), ("hosts", list),
+                           ("attempts", list)):
             if not isinstance(getattr(record, name), kind):
                 raise RecordError(where, f"field {name!r} is a {type(getattr(record, name)).__name__}, "
                                          f"expected a {kind.__name__}")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json"]
+__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json", "record_environment"]
 
 RESULT = "result.json"
 LOCK = ".wf_launch.lock"
@@ -101,16 +101,21 @@ class RunDirClaim:
         self.release()
 
 
-def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
+def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
 
     Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
     when the directory already holds a run (its ``result.json``, logs, config)
-    and ``overwrite`` is false. With ``overwrite`` the old run is moved aside into
-    a sibling ``NAME.replaced-TIMESTAMP`` directory, never merged into.
+    and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside into
+    a sibling ``NAME.replaced-TIMESTAMP`` directory, never merged into. With
+    ``resume`` the launch continues that run in place (its checkpoints and attempt
+    records stay; its last ``result.json`` moves to ``logs/``), unless it completed.
     """
     import fcntl
 
+    if overwrite and resume:
+        raise RunDirInUse("launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the run "
+                          "in the directory aside, resume continues it)")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -122,6 +127,11 @@ def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
         raise RunDirInUse(f"run directory {run_dir} is in use by a live launch (pid {holder}); "
                           "choose another hydra.run.dir") from None
     held = _held_by(run_dir)
+    if held and resume:
+        _resumable(run_dir, fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return RunDirClaim(run_dir, fd)
     if held and not overwrite:
         os.close(fd)
         raise RunDirInUse(f"run directory {run_dir} already holds a run ({held}); choose another "
@@ -135,6 +145,23 @@ def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunDirClaim(run_dir, fd)
+
+
+def _resumable(run_dir: Path, fd: int) -> None:
+    """Check that the run in ``run_dir`` can be continued, and move its last record into ``logs/``."""
+    try:
+        data = read_json(run_dir / RESULT)
+    except (OSError, ValueError):
+        data = None
+    status = data.get("status") if isinstance(data, dict) else None
+    if status == "ok" and "exit_code" in data:
+        os.close(fd)
+        raise RunDirInUse(f"run directory {run_dir} holds a run that completed (status 'ok'); nothing to "
+                          "resume: choose another hydra.run.dir, or launcher.overwrite=true to start afresh")
+    if data is not None:
+        previous = len(list((run_dir / LOGS).glob("attempt*.json")))
+        (run_dir / LOGS).mkdir(exist_ok=True)
+        os.replace(run_dir / RESULT, run_dir / LOGS / f"result.before-attempt{previous}.json")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -166,3 +193,34 @@ def environment_info(cwd: Path | str | None = None) -> dict[str, Any]:
         status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
         info["git_dirty"] = bool(status)
     return info
+
+
+MAX_DIFF_BYTES = 256 * 1024
+MAX_PACKAGES = 5000
+
+
+def _packages() -> list[str]:
+    """``pip freeze`` of this interpreter (``name==version``, sorted), read from the installed metadata."""
+    from importlib import metadata
+
+    found = set()
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            found.add(f"{name}=={dist.version}")
+    return sorted(found, key=str.lower)[:MAX_PACKAGES]
+
+
+def record_environment(run_dir: Path | str, cwd: Path | str | None = None) -> dict[str, Any]:
+    """Write ``environment.json`` (:func:`environment_info` plus the installed packages, ``pip freeze``
+    style, and ``git diff HEAD`` when the checkout is dirty, cut at :data:`MAX_DIFF_BYTES`) and return
+    the summary the run record keeps (without those two)."""
+    info = environment_info(cwd)
+    full = {**info, "packages": _packages()}
+    if info.get("git_dirty"):
+        diff = _git(["diff", "HEAD"], Path(cwd or os.getcwd())) or ""
+        data = diff.encode()
+        full["git_diff"] = data[:MAX_DIFF_BYTES].decode(errors="replace")
+        full["git_diff_truncated"] = len(data) > MAX_DIFF_BYTES
+    atomic_write_json(Path(run_dir) / ENVIRONMENT, full)
+    return {**info, "details": ENVIRONMENT}

@@ -121,7 +121,12 @@ class Frame:
 
 
 def _short(path: str) -> str:
+    """A frame's file as a user knows it: inside a SLURM code snapshot, its path in the project; else
+    relative to the working directory, or the file name alone for a long absolute path."""
     p = Path(path)
+    for parent in p.parents:
+        if (parent / "SNAPSHOT.json").is_file():  # launchers/slurm/snapshot.py's manifest
+            return str(p.relative_to(parent))
     try:
         return str(p.relative_to(Path.cwd()))
     except ValueError:

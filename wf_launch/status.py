@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import rundir
+from . import attempts, rundir
 from .launchers import DetachedLauncher, get_launcher
 from .outcome import RunOutcome
 from .record import RecordError, RunRecord
@@ -76,6 +76,19 @@ def _print_run(run_dir: Path, launcher: Any, state: str, outcome: RunOutcome | N
     details = getattr(launcher, "status_details", None)
     for line in (details(run_dir) if callable(details) else []):
         print(f"  {line}")
+    for line in _attempt_lines(run_dir):
+        print(f"  {line}")
+
+
+def _attempt_lines(run_dir: Path) -> list[str]:
+    """The run's attempts (the final record's, or the markers of a run still going) when there were restarts."""
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        record = None
+    entries = record.attempts if record is not None and record.final and record.attempts else \
+        attempts.collect(run_dir)
+    return attempts.describe(entries) if len(entries) > 1 else []
 
 
 def _console_ranks(run_dir: Path) -> list[int]:

@@ -56,3 +56,4 @@ def echo(ctx: TaskContext) -> dict[str, Any]:
         "run_dir": str(ctx.run_dir), "device": str(ctx.device),
         "started": ctx.config["engine"]["order"],
     }
+

@@ -38,6 +38,7 @@ class LauncherConfig:
     console_ranks: list[int] | None = None
     max_log_mb: float = 1024.0
     overwrite: bool = False
+    resume: bool = False
     run_dir_mode: str = "0700"
     progress_interval_s: float = 10.0
     stall_warning_s: float = 300.0
@@ -90,6 +91,9 @@ def validate_common(cfg: dict[str, Any], world_size: int) -> None:
         value = cfg.get(key, 1.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.1 <= value <= 7 * 24 * 3600:
             raise config_error(f"launcher.{key}", value, "expected seconds from 0.1 to a week")
-    for key in ("dry_run", "overwrite"):
+    for key in ("dry_run", "overwrite", "resume"):
         if not isinstance(cfg.get(key, False), bool):
             raise config_error(f"launcher.{key}", cfg.get(key), "expected true or false")
+    if cfg.get("overwrite") and cfg.get("resume"):
+        raise config_error("launcher.resume", True, "not together with launcher.overwrite=true (resume continues "
+                           "the run in the directory; overwrite moves it aside): choose one")

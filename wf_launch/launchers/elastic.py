@@ -139,8 +139,14 @@ class _ExitCodeAgent(LocalElasticAgent):
     gate: ForkGate | None = None
     watch: Any = None
     dumps: dict[int, Any] | None = None
+    on_start: Callable[[int, dict[int, int]], None] | None = None
+    starts: int = 0
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        if self.on_start is not None:
+            self.on_start(self.starts, dict(self.exit_codes))  # the previous start's failed ranks, if any
+        self.starts += 1
+        self.exit_codes = {}
         self.dumps = None
         if self.watch is not None:
             self.watch.restart()
@@ -151,6 +157,18 @@ class _ExitCodeAgent(LocalElasticAgent):
             return super()._start_workers(worker_group)
         finally:
             self.gate.release(len(worker_group.workers))
+
+    def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+        # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag saves
+        # and returns, and its rank then waits for the agent to collect its return value, which a stopping
+        # agent never does. Let those ranks exit at once instead of at the end of the shutdown timeout.
+        # (A rank killed inside the event's wait may hold its lock: then skip it rather than block.)
+        event = getattr(self._pcontext, "_worker_finished_event", None)
+        cond = getattr(event, "_cond", None)
+        if cond is not None and cond.acquire(timeout=1.0):
+            cond.release()
+            event.set()
+        super()._shutdown(*args, **kwargs)
 
     def _live_pids(self, worker_group: WorkerGroup) -> dict[int, int]:
         """Global rank -> pid of every worker still running."""
@@ -196,7 +214,8 @@ class RanksFailed(Exception):
 
 
 def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
-              loopback_only: bool = True, gate: ForkGate | None = None, watch: Any = None) -> dict[int, Any]:
+              loopback_only: bool = True, gate: ForkGate | None = None, watch: Any = None,
+              on_start: Callable[[int, dict[int, int]], None] | None = None) -> dict[int, Any]:
     """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
 
     With ``loopback_only`` (a single host), the rendezvous store and the store
@@ -204,7 +223,9 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
     ``fork``, ``gate`` (if given, and passed to the entrypoint among ``args``) is
     armed around each start of the workers; the entrypoint calls ``gate.wait()`` first.
     ``watch`` (a :class:`~wf_launch.watch.RankWatch`) is ticked between checks of
-    the workers and asked for stacks when one fails.
+    the workers and asked for stacks when one fails. ``on_start(n, exit_codes)`` is called
+    before the workers' ``n``-th start (0 first, then once per restart) with the failed
+    ranks' exit codes of the start before it.
 
     Raises :class:`RanksFailed` when workers fail, and lets the agent's
     ``SignalException`` through when the launcher itself is signalled (after the
@@ -227,6 +248,7 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
     agent.exit_codes = {}
     agent.gate = gate
     agent.watch = watch
+    agent.on_start = on_start
     try:
         result = agent.run()
     except SignalException:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
-from .. import rundir
+from .. import attempts, rundir
 from ..config import config_error
 from ..entrypoint import ATTEMPT_VAR, RankSpec, rank_main
 from ..outcome import RunOutcome
@@ -162,7 +162,7 @@ def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = 
     _die_with_parent()
     if launcher_pid not in _parent_chain(2):
         os._exit(1)
-    os.environ[ATTEMPT_VAR] = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    os.environ[ATTEMPT_VAR] = str(spec.attempt_base + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
     try:
         return rank_main(spec)
     except BaseException:
@@ -208,13 +208,15 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / ".elastic")),
         local_addr="127.0.0.1", shutdown_timeout=lc["shutdown_timeout_s"],
     )
+    base = attempts.count(plan.run_dir)  # > 0 when launcher.resume continues a run in this directory
     spec = RankSpec(config=plan.config, run_dir=str(plan.run_dir), threads_per_rank=threads,
                     console_ranks=lc.get("console_ranks"), launch_time=time.time(),
-                    max_log_mb=float(lc.get("max_log_mb") or 0))
+                    max_log_mb=float(lc.get("max_log_mb") or 0), attempt_base=base)
+    tracker = _AttemptTracker(plan.run_dir, nproc, base)
     logger.info(f"launching {nproc} rank(s): {plan.layout.describe()}, task={plan.task}, "
                 f"start method {method}, run dir {plan.run_dir}")
     info = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,
-            "run_dir": str(plan.run_dir), "environment": rundir.environment_info()}
+            "run_dir": str(plan.run_dir), "environment": rundir.record_environment(plan.run_dir)}
     t0 = time.time()
     try:
         gate = ForkGate()
@@ -226,10 +228,11 @@ def launch(plan: LaunchPlan) -> RunOutcome:
                           write=logger.info, progress=monitor)
         try:
             run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
-                      loopback_only=lc["loopback_only"], watch=watch)
+                      loopback_only=lc["loopback_only"], watch=watch, on_start=tracker.on_start)
         finally:
             monitor.stop()
     except StartupTimeout as exc:
+        info["attempts"] = tracker.close("start-up timeout")
         return _startup_timeout(plan, info, exc, time.time() - t0)
     except PortInUse as exc:
         print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
@@ -237,19 +240,43 @@ def launch(plan: LaunchPlan) -> RunOutcome:
                                     failure={"cause": "invalid_config", "message": str(exc)})
         return RunOutcome.of(record, plan.run_dir, "")
     except RanksFailed as exc:
+        info["attempts"] = tracker.close(attempts.cause_of_exits(exc.exit_codes))
         return _failed(plan, info, exc.exit_codes, time.time() - t0, exc.dumps)
     except (SignalException, KeyboardInterrupt) as exc:
         name = signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name
         summary = f"interrupted by {name}: every rank was stopped"
         logger.debug(summary)
+        info["attempts"] = tracker.close(name)
         record = RunRecord.finalize(plan.run_dir, Status.INTERRUPTED, signal_name=name, **info,
                                     failure={"cause": "interrupt", "signal": name, "message": summary},
                                     timings={"wall_s": round(time.time() - t0, 4)})
         return RunOutcome.of(record, plan.run_dir, summary)
     wall = time.time() - t0
+    info["attempts"] = tracker.close("completed")
     record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(wall, 4)})
     logger.info(f"run ok in {wall:.2f}s: {RunRecord.path(plan.run_dir)}")
     return RunOutcome.of(record, plan.run_dir)
+
+
+class _AttemptTracker:
+    """The launcher's part of the attempt records (:mod:`wf_launch.attempts`): each start of the ranks is an
+    attempt (numbered on from ``base``); when one ends, what rank 0 could not record is filled in."""
+
+    def __init__(self, run_dir: Any, world_size: int, base: int) -> None:
+        self.run_dir, self.world_size, self.base = run_dir, world_size, base
+        self.current: int | None = None
+
+    def on_start(self, n: int, exit_codes: dict[int, int]) -> None:
+        """Before the ranks' ``n``-th start: close the attempt that crashed (its failed ranks' ``exit_codes``)."""
+        if self.current is not None:
+            attempts.close(self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes))
+        self.current = self.base + n
+
+    def close(self, ended_by: str) -> list[dict[str, Any]]:
+        """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry."""
+        if self.current is not None:
+            attempts.close(self.run_dir, self.current, self.world_size, ended_by)
+        return attempts.collect(self.run_dir)
 
 
 def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CPAttention", "CPSplit", "DiTBlock", "FinalLayer", "VDiT", "patchify", "sincos_3d", "stage_blocks", "timestep_embedding", "unpatchify"]
+__all__ = ["CPAttention", "CPSplit", "DiTBlock", "FinalLayer", "VDiT", "gather_kv_with_grad", "patchify", "sincos_3d", "stage_blocks", "timestep_embedding", "unpatchify"]
 
 Patch = tuple[int, int, int]
 
@@ -164,6 +164,37 @@ def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torc
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
+class _SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (all-reduce)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        import torch.distributed as dist
+
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=getattr(ctx.group, "device_group", ctx.group))
+        return grad, None
+
+
+def gather_kv_with_grad(kv: torch.Tensor, cp_group: Any) -> torch.Tensor:
+    """All-gather this rank's keys/values (B, L, 2D) over CP along the sequence, differentiably.
+
+    ``cat_outputs_cp_with_grad`` hands back only this rank's slot of the gathered
+    tensor's gradient; but every CP rank's queries attend to these keys, so the slot's
+    full gradient is the sum over the CP group of each rank's slot gradient. Summing
+    the gathered gradient over CP before the slot is taken makes the backward a
+    reduce-scatter, the exact gradient of the all-gather.
+    """
+    from worldfoundry.core.distributed import cat_outputs_cp_with_grad
+
+    return _SumGradOverGroup.apply(cat_outputs_cp_with_grad(kv, 1, cp_group), cp_group)
+
+
 class CPAttention(nn.Module):
     """Multi-head self-attention whose keys/values span the whole CP sequence."""
 
@@ -178,9 +209,13 @@ class CPAttention(nn.Module):
         b, n, d = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).unbind(2)
         if cp_group is not None:
-            from worldfoundry.core.distributed import cat_outputs_cp
+            kv = torch.cat([k, v], dim=-1)
+            if torch.is_grad_enabled() and kv.requires_grad:
+                k, v = gather_kv_with_grad(kv, cp_group).chunk(2, dim=-1)
+            else:
+                from worldfoundry.core.distributed import cat_outputs_cp
 
-            k, v = cat_outputs_cp(torch.cat([k, v], dim=-1), 1, cp_group).chunk(2, dim=-1)
+                k, v = cat_outputs_cp(kv, 1, cp_group).chunk(2, dim=-1)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 

@@ -63,7 +63,8 @@ class TaskContext:
             from ..checkpoint import Checkpointer
 
             self._checkpointer = Checkpointer(self.run_dir, keep=int(getattr(self.cfg, "keep", 3)),
-                                              async_save=bool(getattr(self.cfg, "async_save", False)))
+                                              async_save=bool(getattr(self.cfg, "async_save", False)),
+                                              record_attempt=True)
         return self._checkpointer
 
     def should_stop(self) -> bool:
@@ -97,7 +98,7 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         pp = pp_scheduler()
     from worldfoundry.core.distributed.init import LaunchEnv
 
-    from ..progress import ProgressReporter
+    from ..progress import ProgressReporter, publish_interval
     from ..stop import StopFlag
     from .registry import task_config_class
 
@@ -106,6 +107,6 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=world.rank,
         world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
-        run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank),
+        run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank, publish_interval()),
         stop=StopFlag(world.cpu_group),
     )

@@ -19,7 +19,8 @@ TaskFn = Callable[[Any], dict[str, Any] | None]
 
 _TASKS: dict[str, TaskFn] = {}
 _CONFIGS: dict[str, type] = {}
-_BUILTINS = {"demo": "wf_launch.tasks.demo", "layout": "wf_launch.tasks.layout", "noop": "wf_launch.tasks.noop"}
+_BUILTINS = {"demo": "wf_launch.tasks.demo", "layout": "wf_launch.tasks.layout", "noop": "wf_launch.tasks.noop",
+             "train": "wf_launch.tasks.train"}
 ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 

@@ -76,6 +76,7 @@ class SlurmLauncherConfig(LauncherConfig):
     signal_delay_s: int = 90
     max_requeues: int = 3
     preempt_wait_s: float = 20.0
+    snapshot: bool = True
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -121,6 +122,8 @@ def validate_slurm_launcher(launcher: dict[str, Any], engine: dict[str, Any], wo
     if launcher["signal_delay_s"] >= launcher["time_min"] * 60:
         raise config_error("launcher.signal_delay_s", launcher["signal_delay_s"],
                            f"expected fewer seconds than the time limit ({launcher['time_min'] * 60} s)")
+    if not isinstance(launcher.get("snapshot", True), bool):
+        raise config_error("launcher.snapshot", launcher.get("snapshot"), "expected true or false")
     for key in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
         _single_line(f"launcher.{key}", launcher.get(key), "a single line")
     for key, value in dict(launcher.get("sbatch_extra") or {}).items():

@@ -124,7 +124,7 @@ class SlurmRank:
 
     def __call__(self) -> dict[str, Any]:
         export_rank_env()
-        os.environ[ATTEMPT_VAR] = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+        os.environ[ATTEMPT_VAR] = str(self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
         try:
             value = rank_main(self.spec)
         except Preempted:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import rundir
+from ... import attempts, rundir
 from ...entrypoint import layout_of, preempt_marker
 from ...outcome import RunOutcome
 from ...ranklog import rank_label
@@ -63,6 +63,11 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
     info = {**job.get("info", {}), "slurm": {"job_id": job.get("job_id"), "state": state,
                                              "folder": job.get("folder")}}
     info["timings"] = {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)}
+    last = attempts.count(run_dir) - 1
+    if last >= 0:
+        attempts.close(run_dir, last, int(job.get("world_size") or 1),
+                       "completed" if word == "COMPLETED" else f"SLURM {state}")
+    info["attempts"] = attempts.collect(run_dir)
     job_id = job.get("job_id")
     if word == "COMPLETED" and record is not None and record.status is Status.OK:
         return RunOutcome.of(RunRecord.finalize(run_dir, Status.OK, **info), run_dir)

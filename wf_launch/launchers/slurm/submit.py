@@ -23,7 +23,7 @@ from typing import Any
 
 from loguru import logger
 
-from ... import rundir
+from ... import attempts, rundir
 from ...config import config_error
 from ...entrypoint import RankSpec
 from ...outcome import RunOutcome
@@ -33,6 +33,7 @@ from .env import SlurmRank, SlurmRequeue, SlurmStackDump
 from .finalize import JOB_FILE
 from .live import final_line
 from .poll import wait_all
+from .snapshot import CODE_DIR, job_setup, project_root, take
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
 
 __all__ = ["Pending", "SlurmBatch", "current_batch", "describe", "launch", "sbatch_parameters", "sbatch_script",
@@ -55,7 +56,28 @@ def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
     return ((shared or plan.run_dir) / plan.config["launcher"]["folder"]).absolute()
 
 
-def sbatch_parameters(plan: LaunchPlan) -> dict[str, Any]:
+def code_dir(plan: LaunchPlan, shared: Path | None = None) -> Path | None:
+    """Where the job runs its code from: the snapshot (``RUN_DIR/code``, a sweep's ``SWEEP_DIR/code``), or None
+    (``launcher.snapshot=false``, or ``wf_launch`` is an installed package, not a git checkout)."""
+    if not plan.config["launcher"].get("snapshot", True) or project_root() is None:
+        return None
+    return (shared or plan.run_dir).absolute() / CODE_DIR
+
+
+def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any] | None:
+    """Copy the project's code for this submission (see :mod:`.snapshot`); its manifest, or None."""
+    code, root = code_dir(plan, shared), project_root()
+    if code is None or root is None:
+        if plan.config["launcher"].get("snapshot", True):
+            logger.warning("launcher.snapshot: wf_launch is an installed package, not a git checkout: nothing to "
+                           "copy, the job runs the installed code")
+        return None
+    manifest = take(code, root)
+    logger.info(f"code snapshot: {manifest['files']} file(s) of {root} in {code}")
+    return manifest
+
+
+def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any]:
     """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
     lc = plan.config["launcher"]
     params: dict[str, Any] = {
@@ -72,8 +94,10 @@ def sbatch_parameters(plan: LaunchPlan) -> dict[str, Any]:
     for key in ("partition", "account", "qos", "constraint", "exclude"):
         if lc[key]:
             params[key] = lc[key]
-    if lc["setup"]:
-        params["setup"] = list(lc["setup"])
+    code, root = code_dir(plan, shared), project_root()
+    setup = [*(job_setup(code, root) if code is not None and root is not None else []), *lc["setup"]]
+    if setup:
+        params["setup"] = setup
     return params
 
 
@@ -81,7 +105,7 @@ def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | Non
     """The exact sbatch script submitit submits for this plan (``array``: the job array's size)."""
     folder = submitit_folder(plan, shared)
     return make_sbatch_string(command=submit_command(folder), folder=folder, map_count=array,
-                              **sbatch_parameters(plan))
+                              **sbatch_parameters(plan, shared))
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -96,6 +120,7 @@ def describe(plan: LaunchPlan) -> str:
         f"wait          {lc['wait']}",
         f"run dir       {plan.run_dir}",
         f"submitit      {submitit_folder(plan)}",
+        f"code          {code_dir(plan) or 'the checkout / installed package (no snapshot)'}",
         "",
         "sbatch script:",
         sbatch_script(plan),
@@ -107,23 +132,25 @@ def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
     return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
                     console_ranks=lc.get("console_ranks"), launch_time=launch_time,
                     max_log_mb=float(lc.get("max_log_mb") or 0), on_timeout=SlurmStackDump(),
+                    attempt_base=attempts.count(plan.run_dir),
                     preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
                                          float(lc["preempt_wait_s"]), lc["max_requeues"]))
 
 
 def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
     return slurm_executor(submitit_folder(plan, shared), plan.config["launcher"]["max_requeues"],
-                          **sbatch_parameters(plan))
+                          **sbatch_parameters(plan, shared))
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
     return {"launcher": "slurm", "task": plan.task, "overrides": plan.overrides, "run_dir": str(plan.run_dir),
-            "environment": rundir.environment_info()}
+            "environment": rundir.record_environment(plan.run_dir)}
 
 
-def _record_job(plan: LaunchPlan, job_id: str, folder: Path, submitted_at: float) -> dict[str, Any]:
+def _record_job(plan: LaunchPlan, job_id: str, folder: Path, submitted_at: float,
+                snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
     lc = plan.config["launcher"]
-    record = {"job_id": job_id, "folder": str(folder), "submitted_at": submitted_at,
+    record = {"job_id": job_id, "folder": str(folder), "submitted_at": submitted_at, "snapshot": snapshot,
               "nodes": lc["nodes"], "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
               "world_size": plan.world_size, "info": _plan_info(plan),
               "status_command": f"python -m wf_launch.status {plan.run_dir}"}
@@ -182,9 +209,12 @@ class SlurmBatch:
         Returns (run, job id or None, error) per run; a refused group is recorded as failed.
         """
         runs, self.pending = self.pending, []
+        snapshot = next((take_snapshot(r.plan, self.shared) for r in runs
+                         if r.plan.config["launcher"].get("snapshot", True)), None)
         groups: dict[str, list[Pending]] = {}
         for run in runs:
-            key = json.dumps([sbatch_parameters(run.plan), run.plan.config["launcher"]["folder"]], sort_keys=True)
+            key = json.dumps([sbatch_parameters(run.plan, self.shared), run.plan.config["launcher"]["folder"]],
+                             sort_keys=True)
             groups.setdefault(key, []).append(run)
         out: list[tuple[Pending, str | None, str]] = []
         for group in groups.values():
@@ -203,7 +233,8 @@ class SlurmBatch:
                     print(f"wf_launch: {run.plan.run_dir}: {message}", file=sys.stderr, flush=True)
                 continue
             for run, job in zip(group, jobs):
-                _record_job(run.plan, job.job_id, ex.folder, submitted_at)
+                _record_job(run.plan, job.job_id, ex.folder, submitted_at,
+                            snapshot if run.plan.config["launcher"].get("snapshot", True) else None)
                 out.append((run, job.job_id, ""))
             logger.info(f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}")
         return out
@@ -235,9 +266,10 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     if batch is not None:
         batch.add(Pending(plan, fn, launch_time))
         return RunOutcome(Status.SUBMITTED, plan.run_dir)
+    snapshot = take_snapshot(plan)
     ex = _executor(plan)
     job = ex.submit(fn)
-    _record_job(plan, job.job_id, ex.folder, launch_time)
+    _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)
     logger.info(f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
                 f"run dir {plan.run_dir}")
     if not lc["wait"]:

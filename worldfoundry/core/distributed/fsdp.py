@@ -74,7 +74,7 @@ def _shard_device(mesh: Any) -> torch.device:
 
 
 def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
-               cpu_offload: bool = False) -> nn.ModuleList:
+               cpu_offload: bool = False, mesh: Any = None) -> nn.ModuleList:
     """Auto-detect a causal-LM's decoder layers and FSDP2 ``fully_shard`` each one.
 
     With ``shard_root`` (the default) the root is wrapped too, so embeddings, norm and
@@ -82,8 +82,10 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
     the model's dominant one stay replicated (FSDP2 rejects a shard group mixing dtypes)
     and are moved onto the shards' device, which ``fully_shard`` does not do for them.
     ``mp_policy`` is a ``MixedPrecisionPolicy`` (None: FSDP2's default); ``cpu_offload``
-    keeps shards, gradients and optimizer state on the CPU. Returns the decoder layers.
-    Needs an initialized process group (the world is the shard mesh).
+    keeps shards, gradients and optimizer state on the CPU. ``mesh`` is a 1-D
+    ``DeviceMesh`` to shard over (None: the whole world), e.g. the data- and
+    context-parallel ranks of one pipeline stage (``DeviceMesh.from_group``).
+    Returns the decoder layers. Needs an initialized process group.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -106,7 +108,10 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
 
     layers = _decoder_layers(model)
     ignored = _off_dtype_params(model)
-    mesh = init_device_mesh(group_device().type, (dist.get_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh(group_device().type, (dist.get_world_size(),))
+    elif getattr(mesh, "ndim", None) != 1:
+        raise ValueError(f"fsdp2_wrap: mesh must be a 1-D DeviceMesh or None, got {mesh!r}")
     device = _shard_device(mesh)
     kwargs: dict[str, Any] = {
         "mesh": mesh,

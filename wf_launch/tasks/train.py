@@ -1,0 +1,464 @@
+"""Task ``train``: train the demo's video DiT on seeded synthetic latents, deterministic and resumable.
+
+Every rank builds the same seeded :class:`~wf_launch.tasks._vdit.VDiT` and keeps its
+pipeline stage's share (:class:`Stage`: blocks ``stage_blocks(depth, pp_size, s)``,
+plus the patch and time embeddings on the first stage and the final layer on the
+last). Per step:
+
+1. Every rank draws micro-batch ``m`` of data-parallel replica ``d`` from a generator
+   seeded with ``(seed, step, d, m)`` (:func:`make_batch`), so a resumed run sees the
+   same batches without any saved data position; a CP rank keeps its block of the
+   patch sequence (:class:`~wf_launch.tasks._vdit.CPSplit`). Attention gathers keys and
+   values over CP differentiably (``cat_outputs_cp_with_grad``).
+2. GPipe over ``micro_batches``: every stage runs all forwards (activations and the
+   timestep vector go to the next stage with the PP scheduler), then all backwards in
+   reverse order (their gradients go back to the previous stage on a reversed ring).
+   The loss (flow matching: predict ``noise - x0``; or denoising: predict ``noise``)
+   is the mean over every element of the global batch.
+3. FSDP2 (``fsdp2_wrap`` over the stage's data- and context-parallel ranks) averages
+   the gradients; AdamW steps; the EMA copy follows with ``update_average``.
+4. Checkpoint every ``checkpoint_every`` steps and when ``ctx.should_stop()`` agrees to
+   stop (then return early: on SLURM the entrypoint requeues the job). A start loads the
+   newest checkpoint and continues from its step.
+
+Rank 0 returns ``steps_done``, ``final_loss``, ``loss_curve`` (every step, across
+attempts), ``weights_sha256`` / ``ema_sha256`` (sha256 of the full gathered state),
+``attempts`` and ``tokens_per_s``; with ``check_reference`` also the comparison with a
+single-process run of the same model on the same global batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from wf_launch.config import ConfigError, EngineConfig, TaskConfig, config_error
+
+from ._vdit import CPSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
+from .context import TaskContext
+from .registry import register_task
+
+__all__ = ["LOSSES", "Stage", "TrainConfig", "make_batch", "reference_run", "state_sha256", "train"]
+
+LOSSES = ("flow", "denoise")
+PROTOTYPES = 4
+"""The synthetic data: noisy copies of this many seeded prototype latents (so the loss can fall)."""
+_BACKWARD_TAG = 1 << 20
+"""Tag of the gradient messages (the reversed PP ring), apart from the forward scheduler's."""
+
+
+@dataclass
+class TrainConfig(TaskConfig):
+    """Config of task ``train`` (``task=train task.steps=20 ...``).
+
+    ``batch`` samples per micro-batch per data-parallel replica; ``micro_batches`` per
+    step (GPipe). ``checkpoint_every`` 0 saves only on a stop. ``step_sleep_s`` stretches
+    every step (drills and tests). Model sizes are the demo's (latent units).
+    """
+
+    name: str = "train"
+    seed: int = 0
+    steps: int = 10
+    micro_batches: int = 2
+    batch: int = 2
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    ema_beta: float = 0.99
+    loss: str = "flow"
+    checkpoint_every: int = 0
+    keep: int = 3
+    async_save: bool = False
+    step_sleep_s: float = 0.0
+    check_reference: bool = False
+    reference_atol: float = 1e-4
+    channels: int = 4
+    frames: int = 4
+    height: int = 8
+    width: int = 8
+    patch: list[int] = field(default_factory=lambda: [1, 2, 2])
+    hidden: int = 32
+    heads: int = 4
+    depth: int = 2
+    mlp_ratio: float = 2.0
+
+    def validate(self, engine: EngineConfig | None = None) -> None:
+        """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
+        from .demo import DemoTaskConfig
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        for name in ("steps", "micro_batches", "keep"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise config_error(f"task.{name}", getattr(self, name), "expected an integer >= 1")
+        if not is_int(self.checkpoint_every) or self.checkpoint_every < 0:
+            raise config_error("task.checkpoint_every", self.checkpoint_every,
+                               "expected an integer >= 0 (0: save only when the run is asked to stop)")
+        if not is_num(self.lr) or self.lr <= 0:
+            raise config_error("task.lr", self.lr, "expected a number > 0")
+        if not is_num(self.weight_decay) or self.weight_decay < 0:
+            raise config_error("task.weight_decay", self.weight_decay, "expected a number >= 0")
+        if not is_num(self.ema_beta) or not 0 <= self.ema_beta <= 1:
+            raise config_error("task.ema_beta", self.ema_beta, "expected a number in [0, 1]")
+        if not is_num(self.step_sleep_s) or self.step_sleep_s < 0:
+            raise config_error("task.step_sleep_s", self.step_sleep_s, "expected seconds >= 0")
+        if not is_num(self.reference_atol) or self.reference_atol <= 0:
+            raise config_error("task.reference_atol", self.reference_atol, "expected a number > 0")
+        if self.loss not in LOSSES:
+            raise config_error("task.loss", self.loss, f"choose one of {list(LOSSES)}")
+        for name in ("async_save", "check_reference"):
+            if not isinstance(getattr(self, name), bool):
+                raise config_error(f"task.{name}", getattr(self, name), "expected true or false")
+        DemoTaskConfig(name="demo", **self._model_fields()).validate()
+        if engine is not None:
+            if engine.pp_size > 1 and self.micro_batches < engine.pp_size:
+                raise config_error("task.micro_batches", self.micro_batches,
+                                   f"GPipe needs at least one micro-batch per pipeline stage: an integer "
+                                   f">= engine.pp_size={engine.pp_size}")
+            if self.depth < engine.pp_size:
+                raise config_error("task.depth", self.depth,
+                                   f"every pipeline stage needs a block: an integer >= engine.pp_size="
+                                   f"{engine.pp_size}")
+            self.plan_split(engine.cp_size)
+
+    def _model_fields(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("seed", "batch", "channels", "frames", "height", "width",
+                                              "patch", "hidden", "heads", "depth", "mlp_ratio")}
+
+    def plan_split(self, cp_size: int) -> CPSplit:
+        """The CP plan of the latent, with an error naming the config when CP cannot split it."""
+        try:
+            return CPSplit.plan(self.latent_shape, tuple(self.patch), cp_size)
+        except (ValueError, RuntimeError) as exc:
+            pt, ph, _ = self.patch
+            raise ConfigError(
+                f"engine.cp_size={cp_size} is not allowed: the sequence of {self.frames // pt} patch frames x "
+                f"{self.height // ph} patch rows (task.frames={self.frames}, task.height={self.height}, "
+                f"task.patch={list(self.patch)}) splits over cp_size = (a divisor of the patch frames) x "
+                f"(a divisor of the patch rows) ranks ({exc})") from exc
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int, int]:
+        return self.batch, self.channels, self.frames, self.height, self.width
+
+    def build_model(self) -> VDiT:
+        """The seeded full model (float32, CPU), identical on every rank and in the reference."""
+        return VDiT.seeded(self.seed, channels=self.channels, patch=tuple(self.patch), hidden=self.hidden,
+                           heads=self.heads, depth=self.depth, mlp_ratio=float(self.mlp_ratio)).train()
+
+
+def batch_seed(seed: int, step: int, dp: int, micro: int) -> int:
+    """The generator seed of one micro-batch: a pure function of (seed, step, dp replica, micro-batch)."""
+    digest = hashlib.sha256(f"wf_launch.train/{seed}/{step}/{dp}/{micro}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def make_batch(cfg: TrainConfig, step: int, dp: int, micro: int,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Times (B,), noisy latents x_t and regression targets (B, C, T, H, W), float32 on the CPU.
+
+    ``x0`` is a seeded prototype latent plus a little noise; ``x_t = (1 - t) x0 + t noise``;
+    the target is ``noise - x0`` (flow matching) or ``noise`` (denoising).
+    """
+    shape = cfg.latent_shape
+    protos = torch.randn((PROTOTYPES, *shape[1:]), generator=torch.Generator().manual_seed(cfg.seed))
+    gen = torch.Generator().manual_seed(batch_seed(cfg.seed, step, dp, micro))
+    t = torch.rand(cfg.batch, generator=gen, dtype=torch.float64)
+    pick = torch.randint(PROTOTYPES, (cfg.batch,), generator=gen)
+    x0 = protos[pick] + 0.1 * torch.randn(shape, generator=gen)
+    noise = torch.randn(shape, generator=gen)
+    tt = t.to(torch.float32).view(-1, 1, 1, 1, 1)
+    xt = (1 - tt) * x0 + tt * noise
+    return t, xt, (noise - x0) if cfg.loss == "flow" else noise
+
+
+class Stage(nn.Module):
+    """One pipeline stage's share of a :class:`VDiT` (its modules, not copies).
+
+    ``forward(x, cond, positions, cp_group)``: on the first stage ``x`` is patch values
+    and ``cond`` the diffusion times; elsewhere ``x`` is the previous stage's tokens and
+    ``cond`` its timestep vector. Returns (tokens, or patch values on the last stage;
+    the timestep vector).
+    """
+
+    def __init__(self, full: VDiT, blocks: range, first: bool, last: bool) -> None:
+        super().__init__()
+        self.hidden = full.hidden
+        self.block_ids = list(blocks)
+        self.blocks = nn.ModuleList(full.blocks[i] for i in blocks)
+        self.patch_embed = full.patch_embed if first else None
+        self.t_embed = full.t_embed if first else None
+        self.final = full.final if last else None
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, positions: torch.Tensor,
+                cp_group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.patch_embed is not None:
+            c = self.t_embed(timestep_embedding(cond, self.hidden).to(x.dtype))
+            x = self.patch_embed(x) + sincos_3d(positions, self.hidden).to(x)
+        else:
+            c = cond
+        for block in self.blocks:
+            x = block(x, c, cp_group)
+        if self.final is not None:
+            x = self.final(x, c)
+        return x, c
+
+    def global_name(self, name: str) -> str:
+        """A parameter's name in the full model (``blocks.<local>`` -> ``blocks.<global>``)."""
+        if name.startswith("blocks."):
+            _, local, rest = name.split(".", 2)
+            return f"blocks.{self.block_ids[int(local)]}.{rest}"
+        return name
+
+
+def full_state(stage: Stage) -> dict[str, torch.Tensor]:
+    """The stage's unsharded parameters under full-model names, on the CPU (collective over its mesh)."""
+    out = {}
+    for name, p in stage.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[stage.global_name(name)] = full.detach().to("cpu").clone()
+    return out
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over names (sorted), dtypes, shapes and the bytes of contiguous CPU tensors."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _wait(handles: list[Any]) -> None:
+    for h in handles:
+        h.wait()
+    handles.clear()
+
+
+def _reversed_pp(pp: Any) -> Any:
+    """A PP scheduler on the reversed ring: "next" is the previous stage (gradients go back)."""
+    from worldfoundry.core.distributed.groups import GroupCoordinator
+    from worldfoundry.core.distributed.pipeline import PPScheduler
+
+    g = pp.group
+    back = GroupCoordinator(f"{g.name}-reversed", list(reversed(g.ranks)), g.rank, g.device_group, g.cpu_group)
+    return PPScheduler(back, device=pp.device, timeout=pp.timeout, tag=pp.tag + _BACKWARD_TAG)
+
+
+@register_task("train", config=TrainConfig)
+def train(ctx: TaskContext) -> dict[str, Any]:
+    """Train under the run's CP x PP x DP layout, checkpoint, resume; rank 0 reports the run."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from worldfoundry.core.distributed import get_layout
+    from worldfoundry.core.distributed.backends import group_device
+    from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
+    from worldfoundry.core.distributed.env import launch_attempt
+    from worldfoundry.core.distributed.fsdp import fsdp2_wrap
+
+    cfg: TrainConfig = ctx.cfg
+    cp, pp_group, world = ctx.groups["cp"], ctx.groups["pp"], ctx.groups["world"]
+    stage_id, n_stages = ctx.coords["pp"], pp_group.world_size
+    first, last = stage_id == 0, stage_id == n_stages - 1
+    dp_rank, dp_size = ctx.coords["dp"], ctx.groups["dp"].world_size
+    cp_rank, cp_pg = cp.rank_in_group, (cp if cp.world_size > 1 else None)
+    split = cfg.plan_split(cp.world_size)
+    # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
+    # Stage's outputs are views of FSDP2's own hooks and linear layers, and nothing edits them in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStage\) returned a view tensor")
+    if ctx.stop is not None and ctx.stop.calls == 0:
+        ctx.stop.every = 1  # a step dwarfs one tiny async all-reduce; a stop then lands within two steps
+
+    stage = Stage(cfg.build_model(), stage_blocks(cfg.depth, n_stages, stage_id), first, last).to(ctx.device)
+    ema = copy.deepcopy(stage).requires_grad_(False)
+    shard_group = ctx.groups["dp-cp"]
+    mesh = DeviceMesh.from_group(shard_group.device_group, group_device(shard_group).type,
+                                 mesh_dim_names=("dp_cp",))
+    fsdp2_wrap(stage, mesh=mesh)
+    fsdp2_wrap(ema, mesh=mesh)
+    opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    updater = DTensorFastEmaModelUpdater()
+    progress: dict[str, Any] = {"step": 0, "loss_curve": [], "attempts": [],
+                                "data": {"seed": cfg.seed, "dp": dp_rank, "next_step": 1}}
+    state = {f"model_pp{stage_id}": stage, f"ema_pp{stage_id}": ema, f"optim_pp{stage_id}": opt,
+             "progress": progress}
+    resumed = ctx.checkpoint.load(state)
+    attempts = progress["attempts"]
+    attempt = max(launch_attempt(), attempts[-1]["attempt"] + 1 if attempts else 0)
+    attempts.append({"attempt": attempt, "resumed_from": resumed})
+    if resumed is not None:
+        ctx.log.info(f"train: attempt {attempt} resumes from step {resumed}")
+
+    positions = split.positions(cp_rank).to(ctx.device)
+    tokens_local = split.tokens_per_rank
+    lo = cp_rank * tokens_local
+    x_shape, c_shape = (cfg.batch, tokens_local, cfg.hidden), (cfg.batch, cfg.hidden)
+    back = _reversed_pp(ctx.pp) if n_stages > 1 else None
+    M = cfg.micro_batches
+
+    def local_seq(latent: torch.Tensor) -> torch.Tensor:
+        seq = split.to_sequence(patchify(latent, tuple(cfg.patch)))
+        return seq[:, lo:lo + tokens_local].contiguous().to(ctx.device)
+
+    def run_step(step: int) -> float:
+        opt.zero_grad(set_to_none=True)
+        sends: list[Any] = []
+        saved: list[tuple[Any, ...]] = []
+        local_loss = 0.0
+        for m in range(M):
+            t, xt, target = make_batch(cfg, step, dp_rank, m)
+            if first:
+                x_in, cond = local_seq(xt), t.to(ctx.device)
+            else:
+                x_in = ctx.pp.recv_prev_data(x_shape, torch.float32).requires_grad_()
+                cond = ctx.pp.recv_prev_data(c_shape, torch.float32).requires_grad_()
+            out, c = stage(x_in, cond, positions, cp_pg)
+            if last:
+                loss = F.mse_loss(out, local_seq(target))
+                local_loss += loss.item()
+                saved.append((x_in, cond, loss / M, None))
+            else:
+                sends += [ctx.pp.isend_next(out), ctx.pp.isend_next(c)]
+                saved.append((x_in, cond, out, c))
+        _wait(sends)
+        for m in reversed(range(M)):
+            x_in, cond, out, c = saved[m]
+            if last:
+                out.backward()
+            else:
+                gx = back.recv_prev_data(x_shape, torch.float32)
+                gc = back.recv_prev_data(c_shape, torch.float32)
+                if first:
+                    torch.autograd.backward([out, c], [gx, gc])
+                else:
+                    out.backward(gx)
+            if not first:
+                gc_back = cond.grad if last else cond.grad + gc
+                sends += [back.isend_next(x_in.grad), back.isend_next(gc_back)]
+        _wait(sends)
+        opt.step()
+        updater.update_average(stage, ema, beta=float(cfg.ema_beta))
+        share = local_loss if (last and ctx.coords["tp"] == 0) else 0.0
+        total = torch.tensor([share], dtype=torch.float64)
+        dist.all_reduce(total, group=world.cpu_group)
+        return total.item() / (M * dp_size * cp.world_size)
+
+    stopped = False
+    start_step = progress["step"]
+    sleep_total = 0.0
+    world.barrier()
+    t0 = time.perf_counter()
+    while progress["step"] < cfg.steps:
+        step = progress["step"] + 1
+        loss = run_step(step)
+        if cfg.step_sleep_s:
+            time.sleep(cfg.step_sleep_s)
+            sleep_total += cfg.step_sleep_s
+        progress["step"] = step
+        progress["loss_curve"].append(loss)
+        progress["data"]["next_step"] = step + 1
+        ctx.progress(step, cfg.steps, loss=loss)
+        stopped = ctx.should_stop()
+        if stopped or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            ctx.checkpoint.save(step, state)
+        if stopped:
+            ctx.log.warning(f"train: stop agreed after step {step}: checkpoint saved, returning")
+            break
+    elapsed = time.perf_counter() - t0 - sleep_total
+    steps_run = progress["step"] - start_step
+    tokens_per_step = dp_size * M * cfg.batch * split.tokens
+
+    rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
+    weights, ema_weights = full_state(stage), full_state(ema)
+    from worldfoundry.core.distributed import gather_state_dicts
+
+    parts = gather_state_dicts({"model": weights, "ema": ema_weights} if rep else {}, dst=0,
+                               group=world.cpu_group)
+    row = {"rank": ctx.rank, "coords": dict(ctx.coords), "stage": stage_id, "blocks": stage.block_ids}
+    if not ctx.is_main:
+        return row
+    full_w: dict[str, torch.Tensor] = {}
+    full_e: dict[str, torch.Tensor] = {}
+    for part in parts:
+        full_w.update(part.get("model", {}))
+        full_e.update(part.get("ema", {}))
+    curve = list(progress["loss_curve"])
+    res: dict[str, Any] = {
+        **row,
+        "steps_done": progress["step"], "steps": cfg.steps, "stopped": stopped,
+        "final_loss": curve[-1] if curve else None, "loss_curve": curve,
+        "weights_sha256": state_sha256(full_w), "ema_sha256": state_sha256(full_e),
+        "attempts": list(attempts), "resumed_from": resumed,
+        "tokens_per_s": tokens_per_step * steps_run / elapsed if steps_run and elapsed > 0 else None,
+        "tokens_per_step": tokens_per_step, "layout": get_layout().sizes,
+        "config": asdict(cfg),
+    }
+    if cfg.check_reference and not stopped:
+        res.update(_compare(cfg, dp_size, curve, full_w, full_e))
+    ctx.log.info(f"train: {progress['step']}/{cfg.steps} steps, loss {res['final_loss']}, "
+                 f"weights {res['weights_sha256'][:12]}")
+    return res
+
+
+def reference_run(cfg: TrainConfig, dp_size: int, steps: int,
+                  ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One process, no parallelism: the same model, global batches and optimizer for ``steps`` steps."""
+    from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
+
+    model = cfg.build_model()
+    ema = copy.deepcopy(model).requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    updater = DTensorFastEmaModelUpdater()
+    n = dp_size * cfg.micro_batches
+    curve = []
+    for step in range(1, steps + 1):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for d in range(dp_size):
+            for m in range(cfg.micro_batches):
+                t, xt, target = make_batch(cfg, step, d, m)
+                loss = F.mse_loss(model(xt, t), target)
+                (loss / n).backward()
+                total += loss.item()
+        opt.step()
+        updater.update_average(model, ema, beta=float(cfg.ema_beta))
+        curve.append(total / n)
+
+    def sd(mod: nn.Module) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in mod.named_parameters()}
+
+    return curve, sd(model), sd(ema)
+
+
+def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if sorted(a) != sorted(b):
+        raise RuntimeError(f"train reference: parameter names differ: {sorted(set(a) ^ set(b))}")
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _compare(cfg: TrainConfig, dp_size: int, curve: list[float], weights: dict[str, torch.Tensor],
+             ema: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The run against :func:`reference_run`: loss curve and final (EMA) weights, max abs errors."""
+    with torch.random.fork_rng(devices=[]):
+        ref_curve, ref_w, ref_e = reference_run(cfg, dp_size, len(curve))
+    loss_err = max(abs(a - b) for a, b in zip(curve, ref_curve))
+    w_err, e_err = _max_err(weights, ref_w), _max_err(ema, ref_e)
+    worst = max(loss_err, w_err, e_err)
+    return {"reference_loss_curve": ref_curve, "reference_loss_err": loss_err,
+            "reference_weights_err": w_err, "reference_ema_err": e_err,
+            "reference_max_abs_err": worst, "reference_atol": cfg.reference_atol,
+            "reference_ok": bool(worst <= cfg.reference_atol)}
