@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json"]
+__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "launch_alive", "rank_error", "rank_log", "read_json"]
 
 RESULT = "result.json"
 LOCK = ".wf_launch.lock"
@@ -135,6 +135,21 @@ def claim(run_dir: Path, overwrite: bool = False) -> RunDirClaim:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunDirClaim(run_dir, fd)
+
+
+def launch_alive(run_dir: Path) -> bool:
+    """Whether the process that claimed ``run_dir`` (the pid in its lock file) still lives on this host."""
+    try:
+        pid = int((Path(run_dir) / LOCK).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

@@ -184,11 +184,20 @@ def _route_elastic_logs() -> None:
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Start every rank, wait for them, and record the outcome in the run directory."""
+    """Start every rank, wait for them, record the outcome in the run directory, and end with the final line."""
+    from ..live import final_line
+
+    outcome = _launch(plan)
+    if outcome.status is not Status.INVALID:
+        logger.info(final_line(outcome))
+    return outcome
+
+
+def _launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
-    from ..progress import ProgressMonitor, ProgressView
+    from ..live import progress_monitor
     from ..watch import RankWatch, StartupTimeout
     from .elastic import ForkGate, PortInUse, RanksFailed, run_agent
 
@@ -220,8 +229,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         gate = ForkGate()
         # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
         # launcher forks the ranks, and a forking process should run no threads of its own.
-        monitor = ProgressMonitor(ProgressView(plan.run_dir, nproc, plan.label, float(lc["stall_warning_s"])),
-                                  float(lc["progress_interval_s"]), write=logger.info)
+        monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
         watch = RankWatch(plan.run_dir, nproc, plan.label, float(plan.config["engine"]["init_timeout_s"]),
                           write=logger.info, progress=monitor)
         try:
@@ -248,7 +256,6 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         return RunOutcome.of(record, plan.run_dir, summary)
     wall = time.time() - t0
     record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(wall, 4)})
-    logger.info(f"run ok in {wall:.2f}s: {RunRecord.path(plan.run_dir)}")
     return RunOutcome.of(record, plan.run_dir)
 
 

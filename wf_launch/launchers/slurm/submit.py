@@ -26,12 +26,12 @@ from loguru import logger
 from ... import rundir
 from ...config import config_error
 from ...entrypoint import RankSpec
+from ...live import final_line
 from ...outcome import RunOutcome
 from ...plan import LaunchPlan
 from ...record import RunRecord, Status
 from .env import SlurmRank, SlurmRequeue, SlurmStackDump
 from .finalize import JOB_FILE
-from .live import final_line
 from .poll import wait_all
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
 
@@ -244,5 +244,5 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         return RunOutcome(Status.SUBMITTED, plan.run_dir,
                           f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
     outcome = wait_all([plan.run_dir], lc["poll_interval_s"])[0]
-    logger.info(final_line(outcome, plan.run_dir))
+    logger.info(final_line(outcome))
     return outcome
