@@ -50,6 +50,7 @@ def _wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout_s: float
 
 def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_running(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Submitted held (``--begin``), released once ``--follow`` showed it pending; Ctrl-C to one follow, the next to the end."""
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
@@ -58,7 +59,8 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
                              "task=ticker", "task.modules=[wf_test_tasks]", f"task.steps={steps}",
                              "task.step_sleep_s=0.25", "task.fail_rank=1", "engine.dp_size=2",
                              "launcher.console_ranks=[0]", "launcher.progress_interval_s=0.1",
-                             f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env, timeout=120,
+                             "+launcher.sbatch_extra={begin:now+3600}", f"hydra.run.dir={run_dir}"],
+                            capture_output=True, text=True, env=env, timeout=120,
                             cwd=tmp_path)
     assert submit.returncode == 0, submit.stderr
     job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
@@ -69,13 +71,15 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             first = subprocess.Popen(follow_cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path,
                                      start_new_session=True)
         try:
+            _wait_for(first_out, rf"SLURM job {job_id}: PENDING \(BeginTime\)", first)
+            slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
             text = _wait_for(first_out, rf"step \d+/{steps} \(\d+%\)", first)
             text = _wait_for(first_out, r"\[r0 tp0 cp0 pp0 dp0\] tick ", first)
         finally:
             first.send_signal(signal.SIGINT)
             assert first.wait(timeout=60) == 130
         text = first_out.read_text()
-        assert f"SLURM job {job_id}: RUNNING on " in text, text
+        assert re.search(rf"PENDING \(BeginTime\)\n(.*\n)*.*SLURM job {job_id}: RUNNING on n", text), text
         assert "slowest rank " in text and "loss=" in text and "[r1 " not in text, text
         assert "stopped following; the run goes on" in text and "Traceback" not in text, text
         assert slurm_cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() == "RUNNING"
