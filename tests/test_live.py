@@ -62,3 +62,16 @@ def test_final_line_is_status_wall_time_and_record_path(tmp_path: Path) -> None:
     record = RunRecord.finalize(tmp_path, Status.FAILED, timings={"wall_s": 12.3456})
     assert final_line(RunOutcome.of(record, tmp_path)) == f"run failed in 12.35s: {tmp_path / 'result.json'}"
     assert final_line(RunOutcome(Status.CANCELLED, tmp_path)) == f"run cancelled: {tmp_path} (no record)"
+
+
+def test_attaching_shows_only_the_last_lines_already_written_then_new_ones(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path / "run", console=[0])
+    for i in range(5000):
+        _log(run_dir, 0, f"old {i}")
+    seen: list[str] = []
+    view = LiveView([run_dir], seen.append, backlog=3)
+    view.tick()
+    _log(run_dir, 0, "new")
+    view.tick()
+    view.close()
+    assert seen == [f"[r0 tp0 cp0 pp0 dp0] old {i}" for i in (4997, 4998, 4999)] + ["[r0 tp0 cp0 pp0 dp0] new"]

@@ -17,6 +17,7 @@ uses :func:`progress_monitor` and :func:`final_line` but not :class:`LiveView`.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,9 @@ from .progress import ProgressMonitor, ProgressView
 from .record import RunRecord
 
 __all__ = ["LiveView", "StateOf", "console_form", "console_ranks", "final_line", "progress_monitor", "run_config"]
+
+_BACKLOG_BYTES = 1 << 16
+"""How far back from a log's end the backlog is looked for (a log may hold a GB)."""
 
 StateOf = Callable[[Path], "tuple[str, str] | None"]
 """A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not known."""
@@ -80,12 +84,17 @@ class LiveView:
     """What is shown about runs while they run (call :meth:`tick` every poll, :meth:`close` at the end).
 
     ``state_of`` is the launcher's ``live_state`` hook (None for a launcher without a
-    queue, e.g. a local run). Lines go to ``write``; on a terminal they are written
-    above the progress bar, which is redrawn below them.
+    queue, e.g. a local run). ``backlog`` None streams the console ranks' logs from
+    their start (a launcher that just started the run); N shows only the last N lines
+    already written, then new ones (attaching to a run that has been going for hours).
+    Lines go to ``write``; on a terminal they are written above the progress bar,
+    which is redrawn below them.
     """
 
-    def __init__(self, run_dirs: list[Path], write: Callable[[str], None], state_of: StateOf | None = None) -> None:
+    def __init__(self, run_dirs: list[Path], write: Callable[[str], None], state_of: StateOf | None = None,
+                 backlog: int | None = None) -> None:
         self._write = write
+        self.backlog = backlog
         self.runs = [Path(d) for d in run_dirs]
         self.state_of = state_of
         self.single = len(self.runs) == 1
@@ -130,18 +139,25 @@ class LiveView:
         """Write the console ranks' new complete log lines, as '[r0 tp0 cp0 pp0 dp0] message'."""
         for rank in self.console:
             path = rundir.rank_log(run_dir, rank)
-            offset = self._offsets.get(path, 0)
+            offset = self._offsets.get(path)
+            first = offset is None and self.backlog is not None
             try:
                 with open(path, "rb") as f:
-                    f.seek(offset)
+                    if first:
+                        offset = max(0, f.seek(0, os.SEEK_END) - _BACKLOG_BYTES)
+                    f.seek(offset or 0)
                     data = f.read()
             except OSError:
                 continue
             end = data.rfind(b"\n")
             if end < 0:
                 continue
-            self._offsets[path] = offset + end + 1
-            for line in data[:end].decode(errors="replace").splitlines():
+            self._offsets[path] = (offset or 0) + end + 1
+            lines = data[:end].decode(errors="replace").splitlines()
+            if first:
+                lines = lines[1:] if offset else lines  # the first one may be cut
+                lines = lines[-self.backlog:] if self.backlog else []
+            for line in lines:
                 self.write(console_form(line))
 
     def close(self) -> None:

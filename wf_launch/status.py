@@ -25,6 +25,9 @@ from .launchers import DetachedLauncher, get_launcher
 from .outcome import RunOutcome
 from .record import RecordError, RunRecord, Status
 
+FOLLOW_BACKLOG = 10
+"""Lines of each console rank's log already written that ``--follow`` shows before new ones."""
+
 
 def launcher_of(run_dir: Path) -> Any | None:
     """The detached launcher that ran ``run_dir`` (named in its ``config.yaml``), else None."""
@@ -99,7 +102,7 @@ def _tail(run_dir: Path, lines: int) -> int:
     for rank in ranks:
         path = rundir.rank_log(run_dir, rank)
         try:
-            text = path.read_text(errors="replace").splitlines()[-lines:]
+            text = path.read_text(errors="replace").splitlines()[-lines:] if lines else []
         except OSError:
             text = ["(no log yet)"]
         print(f"==> {path} <==")
@@ -130,9 +133,10 @@ def _ended(run_dir: Path, launcher: Any | None) -> RunOutcome | None:
                                          f"the launch of {run_dir} is gone and left no final record")
 
 
-def _follow(run_dir: Path, timeout_s: float) -> int:
+def _follow(run_dir: Path, timeout_s: float, backlog: int = 10) -> int:
     """``--follow``: the live view of a run until it ended (or ``timeout_s`` passes); Ctrl-C only stops following.
 
+    It shows the last ``backlog`` lines each console rank already wrote, then new ones.
     Exit code: the run's, once it ended; 0 when it still runs at the timeout; 130 after Ctrl-C.
     """
     from loguru import logger
@@ -143,7 +147,8 @@ def _follow(run_dir: Path, timeout_s: float) -> int:
     setup_launcher_logging(None)
     launcher = launcher_of(run_dir)
     try:
-        view = LiveView([run_dir], write=logger.info, state_of=getattr(launcher, "live_state", None))
+        view = LiveView([run_dir], write=logger.info, state_of=getattr(launcher, "live_state", None),
+                        backlog=backlog)
     except (OSError, ValueError) as exc:
         print(f"wf_launch.status: {exc}", file=sys.stderr)
         return 2
@@ -207,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--follow", action="store_true",
                     help="attach to a running run (local or detached): its state, console ranks' lines and "
                          "progress, live, until it ends")
-    ap.add_argument("--tail", type=int, default=0, metavar="N",
-                    help="print the last N lines of each console rank's log")
+    ap.add_argument("--tail", type=int, default=None, metavar="N",
+                    help="print the last N lines of each console rank's log (with --follow: show the last N "
+                         "lines already written, default 10, then follow)")
     ap.add_argument("--stacks", action="store_true",
                     help="dump every rank's Python stacks now and group them by where the ranks are "
                          "(a local or SLURM run that looks stuck)")
@@ -218,10 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.stacks:
         return _stacks(args.dir.absolute())
-    if args.tail:
-        return _tail(args.dir.absolute(), args.tail)
+    if args.tail is not None and args.tail < 0:
+        print(f"wf_launch.status: --tail={args.tail} is not allowed: expected a number of lines >= 0",
+              file=sys.stderr)
+        return 2
     if args.follow:
-        return _follow(args.dir.absolute(), math.inf if args.timeout is None else args.timeout)
+        return _follow(args.dir.absolute(), math.inf if args.timeout is None else args.timeout,
+                       FOLLOW_BACKLOG if args.tail is None else args.tail)
+    if args.tail is not None:
+        return _tail(args.dir.absolute(), args.tail)
     runs, is_sweep = find_runs(args.dir.absolute())
     if not runs:
         print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "
