@@ -33,6 +33,7 @@ def test_slurm_wait_shows_state_rank_lines_and_the_final_line(slurm_cluster: Slu
     assert "SLURM job " in err and ": RUNNING on " in err, err
     assert "[r0 tp0 cp0 pp0 dp0] demo: " in err, err
     assert "[r1 tp0 cp1 pp0 dp0]" not in err
+    assert "step 3/3 (100%)" in err, err
     assert "run ok in " in err and f"{run_dir / 'result.json'}" in err and job
 
 
@@ -48,9 +49,17 @@ def _wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout_s: float
     raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n{text}")
 
 
+def _runs(where: Path, env: dict[str, str]) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "wf_launch.runs", str(where), "--json"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_running(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """Submitted held (``--begin``), released once ``--follow`` showed it pending; Ctrl-C to one follow, the next to the end."""
+    """Held (``--begin``) until ``--follow`` showed it pending; Ctrl-C to one follow, the next to the end;
+    ``--tail`` and the runs list while it runs and after."""
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
@@ -84,6 +93,11 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
         assert "stopped following; the run goes on" in text and "Traceback" not in text, text
         assert slurm_cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() == "RUNNING"
         assert not (run_dir / "result.json").exists()
+        tail = subprocess.run([sys.executable, "-m", "wf_launch.status", "--tail", "2", str(run_dir)],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert tail.returncode == 0 and tail.stdout.startswith(f"==> {run_dir / 'logs' / 'rank0.log'} <==\n")
+        assert len(tail.stdout.splitlines()) == 3 and "[r1 " not in tail.stdout, tail.stdout
+        assert [(r["status"], r["launcher"]) for r in _runs(tmp_path, env)] == [("running", f"slurm {job_id}")]
 
         second = subprocess.run(follow_cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
         from wf_launch.record import RunRecord, Status
@@ -94,6 +108,8 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
         assert f"step {steps}/{steps} (100%)" in second.stderr, second.stderr
         assert f"run failed in {record.timings['wall_s']:.2f}s: {run_dir / 'result.json'}" in second.stderr
         assert f"rank 1 fails after {steps} steps, as asked" in second.stderr, second.stderr
+        assert [(r["status"], r["launcher"], r["task"]) for r in _runs(tmp_path, env)] == [
+            ("failed", f"slurm {job_id}", "ticker")]
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
         deadline = time.monotonic() + 120

@@ -9,10 +9,11 @@
   with their rank labels (a single run; a sweep shows states only);
 * the run's progress (:class:`~wf_launch.progress.ProgressMonitor`) once ranks report.
 
-:func:`final_line` is the one line every launch ends with, local or not:
+:func:`final_line` is the one line every launch ends with, whatever its launcher
+(the CLI prints it after ``launch`` returns, and ``status --follow`` at the end):
 ``run ok in 12.34s: RUN_DIR/result.json``; the root cause of a failure follows it.
 A local launcher shows its ranks' lines itself (they write to the console), so it
-uses :func:`progress_monitor` and :func:`final_line` but not :class:`LiveView`.
+uses :func:`progress_monitor` but not :class:`LiveView`.
 """
 
 from __future__ import annotations

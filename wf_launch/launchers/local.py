@@ -184,16 +184,7 @@ def _route_elastic_logs() -> None:
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Start every rank, wait for them, record the outcome in the run directory, and end with the final line."""
-    from ..live import final_line
-
-    outcome = _launch(plan)
-    if outcome.status is not Status.INVALID:
-        logger.info(final_line(outcome))
-    return outcome
-
-
-def _launch(plan: LaunchPlan) -> RunOutcome:
+    """Start every rank, wait for them, and record the outcome in the run directory."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 

@@ -26,7 +26,6 @@ from loguru import logger
 from ... import rundir
 from ...config import config_error
 from ...entrypoint import RankSpec
-from ...live import final_line
 from ...outcome import RunOutcome
 from ...plan import LaunchPlan
 from ...record import RunRecord, Status
@@ -243,6 +242,4 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     if not lc["wait"]:
         return RunOutcome(Status.SUBMITTED, plan.run_dir,
                           f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
-    outcome = wait_all([plan.run_dir], lc["poll_interval_s"])[0]
-    logger.info(final_line(outcome))
-    return outcome
+    return wait_all([plan.run_dir], lc["poll_interval_s"])[0]
