@@ -75,3 +75,37 @@ def test_attaching_shows_only_the_last_lines_already_written_then_new_ones(tmp_p
     view.tick()
     view.close()
     assert seen == [f"[r0 tp0 cp0 pp0 dp0] old {i}" for i in (4997, 4998, 4999)] + ["[r0 tp0 cp0 pp0 dp0] new"]
+
+
+def _dead_local_run(path: Path) -> Path:
+    """A local run whose launcher was killed: config.yaml and a lock naming a pid that no longer lives."""
+    import subprocess
+
+    run_dir = _run_dir(path, console=[0])
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["launcher"]["name"] = "local"
+    config["task"] = {"name": "ticker"}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (run_dir / ".wf_launch.lock").write_text(f"{gone.pid}\n")
+    _log(run_dir, 0, "last words")
+    return run_dir
+
+
+def test_a_killed_local_launch_ends_follow_and_is_listed_unknown(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    run_dir = _dead_local_run(tmp_path / "outputs" / "run")
+    follow = subprocess.run([sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+                            capture_output=True, text=True, timeout=60)
+    assert follow.returncode == 3, follow.stderr
+    assert "[r0 tp0 cp0 pp0 dp0] last words" in follow.stderr
+    assert f"run unknown: {run_dir} (no record)" in follow.stderr and "is gone and left no final record" in follow.stderr
+    runs = subprocess.run([sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"], capture_output=True,
+                          text=True, timeout=60)
+    rows = json.loads(runs.stdout)
+    assert [(r["status"], r["task"], r["launcher"]) for r in rows] == [("unknown", "ticker", "local")], rows
+    assert "launcher is gone" in rows[0]["problem"]

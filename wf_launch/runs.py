@@ -4,7 +4,8 @@ A run is a directory holding ``result.json`` or the ``config.yaml`` a launch
 writes; a sweep is a directory holding Hydra's ``multirun.yaml``, and its points
 are runs. Every record is read through :class:`~wf_launch.record.RunRecord`: a
 record that cannot be read is listed as ``unreadable``, never a crash; a run with
-no record yet is ``running`` (or its launcher died).
+no record yet is ``running``, or ``unknown`` when it is a local run whose launcher
+is gone (a detached run, e.g. on SLURM, has no launcher process to check).
 """
 
 from __future__ import annotations
@@ -128,8 +129,11 @@ def _row(run_dir: Path) -> RunRow:
     layout, world = _layout_of(record, run_dir)
     if record is None:
         task, launcher = _named_in_config(run_dir)
-        return RunRow(when, RUNNING, task, layout, world, _with_job(launcher, run_dir, None), None, "",
-                      str(run_dir), _sweep_of(run_dir))
+        status, problem = RUNNING, ""
+        if launcher == "local" and not rundir.launch_alive(run_dir):
+            status, problem = "unknown", "its launcher is gone and left no result.json (killed?)"
+        return RunRow(when, status, task, layout, world, _with_job(launcher, run_dir, None), None, "",
+                      str(run_dir), _sweep_of(run_dir), problem)
     launcher = _with_job(record.launcher or "?", run_dir, record)
     wall = record.timings.get("wall_s")
     return RunRow(record.finished_at or when, str(record.status), record.task or "?", layout, world, launcher,
