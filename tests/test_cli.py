@@ -87,6 +87,8 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     assert str(run_dir / "logs" / "rank2.log") in proc.stderr
     res = result(run_dir)
     assert res["status"] == "failed" and res["exit_code"] == 1
+    final = f"run failed in {res['timings']['wall_s']:.2f}s: {run_dir / 'result.json'}"
+    assert final in proc.stderr and proc.stderr.index(final) < proc.stderr.index("failed first: ValueError")
     assert res["failure"]["rank"] == 2 and res["failure"]["type"] == "ValueError"
     assert res["failure"]["coords"] == {"tp": 0, "cp": 0, "pp": 1, "dp": 0}
     assert "bad batch 17" in (run_dir / "logs" / "rank2.log").read_text()

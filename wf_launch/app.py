@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import rundir
 from .config import ConfigError
 from .launchers import get_launcher
+from .live import final_line
 from .outcome import RunOutcome
 from .plan import LaunchPlan
 from .ranklog import setup_launcher_logging
@@ -81,6 +82,8 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
     rundir.atomic_write_text(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     rundir.atomic_write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     outcome = launcher.launch(plan)
+    if outcome.status not in (Status.SUBMITTED, Status.INVALID):
+        logger.info(final_line(outcome))  # every launcher's run ends with it; the root cause follows
     if outcome.summary:
         print(outcome.summary, file=sys.stderr if outcome.exit_code else sys.stdout, flush=True)
     logger.complete()

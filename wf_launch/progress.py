@@ -264,8 +264,8 @@ class ProgressMonitor:
         from tqdm import tqdm
 
         if self._bar is None:
-            self._bar = tqdm(total=snap["total"], desc="wf_launch", unit="step", file=sys.stderr,
-                             dynamic_ncols=True, leave=True)
+            self._bar = tqdm(total=snap["total"], initial=snap["step"], desc="wf_launch", unit="step",
+                             file=sys.stderr, dynamic_ncols=True, leave=True)  # initial: a rate from here on
         if snap["total"] is not None and self._bar.total != snap["total"]:
             self._bar.total = snap["total"]
         self._bar.n = snap["step"]

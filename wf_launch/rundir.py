@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "rank_error", "rank_log", "read_json", "record_environment"]
+__all__ = ["CONFIG", "ENVIRONMENT", "LAUNCHER_LOG", "LOCK", "LOGS", "MARKERS", "RESULT", "RunDirClaim", "RunDirInUse", "atomic_write_json", "atomic_write_text", "claim", "environment_info", "launch_alive", "rank_error", "rank_log", "read_json", "record_environment"]
 
 RESULT = "result.json"
 LOCK = ".wf_launch.lock"
@@ -162,6 +162,21 @@ def _resumable(run_dir: Path, fd: int) -> None:
         previous = len(list((run_dir / LOGS).glob("attempt*.json")))
         (run_dir / LOGS).mkdir(exist_ok=True)
         os.replace(run_dir / RESULT, run_dir / LOGS / f"result.before-attempt{previous}.json")
+
+
+def launch_alive(run_dir: Path) -> bool:
+    """Whether the process that claimed ``run_dir`` (the pid in its lock file) still lives on this host."""
+    try:
+        pid = int((Path(run_dir) / LOCK).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

@@ -4,7 +4,8 @@ A run is a directory holding ``result.json`` or the ``config.yaml`` a launch
 writes; a sweep is a directory holding Hydra's ``multirun.yaml``, and its points
 are runs. Every record is read through :class:`~wf_launch.record.RunRecord`: a
 record that cannot be read is listed as ``unreadable``, never a crash; a run with
-no record yet is ``running`` (or its launcher died).
+no record yet is ``running``, or ``unknown`` when it is a local run whose launcher
+is gone (a detached run, e.g. on SLURM, has no launcher process to check).
 """
 
 from __future__ import annotations
@@ -95,6 +96,28 @@ def _headline(record: RunRecord) -> str:
     return ""
 
 
+def _named_in_config(run_dir: Path) -> tuple[str, str]:
+    """The task and launcher names a run's ``config.yaml`` gives (a run with no record yet)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / rundir.CONFIG).read_text()) or {}
+        names = [(config.get(key) or {}).get("name") for key in ("task", "launcher")]
+    except (OSError, ValueError, AttributeError):
+        return "?", "?"
+    task, launcher = (name if isinstance(name, str) else "?" for name in names)
+    return task, launcher
+
+
+def _with_job(launcher: str, run_dir: Path, record: RunRecord | None) -> str:
+    """'slurm 42': the launcher with its scheduler's job id, from the record or ``slurm_job.json``."""
+    slurm = record.extra.get("slurm") if record is not None else None
+    job = slurm.get("job_id") if isinstance(slurm, dict) else None
+    if job is None and launcher == "slurm":
+        job = (rundir.read_json(run_dir / "slurm_job.json") or {}).get("job_id")
+    return f"{launcher} {job}" if job else launcher
+
+
 def _row(run_dir: Path) -> RunRow:
     when = os.stat(run_dir).st_mtime
     try:
@@ -105,13 +128,13 @@ def _row(run_dir: Path) -> RunRow:
                       str(exc))
     layout, world = _layout_of(record, run_dir)
     if record is None:
-        return RunRow(when, RUNNING, "?", layout, world, "?", None, "", str(run_dir), _sweep_of(run_dir))
-    launcher = record.launcher or "?"
-    job = (record.extra.get("slurm") or {}).get("job_id") if isinstance(record.extra.get("slurm"), dict) else None
-    if job is None:
-        job = (rundir.read_json(run_dir / "slurm_job.json") or {}).get("job_id") if launcher == "slurm" else None
-    if job:
-        launcher = f"{launcher} {job}"
+        task, launcher = _named_in_config(run_dir)
+        status, problem = RUNNING, ""
+        if launcher == "local" and not rundir.launch_alive(run_dir):
+            status, problem = "unknown", "its launcher is gone and left no result.json (killed?)"
+        return RunRow(when, status, task, layout, world, _with_job(launcher, run_dir, None), None, "",
+                      str(run_dir), _sweep_of(run_dir), problem)
+    launcher = _with_job(record.launcher or "?", run_dir, record)
     wall = record.timings.get("wall_s")
     return RunRow(record.finished_at or when, str(record.status), record.task or "?", layout, world, launcher,
                   wall if isinstance(wall, (int, float)) else None, _headline(record), str(run_dir),

@@ -14,6 +14,7 @@ else the first non-zero exit code of an ended run.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,10 @@ from typing import Any
 from . import attempts, rundir
 from .launchers import DetachedLauncher, get_launcher
 from .outcome import RunOutcome
-from .record import RecordError, RunRecord
+from .record import RecordError, RunRecord, Status
+
+FOLLOW_BACKLOG = 10
+"""Lines of each console rank's log already written that ``--follow`` shows before new ones."""
 
 
 def launcher_of(run_dir: Path) -> Any | None:
@@ -95,10 +99,10 @@ def _console_ranks(run_dir: Path) -> list[int]:
     import yaml
 
     from .entrypoint import layout_of
+    from .live import console_ranks
 
     config = yaml.safe_load((run_dir / rundir.CONFIG).read_text()) or {}
-    ranks = (config.get("launcher") or {}).get("console_ranks")
-    return list(range(layout_of(config).world_size)) if ranks is None else list(ranks)
+    return console_ranks(config, layout_of(config).world_size)
 
 
 def _tail(run_dir: Path, lines: int) -> int:
@@ -111,7 +115,7 @@ def _tail(run_dir: Path, lines: int) -> int:
     for rank in ranks:
         path = rundir.rank_log(run_dir, rank)
         try:
-            text = path.read_text(errors="replace").splitlines()[-lines:]
+            text = path.read_text(errors="replace").splitlines()[-lines:] if lines else []
         except OSError:
             text = ["(no log yet)"]
         print(f"==> {path} <==")
@@ -119,41 +123,66 @@ def _tail(run_dir: Path, lines: int) -> int:
     return 0
 
 
-def _follow(run_dir: Path, timeout_s: float) -> int:
-    """``--follow``: the live view of a run until it has a final record (or ``timeout_s`` passes)."""
+def _final(run_dir: Path) -> RunOutcome | None:
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        return None
+    return RunOutcome.of(record, run_dir) if record is not None and record.final else None
+
+
+def _ended(run_dir: Path, launcher: Any | None) -> RunOutcome | None:
+    """The run's outcome once it ended: from its detached launcher, else from a final record.
+
+    A local run whose launcher is gone without writing a final record (killed with
+    SIGKILL) has ended too, as 'unknown': following it would otherwise never end.
+    """
+    if launcher is not None:
+        return launcher.status(run_dir)[1]
+    outcome = _final(run_dir)
+    if outcome is not None or rundir.launch_alive(run_dir):
+        return outcome
+    return _final(run_dir) or RunOutcome(Status.UNKNOWN, run_dir,
+                                         f"the launch of {run_dir} is gone and left no final record")
+
+
+def _follow(run_dir: Path, timeout_s: float, backlog: int = 10) -> int:
+    """``--follow``: the live view of a run until it ended (or ``timeout_s`` passes); Ctrl-C only stops following.
+
+    It shows the last ``backlog`` lines each console rank already wrote, then new ones.
+    Exit code: the run's, once it ended; 0 when it still runs at the timeout; 130 after Ctrl-C.
+    """
     from loguru import logger
 
-    from .launchers.slurm.live import LiveView, final_line
-    from .outcome import RunOutcome
+    from .live import LiveView, final_line
     from .ranklog import setup_launcher_logging
 
     setup_launcher_logging(None)
     launcher = launcher_of(run_dir)
     try:
-        view = LiveView([run_dir], write=logger.info)
+        view = LiveView([run_dir], write=logger.info, state_of=getattr(launcher, "live_state", None),
+                        backlog=backlog)
     except (OSError, ValueError) as exc:
         print(f"wf_launch.status: {exc}", file=sys.stderr)
         return 2
     deadline = time.monotonic() + timeout_s
     outcome = None
-    while time.monotonic() < deadline:
-        view.tick()
-        if launcher is not None:
-            _, outcome = launcher.status(run_dir)
-        else:
-            try:
-                record = RunRecord.read(run_dir)
-            except RecordError:
-                record = None
-            outcome = RunOutcome.of(record, run_dir) if record is not None and record.final else None
-        if outcome is not None:
-            break
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            view.tick()
+            outcome = _ended(run_dir, launcher)
+            if outcome is not None:
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        view.close()
+        logger.info(f"stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel {run_dir})")
+        return 130
     view.close()
     if outcome is None:
         logger.info(f"still running after {timeout_s:g} s; detaching")
         return 0
-    logger.info(final_line(outcome, run_dir))
+    logger.info(final_line(outcome))
     if outcome.exit_code and outcome.summary:
         print(outcome.summary, file=sys.stderr)
     return outcome.exit_code
@@ -191,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir", type=Path, help="a run directory or a sweep directory")
     ap.add_argument("--cancel", action="store_true", help="cancel every run still running, wait for the end")
     ap.add_argument("--wait", action="store_true", help="wait until every run has ended")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds --wait / --cancel wait (default 600)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds --wait / --cancel wait (default 600), and --follow follows (default: until the end)")
     ap.add_argument("--follow", action="store_true",
                     help="attach to a running run (local or detached): its state, console ranks' lines and "
                          "progress, live, until it ends")
-    ap.add_argument("--tail", type=int, default=0, metavar="N",
-                    help="print the last N lines of each console rank's log")
+    ap.add_argument("--tail", type=int, default=None, metavar="N",
+                    help="print the last N lines of each console rank's log (with --follow: show the last N "
+                         "lines already written, default 10, then follow)")
     ap.add_argument("--stacks", action="store_true",
                     help="dump every rank's Python stacks now and group them by where the ranks are "
                          "(a local or SLURM run that looks stuck)")
@@ -206,10 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.stacks:
         return _stacks(args.dir.absolute())
-    if args.tail:
-        return _tail(args.dir.absolute(), args.tail)
+    if args.tail is not None and args.tail < 0:
+        print(f"wf_launch.status: --tail={args.tail} is not allowed: expected a number of lines >= 0",
+              file=sys.stderr)
+        return 2
     if args.follow:
-        return _follow(args.dir.absolute(), args.timeout)
+        return _follow(args.dir.absolute(), math.inf if args.timeout is None else args.timeout,
+                       FOLLOW_BACKLOG if args.tail is None else args.tail)
+    if args.tail is not None:
+        return _tail(args.dir.absolute(), args.tail)
     runs, is_sweep = find_runs(args.dir.absolute())
     if not runs:
         print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "
@@ -227,7 +263,7 @@ def _show(args: argparse.Namespace, runs: dict[Path, Any], is_sweep: bool) -> in
         for run_dir, launcher in runs.items():
             if launcher.cancel(run_dir) is not None:
                 print(f"cancelling {_label(run_dir, launcher)} ({run_dir})", file=sys.stderr)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + (600 if args.timeout is None else args.timeout)
     unreadable: dict[Path, str] = {}
     while True:
         states = {}

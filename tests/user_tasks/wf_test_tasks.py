@@ -57,3 +57,26 @@ def echo(ctx: TaskContext) -> dict[str, Any]:
         "started": ctx.config["engine"]["order"],
     }
 
+
+@dataclass
+class TickerConfig(TaskConfig):
+    """``steps`` steps of ``step_sleep_s`` each, reporting progress and a loss; ``fail_rank`` (if >= 0) then raises."""
+
+    steps: int = 20
+    step_sleep_s: float = 0.2
+    fail_rank: int = -1
+
+
+@register_task("ticker", config=TickerConfig)
+def ticker(ctx: TaskContext) -> dict[str, Any]:
+    """A slow task that reports progress: something to watch live."""
+    cfg = ctx.task_config
+    for i in range(cfg["steps"]):
+        time.sleep(cfg["step_sleep_s"])
+        ctx.progress(i + 1, cfg["steps"], loss=round(1.0 / (i + 1), 4))
+        if i % 5 == 0:
+            ctx.log.info(f"tick {i + 1}")
+    if ctx.rank == cfg["fail_rank"]:
+        raise ValueError(f"ticker: rank {ctx.rank} fails after {cfg['steps']} steps, as asked")
+    ctx.groups["world"].barrier()
+    return {"steps": cfg["steps"]}

@@ -188,7 +188,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig
 
-    from ..progress import ProgressMonitor, ProgressView
+    from ..live import progress_monitor
     from ..watch import RankWatch, StartupTimeout
     from .elastic import ForkGate, PortInUse, RanksFailed, run_agent
 
@@ -222,8 +222,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         gate = ForkGate()
         # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
         # launcher forks the ranks, and a forking process should run no threads of its own.
-        monitor = ProgressMonitor(ProgressView(plan.run_dir, nproc, plan.label, float(lc["stall_warning_s"])),
-                                  float(lc["progress_interval_s"]), write=logger.info)
+        monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
         watch = RankWatch(plan.run_dir, nproc, plan.label, float(plan.config["engine"]["init_timeout_s"]),
                           write=logger.info, progress=monitor)
         try:
@@ -254,7 +253,6 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     wall = time.time() - t0
     info["attempts"] = tracker.close("completed")
     record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(wall, 4)})
-    logger.info(f"run ok in {wall:.2f}s: {RunRecord.path(plan.run_dir)}")
     return RunOutcome.of(record, plan.run_dir)
 
 

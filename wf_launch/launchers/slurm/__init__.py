@@ -7,7 +7,7 @@ the run directory, and either returns (``launcher.wait=false``) or polls ``sacct
 until the job ends and finalizes ``result.json``.
 
 By role: :mod:`.env` (inside a SLURM task), :mod:`.submit` (sbatch parameters, one
-job, a sweep's batch), :mod:`.poll` (job state, waiting, cancel), :mod:`.finalize`
+job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view, cancel), :mod:`.finalize`
 (``result.json`` of an ended job, each rank's outcome), :mod:`.submitit_adapter`
 (every submitit name we use). This module holds the config and the launcher class.
 """
@@ -27,7 +27,7 @@ from ..base import LauncherConfig
 from ..registry import register_launcher
 from .env import SlurmRank, SlurmRequeue, export_rank_env, master_port
 from .finalize import JOB_FILE, finalize, rank_outcomes, read_job
-from .poll import TERMINAL_STATES, cancel, in_queue, is_terminal, job_state, wait_all, wait_gone
+from .poll import TERMINAL_STATES, cancel, in_queue, is_terminal, job_state, live_state, wait_all, wait_gone
 from .submit import (
     Pending,
     SlurmBatch,
@@ -209,6 +209,10 @@ class SlurmLauncher:
         out = subprocess.run(["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", job["job_id"]],
                              capture_output=True, text=True, timeout=30, check=False)
         return out.returncode == 0
+
+    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
+        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None once it left the queue."""
+        return live_state(run_dir)
 
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"

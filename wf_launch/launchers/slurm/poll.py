@@ -1,11 +1,13 @@
-"""Asking SLURM about jobs: state, still queued, cancel, and waiting for runs.
+"""Asking SLURM about jobs: state, queue state, still queued, cancel, and waiting for runs.
 
 The state comes from ``sacct`` (accounting); where accounting is missing (no
 slurmdbd, or it is down) from ``squeue`` while the job is queued, then from
 ``scontrol show job`` while the controller remembers it, then from the ranks'
 own records in the run directory. A job that none of them knows is ``UNKNOWN``;
 :func:`wait_all` ends such a run after :data:`UNKNOWN_GRACE_S` with a clear
-message instead of polling for ever. SIGTERM and SIGHUP to a waiting launcher
+message instead of polling for ever. While it waits it shows the run live
+(:class:`~wf_launch.live.LiveView`, with :func:`live_state` for the queue state and
+SLURM's reason). SIGTERM and SIGHUP to a waiting launcher
 are handled like Ctrl-C: the jobs are cancelled, waited for and finalized.
 Every job id is checked against SLURM's syntax before it reaches a command.
 """
@@ -26,8 +28,8 @@ from ...record import RecordError, RunRecord, Status
 from ...report import load_failure_records
 from .finalize import checked_job_id, finalize, read_job
 
-__all__ = ["TERMINAL_STATES", "UNKNOWN_GRACE_S", "cancel", "in_queue", "is_terminal", "job_state", "wait_all",
-           "wait_gone"]
+__all__ = ["TERMINAL_STATES", "UNKNOWN_GRACE_S", "cancel", "in_queue", "is_terminal", "job_state", "live_state",
+           "queue_state", "wait_all", "wait_gone"]
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN"})
@@ -92,6 +94,25 @@ def job_state(job_id: str, run_dir: Path | None = None) -> str:
         if state:
             return state
     return _records_state(run_dir) or "UNKNOWN"
+
+
+def queue_state(job_id: str) -> str | None:
+    """'PENDING (Resources)' or 'RUNNING on n[1-2]' from squeue; None once the job left the queue."""
+    out = _run(["squeue", "-h", "-j", checked_job_id(job_id), "-o", "%T|%r|%N"])
+    line = out.stdout.strip().splitlines()[0] if out is not None and out.returncode == 0 and out.stdout.strip() else ""
+    if not line:
+        return None
+    state, reason, nodes = [*line.split("|"), "", ""][:3]
+    if state == "PENDING":
+        return f"PENDING ({reason})" if reason and reason != "None" else "PENDING"
+    return f"{state} on {nodes}" if nodes else state
+
+
+def live_state(run_dir: Path) -> tuple[str, str] | None:
+    """('SLURM job 42', 'PENDING (Priority)') for the live view; None without a job or once it left the queue."""
+    job = read_job(run_dir) or {}
+    state = queue_state(job["job_id"]) if job.get("job_id") else None
+    return (f"SLURM job {job['job_id']}", state) if state is not None else None
 
 
 def in_queue(job_id: str) -> bool:
@@ -172,13 +193,13 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     """
     from loguru import logger
 
-    from .live import LiveView
+    from ...live import LiveView
 
     pending = {Path(d): read_job(d)["job_id"] for d in run_dirs}  # type: ignore[index]
     outcomes: dict[Path, RunOutcome] = {}
     unknown_since: dict[Path, float] = {}
     many = len(run_dirs) > 1
-    live = LiveView(list(pending), write=logger.info)
+    live = LiveView(list(pending), write=logger.info, state_of=live_state)
     try:
         with _stop_signals():
             while pending:

@@ -31,7 +31,6 @@ from ...plan import LaunchPlan
 from ...record import RunRecord, Status
 from .env import SlurmRank, SlurmRequeue, SlurmStackDump
 from .finalize import JOB_FILE
-from .live import final_line
 from .poll import wait_all
 from .snapshot import CODE_DIR, job_setup, project_root, take
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
@@ -275,6 +274,4 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     if not lc["wait"]:
         return RunOutcome(Status.SUBMITTED, plan.run_dir,
                           f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
-    outcome = wait_all([plan.run_dir], lc["poll_interval_s"])[0]
-    logger.info(final_line(outcome, plan.run_dir))
-    return outcome
+    return wait_all([plan.run_dir], lc["poll_interval_s"])[0]
