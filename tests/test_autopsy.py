@@ -36,13 +36,13 @@ def test_a_rank_that_never_joins_fails_start_up_with_its_stack(tmp_path: Path) -
     run_dir = tmp_path / "run"
     env = {**cli_env(), "WF_TEST_HANG_RANK": "3"}
     proc = subprocess.run([sys.executable, "-m", "wf_launch", "task=after_hang", "task.modules=[wf_hang_at_import]",
-                           "engine.dp_size=4", "engine.init_timeout_s=25", "launcher.start_method=spawn",
+                           "engine.dp_size=4", "engine.init_timeout_s=15", "launcher.start_method=spawn",
                            f"hydra.run.dir={run_dir}"],
                           capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     err = proc.stderr
     assert "3/4 ranks arrived; waiting for rank 3 (tp0 cp0 pp0 dp3)" in err
-    assert "start-up timed out after 25 s (engine.init_timeout_s): 3/4 ranks arrived; rank 3 never did" in err
+    assert "start-up timed out after 15 s (engine.init_timeout_s): 3/4 ranks arrived; rank 3 never did" in err
     assert "ranks 0-2 wait in init_process_group at " in err
     assert "rank 3 (tp0 cp0 pp0 dp3) is at " in err and "in _hang_here: time.sleep(600)" in err
     failure = result(run_dir)["failure"]

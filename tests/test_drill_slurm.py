@@ -55,6 +55,13 @@ def _wait_for(path: Path, what: str, timeout: float = 240) -> None:
         time.sleep(0.3)
 
 
+def _restarts(cluster: SlurmCluster, job_id: str) -> int:
+    """SLURM's own restart count of a job (kept MinJobAge after it ends)."""
+    out = cluster.run(["scontrol", "-o", "show", "job", job_id], check=False).stdout
+    found = [w for w in out.split() if w.startswith("Restarts=")]
+    return int(found[0].split("=")[1]) if found else -1
+
+
 def test_a_preempted_sweep_point_requeues_alone_and_both_match_the_reference(slurm_cluster: SlurmCluster,
                                                                              tmp_path: Path) -> None:
     env = _env(slurm_cluster)
@@ -80,6 +87,8 @@ def test_a_preempted_sweep_point_requeues_alone_and_both_match_the_reference(slu
         for p in (proc, reference):
             if p.poll() is None:
                 p.kill()
+    ids = [json.loads((sweep / str(n) / "slurm_job.json").read_text())["job_id"] for n in range(2)]
+    assert ids[0] == job and [_restarts(slurm_cluster, i) for i in ids] == [1, 0]  # the healthy point never requeued
     expected = _result(tmp_path / "reference")["results"]["0"]["weights_sha256"]
     preempted, healthy = _result(sweep / "0"), _result(sweep / "1")
     assert [a["cause"] for a in preempted["attempts"]] == ["launch", "preempted: USR2 (stop flag)"]

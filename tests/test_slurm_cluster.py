@@ -1,7 +1,7 @@
 """What a user relies on from a SLURM cluster, checked on the real throw-away one
 (scripts/slurm_cluster.sh): srun ranks, submitit multi-task and multi-node jobs with
-TorchDistributedEnvironment, readable job states (CANCELLED, FAILED), requeue on the
-time-limit signal, and a gloo all_reduce across SLURM tasks."""
+TorchDistributedEnvironment, readable job states (CANCELLED, FAILED), and a gloo all_reduce
+across SLURM tasks. (The time-limit signal and requeue: tests/test_slurm_launcher.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,41 +80,7 @@ def _sleep(seconds: float) -> float:
     return seconds
 
 
-class _Resumable(submitit.helpers.Checkpointable):
-    """Sleeps on its first run until the time-limit signal requeues it; returns on the next."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-
-    def __call__(self) -> dict:
-        self.runs += 1  # part of the state submitit pickles at checkpoint time
-        if self.runs == 1:
-            time.sleep(120)
-            return {"runs": self.runs, "error": "no signal within 120 s"}
-        return {"runs": self.runs, "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}
-
-
 # ----------------------------------------------------------------- tests
-@pytest.fixture(scope="module", autouse=True)
-def time_limit_job(slurm_cluster: SlurmCluster,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[submitit.Job]:
-    """A checkpointable job submitted before the other tests run, so that waiting for
-    SLURM's time-limit signal overlaps them: with timeout_min=1 and the USR2 due 55 s
-    before the limit, slurmctld sends it at its next time-limit pass (every 30 s), submitit
-    checkpoints and calls `scontrol requeue`, and the job restarts ~6 s later
-    (cred_expire=5 + 1 s)."""
-    with pytest.MonkeyPatch.context() as mp:
-        slurm_cluster.activate(mp)
-        ex = submitit.AutoExecutor(folder=tmp_path_factory.mktemp("requeue") / "submitit",
-                                   cluster="slurm")
-        ex.update_parameters(nodes=1, tasks_per_node=1, cpus_per_task=1, timeout_min=1,
-                             slurm_signal_delay_s=55)
-        job = ex.submit(_Resumable())
-        yield job
-        if not job.done(force_check=True):
-            job.cancel(check=False)
-
-
 def test_srun_gives_procids(slurm_cluster: SlurmCluster) -> None:
     out = slurm_cluster.run(["srun", "-n4", "bash", "-c", "echo $SLURM_PROCID"])
     assert sorted(int(x) for x in out.stdout.split()) == [0, 1, 2, 3]
@@ -184,12 +149,3 @@ def test_cancelled_job_reads_cancelled(executor: submitit.AutoExecutor) -> None:
     with pytest.raises(UncompletedJobError, match="CANCELLED"):
         job.result()
     assert time.monotonic() - started < 10
-
-
-def test_time_limit_signal_requeues_checkpointable(time_limit_job: submitit.Job) -> None:
-    # See the time_limit_job fixture: SLURM's USR2 before the time limit made submitit
-    # checkpoint and `scontrol requeue` the job, and the requeued run returned.
-    result = time_limit_job.result()
-    assert result.get("runs", 0) >= 2, result
-    assert result["restarts"] >= 1
-    assert _wait_state(time_limit_job, "COMPLETED") == "COMPLETED"

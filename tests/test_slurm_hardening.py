@@ -137,39 +137,6 @@ def test_sigterm_to_a_waiting_launcher_cancels_and_finalizes(slurm_cluster: Slur
     assert slurm_cluster.run(["squeue", "-h", "-j", job_id], check=False).stdout.strip() == ""
 
 
-def _restarts(cluster: SlurmCluster, job_id: str) -> int:
-    out = cluster.run(["scontrol", "-o", "show", "job", job_id], check=False).stdout
-    found = [w for w in out.split() if w.startswith("Restarts=")]
-    return int(found[0].split("=")[1]) if found else -1
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_preempting_one_sweep_point_requeues_that_point_alone(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    proc = _cli([SLURM, "task=resumable", "task.modules=[wf_slurm_test_tasks]", "engine.dp_size=1,2",
-                 "launcher.wait=false", "launcher.max_requeues=1"], sweep, env=_env(slurm_cluster), multirun=True)
-    assert proc.returncode == 0, proc.stderr
-    ids = [json.loads((sweep / str(n) / "slurm_job.json").read_text())["job_id"] for n in range(2)]
-    deadline = time.monotonic() + 120
-    while not all((sweep / str(n) / "logs" / "rank0.log").exists() for n in range(2)):
-        assert time.monotonic() < deadline, "points never started"
-        time.sleep(0.3)
-    time.sleep(2)
-    try:
-        slurm_cluster.run(["scancel", "--signal=USR2", ids[0]])
-        deadline = time.monotonic() + 60
-        while _restarts(slurm_cluster, ids[0]) < 1:
-            assert time.monotonic() < deadline, "the preempted point was not requeued"
-            time.sleep(0.5)
-        time.sleep(3)
-        assert _restarts(slurm_cluster, ids[1]) == 0, "the healthy point was requeued too"
-    finally:
-        for n in range(2):
-            subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(sweep / str(n))],
-                           capture_output=True, text=True, env=_env(slurm_cluster), timeout=180)
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_stuck_rank_on_slurm_is_named_with_its_frame(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, result, run_cli
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
 
@@ -65,3 +65,29 @@ def test_ctx_cfg_is_the_registered_dataclass_with_defaults() -> None:
     assert cls is DemoTaskConfig
     cfg = cls.build({"name": "demo", "frames": 8, "patch": (1, 2, 2)})
     assert isinstance(cfg, DemoTaskConfig) and cfg.frames == 8 and cfg.height == 32 and cfg.patch == [1, 2, 2]
+
+
+def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from wf_launch.tasks import registry
+    from wf_launch.tasks.registry import register_task, task_preload
+
+    monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
+    monkeypatch.setattr(registry, "_PRELOAD", dict(registry._PRELOAD))
+    register_task("preload_probe", preload=("json", "wf_launch.checkpoint"))(lambda ctx: None)
+    assert task_preload("preload_probe") == ("json", "wf_launch.checkpoint")
+    assert task_preload("noop") == ()
+    assert "torch.distributed.checkpoint" in task_preload("train")
+    with pytest.raises(ValueError, match="preload=.* must be module names"):
+        register_task("preload_bad", preload=("json", ""))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_forked_ranks_inherit_the_preloaded_modules(tmp_path: Path, method: str) -> None:
+    proc = run_cli(["task=preloaded", "task.modules=[wf_test_tasks]", "engine.dp_size=2",
+                    f"launcher.start_method={method}"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    results = result(tmp_path / "run")["results"]
+    for r in results.values():
+        launcher_imported = r["imported_by"] == r["parent_pid"] != r["rank_pid"]
+        assert launcher_imported == (method == "fork"), r  # spawned ranks import it themselves

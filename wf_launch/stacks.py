@@ -246,16 +246,19 @@ def trigger(pids: dict[int, int], sender: Callable[[int, int], None] = os.kill) 
     return sent
 
 
-def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, int], wait_s: float = 2.0
-                  ) -> dict[int, list[Frame]]:
+def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, int], wait_s: float = 2.0,
+                  alive: Callable[[int], bool] | None = None) -> dict[int, list[Frame]]:
     """Each rank's main-thread frames from what it appended to its stacks file after ``offsets``.
 
     Waits up to ``wait_s`` for the dumps to arrive (a rank writes its dump from a
-    signal handler, at once, unless it is stopped or dead).
+    signal handler, at once, unless it is stopped or dead). With ``alive`` (rank ->
+    still running?), a rank that has exited is not waited for: after a kill -9 the
+    survivors leave on their own, and a restart must not wait ``wait_s`` for them.
     """
     pending, out = set(ranks), {}
     deadline = time.monotonic() + wait_s
     while pending:
+        gone = {r for r in pending if alive is not None and not alive(r)}  # before reading: a last dump counts
         for rank in sorted(pending):
             path = stacks_file(run_dir, rank)
             try:
@@ -269,6 +272,7 @@ def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, 
             if frames and text.endswith("\n"):
                 out[rank] = frames
                 pending.discard(rank)
+        pending -= gone
         if not pending or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -93,10 +93,14 @@ class RankWatch:
                 else f"ranks {rank_ranges(missing)}"
             self.write(f"{len(done)}/{self.world_size} ranks {phase}; waiting for {who}, {elapsed:.0f} s")
 
-    def autopsy(self, pids: dict[int, int], wait_s: float = 2.0) -> dict[int, list[Frame]]:
-        """Dump the stacks of the ranks in ``pids`` (rank -> pid) now; each one's main-thread frames."""
+    def autopsy(self, pids: dict[int, int], wait_s: float = 2.0,
+                alive: Callable[[int], bool] | None = None) -> dict[int, list[Frame]]:
+        """Dump the stacks of the ranks in ``pids`` (rank -> pid) now; each one's main-thread frames.
+
+        ``alive`` (rank -> still running?) lets it stop waiting for a rank that exited instead of dumping.
+        """
         if not pids:
             return {}
         offsets = stack_offsets(self.run_dir, pids)
         sent = trigger(pids)
-        return collect_dumps(self.run_dir, sent, offsets, wait_s=wait_s)
+        return collect_dumps(self.run_dir, sent, offsets, wait_s=wait_s, alive=alive)

@@ -80,3 +80,11 @@ def ticker(ctx: TaskContext) -> dict[str, Any]:
         raise ValueError(f"ticker: rank {ctx.rank} fails after {cfg['steps']} steps, as asked")
     ctx.groups["world"].barrier()
     return {"steps": cfg["steps"]}
+
+
+@register_task("preloaded", preload=("wf_preloaded",))
+def preloaded(ctx: TaskContext) -> dict[str, Any]:
+    """Which process imported the module this task preloads: the launcher (forked ranks) or the rank itself."""
+    import wf_preloaded
+
+    return {"imported_by": wf_preloaded.IMPORTED_BY, "rank_pid": os.getpid(), "parent_pid": os.getppid()}

@@ -182,7 +182,8 @@ class _ExitCodeAgent(LocalElasticAgent):
             codes = _exit_codes(self._pcontext)
             if any(c not in (None, 0) for c in codes.values()):
                 # A rank failed; torch stops the survivors as soon as it notices. First: where is everyone?
-                self.dumps = self.watch.autopsy(self._live_pids(worker_group))
+                self.dumps = self.watch.autopsy(self._live_pids(worker_group),
+                                                alive=lambda rank: rank in self._live_pids(worker_group))
         result = super()._monitor_workers(worker_group)
         if result.is_failed():
             codes = _exit_codes(self._pcontext)

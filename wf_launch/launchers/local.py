@@ -11,6 +11,7 @@ forked rank waits at a :class:`~.elastic.ForkGate` until every rank is forked.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from ..entrypoint import ATTEMPT_VAR, RankSpec, rank_main
 from ..outcome import RunOutcome
 from ..record import RunRecord, Status
 from ..report import explain_failure
+from ..tasks.registry import task_preload
 from .base import LauncherConfig
 from .registry import register_launcher
 
@@ -59,6 +61,18 @@ class LocalLauncherConfig(LauncherConfig):
     shutdown_timeout_s: int = 5
     loopback_only: bool = True
     oversubscribe: bool = False
+
+
+def preload(modules: tuple[str, ...]) -> None:
+    """Import what the task's ranks will import (``register_task(preload=...)``), so forked ranks inherit it.
+
+    A module that fails to import is left to the ranks, which report the error where it matters.
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            logger.debug(f"preload of {name!r} failed ({exc!r}); the ranks import it themselves")
 
 
 def choose_start_method(requested: str) -> str:
@@ -194,6 +208,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
 
     lc = plan.config["launcher"]
     nproc = plan.world_size
+    if lc["start_method"] in ("auto", "fork"):
+        preload(task_preload(plan.config["task"]["name"]))
     method = choose_start_method(lc["start_method"])
     threads = threads_per_rank(lc["threads_per_rank"], nproc)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -13,18 +13,20 @@ from importlib.metadata import entry_points
 from typing import Any
 
 __all__ = ["ENTRY_POINT_GROUP", "get_task", "load_task_modules", "register_task", "registered_configs",
-           "registered_tasks", "task_config_class"]
+           "registered_tasks", "task_config_class", "task_preload"]
 
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
 _TASKS: dict[str, TaskFn] = {}
 _CONFIGS: dict[str, type] = {}
+_PRELOAD: dict[str, tuple[str, ...]] = {}
 _BUILTINS = {"demo": "wf_launch.tasks.demo", "layout": "wf_launch.tasks.layout", "noop": "wf_launch.tasks.noop",
              "train": "wf_launch.tasks.train"}
 ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 
-def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], TaskFn]:
+def register_task(name: str, config: type | None = None,
+                  preload: Iterable[str] = ()) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``).
 
     ``config`` is an optional dataclass subclassing
@@ -33,6 +35,12 @@ def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], T
     process starts, and the task receives the instance as ``ctx.cfg``. Without
     one the task takes a plain TaskConfig. (A ``validate_config(task, engine)``
     attribute on ``fn``, the older way, is still called with both sections.)
+
+    ``preload`` names heavy modules every rank of the task imports anyway (DCP,
+    ``torch._dynamo`` for FSDP2: about 1 s per rank): the local launcher imports
+    them once before it forks the ranks, which then inherit them, as gunicorn's
+    preload does. Importing must not start threads or touch CUDA; if it does, the
+    launcher falls back to spawn (``launcher.start_method=auto``).
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
@@ -43,6 +51,10 @@ def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], T
         raise ValueError(f"register_task({name!r}): config={config!r} must be a dataclass subclassing "
                          "wf_launch.config.TaskConfig")
 
+    modules = (preload,) if isinstance(preload, str) else tuple(preload)
+    if not all(isinstance(m, str) and m.strip() for m in modules):
+        raise ValueError(f"register_task({name!r}): preload={preload!r} must be module names")
+
     def deco(fn: TaskFn) -> TaskFn:
         existing = _TASKS.get(name)
         if existing is not None and existing is not fn and (
@@ -52,6 +64,8 @@ def register_task(name: str, config: type | None = None) -> Callable[[TaskFn], T
         _TASKS[name] = fn
         if config is not None:
             _CONFIGS[name] = config
+        if modules:
+            _PRELOAD[name] = modules
         return fn
 
     return deco
@@ -106,3 +120,10 @@ def task_config_class(name: str) -> type:
 def registered_configs() -> dict[str, Any]:
     """A config node for every registered task: its own dataclass, else a plain TaskConfig."""
     return {name: task_config_class(name)(name=name) for name in _TASKS}
+
+
+def task_preload(name: str) -> tuple[str, ...]:
+    """The modules task ``name`` asked the launcher to import before forking its ranks."""
+    if name not in _TASKS and name in _BUILTINS:
+        importlib.import_module(_BUILTINS[name])
+    return _PRELOAD.get(name, ())

@@ -259,7 +259,12 @@ def _reversed_pp(pp: Any) -> Any:
     return PPScheduler(back, device=pp.device, timeout=pp.timeout, tag=pp.tag + _BACKWARD_TAG)
 
 
-@register_task("train", config=TrainConfig)
+PRELOAD = ("torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor",
+           "wf_launch.checkpoint", "worldfoundry.core.distributed.ema", "worldfoundry.core.distributed.fsdp")
+"""What every rank of ``train`` imports: the local launcher imports it once, before forking."""
+
+
+@register_task("train", config=TrainConfig, preload=PRELOAD)
 def train(ctx: TaskContext) -> dict[str, Any]:
     """Train under the run's CP x PP x DP layout, checkpoint, resume; rank 0 reports the run."""
     from torch.distributed.device_mesh import DeviceMesh
