@@ -44,6 +44,16 @@ def _app(cfg: DictConfig) -> object:
     return outcome
 
 
+def _shows_hydra_config(argv: list[str]) -> bool:
+    """Whether this command prints the help text (or the Hydra config holding it).
+
+    Hydra resolves the help template on every run; listing the config groups walks
+    every group (about 0.15 s), so a plain launch resolves it to an empty string.
+    """
+    flags = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve"}
+    return any(a.split("=", 1)[0] in flags for a in argv)
+
+
 def config_groups_help() -> str:
     """The ``--help`` listing of config groups, like Hydra's ``$APP_CONFIG_GROUPS`` but without the
     ``*_schema`` entries (the structured configs the YAML builds on: nothing a user picks).
@@ -88,7 +98,8 @@ def main() -> None:
         load_task_modules(_task_modules_from_argv(sys.argv[1:]))
         register_configs()
         OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
-        OmegaConf.register_new_resolver("wf_config_groups", config_groups_help, replace=True)
+        OmegaConf.register_new_resolver("wf_config_groups", config_groups_help if _shows_hydra_config(sys.argv[1:])
+                                        else str, replace=True)
         hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
