@@ -46,7 +46,12 @@ def main() -> None:
     ap.add_argument("--torchrun-max", type=int, default=32)
     ap.add_argument("--chart", type=Path, default=None)
     ap.add_argument("--stall-s", type=float, default=300.0)
+    ap.add_argument("--redraw", type=Path, default=None, help="draw --chart again from the rows a run saved (JSON)")
     args = ap.parse_args()
+    if args.redraw:
+        saved = json.loads(args.redraw.read_text())
+        _chart(saved["rows"], args.chart or args.redraw.with_suffix(".png"), saved["note"])
+        return
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     work = tempfile.mkdtemp(prefix="wf_bench_scale_")
     env_note = f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
@@ -83,7 +88,8 @@ def main() -> None:
     print("goals: wf_launch <= 0.10x torchrun at 32 ranks, <= 1.30x elastic at every size")
     if args.chart:
         _chart(rows, args.chart, env_note)
-        print(f"chart: {args.chart}")
+        args.chart.with_suffix(".json").write_text(json.dumps({"note": env_note, "rows": rows}, indent=1) + "\n")
+        print(f"chart: {args.chart} (rows: {args.chart.with_suffix('.json')}, --redraw draws it again)")
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -121,7 +127,7 @@ def _chart(rows: list[dict], path: Path, note: str) -> None:
     left.set_xticks(ranks, [str(n) for n in ranks])
     left.minorticks_off()
     left.grid(alpha=0.3)
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper left")
     _line(right, rows, "init_median", "o-", "median rank")
     _line(right, rows, "init_max", "s--", "slowest rank")
     right.set(xscale="log", xlabel="ranks", ylabel="dist_init per rank (s)", title="Group creation (all groups)")
