@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import leftover_processes, result, run_cli, start_cli, wait_for_log
+from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli, wait_for_log
 
 pytestmark = pytest.mark.slow
 TASKS = "task.modules=[wf_test_tasks]"
@@ -93,6 +94,11 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     assert res["failure"]["coords"] == {"tp": 0, "cp": 0, "pp": 1, "dp": 0}
     assert "bad batch 17" in (run_dir / "logs" / "rank2.log").read_text()
     _no_leftovers(run_dir)
+    status = subprocess.run([sys.executable, "-m", "wf_launch.status", str(run_dir)], capture_output=True,
+                            text=True, timeout=60, env=cli_env())
+    assert status.returncode == 1, status.stderr
+    assert status.stdout.startswith(f"{run_dir}: local run ended -> failed (exit 1)")
+    assert "rank 2 refuses: bad batch 17" in status.stdout and f"log: {run_dir / 'logs' / 'rank2.log'}" in status.stdout
 
 
 def test_a_user_error_that_mentions_timeout_blames_its_rank_not_healthy_peers(tmp_path: Path) -> None:

@@ -75,3 +75,8 @@ def test_local_drill_kill9_then_sigterm_ends_identical(tmp_path: Path, layout: l
     assert resumed["resumed_from"] == restarted["last_step"] and resumed["last_step"] == 28
     record = json.loads((directory / "interrupted" / "result.json").read_text())
     assert record["status"] == "ok" and record["attempts"] == summary["attempts"]
+    status = subprocess.run([sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
+                            capture_output=True, text=True, timeout=60, env=cli_env())
+    assert status.returncode == 0, status.stderr
+    assert "local run ended -> ok (exit 0)" in status.stdout
+    assert "attempt 2: stop flag: SIGTERM; resumed from step" in status.stdout

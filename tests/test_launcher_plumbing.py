@@ -109,7 +109,14 @@ def test_status_finds_a_third_party_detached_launchers_runs(tmp_path: Path,
     assert f"cancelling toyqueue run ({running})" in out.err
 
 
-def test_status_names_a_directory_without_detached_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _run_dir(tmp_path / "run", "local", "n/a")
-    assert status.main([str(tmp_path / "run")]) == 2
-    assert "no detached run" in capsys.readouterr().err
+def test_status_of_local_runs_and_of_directories_without_runs(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    _run_dir(run, "local", "n/a")  # no record and no live launcher: it ended without one
+    assert status.main([str(run)]) == 3
+    assert f"{run}: local run ended -> unknown (exit 3)" in capsys.readouterr().out
+    assert status.main([str(run), "--cancel"]) == 2
+    assert "no detached run in" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert status.main([str(tmp_path / "empty")]) == 2
+    assert "no run in" in capsys.readouterr().err

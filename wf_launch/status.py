@@ -65,7 +65,11 @@ def _label(run_dir: Path, launcher: Any) -> str:
 
 
 def _print_run(run_dir: Path, launcher: Any, state: str, outcome: RunOutcome | None) -> None:
-    label = _label(run_dir, launcher)
+    details = getattr(launcher, "status_details", None)
+    _print_state(run_dir, _label(run_dir, launcher), state, outcome, details(run_dir) if callable(details) else [])
+
+
+def _print_state(run_dir: Path, label: str, state: str, outcome: RunOutcome | None, details: list[str]) -> None:
     verdict = f" -> {outcome.status} (exit {outcome.exit_code})" if outcome else ""
     print(f"{run_dir}: {label} {state}{verdict}")
     if outcome and outcome.exit_code:
@@ -77,8 +81,7 @@ def _print_run(run_dir: Path, launcher: Any, state: str, outcome: RunOutcome | N
         print(f"  {failure.get('message') or outcome.summary}".rstrip())
         if failure.get("log"):
             print(f"  log: {failure['log']}")
-    details = getattr(launcher, "status_details", None)
-    for line in (details(run_dir) if callable(details) else []):
+    for line in details:
         print(f"  {line}")
     for line in _attempt_lines(run_dir):
         print(f"  {line}")
@@ -248,14 +251,42 @@ def main(argv: list[str] | None = None) -> int:
         return _tail(args.dir.absolute(), args.tail)
     runs, is_sweep = find_runs(args.dir.absolute())
     if not runs:
-        print(f"wf_launch.status: no detached run in {str(args.dir)!r} (no {rundir.CONFIG} naming a launcher "
-              "with status/cancel, e.g. launcher=slurm, there or in its sub-directories)", file=sys.stderr)
+        local = _local_runs(args.dir.absolute())
+        if local and not (args.wait or args.cancel):
+            return _show_local(local)
+        why = ("its runs are local: their launcher waits for them (Ctrl-C there stops them)" if local else
+               f"no {rundir.CONFIG} there or in its sub-directories")
+        print(f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel ({why})" if local else
+              f"wf_launch.status: no run in {str(args.dir)!r} ({why})", file=sys.stderr)
         return 2
     try:
         return _show(args, runs, is_sweep)
     except ValueError as exc:  # e.g. a job id in a run's files that is not a scheduler's id
         print(f"wf_launch.status: {exc}", file=sys.stderr)
         return 2
+
+
+def _local_runs(path: Path) -> list[Path]:
+    """Run directories at ``path`` (itself, or the points of a sweep) that a launcher without status/cancel made."""
+    candidates = [path] if (path / rundir.CONFIG).is_file() else sorted(
+        (d for d in path.iterdir() if (d / rundir.CONFIG).is_file()),
+        key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    return [d for d in candidates if launcher_of(d) is None]
+
+
+def _show_local(run_dirs: list[Path]) -> int:
+    """State, failure and attempts of runs whose launcher waits for them (local): read from their records."""
+    codes = []
+    for run_dir in run_dirs:
+        try:
+            outcome = _ended(run_dir, None)
+        except RecordError as exc:
+            print(f"{run_dir}: unreadable: {exc}")
+            continue
+        _print_state(run_dir, "local run", "running" if outcome is None else "ended", outcome, [])
+        if outcome is not None and outcome.exit_code:
+            codes.append(outcome.exit_code)
+    return codes[0] if codes else 0
 
 
 def _show(args: argparse.Namespace, runs: dict[Path, Any], is_sweep: bool) -> int:
