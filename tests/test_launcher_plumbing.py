@@ -117,6 +117,9 @@ def test_status_of_local_runs_and_of_directories_without_runs(tmp_path: Path,
     assert f"{run}: local run ended -> unknown (exit 3)" in capsys.readouterr().out
     assert status.main([str(run), "--cancel"]) == 2
     assert "no detached run in" in capsys.readouterr().err
+    (run / "result.json").write_text('{"status": "ok", "exit_co')  # truncated
+    assert status.main([str(run)]) == 0
+    assert f"{run}: unreadable: " in capsys.readouterr().out
     (tmp_path / "empty").mkdir()
     assert status.main([str(tmp_path / "empty")]) == 2
     assert "no run in" in capsys.readouterr().err

@@ -52,10 +52,14 @@ def find_runs(path: Path) -> tuple[dict[Path, Any], bool]:
     launcher = launcher_of(path)
     if launcher is not None:
         return {path: launcher}, False
-    subdirs = sorted((d for d in path.iterdir() if d.is_dir()),
-                     key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
-    runs = {d: launcher for d in subdirs if (launcher := launcher_of(d)) is not None}
+    runs = {d: launcher for d in _subdirs(path) if (launcher := launcher_of(d)) is not None}
     return runs, True
+
+
+def _subdirs(path: Path) -> list[Path]:
+    """The directories in ``path``, a sweep's numbered points first and in order."""
+    return sorted((d for d in path.iterdir() if d.is_dir()),
+                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
 
 
 def _label(run_dir: Path, launcher: Any) -> str:
@@ -126,30 +130,34 @@ def _tail(run_dir: Path, lines: int) -> int:
     return 0
 
 
-def _final(run_dir: Path) -> RunOutcome | None:
+def _final(run_dir: Path, strict: bool = False) -> RunOutcome | None:
+    """The outcome in the run's final record; None without one (or, unless ``strict``, when it is unreadable)."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
+        if strict:
+            raise
         return None
     return RunOutcome.of(record, run_dir) if record is not None and record.final else None
 
 
-def _ended(run_dir: Path, launcher: Any | None) -> RunOutcome | None:
+def _ended(run_dir: Path, launcher: Any | None, strict: bool = False) -> RunOutcome | None:
     """The run's outcome once it ended: from its detached launcher, else from a final record.
 
     A local run whose launcher is gone without writing a final record (killed with
     SIGKILL) has ended too, as 'unknown': following it would otherwise never end.
+    ``strict``: an unreadable record raises :class:`RecordError` instead of reading as none.
     """
     if launcher is not None:
         return launcher.status(run_dir)[1]
-    outcome = _final(run_dir)
+    outcome = _final(run_dir, strict)
     if outcome is not None or rundir.launch_alive(run_dir):
         return outcome
-    return _final(run_dir) or RunOutcome(Status.UNKNOWN, run_dir,
+    return _final(run_dir, strict) or RunOutcome(Status.UNKNOWN, run_dir,
                                          f"the launch of {run_dir} is gone and left no final record")
 
 
-def _follow(run_dir: Path, timeout_s: float, backlog: int = 10) -> int:
+def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> int:
     """``--follow``: the live view of a run until it ended (or ``timeout_s`` passes); Ctrl-C only stops following.
 
     It shows the last ``backlog`` lines each console rank already wrote, then new ones.
@@ -268,9 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _local_runs(path: Path) -> list[Path]:
     """Run directories at ``path`` (itself, or the points of a sweep) that a launcher without status/cancel made."""
-    candidates = [path] if (path / rundir.CONFIG).is_file() else sorted(
-        (d for d in path.iterdir() if (d / rundir.CONFIG).is_file()),
-        key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    candidates = [path] if (path / rundir.CONFIG).is_file() else \
+        [d for d in _subdirs(path) if (d / rundir.CONFIG).is_file()]
     return [d for d in candidates if launcher_of(d) is None]
 
 
@@ -279,7 +286,7 @@ def _show_local(run_dirs: list[Path]) -> int:
     codes = []
     for run_dir in run_dirs:
         try:
-            outcome = _ended(run_dir, None)
+            outcome = _ended(run_dir, None, strict=True)
         except RecordError as exc:
             print(f"{run_dir}: unreadable: {exc}")
             continue

@@ -27,6 +27,7 @@ from loguru import logger
 from .. import attempts, rundir
 from ..config import config_error
 from ..entrypoint import ATTEMPT_VAR, RankSpec, rank_main
+from ..hardexit import flush_and_exit
 from ..outcome import RunOutcome
 from ..record import RunRecord, Status
 from ..report import explain_failure
@@ -180,9 +181,7 @@ def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = 
     try:
         return rank_main(spec)
     except BaseException:
-        sys.__stdout__.flush()
-        sys.__stderr__.flush()
-        os._exit(1)
+        flush_and_exit(1)
 
 
 class _ToLoguru(logging.Handler):
