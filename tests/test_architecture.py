@@ -1,4 +1,6 @@
-"""How the code is organised, checked: no import cycles, one writer of result.json, open launchers."""
+"""How the code is organised, checked: no import cycles, one owner of the run directory's file names, torch's
+private names in one adapter, short functions, folders by where code runs, one writer of result.json, open
+launchers."""
 
 from __future__ import annotations
 
@@ -27,12 +29,25 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks (never executed: no runtime cycle)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every repo module ``name`` imports, at module level or inside functions."""
+    """Every repo module ``name`` imports when it runs, at module level or inside functions."""
     is_pkg = path.name == "__init__.py"
     package = name if is_pkg else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -109,7 +124,8 @@ def _code_strings_and_attrs(path: Path) -> tuple[set[str], set[str]]:
                   and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
                and id(n) not in docstrings}
-    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    in_messages = {id(a) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for a in ast.walk(n)}
+    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and id(n) not in in_messages}
     return strings, attrs
 
 
@@ -118,11 +134,113 @@ def test_result_json_is_written_and_read_by_the_run_record_only() -> None:
     for path in _code_files():
         strings, attrs = _code_strings_and_attrs(path)
         rel = str(path.relative_to(REPO))
-        if rel in ("wf_launch/record.py", "wf_launch/rundir.py"):
+        if rel in ("wf_launch/rundir/record.py", "wf_launch/rundir/files.py"):
             continue
         if "RESULT" in attrs or any("result.json" in s for s in strings if "\n" not in s and len(s) < 40):
             users.append(rel)
-    assert users == [], f"modules that touch result.json without wf_launch.record.RunRecord: {users}"
+    assert users == [], f"modules that touch result.json without wf_launch.rundir.record.RunRecord: {users}"
+
+
+RUN_DIR_NAMES = {"result.json", "config.yaml", "overrides.yaml", "environment.json", "launcher.log",
+                 ".wf_launch.lock", "logs", "metrics.jsonl", "metrics.png", "checkpoints", "code", "SNAPSHOT.json",
+                 "slurm_job.json", "multirun.yaml", "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png",
+                 "sweep_scaling.png", "sweep_steps.png", ".hydra", ".elastic", "hydra.yaml"}
+_RANK_FILE = re.compile(r"rank\{[^}]*\}\.(log|error\.json|progress\.json|stacks|pid|preempt\.json|arrived|joined)|"
+                        r"attempt\{[^}]*\}\.json|(?<![\w.])(result|config|environment|metrics|slurm_job)"
+                        r"\.(json|yaml|jsonl)\b")
+RUN_DIR_OWNER = "wf_launch/rundir/files.py"
+
+
+def _literals(path: Path) -> list[str]:
+    """String literals and f-string templates of ``path``, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    inside_fstrings = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    out = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr)]
+    out += [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and id(n) not in inside_fstrings]
+    return out
+
+
+def _code_text(path: Path) -> str:
+    """The module's code without docstrings and comments (what runs)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            node.body[0].value.value = ""
+    return ast.unparse(tree)
+
+
+def test_run_directory_file_names_are_spelled_in_one_module() -> None:
+    """Every file name of a run (or sweep) directory is a literal in wf_launch/rundir/files.py only."""
+    offenders = []
+    for path in _code_files():
+        rel = str(path.relative_to(REPO))
+        if rel == RUN_DIR_OWNER or not rel.startswith(("wf_launch/", "hydra_plugins/")):
+            continue
+        for text in _literals(path):
+            if text in RUN_DIR_NAMES or _RANK_FILE.search(text):
+                offenders.append(f"{rel}: {text!r}")
+    assert offenders == [], f"run-directory file names outside {RUN_DIR_OWNER}: {offenders}"
+
+
+def test_torch_private_names_live_in_one_adapter() -> None:
+    """Private torch names (``torch...._x``, and every name the adapter lists) appear in the adapter only."""
+    from worldfoundry.core import torch_private
+
+    adapter = Path(torch_private.__file__).resolve()
+    listed = {name.rpartition(".")[2] for _, name, _, _ in torch_private.PRIVATE_NAMES if name.rpartition(".")[2].startswith("_")}
+    listed |= {module.rpartition(".")[2] for module, *_ in torch_private.PRIVATE_NAMES
+               if module.rpartition(".")[2].startswith("_")}
+    pattern = re.compile(r"\btorch(\.\w+)*\._[a-z]\w*|\b(" + "|".join(sorted(map(re.escape, listed))) + r")\b")
+    users = sorted(str(p.relative_to(REPO)) for p in _code_files()
+                   if p.resolve() != adapter and pattern.search(_code_text(p)))
+    assert users == [], f"torch's private names are used outside {adapter.relative_to(REPO)}: {users}"
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_is_longer_than_60_lines() -> None:
+    long = []
+    for path in _code_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+APP_MODULES = {"__init__.py", "__main__.py", "cli.py", "app.py"}
+COMMAND_SHIMS = {"status.py", "runs.py", "plot.py", "drill.py", "sweep_report.py", "checkpoint.py"}
+"""``python -m wf_launch.NAME`` entry points (and ``wf_launch.checkpoint``'s documented import): a few lines each."""
+
+
+def test_top_level_holds_only_the_cli_and_app() -> None:
+    top = REPO / "wf_launch"
+    modules = {p.name for p in top.glob("*.py")}
+    assert modules - APP_MODULES - COMMAND_SHIMS == set(), "wf_launch/ must hold only the CLI and app modules; " \
+        "put code in the folder that says where it runs (config, rank, rundir, observe, tools, launchers, tasks)"
+    for name in COMMAND_SHIMS & modules:
+        tree = ast.parse((top / name).read_text())
+        code = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        assert len(code) <= 5 and not any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in code), \
+            f"wf_launch/{name} is a command's entry point: it imports from its folder and defines nothing"
+    packages = {p.name for p in top.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert packages == {"conf", "config", "launchers", "observe", "rank", "rundir", "tasks", "tools"}, packages
+
+
+def test_an_int_is_never_a_bool_is_spelled_once() -> None:
+    """The "an int but not a bool" check lives in worldfoundry.core.validation; everything else calls it."""
+    idiom = re.compile(r"isinstance\(\s*(\w+(?:\.\w+)*)\s*,\s*bool\s*\)\s*or\s+not\s+isinstance\(\s*\1\s*,\s*\(?int|"
+                       r"isinstance\(\s*(\w+(?:\.\w+)*)\s*,\s*\(?int[^)]*\)+\s*(and|or)\s+(not\s+)?isinstance\(\s*\2\s*,\s*bool")
+    users = sorted(str(p.relative_to(REPO)) for p in _code_files()
+                   if p.name != "validation.py" and idiom.search(p.read_text()))
+    assert users == [], f"spell it as worldfoundry.core.validation.is_int / is_number: {users}"
 
 
 def _third_party_env() -> dict[str, str]:
@@ -143,7 +261,7 @@ def test_third_party_launcher_from_an_entry_point_is_listed_and_runs(tmp_path: P
                            "launcher.greeting=hi", f"hydra.run.dir={run_dir}"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    from wf_launch.record import RunRecord, Status
+    from wf_launch.rundir.record import RunRecord, Status
 
     record = RunRecord.read(run_dir)
     assert record is not None and record.status is Status.OK and record.final

@@ -2,7 +2,7 @@
 
 Random overrides (hostile strings, inf / nan / huge / tiny numbers, wrong types, unknown
 keys, deletions) over engine.*, launcher.* (local and slurm) and task.* go through
-Hydra's compose API, then ``wf_launch.app.resolve`` + ``wf_launch.schema.validate_run_config``
+Hydra's compose API, then ``wf_launch.app.resolve`` + ``wf_launch.config.run.validate_run_config``
 (scripts/fuzz_configs.py holds the check; ``--examples N`` runs thousands).
 """
 

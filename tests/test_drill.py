@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_env
 
-from wf_launch.rundir import RunDirInUse, claim
+from wf_launch.rundir.claim import RunDirInUse, claim
 
 
 def _drill(args: list[str], directory: Path, timeout: float = 600,

@@ -9,7 +9,7 @@ import pytest
 
 _BOMB = """
 import os, sys
-from wf_launch.hardexit import exit_after_cleanup
+from wf_launch.rank.hardexit import exit_after_cleanup
 
 class TeardownAbort:
     def __del__(self):  # stands in for torch's C++ teardown aborting at interpreter exit

@@ -2,7 +2,7 @@
 
 Before the fork gate, about one 32-rank launch in N on a loaded 2-core machine left
 a rank blocked forever in ``getnameinfo`` (glibc's resolver lock, inherited held
-from the launcher's TCPStore server thread at fork); see ``wf_launch.launchers.elastic.ForkGate``.
+from the launcher's TCPStore server thread at fork); see ``wf_launch.launchers.local.agent.ForkGate``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from wf_launch.launchers.elastic import ForkGate
+from wf_launch.launchers.local.agent import ForkGate
 
 ROOT = Path(__file__).resolve().parents[1]
 

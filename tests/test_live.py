@@ -6,10 +6,10 @@ from pathlib import Path
 
 import yaml
 
-from wf_launch.live import LiveView, final_line
-from wf_launch.outcome import RunOutcome
-from wf_launch.progress import ProgressReporter
-from wf_launch.record import RunRecord, Status
+from wf_launch.observe.live import LiveView, final_line
+from wf_launch.rank.progress import ProgressReporter
+from wf_launch.rundir.outcome import RunOutcome
+from wf_launch.rundir.record import RunRecord, Status
 
 
 def _run_dir(path: Path, console: list[int] | None) -> Path:

@@ -6,7 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from wf_launch.progress import METRICS_FILE, ProgressMonitor, ProgressReporter, ProgressView, read_progress
+from wf_launch.observe.progress import ProgressMonitor, ProgressView
+from wf_launch.rank.progress import ProgressReporter
+from wf_launch.rundir.files import METRICS as METRICS_FILE
+from wf_launch.rundir.progress import read_progress
 
 
 def _label(rank: int) -> str:

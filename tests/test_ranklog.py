@@ -23,7 +23,7 @@ def _progress_seconds(tmp_path: Path, updates: int) -> float:
     proc = _in_subprocess(f"""
         import sys, time
         from pathlib import Path
-        from wf_launch.ranklog import setup_rank_logging
+        from wf_launch.rank.ranklog import setup_rank_logging
         setup_rank_logging(Path("r{updates}.log"), 0, "r0", console=False)
         t0 = time.perf_counter()
         for i in range({updates}):
@@ -49,7 +49,7 @@ def test_a_line_without_newline_is_flushed_in_bounded_pieces(tmp_path: Path) -> 
     proc = _in_subprocess("""
         import sys
         from pathlib import Path
-        from wf_launch.ranklog import setup_rank_logging
+        from wf_launch.rank.ranklog import setup_rank_logging
         setup_rank_logging(Path("r.log"), 0, "r0", console=False)
         for _ in range(300):
             sys.stdout.write("x" * 1000)
@@ -67,7 +67,7 @@ def test_a_full_disk_drops_log_lines_and_never_raises_into_the_task(tmp_path: Pa
         import sys
         from pathlib import Path
         from loguru import logger
-        from wf_launch.ranklog import setup_rank_logging
+        from wf_launch.rank.ranklog import setup_rank_logging
         log = setup_rank_logging(Path("logs/rank0.log"), 0, "r0", console=False)
         for i in range(200):
             print(f"line {i}")
@@ -85,7 +85,7 @@ def test_a_full_disk_drops_log_lines_and_never_raises_into_the_task(tmp_path: Pa
 def test_a_flooding_rank_keeps_head_and_tail_within_the_cap(tmp_path: Path) -> None:
     proc = _in_subprocess("""
         from pathlib import Path
-        from wf_launch.ranklog import setup_rank_logging
+        from wf_launch.rank.ranklog import setup_rank_logging
         log = setup_rank_logging(Path("rank0.log"), 0, "r0", console=False, max_log_mb=0.05)
         for i in range(5000):
             print(f"flood line {i:05d} " + "y" * 60)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from wf_launch.record import RunRecord, Status
+from wf_launch.rundir.record import RunRecord, Status
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = {"tp": 1, "cp": 2, "pp": 2, "dp": 1, "order": "tp-cp-pp-dp", "world_size": 4}

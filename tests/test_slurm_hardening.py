@@ -15,7 +15,7 @@ import pytest
 from cli_helpers import USER_TASKS, cli_env
 from slurm_fixture import SlurmCluster
 
-from wf_launch.launchers.slurm.env import master_port, requeue_target
+from wf_launch.launchers.slurm.rank_entry import master_port, requeue_target
 
 SLURM = "launcher=slurm"
 TEST_TASKS = "task.modules=[wf_test_tasks]"
@@ -54,12 +54,11 @@ def test_hostile_slurm_values_are_refused_before_any_script_exists(tmp_path: Pat
 
 @pytest.mark.parametrize("key", ["mail-type\nx", "mail type", "-begin", ""])
 def test_malformed_sbatch_keys_are_refused(key: str) -> None:
-    from wf_launch.config import ConfigError
+    from wf_launch.config import ConfigError, EngineConfig
     from wf_launch.launchers.slurm import SlurmLauncherConfig, validate_slurm_launcher
 
-    cfg = {**vars(SlurmLauncherConfig()), "sbatch_extra": {key: "END"}}
     with pytest.raises(ConfigError, match="keys are sbatch option names"):
-        validate_slurm_launcher(cfg, {}, 1)
+        validate_slurm_launcher(SlurmLauncherConfig(sbatch_extra={key: "END"}), EngineConfig(), 1)
 
 
 def test_a_crafted_job_id_never_reaches_scancel(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
         assert [(r["status"], r["launcher"]) for r in _runs(tmp_path, env)] == [("running", f"slurm {job_id}")]
 
         second = subprocess.run(follow_cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-        from wf_launch.record import RunRecord, Status
+        from wf_launch.rundir.record import RunRecord, Status
 
         record = RunRecord.read(run_dir)
         assert record is not None and record.final and record.status is Status.FAILED, second.stderr

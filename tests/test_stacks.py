@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from multirank import run_ranks
 
-from wf_launch import stacks
+from wf_launch.observe import stacks
 
 
 def _user_hang(seconds: float) -> None:

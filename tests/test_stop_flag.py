@@ -7,7 +7,7 @@ import time
 import pytest
 from multirank import run_ranks
 
-from wf_launch.stop import StopFlag
+from wf_launch.rank.stop import StopFlag
 
 pytestmark = pytest.mark.slow
 

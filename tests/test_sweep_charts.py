@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wf_launch.progress import ProgressReporter
-from wf_launch.record import RunRecord, Status
-from wf_launch.sweep_report import SCALING_NAME, STEPS_NAME, collect_points, write_report
+from wf_launch.rank.progress import ProgressReporter
+from wf_launch.rundir.files import SWEEP_SCALING as SCALING_NAME
+from wf_launch.rundir.files import SWEEP_STEPS as STEPS_NAME
+from wf_launch.rundir.record import RunRecord, Status
+from wf_launch.tools.sweep import collect_points, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

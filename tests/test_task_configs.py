@@ -39,7 +39,7 @@ def test_docs_example_task_runs_with_a_typed_config(tmp_path: Path) -> None:
     proc = _cli(["task=allreduce", "task.modules=[my_pkg.tasks]", "engine.dp_size=2", "task.numel=4096",
                  f"hydra.run.dir={run_dir}"], env, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    from wf_launch.record import RunRecord
+    from wf_launch.rundir.record import RunRecord
 
     record = RunRecord.read(run_dir)
     assert record is not None and record.results["0"] == {"ok": True, "numel": 4096}

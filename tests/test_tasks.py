@@ -10,7 +10,7 @@ import torch
 from multirank import run_ranks
 
 from wf_launch.config import ConfigError
-from wf_launch.tasks._vdit import CPSplit, patchify, stage_blocks, unpatchify
+from wf_launch.tasks._vdit import PatchGridSplit, patchify, stage_blocks, unpatchify
 from wf_launch.tasks.demo import DemoTaskConfig, plan_split
 from worldfoundry.core.distributed.topology import Layout
 
@@ -53,7 +53,7 @@ def test_builtin_tasks_registered() -> None:
     for name in ("demo", "layout", "noop", "train"):
         assert callable(get_task(name))
     assert isinstance(registered_configs()["demo"], DemoTaskConfig)
-    get_task("demo").validate_config({"name": "demo", "frames": 8})
+    DemoTaskConfig.from_task_config({"name": "demo", "frames": 8})
 
 
 def test_demo_config_is_a_structured_config() -> None:
@@ -107,7 +107,7 @@ def test_patchify_roundtrip() -> None:
 def test_cp_split_blocks(cp_size: int, grid_t: int, want: tuple[int, int]) -> None:
     from worldfoundry.core.distributed import get_cp_size_t
 
-    split = CPSplit.plan((1, 4, grid_t, 16, 16), (1, 2, 2), cp_size)
+    split = PatchGridSplit.plan((1, 4, grid_t, 16, 16), (1, 2, 2), cp_size)
     assert (split.cp_t, split.cp_h) == want
     if cp_size > 1:
         assert get_cp_size_t() == want[0]
@@ -136,7 +136,7 @@ def test_reference_depends_on_positions_and_weights() -> None:
     with torch.inference_mode():
         out = model(latent, t)
         assert out.shape == latent.shape and out.std() > 0.1
-        split = CPSplit(tuple(patchify(latent, (1, 2, 2)).shape[1:4]))
+        split = PatchGridSplit(tuple(patchify(latent, (1, 2, 2)).shape[1:4]))
         c = model.condition(t)
         seq = split.to_sequence(patchify(latent, (1, 2, 2)))
         shuffled = split.positions()[torch.randperm(split.tokens, generator=torch.Generator().manual_seed(0))]

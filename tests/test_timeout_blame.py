@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from multirank import run_ranks
 
-from wf_launch.entrypoint import is_timeout_error
+from wf_launch.rank.failure import is_timeout_error
 
 
 def _real_timeouts(rank: int, world_size: int) -> dict[str, bool]:

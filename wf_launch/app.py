@@ -11,15 +11,17 @@ from typing import Any
 from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 
-from . import rundir
-from .config import ConfigError
+from .config.fields import ConfigError
+from .config.run import validate_run_config
 from .launchers import get_launcher
-from .live import final_line
-from .outcome import RunOutcome
-from .plan import LaunchPlan
-from .ranklog import setup_launcher_logging
-from .record import RunRecord, Status
-from .schema import validate_run_config
+from .launchers.plan import LaunchPlan
+from .observe.console import setup_launcher_logging
+from .observe.live import final_line
+from .rundir import claim as rundir_claim
+from .rundir import files
+from .rundir.io import atomic_write_text
+from .rundir.outcome import RunOutcome
+from .rundir.record import RunRecord, Status
 
 __all__ = ["resolve", "run"]
 
@@ -51,9 +53,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
     claim = None
     if not dry_run:
         try:
-            claim = rundir.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
+            claim = rundir_claim.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
                                  OmegaConf.select(cfg, "launcher.resume", default=False) is True)
-        except rundir.RunDirInUse as exc:
+        except rundir_claim.RunDirInUse as exc:
             print(f"wf_launch: {exc}", file=sys.stderr)
             return RunOutcome(Status.INVALID, run_dir, str(exc))
     try:
@@ -78,9 +80,9 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
         print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}")
         return RunOutcome(Status.DRY_RUN, run_dir)
     os.chmod(run_dir, int(config["launcher"].get("run_dir_mode") or "0700", 8))
-    setup_launcher_logging(run_dir / rundir.LAUNCHER_LOG)
-    rundir.atomic_write_text(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
-    rundir.atomic_write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    setup_launcher_logging(run_dir / files.LAUNCHER_LOG)
+    atomic_write_text(files.config_path(run_dir), OmegaConf.to_yaml(OmegaConf.create(config)))
+    atomic_write_text(run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     outcome = launcher.launch(plan)
     if outcome.status not in (Status.SUBMITTED, Status.INVALID):
         logger.info(final_line(outcome))  # every launcher's run ends with it; the root cause follows

@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import register_configs
+from .config.run import register_configs
 from .tasks.registry import load_task_modules
 
 __all__ = ["main"]

@@ -4,6 +4,7 @@ It runs a one-rank job inside the launcher's own process (no new process at
 all), which is the smallest thing that satisfies the launcher protocol. Its
 package registers it through the ``wf_launch.launchers`` entry point (see the
 ``.dist-info`` folder beside this file), so wf_launch finds it without any change.
+Everything it needs comes from ``wf_launch.launchers``, the launcher authors' one import.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from wf_launch.config import config_error
-from wf_launch.entrypoint import ATTEMPT_VAR, RankSpec, rank_main
-from wf_launch.launchers import LauncherConfig
-from wf_launch.outcome import RunOutcome
-from wf_launch.record import RunRecord, Status
+from wf_launch.launchers import (
+    ATTEMPT_ENV,
+    LauncherConfig,
+    RankSpec,
+    RunOutcome,
+    RunRecord,
+    Status,
+    config_error,
+    rank_main,
+)
 
 
 @dataclass
@@ -35,15 +41,15 @@ class InprocLauncher:
     name: ClassVar[str] = "inproc"
     config_class: ClassVar[type] = InprocLauncherConfig
 
-    def validate(self, cfg: dict[str, Any], layout: Any, engine: dict[str, Any]) -> None:
+    def validate(self, cfg: InprocLauncherConfig, layout: Any, engine: Any) -> None:
         if layout.world_size != 1:
             raise config_error("launcher.name", "inproc", f"runs one rank; the layout has {layout.world_size}")
 
     def describe(self, plan: Any) -> str:
-        return f"launcher      inproc ({plan.config['launcher']['greeting']}): 1 rank in this process"
+        return f"launcher      inproc ({plan.launcher_config.greeting}): 1 rank in this process"
 
     def launch(self, plan: Any) -> RunOutcome:
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", ATTEMPT_VAR: "0"})
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", ATTEMPT_ENV: "0"})
         spec = RankSpec(config=plan.config, run_dir=str(plan.run_dir), launch_time=time.time())
         stdout, stderr = sys.stdout, sys.stderr
         t0 = time.time()

@@ -1,32 +1,41 @@
-"""The launcher protocol: what every way of starting ranks provides.
+"""The launcher protocol: what every way of starting ranks provides, and the optional hooks' defaults.
 
 A launcher is a class with a ``name``, a config dataclass (the Hydra schema of
-``launcher=NAME``), and ``validate`` / ``describe`` / ``launch``. Launchers whose
-runs outlive the command (``launcher.wait=false`` on a scheduler) also provide
-``status`` and ``cancel``, which ``python -m wf_launch.status`` uses. Built-in
-launchers and third-party ones (entry-point group ``wf_launch.launchers``)
-register the same way (:func:`wf_launch.launchers.register_launcher`);
-docs/launchers.md shows a new one end to end.
+``launcher=NAME``, a :class:`LauncherConfig`), and ``validate`` / ``describe`` /
+``launch`` (:class:`Launcher`). Launchers whose runs outlive the command
+(``launcher.wait=false`` on a scheduler) also provide ``status`` and ``cancel``
+(:class:`DetachedLauncher`), which ``python -m wf_launch.status`` uses.
+
+The tools that read runs afterwards (``status``, ``runs``, ``drill``, the hang
+autopsy) reach a run's scheduler only through the hooks of :class:`LauncherHooks`;
+a launcher overrides those it has something to say about. Every registered launcher
+has them all: :func:`~wf_launch.launchers.register_launcher` mixes the defaults into
+a class that does not subclass :class:`LauncherHooks` itself. docs/launchers.md shows
+a new launcher end to end.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from omegaconf import MISSING
 
-from ..config import config_error
+from ..config.fields import check_bool, check_number, config_error, is_int
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
 
-    from ..outcome import RunOutcome
-    from ..plan import LaunchPlan
+    from ..config.engine import EngineConfig
+    from ..rundir.outcome import RunOutcome
+    from ..rundir.record import RunRecord
+    from .plan import LaunchPlan
 
-__all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "validate_common"]
+__all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "LauncherHooks", "with_hooks"]
+
+C = TypeVar("C", bound="LauncherConfig")
 
 
 @dataclass
@@ -43,6 +52,38 @@ class LauncherConfig:
     progress_interval_s: float = 10.0
     stall_warning_s: float = 300.0
 
+    @classmethod
+    def build(cls: type[C], launcher: dict[str, Any]) -> C:
+        """The typed config from the run's resolved ``launcher`` section; an unknown field is an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in launcher if k not in known)
+        if unknown:
+            raise config_error(f"launcher.{unknown[0]}", launcher[unknown[0]],
+                               f"launcher={launcher.get('name')} has no such field; its fields: {sorted(known)}")
+        return cls(**{k: launcher[k] for k in known if k in launcher})
+
+    def validate(self, world_size: int) -> None:
+        """The fields every launcher has; a launcher's own ``validate`` checks the rest."""
+        ranks = self.console_ranks
+        if ranks is not None:
+            bad = [r for r in ranks if not (is_int(r) and 0 <= r < world_size)]
+            if bad:
+                raise config_error("launcher.console_ranks", list(ranks),
+                                   f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
+        check_number("launcher.max_log_mb", self.max_log_mb, 0, unit="MB", note="per rank log (0 = no cap)")
+        mode = self.run_dir_mode
+        if not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode) or int(mode, 8) & 0o700 != 0o700:
+            raise config_error("launcher.run_dir_mode", mode, "an octal mode string such as '0700' or '0750' "
+                               "that leaves the owner rwx")
+        for key in ("progress_interval_s", "stall_warning_s"):
+            check_number(f"launcher.{key}", getattr(self, key), 0.1, 7 * 24 * 3600, unit="seconds",
+                         note="(0.1 s to a week)")
+        for key in ("dry_run", "overwrite", "resume"):
+            check_bool(f"launcher.{key}", getattr(self, key))
+        if self.overwrite and self.resume:
+            raise config_error("launcher.resume", True, "not together with launcher.overwrite=true (resume "
+                               "continues the run in the directory; overwrite moves it aside): choose one")
+
 
 @runtime_checkable
 class Launcher(Protocol):
@@ -51,11 +92,14 @@ class Launcher(Protocol):
     name: ClassVar[str]
     config_class: ClassVar[type[LauncherConfig]]
 
-    def validate(self, cfg: dict[str, Any], layout: Layout, engine: dict[str, Any]) -> None:
-        """Raise :class:`~wf_launch.config.ConfigError` (field, value, what is allowed) before any process starts."""
+    def validate(self, cfg: Any, layout: Layout, engine: EngineConfig) -> None:
+        """Raise :class:`~wf_launch.config.ConfigError` (field, value, what is allowed) before any process starts.
+
+        ``cfg`` is an instance of ``config_class`` whose common fields are already checked.
+        """
 
     def describe(self, plan: LaunchPlan) -> str:
-        """The launch plan as text, for ``launcher.dry_run=true`` (starts nothing)."""
+        """The launch plan as text, for ``launcher.dry_run=true`` (starts nothing, writes nothing)."""
 
     def launch(self, plan: LaunchPlan) -> RunOutcome:
         """Start every rank of ``plan``, and (unless detached) wait and finalize the run record."""
@@ -72,28 +116,49 @@ class DetachedLauncher(Launcher, Protocol):
         """Stop the run if it still runs; returns the scheduler's id of what was cancelled (None: nothing)."""
 
 
-def validate_common(cfg: dict[str, Any], world_size: int) -> None:
-    """The fields every launcher has."""
-    ranks = cfg.get("console_ranks")
-    if ranks is not None:
-        bad = [r for r in ranks if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world_size]
-        if bad:
-            raise config_error("launcher.console_ranks", list(ranks),
-                               f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
-    max_log = cfg.get("max_log_mb", 0)
-    if isinstance(max_log, bool) or not isinstance(max_log, (int, float)) or not 0 <= max_log < float("inf"):
-        raise config_error("launcher.max_log_mb", max_log, "expected MB >= 0 per rank log (0 = no cap)")
-    mode = cfg.get("run_dir_mode", "0700")
-    if not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode) or int(mode, 8) & 0o700 != 0o700:
-        raise config_error("launcher.run_dir_mode", mode, "an octal mode string such as '0700' or '0750' "
-                           "that leaves the owner rwx")
-    for key in ("progress_interval_s", "stall_warning_s"):
-        value = cfg.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.1 <= value <= 7 * 24 * 3600:
-            raise config_error(f"launcher.{key}", value, "expected seconds from 0.1 to a week")
-    for key in ("dry_run", "overwrite", "resume"):
-        if not isinstance(cfg.get(key, False), bool):
-            raise config_error(f"launcher.{key}", cfg.get(key), "expected true or false")
-    if cfg.get("overwrite") and cfg.get("resume"):
-        raise config_error("launcher.resume", True, "not together with launcher.overwrite=true (resume continues "
-                           "the run in the directory; overwrite moves it aside): choose one")
+class LauncherHooks:
+    """What the tools ask a run's launcher after the launch; each hook has a default that fits a local run."""
+
+    name: ClassVar[str]
+
+    def status_label(self, run_dir: Path) -> str:
+        """How ``status`` names the run: 'SLURM job 42'; by default '<launcher> run'."""
+        return f"{self.name} run"
+
+    def status_details(self, run_dir: Path) -> list[str]:
+        """Extra lines ``status`` prints about the run (each rank's outcome on SLURM); none by default."""
+        return []
+
+    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
+        """``('SLURM job 42', 'PENDING (Priority)')`` for the live view, on change; None when there is no queue."""
+        return None
+
+    def run_label(self, run_dir: Path, record: RunRecord | None) -> str:
+        """The launcher column of ``python -m wf_launch.runs`` ('slurm 42'); by default the launcher's name."""
+        return self.name
+
+    def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
+        """Send ``signum`` to every running rank of the run; the ranks it reached (expected to answer).
+
+        By default: the ranks whose recorded process (``logs/rank{r}.pid``) lives on this host.
+        """
+        from ..config.layout import layout_of
+        from ..observe.stacks import local_pids, trigger
+        from ..rundir import files
+
+        world = layout_of(files.read_config(run_dir, strict=True)).world_size
+        return trigger(local_pids(run_dir, world), signum=signum)
+
+    def is_live(self, run_dir: Path) -> bool:
+        """Whether the run may still be going (its launch holds the run directory's lock on this host)."""
+        from ..rundir.claim import launch_alive
+
+        return launch_alive(run_dir)
+
+
+def with_hooks(cls: type) -> type:
+    """``cls`` itself when it subclasses :class:`LauncherHooks`, else a subclass with the hooks' defaults mixed in."""
+    if issubclass(cls, LauncherHooks):
+        return cls
+    return type(cls.__name__, (cls, LauncherHooks), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                                      "__doc__": cls.__doc__})

@@ -12,8 +12,8 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from ..config import config_error
-from .base import LauncherConfig
+from ..config.fields import config_error
+from .base import LauncherConfig, with_hooks
 
 __all__ = ["ENTRY_POINT_GROUP", "get_launcher", "load_launchers", "register_launcher", "registered_launchers"]
 
@@ -26,7 +26,11 @@ L = TypeVar("L", bound=type)
 
 
 def register_launcher(cls: L) -> L:
-    """Register launcher class ``cls`` under ``cls.name`` (selected with ``launcher=NAME``)."""
+    """Register launcher class ``cls`` under ``cls.name`` (selected with ``launcher=NAME``).
+
+    What is registered has every optional hook of :class:`~.base.LauncherHooks` (its defaults
+    mixed in when ``cls`` does not subclass it); ``cls`` itself is returned unchanged.
+    """
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_launcher: {cls!r} needs a class attribute 'name' (a non-empty string)")
@@ -41,7 +45,7 @@ def register_launcher(cls: L) -> L:
     if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"launcher {name!r} is already registered by "
                          f"{existing.__module__}.{existing.__qualname__}")
-    _REGISTRY[name] = cls
+    _REGISTRY[name] = with_hooks(cls)
     return cls
 
 

@@ -5,7 +5,7 @@ share:
 
 - :func:`patchify` / :func:`unpatchify`: latent (B, C, T, H, W) <-> patch grid
   (B, nT, nH, nW, C*pt*ph*pw), tokens ordered T, H, W.
-- :class:`CPSplit`: which (T', H', W) block of the patch grid each CP rank holds
+- :class:`PatchGridSplit`: which (T', H', W) block of the patch grid each CP rank holds
   (planned with ``find_split``), the block-major token order that makes each block
   a contiguous slice of the sequence, and every token's global (t, h, w) position.
 - :class:`VDiT`: ``embed`` (patch embedding + 3D sin-cos positions), ``condition``
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CPAttention", "CPSplit", "DiTBlock", "FinalLayer", "VDiT", "gather_kv_with_grad", "patchify", "sincos_3d", "stage_blocks", "timestep_embedding", "unpatchify"]
+__all__ = ["CPAttention", "DiTBlock", "FinalLayer", "PatchGridSplit", "VDiT", "gather_kv_with_grad", "patchify", "sincos_3d", "stage_blocks", "timestep_embedding", "unpatchify"]
 
 Patch = tuple[int, int, int]
 
@@ -52,7 +52,7 @@ def unpatchify(grid: torch.Tensor, patch: Patch, channels: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class CPSplit:
+class PatchGridSplit:
     """How a (nT, nH, nW) patch grid is divided over ``cp_t * cp_h`` CP ranks.
 
     CP rank ``r`` holds the block ``(r // cp_h, r % cp_h)``: ``nT / cp_t`` patch
@@ -70,11 +70,11 @@ class CPSplit:
     def __post_init__(self) -> None:
         nt, nh, _ = self.grid
         if self.cp_t < 1 or self.cp_h < 1 or nt % self.cp_t or nh % self.cp_h:
-            raise ValueError(f"CPSplit: cp_t={self.cp_t} and cp_h={self.cp_h} must divide the patch "
+            raise ValueError(f"PatchGridSplit: cp_t={self.cp_t} and cp_h={self.cp_h} must divide the patch "
                              f"grid's T={nt} and H={nh}")
 
     @classmethod
-    def plan(cls, latent_shape: Sequence[int], patch: Patch, cp_size: int) -> CPSplit:
+    def plan(cls, latent_shape: Sequence[int], patch: Patch, cp_size: int) -> PatchGridSplit:
         """Plan the split with ``find_split`` (CP over T first, then H, on patch boundaries)."""
         b, c, t, h, w = latent_shape
         grid = (t // patch[0], h // patch[1], w // patch[2])
@@ -316,7 +316,7 @@ class VDiT(nn.Module):
     def forward(self, latent: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Single-process forward: latent (B, C, T, H, W) and times (B,) -> output of the latent's shape."""
         grid = patchify(latent, self.patch)
-        split = CPSplit(tuple(grid.shape[1:4]))
+        split = PatchGridSplit(tuple(grid.shape[1:4]))
         c = self.condition(t)
         x = self.embed(split.to_sequence(grid), split.positions())
         out = self.head(self.run_blocks(x, c), c)

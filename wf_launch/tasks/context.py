@@ -60,7 +60,7 @@ class TaskContext:
         A pending asynchronous save is committed when the task returns.
         """
         if self._checkpointer is None:
-            from ..checkpoint import Checkpointer
+            from ..rank.checkpoint import Checkpointer
 
             self._checkpointer = Checkpointer(self.run_dir, keep=int(getattr(self.cfg, "keep", 3)),
                                               async_save=bool(getattr(self.cfg, "async_save", False)),
@@ -98,8 +98,8 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         pp = pp_scheduler()
     from worldfoundry.core.distributed.init import LaunchEnv
 
-    from ..progress import ProgressReporter, publish_interval
-    from ..stop import StopFlag
+    from ..rank.progress import ProgressReporter, publish_interval
+    from ..rank.stop import StopFlag
     from .registry import task_config_class
 
     task = dict(config.get("task", {}))

@@ -5,7 +5,7 @@ What every model-parallel replica does:
 1. The first rank of each stage-0 CP group makes a seeded latent (B, C, T, H, W);
    ``find_split`` plans the per-rank (T', H', W) block (CP over T first, then H),
    and ``broadcast_split_tensor`` hands each CP rank its block of patches
-   (:class:`~wf_launch.tasks._vdit.CPSplit` orders the sequence block-major).
+   (:class:`~wf_launch.tasks._vdit.PatchGridSplit` orders the sequence block-major).
 2. Every rank builds the same weights from ``seed`` (no weight traffic).
 3. Stage ``s`` runs blocks ``stage_blocks(depth, pp_size, s)`` (contiguous, the
    first ``depth % pp_size`` stages get one extra); activations go stage to stage
@@ -24,21 +24,31 @@ gathers every rank's row and reports the run: ``max_abs_err`` (max over replicas
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from wf_launch.config import ConfigError, EngineConfig, TaskConfig
+from wf_launch.config import (
+    ConfigError,
+    EngineConfig,
+    TaskConfig,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    config_error,
+    is_int,
+    positive_int,
+)
 from worldfoundry.core.distributed import broadcast_split_tensor, cat_outputs_cp, get_layout
 
-from ._vdit import CPSplit, VDiT, patchify, stage_blocks, unpatchify
+from ._vdit import PatchGridSplit, VDiT, patchify, stage_blocks, unpatchify
 from .context import TaskContext
 from .registry import register_task
 
-__all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split", "validate_config"]
+__all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
                                   "bfloat16": torch.bfloat16}
@@ -81,40 +91,30 @@ class DemoTaskConfig(TaskConfig):
 
         With the run's ``engine``, also check that its ``cp_size`` can split the latent.
         """
-        def bad(name: str, allowed: str) -> ConfigError:
-            return ConfigError(f"task.{name}={getattr(self, name)!r} is not allowed: {allowed}")
-
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        if not is_int(self.seed) or self.seed < 0:
-            raise bad("seed", "expected an integer >= 0")
+        check_int("task.seed", self.seed, low=0)
         for name in ("batch", "channels", "frames", "height", "width", "hidden", "heads", "depth", "repeats"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise bad(name, "expected an integer >= 1")
-        if not is_int(self.warmup) or self.warmup < 0:
-            raise bad("warmup", "expected an integer >= 0")
+            positive_int(f"task.{name}", getattr(self, name))
+        check_int("task.warmup", self.warmup, low=0)
         if (not isinstance(self.patch, (list, tuple)) or len(self.patch) != 3
                 or not all(is_int(p) and p >= 1 for p in self.patch)):
-            raise bad("patch", "expected three integers >= 1: [t, h, w]")
+            raise config_error("task.patch", self.patch, "expected three integers >= 1: [t, h, w]")
         for name, p in zip(("frames", "height", "width"), self.patch):
             if getattr(self, name) % p:
-                raise bad(name, f"must be a multiple of its patch size {p} (patch={list(self.patch)})")
+                raise config_error(f"task.{name}", getattr(self, name),
+                                   f"must be a multiple of its patch size {p} (patch={list(self.patch)})")
         if self.hidden % 2 or not 6 <= self.hidden <= MAX_WIDTH:
-            raise bad("hidden", f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)")
+            raise config_error("task.hidden", self.hidden,
+                               f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)")
         if self.hidden % self.heads:
-            raise ConfigError(f"task.heads={self.heads!r} is not allowed: "
-                              f"must divide task.hidden={self.hidden}")
-        if (isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float))
-                or not 0 < self.mlp_ratio <= MAX_MLP_RATIO or int(self.hidden * self.mlp_ratio) < 1):
-            raise bad("mlp_ratio", f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"choose one of {list(DTYPES)}")
-        if not isinstance(self.check, bool):
-            raise bad("check", "expected true or false")
-        if self.atol is not None and (isinstance(self.atol, bool) or not isinstance(self.atol, (int, float))
-                                      or not self.atol > 0):
-            raise bad("atol", "expected a number > 0, or null for the dtype's default")
+            raise config_error("task.heads", self.heads, f"must divide task.hidden={self.hidden}")
+        ratio_text = f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1"
+        check_number("task.mlp_ratio", self.mlp_ratio, 0, MAX_MLP_RATIO, low_open=True, allowed=ratio_text)
+        if int(self.hidden * self.mlp_ratio) < 1:
+            raise config_error("task.mlp_ratio", self.mlp_ratio, ratio_text)
+        check_choice("task.dtype", self.dtype, DTYPES)
+        check_bool("task.check", self.check)
+        if self.atol is not None:
+            check_number("task.atol", self.atol, 0, low_open=True, note="or null for the dtype's default")
         if engine is not None:
             plan_split(self, engine.cp_size)
 
@@ -145,15 +145,10 @@ class DemoTaskConfig(TaskConfig):
         return t.to(device), None if x is None else x.to(device=device, dtype=self.torch_dtype)
 
 
-def validate_config(task: Mapping[str, Any], engine: Mapping[str, Any] | None = None) -> None:
-    """``DemoTaskConfig.from_task_config(task, engine)``, kept for callers of the older hook."""
-    DemoTaskConfig.from_task_config(task, engine)
-
-
-def plan_split(cfg: DemoTaskConfig, cp_size: int) -> CPSplit:
+def plan_split(cfg: DemoTaskConfig, cp_size: int) -> PatchGridSplit:
     """CP plan of the latent (``find_split``), with an error naming the config when CP cannot be placed."""
     try:
-        return CPSplit.plan(cfg.latent_shape, tuple(cfg.patch), cp_size)
+        return PatchGridSplit.plan(cfg.latent_shape, tuple(cfg.patch), cp_size)
     except (ValueError, RuntimeError) as exc:
         pt, ph, pw = cfg.patch
         raise ConfigError(
@@ -179,80 +174,115 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class _Forward:
+    """One rank's share of the demo's forward pass: its stage's blocks, its CP block, its sample."""
+
+    cfg: DemoTaskConfig
+    ctx: TaskContext
+    model: VDiT
+    split: PatchGridSplit
+    blocks: range
+    t: torch.Tensor
+    latent: torch.Tensor | None
+    positions: torch.Tensor
+    pending: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, ctx: TaskContext, cfg: DemoTaskConfig) -> _Forward:
+        stage, n_stages = ctx.coords["pp"], ctx.groups["pp"].world_size
+        cp = ctx.groups["cp"]
+        split = plan_split(cfg, cp.world_size)
+        model = cfg.build_model(ctx.device)
+        first, last = stage == 0, stage == n_stages - 1
+        needs_latent = cp.rank == min(cp.ranks) and (first or (last and cfg.check))
+        t, latent = cfg.make_sample(cfg.seed + 1 + ctx.coords["dp"], ctx.device, latent=needs_latent)
+        return cls(cfg, ctx, model, split, stage_blocks(cfg.depth, n_stages, stage), t, latent,
+                   split.positions(cp.rank_in_group).to(ctx.device))
+
+    @property
+    def first(self) -> bool:
+        return self.ctx.coords["pp"] == 0
+
+    @property
+    def last(self) -> bool:
+        return self.ctx.coords["pp"] == self.ctx.groups["pp"].world_size - 1
+
+    @property
+    def cp_source(self) -> bool:
+        """The CP group's first rank: it holds the whole latent and checks the output."""
+        cp = self.ctx.groups["cp"]
+        return cp.rank == min(cp.ranks)
+
+    @property
+    def shard(self) -> tuple[int, int, int]:
+        return self.cfg.batch, self.split.tokens_per_rank, self.cfg.hidden
+
+    def __call__(self) -> torch.Tensor | None:
+        """One forward of this stage; the last stage returns the whole output latent, the others None."""
+        cfg, ctx = self.cfg, self.ctx
+        cp_pg = ctx.groups["cp"] if ctx.groups["cp"].world_size > 1 else None
+        c = self.model.condition(self.t)
+        if self.first:
+            seq = self.split.to_sequence(patchify(self.latent, tuple(cfg.patch))) if self.cp_source else None
+            x = self.model.embed(broadcast_split_tensor(seq, 1, cp_pg), self.positions)
+        else:
+            x = ctx.pp.recv_prev_data(self.shard, cfg.torch_dtype)
+        x = self.model.run_blocks(x, c, self.blocks, cp_pg)
+        if not self.last:
+            self.pending.append(ctx.pp.isend_next(x.contiguous()))
+            return None
+        out = cat_outputs_cp(self.model.head(x, c), 1, cp_pg)
+        return unpatchify(self.split.from_sequence(out), tuple(cfg.patch), cfg.channels)
+
+    def settle(self) -> None:
+        """Wait for the sends in flight, the device and every rank."""
+        _wait(self.pending)
+        self.pending.clear()
+        _sync(self.ctx.device)
+        self.ctx.groups["world"].barrier()
+
+
+def _timed(fwd: _Forward) -> tuple[torch.Tensor | None, float]:
+    """Warm up, then the mean time of ``repeats`` forwards (reported as progress); the last output."""
+    for _ in range(fwd.cfg.warmup):
+        fwd()
+    fwd.settle()
+    start = time.perf_counter()
+    out = None
+    for i in range(fwd.cfg.repeats):
+        out = fwd()
+        fwd.ctx.progress(i + 1, fwd.cfg.repeats)
+    fwd.settle()
+    return out, (time.perf_counter() - start) / fwd.cfg.repeats
+
+
 @register_task("demo", config=DemoTaskConfig)
 def demo(ctx: TaskContext) -> dict[str, Any]:
     """Run the CP x PP forward, time it, check it against one process; rank 0 reports the run."""
     cfg: DemoTaskConfig = ctx.cfg
-    cp, pp = ctx.groups["cp"], ctx.groups["pp"]
-    stage, n_stages = ctx.coords["pp"], pp.world_size
-    first, last = stage == 0, stage == n_stages - 1
-    cp_rank = cp.rank_in_group
-    cp_source = cp.rank == min(cp.ranks)
-    cp_pg = cp if cp.world_size > 1 else None
-
-    split = plan_split(cfg, cp.world_size)
-    blocks = stage_blocks(cfg.depth, n_stages, stage)
-    model = cfg.build_model(ctx.device)
-    sample_seed = cfg.seed + 1 + ctx.coords["dp"]
-    needs_latent = cp_source and (first or (last and cfg.check))
-    t, latent = cfg.make_sample(sample_seed, ctx.device, latent=needs_latent)
-    positions = split.positions(cp_rank).to(ctx.device)
-    shard = (cfg.batch, split.tokens_per_rank, cfg.hidden)
-    pending: list[Any] = []
-
-    def step() -> torch.Tensor | None:
-        c = model.condition(t)
-        if first:
-            seq = split.to_sequence(patchify(latent, tuple(cfg.patch))) if cp_source else None
-            seq = broadcast_split_tensor(seq, 1, cp_pg)
-            x = model.embed(seq, positions)
-        else:
-            x = ctx.pp.recv_prev_data(shard, cfg.torch_dtype)
-        x = model.run_blocks(x, c, blocks, cp_pg)
-        if not last:
-            pending.append(ctx.pp.isend_next(x.contiguous()))
-            return None
-        out = model.head(x, c)
-        out = cat_outputs_cp(out, 1, cp_pg)
-        return unpatchify(split.from_sequence(out), tuple(cfg.patch), cfg.channels)
-
-    world = ctx.groups["world"]
+    fwd = _Forward.build(ctx, cfg)
     with torch.inference_mode():
-        for _ in range(cfg.warmup):
-            step()
-        _wait(pending)
-        pending.clear()
-        _sync(ctx.device)
-        world.barrier()
-        start = time.perf_counter()
-        for i in range(cfg.repeats):
-            out = step()
-            ctx.progress(i + 1, cfg.repeats)
-        _wait(pending)
-        _sync(ctx.device)
-        world.barrier()
-        forward_s = (time.perf_counter() - start) / cfg.repeats
-
+        out, forward_s = _timed(fwd)
         row: dict[str, Any] = {
-            "rank": ctx.rank, "coords": dict(ctx.coords), "stage": stage,
-            "blocks": [blocks.start, blocks.stop], "cp_block": list(split.block),
-            "shard_shape": list(shard), "forward_s": forward_s,
+            "rank": ctx.rank, "coords": dict(ctx.coords), "stage": ctx.coords["pp"],
+            "blocks": [fwd.blocks.start, fwd.blocks.stop], "cp_block": list(fwd.split.block),
+            "shard_shape": list(fwd.shard), "forward_s": forward_s,
         }
-        if last and cp_source:
-            row.update(_check(cfg, model, split, out, latent, t, forward_s, ctx))
-
+        if fwd.last and fwd.cp_source:
+            row.update(_check(cfg, fwd.model, fwd.split, out, fwd.latent, fwd.t, forward_s, ctx))
     rows: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(rows, row, group=world.cpu_group)
+    dist.all_gather_object(rows, row, group=ctx.groups["world"].cpu_group)
     if not ctx.is_main:
         return row
-    summary = _summarize(cfg, split, rows, ctx)
+    summary = _summarize(cfg, fwd.split, rows, ctx)
     ctx.log.info(f"demo: {summary['layout_text']}: {summary['tokens']} tokens, "
                  f"{summary['tokens_per_s']:.0f} tokens/s, max_abs_err={summary['max_abs_err']}, "
                  f"ok={summary['ok']}")
     return {**row, **summary}
 
 
-def _check(cfg: DemoTaskConfig, model: VDiT, split: CPSplit, out: torch.Tensor,
+def _check(cfg: DemoTaskConfig, model: VDiT, split: PatchGridSplit, out: torch.Tensor,
            latent: torch.Tensor | None, t: torch.Tensor, forward_s: float, ctx: TaskContext,
            ) -> dict[str, Any]:
     """On the rank holding the output: error against the single-process forward, and throughput."""
@@ -273,7 +303,7 @@ def _check(cfg: DemoTaskConfig, model: VDiT, split: CPSplit, out: torch.Tensor,
             "ref_forward_s": ref_s, "ref_tokens_per_s": tokens / ref_s}
 
 
-def _summarize(cfg: DemoTaskConfig, split: CPSplit, rows: list[dict[str, Any]],
+def _summarize(cfg: DemoTaskConfig, split: PatchGridSplit, rows: list[dict[str, Any]],
                ctx: TaskContext) -> dict[str, Any]:
     """Rank 0's view of the run, from every rank's row."""
     layout = get_layout()
@@ -300,5 +330,3 @@ def _summarize(cfg: DemoTaskConfig, split: CPSplit, rows: list[dict[str, Any]],
         "config": asdict(cfg),
     }
 
-
-demo.validate_config = validate_config  # type: ignore[attr-defined]

@@ -37,7 +37,7 @@ def register_task(name: str, config: type | None = None,
     attribute on ``fn``, the older way, is still called with both sections.)
 
     ``preload`` names heavy modules every rank of the task imports anyway (DCP,
-    ``torch._dynamo`` for FSDP2: about 1 s per rank): the local launcher imports
+    torch's dynamo for FSDP2: about 1 s per rank): the local launcher imports
     them once before it forks the ranks, which then inherit them, as gunicorn's
     preload does. Importing must not start threads or touch CUDA; if it does, the
     launcher falls back to spawn (``launcher.start_method=auto``).

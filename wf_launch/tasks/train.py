@@ -8,7 +8,7 @@ last). Per step:
 1. Every rank draws micro-batch ``m`` of data-parallel replica ``d`` from a generator
    seeded with ``(seed, step, d, m)`` (:func:`make_batch`), so a resumed run sees the
    same batches without any saved data position; a CP rank keeps its block of the
-   patch sequence (:class:`~wf_launch.tasks._vdit.CPSplit`). Attention gathers keys and
+   patch sequence (:class:`~wf_launch.tasks._vdit.PatchGridSplit`). Attention gathers keys and
    values over CP differentiably (``cat_outputs_cp_with_grad``).
 2. GPipe over ``micro_batches``: every stage runs all forwards (activations and the
    timestep vector go to the next stage with the PP scheduler), then all backwards in
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -42,13 +41,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from wf_launch.config import ConfigError, EngineConfig, TaskConfig, config_error
+from wf_launch.config import (
+    ConfigError,
+    EngineConfig,
+    TaskConfig,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    config_error,
+    positive_int,
+)
+from worldfoundry.core.torch_private import DYNAMO_MODULE
 
-from ._vdit import CPSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
+from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
 from .context import TaskContext
 from .registry import register_task
 
-__all__ = ["LOSSES", "Stage", "TrainConfig", "make_batch", "reference_run", "state_sha256", "train"]
+__all__ = ["LOSSES", "Placement", "Stage", "TrainConfig", "Trainer", "build", "load", "make_batch", "reference_run",
+           "report", "state_sha256", "train", "train_step"]
 
 LOSSES = ("flow", "denoise")
 PROTOTYPES = 4
@@ -95,33 +106,18 @@ class TrainConfig(TaskConfig):
         """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
         from .demo import DemoTaskConfig
 
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        def is_num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
         for name in ("steps", "micro_batches", "keep"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise config_error(f"task.{name}", getattr(self, name), "expected an integer >= 1")
-        if not is_int(self.checkpoint_every) or self.checkpoint_every < 0:
-            raise config_error("task.checkpoint_every", self.checkpoint_every,
-                               "expected an integer >= 0 (0: save only when the run is asked to stop)")
-        if not is_num(self.lr) or self.lr <= 0:
-            raise config_error("task.lr", self.lr, "expected a number > 0")
-        if not is_num(self.weight_decay) or self.weight_decay < 0:
-            raise config_error("task.weight_decay", self.weight_decay, "expected a number >= 0")
-        if not is_num(self.ema_beta) or not 0 <= self.ema_beta <= 1:
-            raise config_error("task.ema_beta", self.ema_beta, "expected a number in [0, 1]")
-        if not is_num(self.step_sleep_s) or self.step_sleep_s < 0:
-            raise config_error("task.step_sleep_s", self.step_sleep_s, "expected seconds >= 0")
-        if not is_num(self.reference_atol) or self.reference_atol <= 0:
-            raise config_error("task.reference_atol", self.reference_atol, "expected a number > 0")
-        if self.loss not in LOSSES:
-            raise config_error("task.loss", self.loss, f"choose one of {list(LOSSES)}")
+            positive_int(f"task.{name}", getattr(self, name))
+        check_int("task.checkpoint_every", self.checkpoint_every, low=0,
+                  note="(0: save only when the run is asked to stop)")
+        check_number("task.lr", self.lr, 0, low_open=True)
+        check_number("task.weight_decay", self.weight_decay, 0)
+        check_number("task.ema_beta", self.ema_beta, 0, 1, allowed="expected a number in [0, 1]")
+        check_number("task.step_sleep_s", self.step_sleep_s, 0, unit="seconds")
+        check_number("task.reference_atol", self.reference_atol, 0, low_open=True)
+        check_choice("task.loss", self.loss, LOSSES)
         for name in ("async_save", "check_reference"):
-            if not isinstance(getattr(self, name), bool):
-                raise config_error(f"task.{name}", getattr(self, name), "expected true or false")
+            check_bool(f"task.{name}", getattr(self, name))
         DemoTaskConfig(name="demo", **self._model_fields()).validate()
         if engine is not None:
             if engine.pp_size > 1 and self.micro_batches < engine.pp_size:
@@ -138,10 +134,10 @@ class TrainConfig(TaskConfig):
         return {k: getattr(self, k) for k in ("seed", "batch", "channels", "frames", "height", "width",
                                               "patch", "hidden", "heads", "depth", "mlp_ratio")}
 
-    def plan_split(self, cp_size: int) -> CPSplit:
+    def plan_split(self, cp_size: int) -> PatchGridSplit:
         """The CP plan of the latent, with an error naming the config when CP cannot split it."""
         try:
-            return CPSplit.plan(self.latent_shape, tuple(self.patch), cp_size)
+            return PatchGridSplit.plan(self.latent_shape, tuple(self.patch), cp_size)
         except (ValueError, RuntimeError) as exc:
             pt, ph, _ = self.patch
             raise ConfigError(
@@ -259,36 +255,77 @@ def _reversed_pp(pp: Any) -> Any:
     return PPScheduler(back, device=pp.device, timeout=pp.timeout, tag=pp.tag + _BACKWARD_TAG)
 
 
-PRELOAD = ("torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor",
-           "wf_launch.checkpoint", "worldfoundry.core.distributed.ema", "worldfoundry.core.distributed.fsdp")
+PRELOAD = (DYNAMO_MODULE, "torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor",
+           "wf_launch.rank.checkpoint", "worldfoundry.core.distributed.ema", "worldfoundry.core.distributed.fsdp")
 """What every rank of ``train`` imports: the local launcher imports it once, before forking."""
 
 
-@register_task("train", config=TrainConfig, preload=PRELOAD)
-def train(ctx: TaskContext) -> dict[str, Any]:
-    """Train under the run's CP x PP x DP layout, checkpoint, resume; rank 0 reports the run."""
+@dataclass
+class Placement:
+    """Where this rank sits in the layout, as training needs it: its pipeline stage, replica and CP block."""
+
+    stage_id: int
+    n_stages: int
+    dp_rank: int
+    dp_size: int
+    cp_rank: int
+    cp_size: int
+    cp_group: Any
+    split: PatchGridSplit
+
+    @property
+    def first(self) -> bool:
+        return self.stage_id == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage_id == self.n_stages - 1
+
+    @classmethod
+    def of(cls, ctx: TaskContext, cfg: TrainConfig) -> Placement:
+        cp = ctx.groups["cp"]
+        return cls(ctx.coords["pp"], ctx.groups["pp"].world_size, ctx.coords["dp"], ctx.groups["dp"].world_size,
+                   cp.rank_in_group, cp.world_size, cp if cp.world_size > 1 else None, cfg.plan_split(cp.world_size))
+
+
+@dataclass
+class Trainer:
+    """One rank's training state: the stage (FSDP2 over dp x cp), its EMA copy, the optimizer, the progress.
+
+    ``state`` is what a checkpoint holds; ``progress`` (step, loss curve, attempts) is saved with it.
+    """
+
+    cfg: TrainConfig
+    ctx: TaskContext
+    place: Placement
+    stage: Stage
+    ema: Stage
+    opt: torch.optim.Optimizer
+    progress: dict[str, Any]
+    updater: Any = None
+    back: Any = None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        sid = self.place.stage_id
+        return {f"model_pp{sid}": self.stage, f"ema_pp{sid}": self.ema, f"optim_pp{sid}": self.opt,
+                "progress": self.progress}
+
+
+def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
+    """Build this rank's stage of the seeded model and its EMA copy, shard both with FSDP2, make the optimizer."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    from worldfoundry.core.distributed import get_layout
     from worldfoundry.core.distributed.backends import group_device
     from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
-    from worldfoundry.core.distributed.env import launch_attempt
     from worldfoundry.core.distributed.fsdp import fsdp2_wrap
 
-    cfg: TrainConfig = ctx.cfg
-    cp, pp_group, world = ctx.groups["cp"], ctx.groups["pp"], ctx.groups["world"]
-    stage_id, n_stages = ctx.coords["pp"], pp_group.world_size
-    first, last = stage_id == 0, stage_id == n_stages - 1
-    dp_rank, dp_size = ctx.coords["dp"], ctx.groups["dp"].world_size
-    cp_rank, cp_pg = cp.rank_in_group, (cp if cp.world_size > 1 else None)
-    split = cfg.plan_split(cp.world_size)
+    place = Placement.of(ctx, cfg)
     # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
     # Stage's outputs are views of FSDP2's own hooks and linear layers, and nothing edits them in place.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStage\) returned a view tensor")
-    if ctx.stop is not None and ctx.stop.calls == 0:
-        ctx.stop.every = 1  # a step dwarfs one tiny async all-reduce; a stop then lands within two steps
-
-    stage = Stage(cfg.build_model(), stage_blocks(cfg.depth, n_stages, stage_id), first, last).to(ctx.device)
+    blocks = stage_blocks(cfg.depth, place.n_stages, place.stage_id)
+    stage = Stage(cfg.build_model(), blocks, place.first, place.last).to(ctx.device)
     ema = copy.deepcopy(stage).requires_grad_(False)
     shard_group = ctx.groups["dp-cp"]
     mesh = DeviceMesh.from_group(shard_group.device_group, group_device(shard_group).type,
@@ -296,80 +333,146 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     fsdp2_wrap(stage, mesh=mesh)
     fsdp2_wrap(ema, mesh=mesh)
     opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    updater = DTensorFastEmaModelUpdater()
     progress: dict[str, Any] = {"step": 0, "loss_curve": [], "attempts": [],
-                                "data": {"seed": cfg.seed, "dp": dp_rank, "next_step": 1}}
-    state = {f"model_pp{stage_id}": stage, f"ema_pp{stage_id}": ema, f"optim_pp{stage_id}": opt,
-             "progress": progress}
-    resumed = ctx.checkpoint.load(state)
-    attempts = progress["attempts"]
+                                "data": {"seed": cfg.seed, "dp": place.dp_rank, "next_step": 1}}
+    back = _reversed_pp(ctx.pp) if place.n_stages > 1 else None
+    return Trainer(cfg, ctx, place, stage, ema, opt, progress, DTensorFastEmaModelUpdater(), back)
+
+
+def load(t: Trainer) -> int | None:
+    """Resume from the newest checkpoint (if any) and record this attempt; the step resumed from."""
+    from worldfoundry.core.distributed.env import launch_attempt
+
+    resumed = t.ctx.checkpoint.load(t.state)
+    attempts = t.progress["attempts"]
     attempt = max(launch_attempt(), attempts[-1]["attempt"] + 1 if attempts else 0)
     attempts.append({"attempt": attempt, "resumed_from": resumed})
     if resumed is not None:
-        ctx.log.info(f"train: attempt {attempt} resumes from step {resumed}")
+        t.ctx.log.info(f"train: attempt {attempt} resumes from step {resumed}")
+    return resumed
 
-    positions = split.positions(cp_rank).to(ctx.device)
-    tokens_local = split.tokens_per_rank
-    lo = cp_rank * tokens_local
-    x_shape, c_shape = (cfg.batch, tokens_local, cfg.hidden), (cfg.batch, cfg.hidden)
-    back = _reversed_pp(ctx.pp) if n_stages > 1 else None
-    M = cfg.micro_batches
 
-    def local_seq(latent: torch.Tensor) -> torch.Tensor:
-        seq = split.to_sequence(patchify(latent, tuple(cfg.patch)))
-        return seq[:, lo:lo + tokens_local].contiguous().to(ctx.device)
+def _local_seq(t: Trainer, latent: torch.Tensor) -> torch.Tensor:
+    """This CP rank's block of a latent's patch sequence, on the rank's device."""
+    split, n = t.place.split, t.place.split.tokens_per_rank
+    seq = split.to_sequence(patchify(latent, tuple(t.cfg.patch)))
+    return seq[:, t.place.cp_rank * n:(t.place.cp_rank + 1) * n].contiguous().to(t.ctx.device)
 
-    def run_step(step: int) -> float:
-        opt.zero_grad(set_to_none=True)
-        sends: list[Any] = []
-        saved: list[tuple[Any, ...]] = []
-        local_loss = 0.0
-        for m in range(M):
-            t, xt, target = make_batch(cfg, step, dp_rank, m)
-            if first:
-                x_in, cond = local_seq(xt), t.to(ctx.device)
+
+def _forward_all(t: Trainer, step: int, positions: torch.Tensor) -> tuple[list[tuple[Any, ...]], float]:
+    """GPipe's forward half: every micro-batch through this stage; activations go to the next stage."""
+    cfg, pl, pp = t.cfg, t.place, t.ctx.pp
+    x_shape, c_shape = (cfg.batch, pl.split.tokens_per_rank, cfg.hidden), (cfg.batch, cfg.hidden)
+    sends: list[Any] = []
+    saved: list[tuple[Any, ...]] = []
+    local_loss = 0.0
+    for m in range(cfg.micro_batches):
+        tt, xt, target = make_batch(cfg, step, pl.dp_rank, m)
+        if pl.first:
+            x_in, cond = _local_seq(t, xt), tt.to(t.ctx.device)
+        else:
+            x_in = pp.recv_prev_data(x_shape, torch.float32).requires_grad_()
+            cond = pp.recv_prev_data(c_shape, torch.float32).requires_grad_()
+        out, c = t.stage(x_in, cond, positions, pl.cp_group)
+        if pl.last:
+            loss = F.mse_loss(out, _local_seq(t, target))
+            local_loss += loss.item()
+            saved.append((x_in, cond, loss / cfg.micro_batches, None))
+        else:
+            sends += [pp.isend_next(out), pp.isend_next(c)]
+            saved.append((x_in, cond, out, c))
+    _wait(sends)
+    return saved, local_loss
+
+
+def _backward_all(t: Trainer, saved: list[tuple[Any, ...]]) -> None:
+    """GPipe's backward half, in reverse micro-batch order; input gradients go back to the previous stage."""
+    cfg, pl, back = t.cfg, t.place, t.back
+    x_shape, c_shape = (cfg.batch, pl.split.tokens_per_rank, cfg.hidden), (cfg.batch, cfg.hidden)
+    sends: list[Any] = []
+    for m in reversed(range(cfg.micro_batches)):
+        x_in, cond, out, c = saved[m]
+        if pl.last:
+            out.backward()
+        else:
+            gx = back.recv_prev_data(x_shape, torch.float32)
+            gc = back.recv_prev_data(c_shape, torch.float32)
+            if pl.first:
+                torch.autograd.backward([out, c], [gx, gc])
             else:
-                x_in = ctx.pp.recv_prev_data(x_shape, torch.float32).requires_grad_()
-                cond = ctx.pp.recv_prev_data(c_shape, torch.float32).requires_grad_()
-            out, c = stage(x_in, cond, positions, cp_pg)
-            if last:
-                loss = F.mse_loss(out, local_seq(target))
-                local_loss += loss.item()
-                saved.append((x_in, cond, loss / M, None))
-            else:
-                sends += [ctx.pp.isend_next(out), ctx.pp.isend_next(c)]
-                saved.append((x_in, cond, out, c))
-        _wait(sends)
-        for m in reversed(range(M)):
-            x_in, cond, out, c = saved[m]
-            if last:
-                out.backward()
-            else:
-                gx = back.recv_prev_data(x_shape, torch.float32)
-                gc = back.recv_prev_data(c_shape, torch.float32)
-                if first:
-                    torch.autograd.backward([out, c], [gx, gc])
-                else:
-                    out.backward(gx)
-            if not first:
-                gc_back = cond.grad if last else cond.grad + gc
-                sends += [back.isend_next(x_in.grad), back.isend_next(gc_back)]
-        _wait(sends)
-        opt.step()
-        updater.update_average(stage, ema, beta=float(cfg.ema_beta))
-        share = local_loss if (last and ctx.coords["tp"] == 0) else 0.0
-        total = torch.tensor([share], dtype=torch.float64)
-        dist.all_reduce(total, group=world.cpu_group)
-        return total.item() / (M * dp_size * cp.world_size)
+                out.backward(gx)
+        if not pl.first:
+            gc_back = cond.grad if pl.last else cond.grad + gc
+            sends += [back.isend_next(x_in.grad), back.isend_next(gc_back)]
+    _wait(sends)
 
-    stopped = False
-    start_step = progress["step"]
-    sleep_total = 0.0
-    world.barrier()
+
+def train_step(t: Trainer, step: int, positions: torch.Tensor) -> float:
+    """One optimizer step over the global batch (GPipe, FSDP2 averaging, AdamW, EMA); the global mean loss."""
+    t.opt.zero_grad(set_to_none=True)
+    saved, local_loss = _forward_all(t, step, positions)
+    _backward_all(t, saved)
+    t.opt.step()
+    t.updater.update_average(t.stage, t.ema, beta=float(t.cfg.ema_beta))
+    share = local_loss if (t.place.last and t.ctx.coords["tp"] == 0) else 0.0
+    total = torch.tensor([share], dtype=torch.float64)
+    dist.all_reduce(total, group=t.ctx.groups["world"].cpu_group)
+    return total.item() / (t.cfg.micro_batches * t.place.dp_size * t.place.cp_size)
+
+
+def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float) -> dict[str, Any]:
+    """Gather the full weights to rank 0; rank 0 returns the run's results, every other rank its place."""
+    from worldfoundry.core.distributed import gather_state_dicts, get_layout
+
+    ctx, cfg, progress = t.ctx, t.cfg, t.progress
+    rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
+    weights, ema_weights = full_state(t.stage), full_state(t.ema)
+    parts = gather_state_dicts({"model": weights, "ema": ema_weights} if rep else {}, dst=0,
+                               group=ctx.groups["world"].cpu_group)
+    row = {"rank": ctx.rank, "coords": dict(ctx.coords), "stage": t.place.stage_id, "blocks": t.stage.block_ids}
+    if not ctx.is_main:
+        return row
+    full_w = {k: v for part in parts for k, v in part.get("model", {}).items()}
+    full_e = {k: v for part in parts for k, v in part.get("ema", {}).items()}
+    curve = list(progress["loss_curve"])
+    tokens_per_step = t.place.dp_size * cfg.micro_batches * cfg.batch * t.place.split.tokens
+    res: dict[str, Any] = {
+        **row,
+        "steps_done": progress["step"], "steps": cfg.steps, "stopped": stopped,
+        "final_loss": curve[-1] if curve else None, "loss_curve": curve,
+        "weights_sha256": state_sha256(full_w), "ema_sha256": state_sha256(full_e),
+        "attempts": list(progress["attempts"]), "resumed_from": resumed,
+        "tokens_per_s": tokens_per_step * steps_run / elapsed if steps_run and elapsed > 0 else None,
+        "tokens_per_step": tokens_per_step, "layout": get_layout().sizes,
+        "config": asdict(cfg),
+    }
+    if cfg.check_reference and not stopped:
+        res.update(_compare(cfg, t.place.dp_size, curve, full_w, full_e))
+    ctx.log.info(f"train: {progress['step']}/{cfg.steps} steps, loss {res['final_loss']}, "
+                 f"weights {res['weights_sha256'][:12]}")
+    return res
+
+
+@register_task("train", config=TrainConfig, preload=PRELOAD)
+def train(ctx: TaskContext) -> dict[str, Any]:
+    """Train under the run's CP x PP x DP layout, checkpoint, resume; rank 0 reports the run.
+
+    The steps a training task takes, each a function above: :func:`build` the model, :func:`load`
+    the newest checkpoint, then :func:`train_step` until ``steps``, reporting progress, saving every
+    ``checkpoint_every`` steps and when every rank agrees to stop; then :func:`report`.
+    """
+    cfg: TrainConfig = ctx.cfg
+    if ctx.stop is not None and ctx.stop.calls == 0:
+        ctx.stop.every = 1  # a step dwarfs one tiny async all-reduce; a stop then lands within two steps
+    t = build(ctx, cfg)
+    resumed = load(t)
+    positions = t.place.split.positions(t.place.cp_rank).to(ctx.device)
+    progress, start_step, sleep_total, stopped = t.progress, t.progress["step"], 0.0, False
+    ctx.groups["world"].barrier()
     t0 = time.perf_counter()
     while progress["step"] < cfg.steps:
         step = progress["step"] + 1
-        loss = run_step(step)
+        loss = train_step(t, step, positions)
         if cfg.step_sleep_s:
             time.sleep(cfg.step_sleep_s)
             sleep_total += cfg.step_sleep_s
@@ -379,44 +482,12 @@ def train(ctx: TaskContext) -> dict[str, Any]:
         ctx.progress(step, cfg.steps, loss=loss)
         stopped = ctx.should_stop()
         if stopped or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-            ctx.checkpoint.save(step, state)
+            ctx.checkpoint.save(step, t.state)
         if stopped:
             ctx.log.warning(f"train: stop agreed after step {step}: checkpoint saved, returning")
             break
     elapsed = time.perf_counter() - t0 - sleep_total
-    steps_run = progress["step"] - start_step
-    tokens_per_step = dp_size * M * cfg.batch * split.tokens
-
-    rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
-    weights, ema_weights = full_state(stage), full_state(ema)
-    from worldfoundry.core.distributed import gather_state_dicts
-
-    parts = gather_state_dicts({"model": weights, "ema": ema_weights} if rep else {}, dst=0,
-                               group=world.cpu_group)
-    row = {"rank": ctx.rank, "coords": dict(ctx.coords), "stage": stage_id, "blocks": stage.block_ids}
-    if not ctx.is_main:
-        return row
-    full_w: dict[str, torch.Tensor] = {}
-    full_e: dict[str, torch.Tensor] = {}
-    for part in parts:
-        full_w.update(part.get("model", {}))
-        full_e.update(part.get("ema", {}))
-    curve = list(progress["loss_curve"])
-    res: dict[str, Any] = {
-        **row,
-        "steps_done": progress["step"], "steps": cfg.steps, "stopped": stopped,
-        "final_loss": curve[-1] if curve else None, "loss_curve": curve,
-        "weights_sha256": state_sha256(full_w), "ema_sha256": state_sha256(full_e),
-        "attempts": list(attempts), "resumed_from": resumed,
-        "tokens_per_s": tokens_per_step * steps_run / elapsed if steps_run and elapsed > 0 else None,
-        "tokens_per_step": tokens_per_step, "layout": get_layout().sizes,
-        "config": asdict(cfg),
-    }
-    if cfg.check_reference and not stopped:
-        res.update(_compare(cfg, dp_size, curve, full_w, full_e))
-    ctx.log.info(f"train: {progress['step']}/{cfg.steps} steps, loss {res['final_loss']}, "
-                 f"weights {res['weights_sha256'][:12]}")
-    return res
+    return report(t, resumed, stopped, progress["step"] - start_step, elapsed)
 
 
 def reference_run(cfg: TrainConfig, dp_size: int, steps: int,

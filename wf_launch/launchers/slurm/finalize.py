@@ -7,16 +7,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import attempts, rundir
-from ...entrypoint import layout_of, preempt_marker
-from ...outcome import RunOutcome
-from ...ranklog import rank_label
-from ...record import RunRecord, Status
-from ...report import explain_failure, load_failure_records
+from ...config.layout import layout_of, rank_label
+from ...observe.rootcause import explain_failure
+from ...rundir import attempts, files
+from ...rundir.failures import load_failure_records
+from ...rundir.io import read_json
+from ...rundir.outcome import RunOutcome
+from ...rundir.record import RunRecord, Status
 
 __all__ = ["JOB_FILE", "JOB_ID", "checked_job_id", "finalize", "rank_outcomes", "read_job"]
 
-JOB_FILE = "slurm_job.json"
+JOB_FILE = files.SLURM_JOB
 
 
 JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
@@ -35,7 +36,7 @@ def read_job(run_dir: Path) -> dict[str, Any] | None:
     """The run's ``slurm_job.json`` (None for a run not submitted to SLURM); ValueError for a bad job id."""
     path = Path(run_dir) / JOB_FILE
     try:
-        job = rundir.read_json(path)
+        job = read_json(path)
     except ValueError as exc:
         raise ValueError(f"{path}: not readable JSON ({exc})") from None
     if job is None:
@@ -47,9 +48,7 @@ def read_job(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _layout(run_dir: Path) -> Any:
-    import yaml
-
-    return layout_of(yaml.safe_load((Path(run_dir) / rundir.CONFIG).read_text()))
+    return layout_of(files.read_config(run_dir, strict=True))
 
 
 def finalize(run_dir: Path, state: str) -> RunOutcome:
@@ -111,14 +110,14 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
     errors = {r["rank"]: r for r in load_failure_records(run_dir)}
     out: dict[int, str] = {}
     for rank in range(world):
-        marker = rundir.read_json(preempt_marker(run_dir, rank))
+        marker = read_json(files.rank_preempt(run_dir, rank))
         if str(rank) in ok:
             text = "ok"
         elif rank in errors:
             text = f"failed: {errors[rank]['type']}: {str(errors[rank]['message']).splitlines()[0][:200]}"
         elif stopped:
             text = f"stopped ({stopped})"
-        elif rundir.rank_log(run_dir, rank).exists():
+        elif files.rank_log(run_dir, rank).exists():
             text = "started (no outcome recorded)"
         else:
             text = "not started"

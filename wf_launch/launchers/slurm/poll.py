@@ -6,7 +6,7 @@ slurmdbd, or it is down) from ``squeue`` while the job is queued, then from
 own records in the run directory. A job that none of them knows is ``UNKNOWN``;
 :func:`wait_all` ends such a run after :data:`UNKNOWN_GRACE_S` with a clear
 message instead of polling for ever. While it waits it shows the run live
-(:class:`~wf_launch.live.LiveView`, with :func:`live_state` for the queue state and
+(:class:`~wf_launch.observe.live.LiveView`, with :func:`live_state` for the queue state and
 SLURM's reason). SIGTERM and SIGHUP to a waiting launcher
 are handled like Ctrl-C: the jobs are cancelled, waited for and finalized.
 Every job id is checked against SLURM's syntax before it reaches a command.
@@ -23,9 +23,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...outcome import RunOutcome
-from ...record import RecordError, RunRecord, Status
-from ...report import load_failure_records
+from ...rundir.failures import load_failure_records
+from ...rundir.outcome import RunOutcome
+from ...rundir.record import RecordError, RunRecord, Status
 from .finalize import checked_job_id, finalize, read_job
 
 __all__ = ["TERMINAL_STATES", "UNKNOWN_GRACE_S", "cancel", "in_queue", "is_terminal", "job_state", "live_state",
@@ -193,7 +193,7 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     """
     from loguru import logger
 
-    from ...live import LiveView
+    from ...observe.live import LiveView
 
     pending = {Path(d): read_job(d)["job_id"] for d in run_dirs}  # type: ignore[index]
     outcomes: dict[Path, RunOutcome] = {}

@@ -23,27 +23,29 @@ from typing import Any
 
 from loguru import logger
 
-from ... import attempts, rundir
-from ...config import config_error
-from ...entrypoint import RankSpec
-from ...outcome import RunOutcome
-from ...plan import LaunchPlan
-from ...record import RunRecord, Status
-from .env import SlurmRank, SlurmRequeue, SlurmStackDump
+from ...config.fields import config_error
+from ...rank.entrypoint import RankSpec
+from ...rundir import attempts
+from ...rundir.environment import record_environment
+from ...rundir.io import atomic_write_json
+from ...rundir.outcome import RunOutcome
+from ...rundir.record import RunRecord, Status
+from ..plan import LaunchPlan
+from ..snapshot import CODE_DIR, job_setup, project_root, take
 from .finalize import JOB_FILE
 from .poll import wait_all
-from .snapshot import CODE_DIR, job_setup, project_root, take
+from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
 
 __all__ = ["Pending", "SlurmBatch", "current_batch", "describe", "launch", "sbatch_parameters", "sbatch_script",
            "slurm_tasks_per_node", "submitit_folder"]
 
 
-def slurm_tasks_per_node(launcher: dict[str, Any], world_size: int) -> int:
-    """``launcher.tasks_per_node``, or world size / nodes when it is null."""
-    nodes = launcher["nodes"]
-    if launcher.get("tasks_per_node") is not None:
-        return int(launcher["tasks_per_node"])
+def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
+    """``launcher.tasks_per_node``, or world size / nodes when it is null (``launcher``: the typed config)."""
+    nodes = launcher.nodes
+    if launcher.tasks_per_node is not None:
+        return int(launcher.tasks_per_node)
     if world_size % nodes:
         raise config_error("launcher.nodes", nodes, f"the layout's {world_size} rank(s) must split evenly over "
                            "the nodes (or set launcher.tasks_per_node)")
@@ -52,22 +54,22 @@ def slurm_tasks_per_node(launcher: dict[str, Any], world_size: int) -> int:
 
 def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
     """submitit's folder: in the run directory, or ``shared`` (a sweep's job arrays)."""
-    return ((shared or plan.run_dir) / plan.config["launcher"]["folder"]).absolute()
+    return ((shared or plan.run_dir) / plan.launcher_config.folder).absolute()
 
 
 def code_dir(plan: LaunchPlan, shared: Path | None = None) -> Path | None:
     """Where the job runs its code from: the snapshot (``RUN_DIR/code``, a sweep's ``SWEEP_DIR/code``), or None
     (``launcher.snapshot=false``, or ``wf_launch`` is an installed package, not a git checkout)."""
-    if not plan.config["launcher"].get("snapshot", True) or project_root() is None:
+    if not plan.launcher_config.snapshot or project_root() is None:
         return None
     return (shared or plan.run_dir).absolute() / CODE_DIR
 
 
 def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any] | None:
-    """Copy the project's code for this submission (see :mod:`.snapshot`); its manifest, or None."""
+    """Copy the project's code for this submission (see :mod:`wf_launch.launchers.snapshot`); its manifest, or None."""
     code, root = code_dir(plan, shared), project_root()
     if code is None or root is None:
-        if plan.config["launcher"].get("snapshot", True):
+        if plan.launcher_config.snapshot:
             logger.warning("launcher.snapshot: wf_launch is an installed package, not a git checkout: nothing to "
                            "copy, the job runs the installed code")
         return None
@@ -78,23 +80,23 @@ def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any
 
 def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any]:
     """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
-    lc = plan.config["launcher"]
+    lc = plan.launcher_config
     params: dict[str, Any] = {
-        "job_name": lc["job_name"], "nodes": lc["nodes"],
-        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size), "cpus_per_task": lc["cpus_per_task"],
-        "time": lc["time_min"], "signal_delay_s": lc["signal_delay_s"],
-        "srun_args": ["--kill-on-bad-exit=1", *lc["srun_args"]],
-        "additional_parameters": {"requeue": True, **dict(lc["sbatch_extra"] or {})},
+        "job_name": lc.job_name, "nodes": lc.nodes,
+        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size), "cpus_per_task": lc.cpus_per_task,
+        "time": lc.time_min, "signal_delay_s": lc.signal_delay_s,
+        "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
+        "additional_parameters": {"requeue": True, **dict(lc.sbatch_extra or {})},
     }
-    if lc["gpus_per_node"]:
-        params["gpus_per_node"] = lc["gpus_per_node"]
-    if lc["mem_gb"] is not None:
-        params["mem"] = convert_mem(float(lc["mem_gb"]))
+    if lc.gpus_per_node:
+        params["gpus_per_node"] = lc.gpus_per_node
+    if lc.mem_gb is not None:
+        params["mem"] = convert_mem(float(lc.mem_gb))
     for key in ("partition", "account", "qos", "constraint", "exclude"):
-        if lc[key]:
-            params[key] = lc[key]
+        if getattr(lc, key):
+            params[key] = getattr(lc, key)
     code, root = code_dir(plan, shared), project_root()
-    setup = [*(job_setup(code, root) if code is not None and root is not None else []), *lc["setup"]]
+    setup = [*(job_setup(code, root) if code is not None and root is not None else []), *lc.setup]
     if setup:
         params["setup"] = setup
     return params
@@ -109,14 +111,14 @@ def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | Non
 
 def describe(plan: LaunchPlan) -> str:
     """The submission as text, then the sbatch script (``launcher.dry_run``)."""
-    lc = plan.config["launcher"]
+    lc = plan.launcher_config
     tpn = slurm_tasks_per_node(lc, plan.world_size)
     return "\n".join([
-        f"launcher      slurm (submitit), {lc['nodes']} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
+        f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
         f"task          {plan.task}",
-        (f"time limit    {lc['time_min']} min; USR2 {lc['signal_delay_s']} s before it "
-         f"(on_preempt hooks, up to {lc['max_requeues']} requeue(s))"),
-        f"wait          {lc['wait']}",
+        (f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
+         f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))"),
+        f"wait          {lc.wait}",
         f"run dir       {plan.run_dir}",
         f"submitit      {submitit_folder(plan)}",
         f"code          {code_dir(plan) or 'the checkout / installed package (no snapshot)'}",
@@ -127,33 +129,33 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
-    lc = plan.config["launcher"]
-    return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc["cpus_per_task"],
-                    console_ranks=lc.get("console_ranks"), launch_time=launch_time,
-                    max_log_mb=float(lc.get("max_log_mb") or 0), on_timeout=SlurmStackDump(),
+    lc = plan.launcher_config
+    return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc.cpus_per_task,
+                    console_ranks=lc.console_ranks, launch_time=launch_time,
+                    max_log_mb=float(lc.max_log_mb or 0), on_timeout=SlurmStackDump(),
                     attempt_base=attempts.count(plan.run_dir),
                     preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
-                                         float(lc["preempt_wait_s"]), lc["max_requeues"]))
+                                         float(lc.preempt_wait_s), lc.max_requeues))
 
 
 def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
-    return slurm_executor(submitit_folder(plan, shared), plan.config["launcher"]["max_requeues"],
+    return slurm_executor(submitit_folder(plan, shared), plan.launcher_config.max_requeues,
                           **sbatch_parameters(plan, shared))
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
     return {"launcher": "slurm", "task": plan.task, "overrides": plan.overrides, "run_dir": str(plan.run_dir),
-            "environment": rundir.record_environment(plan.run_dir)}
+            "environment": record_environment(plan.run_dir)}
 
 
 def _record_job(plan: LaunchPlan, job_id: str, folder: Path, submitted_at: float,
                 snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
-    lc = plan.config["launcher"]
+    lc = plan.launcher_config
     record = {"job_id": job_id, "folder": str(folder), "submitted_at": submitted_at, "snapshot": snapshot,
-              "nodes": lc["nodes"], "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
+              "nodes": lc.nodes, "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
               "world_size": plan.world_size, "info": _plan_info(plan),
               "status_command": f"python -m wf_launch.status {plan.run_dir}"}
-    rundir.atomic_write_json(plan.run_dir / JOB_FILE, record)
+    atomic_write_json(plan.run_dir / JOB_FILE, record)
     return record
 
 
@@ -209,10 +211,10 @@ class SlurmBatch:
         """
         runs, self.pending = self.pending, []
         snapshot = next((take_snapshot(r.plan, self.shared) for r in runs
-                         if r.plan.config["launcher"].get("snapshot", True)), None)
+                         if r.plan.launcher_config.snapshot), None)
         groups: dict[str, list[Pending]] = {}
         for run in runs:
-            key = json.dumps([sbatch_parameters(run.plan, self.shared), run.plan.config["launcher"]["folder"]],
+            key = json.dumps([sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder],
                              sort_keys=True)
             groups.setdefault(key, []).append(run)
         out: list[tuple[Pending, str | None, str]] = []
@@ -233,7 +235,7 @@ class SlurmBatch:
                 continue
             for run, job in zip(group, jobs):
                 _record_job(run.plan, job.job_id, ex.folder, submitted_at,
-                            snapshot if run.plan.config["launcher"].get("snapshot", True) else None)
+                            snapshot if run.plan.launcher_config.snapshot else None)
                 out.append((run, job.job_id, ""))
             logger.info(f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}")
         return out
@@ -246,9 +248,9 @@ class SlurmBatch:
         submitted = self.submit()
         outcomes = {p.plan.run_dir: RunOutcome(Status.FAILED, p.plan.run_dir, err)
                     for p, job_id, err in submitted if not job_id}
-        waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.config["launcher"]["wait"]]
+        waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.launcher_config.wait]
         if waiting:
-            poll = min(p.plan.config["launcher"]["poll_interval_s"] for p, _, _ in submitted)
+            poll = min(p.plan.launcher_config.poll_interval_s for p, _, _ in submitted)
             print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)
             for outcome in wait_all(waiting, poll):
                 if outcome.run_dir is not None:
@@ -258,7 +260,7 @@ class SlurmBatch:
 
 def launch(plan: LaunchPlan) -> RunOutcome:
     """Submit the run (or prepare it into the current batch); wait for it unless ``launcher.wait=false``."""
-    lc = plan.config["launcher"]
+    lc = plan.launcher_config
     launch_time = time.time()
     fn = SlurmRank(_rank_spec(plan, launch_time))
     batch = current_batch()
@@ -271,7 +273,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)
     logger.info(f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
                 f"run dir {plan.run_dir}")
-    if not lc["wait"]:
+    if not lc.wait:
         return RunOutcome(Status.SUBMITTED, plan.run_dir,
                           f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
-    return wait_all([plan.run_dir], lc["poll_interval_s"])[0]
+    return wait_all([plan.run_dir], lc.poll_interval_s)[0]

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..validation import is_int
 from . import runtime as _rt
 from .backends import group_device
 
@@ -70,7 +71,7 @@ def _size_and_rank(pg: Any, fn: str) -> tuple[int, int]:
 
 
 def _norm_dim(dim: int, ndim: int, fn: str, name: str = "seq_dim") -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
+    if not is_int(dim):
         raise TypeError(f"{fn}: {name} must be an int, got {type(dim).__name__} {dim!r}")
     if not -ndim <= dim < ndim:
         raise ValueError(f"{fn}: {name}={dim} is out of range for a {ndim}-D tensor "
@@ -471,7 +472,7 @@ def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, 
 def _as_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"find_split: {name} must be an integer >= {minimum}, got {value!r}")
     return value
 

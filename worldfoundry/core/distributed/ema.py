@@ -14,6 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..torch_private import foreach_add_, foreach_copy_, foreach_lerp_, foreach_mul_, wait_async_collective
+from ..validation import is_number
+
 __all__ = ["DTensorFastEmaModelUpdater", "broadcast_dtensor_model_states", "get_local_tensor_if_dtensor"]
 
 Params = nn.Module | torch.Tensor | Iterable[torch.Tensor]
@@ -24,11 +27,7 @@ def get_local_tensor_if_dtensor(t: torch.Tensor) -> torch.Tensor:
     tensor_mod = sys.modules.get("torch.distributed.tensor")
     if tensor_mod is None or not isinstance(t, tensor_mod.DTensor):
         return t
-    local = t.to_local()
-    fc = sys.modules.get("torch.distributed._functional_collectives")
-    if fc is not None and isinstance(local, fc.AsyncCollectiveTensor):
-        local = local.wait()
-    return local
+    return wait_async_collective(t.to_local())
 
 
 def _named(params: Params, role: str) -> list[tuple[str, torch.Tensor]]:
@@ -85,12 +84,12 @@ class DTensorFastEmaModelUpdater:
         """Copy every ``src`` parameter's local shard into the matching ``tgt`` one."""
         srcs, tgts, _ = _paired_locals(src, tgt, "copy_to")
         if tgts:
-            torch._foreach_copy_(tgts, srcs)
+            foreach_copy_(tgts, srcs)
 
     @torch.no_grad()
     def update_average(self, src: Params, tgt: Params, beta: float = 0.9999) -> None:
         """``tgt = beta * tgt + (1 - beta) * src`` on local shards; ``tgt`` must be float32."""
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
+        if not is_number(beta) or not 0.0 <= beta <= 1.0:
             raise ValueError(f"update_average: beta={beta!r} must be a number in [0, 1]")
         srcs, tgts, names = _paired_locals(src, tgt, "update_average")
         for name, t in zip(names, tgts):
@@ -107,11 +106,11 @@ class DTensorFastEmaModelUpdater:
             bucket[1].append(s)
         weight = 1.0 - float(beta)
         if same[0]:
-            torch._foreach_lerp_(same[0], same[1], weight)
+            foreach_lerp_(same[0], same[1], weight)
         if mixed[0]:
-            torch._foreach_mul_(mixed[0], float(beta))
+            foreach_mul_(mixed[0], float(beta))
             cast = [s.to(t.device, torch.float32) for t, s in zip(*mixed)]
-            torch._foreach_add_(mixed[0], cast, alpha=weight)
+            foreach_add_(mixed[0], cast, alpha=weight)
 
     @torch.no_grad()
     def cache(self, parameters: Params, is_cpu: bool = False) -> None:
@@ -146,7 +145,7 @@ class DTensorFastEmaModelUpdater:
                 )
             targets.append(local)
         if targets:
-            torch._foreach_copy_(targets, self.collected_params)
+            foreach_copy_(targets, self.collected_params)
         self.collected_params = []
         self.is_cached = False
 

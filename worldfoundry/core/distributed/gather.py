@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..validation import is_int
 from .backends import group_device
 
 __all__ = ["gather_bytes", "gather_state_dicts"]
@@ -34,14 +35,6 @@ _MSG_BYTES = 512  # a failing rank's message travels as this many UTF-8 bytes (t
 _OK = 0
 _ERRORS: dict[int, type[Exception]] = {1: TypeError, 2: ValueError, 3: RuntimeError}
 _CODES = {cls: code for code, cls in _ERRORS.items()}
-
-
-class _Failure(Exception):
-    """This rank's own argument or serialization error, carried into the header exchange."""
-
-    def __init__(self, exc: Exception) -> None:
-        super().__init__(str(exc))
-        self.exc = exc
 
 
 def _as_uint8(data: bytes | bytearray | memoryview) -> torch.Tensor:
@@ -64,7 +57,7 @@ def _byte_view(data: Any, where: str, me: int) -> memoryview:
 
 
 def _check_dst(dst: Any, ranks: list[int], where: str, me: int) -> None:
-    if isinstance(dst, bool) or not isinstance(dst, int):
+    if not is_int(dst):
         raise TypeError(f"{where}: rank {me} passed dst={dst!r}; dst must be an int (a global rank)")
     if dst not in ranks:
         if len(ranks) == 1 and ranks == [0]:
@@ -74,7 +67,7 @@ def _check_dst(dst: Any, ranks: list[int], where: str, me: int) -> None:
 
 
 def _check_chunk(chunk_bytes: Any, where: str, me: int) -> None:
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+    if not is_int(chunk_bytes) or chunk_bytes <= 0:
         raise ValueError(f"{where}: rank {me} passed chunk_bytes={chunk_bytes!r}; "
                          "chunk_bytes must be a positive int")
 

@@ -34,7 +34,7 @@ __all__ = [
     "GroupCoordinator", "destroy_model_parallel", "get_cp_group", "get_cp_size_t", "get_dp_cp_group",
     "get_dp_group", "get_group", "get_layout", "get_pp_group", "get_tp_cp_group", "get_tp_group",
     "get_tp_pp_group", "get_world_group", "init_distributed_environment", "initialize_model_parallel",
-    "is_last_rank", "is_last_tp_cp_rank", "model_parallel_is_initialized", "set_cp_size_t",
+    "is_last_rank", "is_last_tp_cp_rank", "model_parallel_is_initialized",
 ]
 
 _NOT_INITIALIZED = (
@@ -311,7 +311,3 @@ def get_cp_size_t() -> int | None:
     """CP ranks the last ``find_split`` gave to the time axis (None before any)."""
     return _rt.current().cp_size_t
 
-
-def set_cp_size_t(value: int | None) -> None:
-    """Record CP ranks given to the time axis (``find_split`` calls this)."""
-    _rt.current().cp_size_t = value

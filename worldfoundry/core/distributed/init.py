@@ -19,9 +19,6 @@ from .topology import Layout, engine_value
 __all__ = ["BACKENDS", "LaunchEnv", "dist_init", "env_int", "launch_attempt", "resolve_backend",
            "start_default_group"]
 
-_get = engine_value  # backward-compatible name
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -67,29 +64,29 @@ def dist_init(config: Any) -> torch.device:
     the CPU for gloo; creates the PP scheduler when ``pp_size > 1``. Every
     configuration error is raised before any group is made. Returns the device.
     """
-    engine = _get(config, "engine_config", None)
+    engine = engine_value(config, "engine_config", None)
     if engine is None:
         raise ValueError("dist_init(config): config has no 'engine_config' (expected fields "
                          "distributed_backend, distributed_timeout_minutes, tp_size, cp_size, pp_size)")
     env = LaunchEnv.from_environ()
     if dist.is_initialized():
         env = LaunchEnv(dist.get_rank(), dist.get_world_size(), env.local_rank, env.local_world_size)
-    timeout_min = _get(engine, "distributed_timeout_minutes", 30)
+    timeout_min = engine_value(engine, "distributed_timeout_minutes", 30)
     try:
         timeout_min = float(timeout_min)
     except (TypeError, ValueError):
         timeout_min = -1.0
     if not timeout_min > 0:
         raise ValueError(f"engine_config.distributed_timeout_minutes="
-                         f"{_get(engine, 'distributed_timeout_minutes', None)!r}: must be a number > 0")
+                         f"{engine_value(engine, 'distributed_timeout_minutes', None)!r}: must be a number > 0")
     layout = Layout.from_engine(engine, env.world_size)
-    device, started = start_default_group(_get(engine, "distributed_backend", "auto"),
+    device, started = start_default_group(engine_value(engine, "distributed_backend", "auto"),
                                           timedelta(minutes=timeout_min), env)
     if started:
         _rt.current().owns_world = True
     init_distributed_environment()
     initialize_model_parallel(layout.tp_size, layout.pp_size, layout.cp_size,
-                              _get(engine, "nccl_communicator_config_path", None), timeout_min,
+                              engine_value(engine, "nccl_communicator_config_path", None), timeout_min,
                               layout.order, layout.dp_size)
     if layout.pp_size > 1:
         from .pipeline import init_pp_scheduler

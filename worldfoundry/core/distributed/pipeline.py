@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..validation import is_number
 from . import groups as _groups
 from . import runtime as _rt
 from .backends import group_device
@@ -38,7 +39,7 @@ def _as_timedelta(timeout: Timeout, name: str = "timeout") -> timedelta | None:
         if isinstance(timeout, timedelta) and timeout.total_seconds() <= 0:
             raise ValueError(f"{name} must be positive, got {timeout!r}")
         return timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+    if not is_number(timeout) or timeout <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, a timedelta or None, got {timeout!r}")
     return timedelta(seconds=float(timeout))
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from torch import nn
 
+from ..validation import is_int
+
 __all__ = ["DistributionPlan", "distribution_plan", "set_distribution_plan"]
 
 _ATTR = "_wf_distribution_plan"
@@ -14,7 +16,7 @@ _DENSE = ("replicate", "fsdp")
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"DistributionPlan: {name}={value!r} must be an int >= 1")
     return value
 

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from ..torch_private import abort_all_process_groups
+from ..validation import is_int
 from . import runtime as _rt
 from .init import LaunchEnv, env_int, start_default_group
 
@@ -111,7 +113,7 @@ class DistributedProcessGroup:
 
     def __init__(self, group: dist.ProcessGroup | int | None = None) -> None:
         allowed = (-1, dist.GroupMember.NON_GROUP_MEMBER)
-        if isinstance(group, bool) or (isinstance(group, int) and group not in allowed):
+        if isinstance(group, bool) or (is_int(group) and group not in allowed):
             raise ValueError(
                 f"DistributedProcessGroup: group={group!r} is not allowed; "
                 "pass a ProcessGroup, None (the world) or -1 (unused)"
@@ -255,13 +257,10 @@ def _launch_device(dev: torch.device) -> torch.device:
 
 def _abort_world() -> None:
     """Abort every process group without waiting on peers (falling back to plain teardown)."""
-    c10d = dist.distributed_c10d
     try:
-        abort = getattr(c10d, "_abort_process_group", None)
-        if abort is not None:
-            abort()
+        if abort_all_process_groups():
             return
-        world = c10d.GroupMember.WORLD
+        world = dist.GroupMember.WORLD
         if world is not None and hasattr(world, "abort"):
             world.abort()
             return
@@ -471,9 +470,6 @@ def _label(label: Any) -> str:
     return f"<label of type {type(label).__name__}>"
 
 
-rank_ = rank  # broadcast_from's ``rank`` argument shadows the query
-
-
 def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _V]) -> _V:
     """Return ``combine`` of every rank's ``fn()``, on every rank.
 
@@ -526,20 +522,20 @@ def broadcast_from(label: str, fn: Callable[[], _V], rank: int = 0) -> _V:
     bad = None
     if not isinstance(label, str):
         bad = _bad_argument(TypeError(f"broadcast_from: label must be a str, got {type(label).__name__}"))
-    elif isinstance(rank, bool) or not isinstance(rank, int):
+    elif not is_int(rank):
         bad = _bad_argument(TypeError(f"broadcast_from: rank must be an int, got {_safe_str(rank)}"))
-    shown_rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else f"<{type(rank).__name__}>"
+    shown_rank = rank if is_int(rank) else f"<{type(rank).__name__}>"
     where = f"broadcast_from({_label(label)}, rank={shown_rank})"
     collective = _check_group_ready(where)
     world = size()
+    me = dist.get_rank() if collective else 0
     if bad is None and not 0 <= rank < world:
         bad = _bad_argument(ValueError(
-            f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} (this is rank {rank_()})"))
+            f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} (this is rank {me})"))
     if not collective:
         if bad is not None:
             raise bad
         return fn()
-    me = dist.get_rank()
     if bad is not None:
         out = _arg_error(bad)
     elif me == rank:

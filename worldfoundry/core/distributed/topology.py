@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ..validation import is_int
+
 __all__ = ["COMBINED", "DEFAULT_ORDER", "DIMS", "Layout", "engine_value", "parse_order"]
 
 DIMS: tuple[str, ...] = ("tp", "cp", "pp", "dp")
@@ -85,12 +87,12 @@ class Layout:
     def __post_init__(self) -> None:
         raw = {d: getattr(self, f"{d}_size") for d in DIMS}
         ws = self.world_size
-        if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+        if not is_int(ws) or ws < 1:
             raise _layout_error(self.order, raw, ws, "world_size must be an integer >= 1")
         for d, v in raw.items():
             if v is None and d == "dp":
                 continue
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not is_int(v) or v < 1:
                 raise _layout_error(self.order, raw, ws, f"{d}_size must be an integer >= 1, got {v!r}")
         model = math.prod(raw[d] for d in DIMS if d != "dp")
         if ws % model:
@@ -125,7 +127,7 @@ class Layout:
             world_size = 1
             for d in DIMS:
                 v = sizes[d]
-                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                if not is_int(v) or v < 1:
                     raise _layout_error(str(order), sizes, None, f"{d}_size must be an integer >= 1, got {v!r}")
                 world_size *= v
         return cls(world_size, **{f"{d}_size": v for d, v in sizes.items()}, order=order)

@@ -1,0 +1,67 @@
+"""The ``task`` section's base: which registered task every rank runs, and its typed fields."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from omegaconf import MISSING
+
+from .fields import config_error
+
+if TYPE_CHECKING:
+    from .engine import EngineConfig
+
+__all__ = ["TaskConfig"]
+
+T = TypeVar("T", bound="TaskConfig")
+
+
+@dataclass
+class TaskConfig:
+    """Which registered task every rank runs; ``modules`` are imported first (user tasks).
+
+    Subclass it to give a task typed fields with defaults: the instance reaches
+    the task as ``ctx.cfg``. Override :meth:`validate` to check values; it runs in
+    the launcher before any process starts.
+    """
+
+    name: str = MISSING
+    modules: list[str] = field(default_factory=list)
+
+    def validate(self, engine: EngineConfig | None = None) -> None:
+        """Raise :class:`ConfigError` naming field, value and what is allowed.
+
+        ``engine`` is the run's engine config in the launcher (check the fit of
+        the task with the layout there), and None elsewhere.
+        """
+
+    @classmethod
+    def build(cls: type[T], task: Mapping[str, Any]) -> T:
+        """An instance from the run's ``task`` section (dict or DictConfig); unknown fields are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in task if k not in known)
+        if unknown:
+            task_name = task.get("name", cls.__name__)
+            raise config_error(f"task.{unknown[0]}", task[unknown[0]],
+                               f"{task_name} has no such field; allowed fields: {sorted(known - {'name', 'modules'})}")
+        values = {k: task[k] for k in known if k in task}
+        for key, value in values.items():
+            if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+                values[key] = list(value)
+            elif isinstance(value, Mapping):
+                values[key] = dict(value)
+        return cls(**values)
+
+    @classmethod
+    def from_task_config(cls: type[T], task: Mapping[str, Any],
+                         engine: EngineConfig | Mapping[str, Any] | None = None) -> T:
+        """:meth:`build`, then :meth:`validate` (with the engine when given)."""
+        cfg = cls.build(task)
+        if isinstance(engine, Mapping):
+            from .engine import EngineConfig
+
+            engine = EngineConfig.from_dict(engine)
+        cfg.validate(engine)
+        return cfg

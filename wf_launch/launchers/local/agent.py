@@ -1,0 +1,251 @@
+"""torch elastic's agent, run the way ``elastic_launch`` runs it, keeping every rank's exit code.
+
+``elastic_launch`` reports only the first failed worker it notices. When a rank is
+killed by a signal and a peer exits an instant later because it lost that rank,
+the peer can be the one reported. This agent snapshots every worker's exit code at
+the moment the failure is seen (before the agent stops the survivors), so the
+launcher can name the rank that was killed and the signal that killed it.
+
+With ``fork`` it also holds every forked worker at a :class:`ForkGate` until the
+agent has forked them all (see there).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
+from torch.distributed.launcher.api import LaunchConfig
+
+from worldfoundry.core.torch_private import (
+    hooked_agent_class,
+    release_finished_workers,
+    store_server_handler_class,
+    worker_exit_codes,
+    worker_pids,
+)
+
+__all__ = ["LOOPBACK", "ForkGate", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
+
+LOOPBACK = "127.0.0.1"
+
+
+class PortInUse(OSError):
+    """The launch's own rendezvous port is taken: a launch never joins another process's store."""
+
+    def __init__(self, port: int, why: str) -> None:
+        super().__init__(f"launcher.rdzv_port={port}: port {port} is in use on {LOOPBACK} ({why}); "
+                         "choose another port, or 0 for a free one")
+        self.port = port
+
+
+def loopback_store(port: int, timeout_s: float) -> dist.TCPStore:
+    """A TCPStore server that listens on 127.0.0.1 only (torch's own binds every interface).
+
+    The socket is bound here and handed to the store (``master_listen_fd``), so a
+    busy ``port`` is an error (:class:`PortInUse`) instead of torch's silent
+    fallback to joining whatever listens there as a client.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, port))
+        sock.listen(4096)
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(port, exc.strerror or str(exc)) from None
+    bound = sock.getsockname()[1]
+    return dist.TCPStore(LOOPBACK, bound, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
+                         wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+
+
+def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezvousHandler:
+    """torch's c10d rendezvous, with both stores (the rendezvous' and the one the workers share) on loopback."""
+    read_timeout = float(params.get_as_int("read_timeout", 60) or 60)
+    store = loopback_store(port, read_timeout)
+    backend = C10dRendezvousBackend(store, params.run_id)
+    join = params.get_as_int("join_timeout", params.get_as_int("timeout", 600))
+    handler = store_server_handler_class().from_backend(
+        params.run_id, store, backend, params.min_nodes, params.max_nodes, LOOPBACK,
+        RendezvousTimeout(join=timedelta(seconds=join or 600)))
+    handler.store_factory = lambda master_port: loopback_store(master_port, read_timeout)
+    return handler
+
+
+class ForkGate:
+    """Holds forked workers at their start until the agent has forked every one of them.
+
+    The agent forks workers from a process that runs threads: the rendezvous
+    stores' libuv server threads call ``getnameinfo()`` for each connection a
+    started worker makes, holding glibc's resolver lock for that moment. A worker
+    forked in that moment inherits the lock held, and its own first
+    ``getnameinfo()`` (the TCPStore connect in ``dist_init``) blocks forever. With
+    the gate no worker connects to anything while the agent is still forking.
+
+    Cost: the workers' start-up no longer overlaps the forks, and all of them
+    connect at once; the store's server thread does one reverse-DNS lookup per
+    connection (a dropped query costs glibc's 5 s resolver timeout for everyone).
+    """
+
+    def __init__(self) -> None:
+        self._fds: tuple[int, int] | None = None
+
+    def arm(self) -> None:
+        """In the agent, before it forks the workers."""
+        self._fds = os.pipe()
+
+    def release(self, workers: int) -> None:
+        """In the agent, once every worker is forked: let them all go."""
+        if self._fds is None:
+            return
+        r, w = self._fds
+        self._fds = None
+        try:
+            os.write(w, b"\0" * workers)
+        finally:
+            os.close(w)
+            os.close(r)
+
+    def wait(self) -> None:
+        """In a forked worker: block until the agent has forked every worker (or died)."""
+        if self._fds is None:
+            return
+        r, w = self._fds
+        self._fds = None
+        os.close(w)
+        os.read(r, 1)
+        os.close(r)
+
+
+class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
+    """torch's local agent that remembers each global rank's exit code when a failure is seen."""
+
+    exit_codes: dict[int, int]
+    gate: ForkGate | None = None
+    watch: Any = None
+    dumps: dict[int, Any] | None = None
+    on_start: Callable[[int, dict[int, int]], None] | None = None
+    starts: int = 0
+
+    def start_workers(self, worker_group: WorkerGroup, start: Callable[[], dict[int, Any]]) -> dict[int, Any]:
+        if self.on_start is not None:
+            self.on_start(self.starts, dict(self.exit_codes))  # the previous start's failed ranks, if any
+        self.starts += 1
+        self.exit_codes = {}
+        self.dumps = None
+        if self.watch is not None:
+            self.watch.restart()
+        if self.gate is None or self.start_method != "fork":
+            return start()
+        self.gate.arm()
+        try:
+            return start()
+        finally:
+            self.gate.release(len(worker_group.workers))
+
+    def on_shutdown(self) -> None:
+        # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag saves
+        # and returns, and its rank then waits for the agent to collect its return value, which a stopping
+        # agent never does. Let those ranks exit at once instead of at the end of the shutdown timeout.
+        release_finished_workers(self.process_context)
+
+    def _live_pids(self, worker_group: WorkerGroup) -> dict[int, int]:
+        """Global rank -> pid of every worker still running."""
+        codes = worker_exit_codes(self.process_context)
+        pids = worker_pids(self.process_context)
+        return {w.global_rank: pids[w.local_rank] for w in worker_group.workers
+                if w.local_rank in pids and codes.get(w.local_rank) is None}
+
+    def before_monitor(self, worker_group: WorkerGroup) -> None:
+        if self.watch is not None and self.process_context is not None and self.dumps is None:
+            codes = worker_exit_codes(self.process_context)
+            if any(c not in (None, 0) for c in codes.values()):
+                # A rank failed; torch stops the survivors as soon as it notices. First: where is everyone?
+                self.dumps = self.watch.autopsy(self._live_pids(worker_group),
+                                                alive=lambda rank: rank in self._live_pids(worker_group))
+
+    def after_monitor(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        if result.is_failed():
+            codes = worker_exit_codes(self.process_context)
+            self.exit_codes = {w.global_rank: codes[w.local_rank] for w in worker_group.workers
+                               if codes.get(w.local_rank) not in (None, 0)}
+        elif self.watch is not None and self.process_context is not None:
+            self.watch.tick(self._live_pids(worker_group))
+        return result
+
+
+class RanksFailed(Exception):
+    """The ranks failed: ``exit_codes`` maps each failed global rank to its exit code (< 0: signal);
+    ``dumps`` the stacks of the ranks still alive when the failure was seen."""
+
+    def __init__(self, exit_codes: dict[int, int], error: ChildFailedError,
+                 dumps: dict[int, Any] | None = None) -> None:
+        super().__init__(str(error))
+        self.exit_codes = exit_codes
+        self.dumps = dumps or {}
+
+
+def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
+              loopback_only: bool = True, gate: ForkGate | None = None, watch: Any = None,
+              on_start: Callable[[int, dict[int, int]], None] | None = None) -> dict[int, Any]:
+    """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
+
+    With ``loopback_only`` (a single host), the rendezvous store and the store
+    the ranks share listen on 127.0.0.1 only, on ports this launch owns. With
+    ``fork``, ``gate`` (if given, and passed to the entrypoint among ``args``) is
+    armed around each start of the workers; the entrypoint calls ``gate.wait()`` first.
+    ``watch`` (a :class:`~wf_launch.observe.watch.RankWatch`) is ticked between checks of
+    the workers and asked for stacks when one fails. ``on_start(n, exit_codes)`` is called
+    before the workers' ``n``-th start (0 first, then once per restart) with the failed
+    ranks' exit codes of the start before it.
+
+    Raises :class:`RanksFailed` when workers fail, and lets the agent's
+    ``SignalException`` through when the launcher itself is signalled (after the
+    agent has stopped every worker).
+    """
+    params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
+                                  run_id=config.run_id, min_nodes=config.min_nodes,
+                                  max_nodes=config.max_nodes, local_addr=config.local_addr,
+                                  **config.rdzv_configs)
+    if loopback_only:
+        handler = _loopback_handler(params, int(config.rdzv_endpoint.rpartition(":")[2] or 0))
+    else:
+        handler = rdzv_registry.get_rendezvous_handler(params)
+    spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint,
+                      args=tuple(args), rdzv_handler=handler,
+                      max_restarts=config.max_restarts, monitor_interval=config.monitor_interval,
+                      local_addr=config.local_addr)
+    agent = _ExitCodeAgent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,
+                           shutdown_timeout=config.shutdown_timeout)
+    agent.exit_codes = {}
+    agent.gate = gate
+    agent.watch = watch
+    agent.on_start = on_start
+    try:
+        result = agent.run()
+    except SignalException:
+        raise  # as elastic_launch does: a signalled agent leaves the rendezvous open
+    except BaseException:
+        spec.rdzv_handler.shutdown()
+        raise
+    spec.rdzv_handler.shutdown()
+    if result.is_failed():
+        error = ChildFailedError(name=getattr(entrypoint, "__name__", "rank"), failures=result.failures)
+        codes = dict(agent.exit_codes)
+        for rank, failure in result.failures.items():
+            codes.setdefault(rank, failure.exitcode)
+        raise RanksFailed(codes, error, agent.dumps)
+    return result.return_values

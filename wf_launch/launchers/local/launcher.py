@@ -1,0 +1,307 @@
+"""Local ranks on torch's elastic agent (see :mod:`.agent`), one process per rank.
+
+Rendezvous is c10d on ``127.0.0.1:0`` (the OS picks a free port, so concurrent
+launches never collide) unless ``launcher.rdzv_port`` names one. ``start_method:
+auto`` forks from this process, which has imported torch but never run a torch op
+or touched CUDA; it falls back to spawn where fork is unsafe. By the time the
+agent forks, it runs threads of its own (the rendezvous stores' servers), so a
+forked rank waits at a :class:`~.agent.ForkGate` until every rank is forked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from loguru import logger
+
+from ...config.fields import check_bool, check_choice, check_int, check_number, config_error
+from ...observe.rootcause import explain_failure
+from ...rank.entrypoint import RankSpec
+from ...rundir import attempts, files
+from ...rundir.environment import record_environment
+from ...rundir.outcome import RunOutcome
+from ...rundir.record import RunRecord, Status
+from ...tasks.registry import task_preload
+from ..base import LauncherConfig, LauncherHooks
+from ..registry import register_launcher
+
+if TYPE_CHECKING:
+    from worldfoundry.core.distributed.topology import Layout
+
+    from ...config.engine import EngineConfig
+    from ..plan import LaunchPlan
+
+__all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threads_per_rank"]
+
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
+RANKS_PER_CORE = 64
+"""Local ranks allowed per core without ``launcher.oversubscribe=true`` (128 on a 2-core machine)."""
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    """Ranks as local processes on torch's elastic agent."""
+
+    name: str = "local"
+    start_method: str = "auto"
+    max_restarts: int = 0
+    threads_per_rank: int = 0
+    rdzv_port: int = 0
+    monitor_interval_s: float = 0.1
+    shutdown_timeout_s: int = 5
+    loopback_only: bool = True
+    oversubscribe: bool = False
+
+    def check(self, world_size: int) -> None:
+        """The local launcher's own fields, and that the world fits this host."""
+        check_choice("launcher.start_method", self.start_method, START_METHODS)
+        for key in ("max_restarts", "threads_per_rank"):
+            check_int(f"launcher.{key}", getattr(self, key), low=0)
+        check_int("launcher.rdzv_port", self.rdzv_port, 0, 65535, note="(0: pick a free port)")
+        check_number("launcher.monitor_interval_s", self.monitor_interval_s, 0, 60, low_open=True, unit="seconds")
+        check_number("launcher.shutdown_timeout_s", self.shutdown_timeout_s, 0, 3600, unit="seconds")
+        for key in ("loopback_only", "oversubscribe"):
+            check_bool(f"launcher.{key}", getattr(self, key))
+        cores = os.cpu_count() or 1
+        if world_size > RANKS_PER_CORE * cores and not self.oversubscribe:
+            raise config_error("engine (tp_size*cp_size*pp_size*dp_size)", world_size,
+                               f"the layout has {world_size} ranks, more than {RANKS_PER_CORE} per core on this "
+                               f"{cores}-core host ({RANKS_PER_CORE * cores}); use launcher=slurm for more, or "
+                               "pass launcher.oversubscribe=true to start them here anyway")
+
+
+def preload(modules: tuple[str, ...]) -> None:
+    """Import what the task's ranks will import (``register_task(preload=...)``), so forked ranks inherit it.
+
+    A module that fails to import is left to the ranks, which report the error where it matters.
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            logger.debug(f"preload of {name!r} failed ({exc!r}); the ranks import it themselves")
+
+
+def choose_start_method(requested: str) -> str:
+    """``auto`` -> fork when safe (Linux, CUDA untouched, one thread), else spawn."""
+    if requested != "auto":
+        return requested
+    import torch
+
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    if torch.cuda.is_initialized() or threading.active_count() > 1:
+        return "spawn"
+    return "fork"
+
+
+def threads_per_rank(requested: int, nproc: int) -> int:
+    """Torch threads for each rank: ``requested``, or the cores shared out (at least 1)."""
+    if requested > 0:
+        return requested
+    return max(1, (os.cpu_count() or 1) // max(1, nproc))
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The launch plan as text (for ``launcher.dry_run``)."""
+    lc: LocalLauncherConfig = plan.launcher_config
+    nproc = plan.world_size
+    port = lc.rdzv_port or "a free port (0)"
+    return "\n".join([
+        f"launcher      local (torch elastic agent), {nproc} rank process(es) on this host",
+        f"layout        {plan.layout.describe()}",
+        f"task          {plan.task}",
+        f"rendezvous    c10d at 127.0.0.1:{port}",
+        f"start method  {choose_start_method(lc.start_method)} (requested {lc.start_method})",
+        f"threads/rank  {threads_per_rank(lc.threads_per_rank, nproc)}",
+        f"max restarts  {lc.max_restarts}",
+        f"run dir       {plan.run_dir}",
+        f"rank logs     {files.rank_log(plan.run_dir, 0).parent}/rank{{0..{nproc - 1}}}.log",
+    ])
+
+
+class _ToLoguru(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        logger.opt(depth=6).log("DEBUG", f"[{record.name}] {record.getMessage()}")
+
+
+def _route_elastic_logs() -> None:
+    elastic = logging.getLogger("torch.distributed.elastic")
+    elastic.handlers[:] = [_ToLoguru()]
+    elastic.setLevel(logging.INFO)
+    elastic.propagate = False
+
+
+def _launch_config(plan: LaunchPlan, method: str) -> Any:
+    """torch's ``LaunchConfig`` for the plan: one node, loopback c10d rendezvous, the launcher's settings."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    lc: LocalLauncherConfig = plan.launcher_config
+    return LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size, run_id=f"wf-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{lc.rdzv_port}",
+        rdzv_configs={"timeout": 120}, max_restarts=lc.max_restarts,
+        monitor_interval=lc.monitor_interval_s, start_method=method,
+        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / files.ELASTIC_LOGS)),
+        local_addr="127.0.0.1", shutdown_timeout=lc.shutdown_timeout_s,
+    )
+
+
+def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
+    """Preload, threads, environment and torch's launch config; (config, the ranks' spec, start method)."""
+    lc: LocalLauncherConfig = plan.launcher_config
+    nproc = plan.world_size
+    if lc.start_method in ("auto", "fork"):
+        preload(task_preload(plan.task))
+    method = choose_start_method(lc.start_method)
+    threads = threads_per_rank(lc.threads_per_rank, nproc)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    if lc.loopback_only:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    _route_elastic_logs()
+    spec = RankSpec(config=plan.config, run_dir=str(plan.run_dir), threads_per_rank=threads,
+                    console_ranks=lc.console_ranks, launch_time=time.time(), max_log_mb=float(lc.max_log_mb or 0),
+                    attempt_base=attempts.count(plan.run_dir))  # > 0 when launcher.resume continues a run
+    return _launch_config(plan, method), spec, method
+
+
+def launch(plan: LaunchPlan) -> RunOutcome:
+    """Start every rank, wait for them, and record the outcome in the run directory."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from ...observe.live import progress_monitor
+    from ...observe.watch import RankWatch, StartupTimeout
+    from .agent import ForkGate, PortInUse, RanksFailed, run_agent
+    from .rank_entry import local_rank_entry
+
+    config, spec, method = _prepare(plan)
+    tracker = _AttemptTracker(plan.run_dir, plan.world_size, spec.attempt_base)
+    logger.info(f"launching {plan.world_size} rank(s): {plan.layout.describe()}, task={plan.task}, "
+                f"start method {method}, run dir {plan.run_dir}")
+    info = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,
+            "run_dir": str(plan.run_dir), "environment": record_environment(plan.run_dir)}
+    t0 = time.time()
+    try:
+        gate = ForkGate()
+        # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
+        # launcher forks the ranks, and a forking process should run no threads of its own.
+        monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
+        watch = RankWatch(plan.run_dir, plan.world_size, plan.label, float(plan.config["engine"]["init_timeout_s"]),
+                          write=logger.info, progress=monitor)
+        try:
+            run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
+                      loopback_only=plan.launcher_config.loopback_only, watch=watch, on_start=tracker.on_start)
+        finally:
+            monitor.stop()
+    except StartupTimeout as exc:
+        info["attempts"] = tracker.close("start-up timeout")
+        return _startup_timeout(plan, info, exc, time.time() - t0)
+    except PortInUse as exc:
+        return _port_in_use(plan, info, exc)
+    except RanksFailed as exc:
+        info["attempts"] = tracker.close(attempts.cause_of_exits(exc.exit_codes))
+        return _failed(plan, info, exc.exit_codes, time.time() - t0, exc.dumps)
+    except (SignalException, KeyboardInterrupt) as exc:
+        return _interrupted(plan, info, tracker, signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name, t0)
+    info["attempts"] = tracker.close("completed")
+    record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(time.time() - t0, 4)})
+    return RunOutcome.of(record, plan.run_dir)
+
+
+class _AttemptTracker:
+    """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of the ranks
+    is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record is filled in."""
+
+    def __init__(self, run_dir: Any, world_size: int, base: int) -> None:
+        self.run_dir, self.world_size, self.base = run_dir, world_size, base
+        self.current: int | None = None
+
+    def on_start(self, n: int, exit_codes: dict[int, int]) -> None:
+        """Before the ranks' ``n``-th start: close the attempt that crashed (its failed ranks' ``exit_codes``)."""
+        if self.current is not None:
+            attempts.close(self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes))
+        self.current = self.base + n
+
+    def close(self, ended_by: str) -> list[dict[str, Any]]:
+        """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry."""
+        if self.current is not None:
+            attempts.close(self.run_dir, self.current, self.world_size, ended_by)
+        return attempts.collect(self.run_dir)
+
+
+def _port_in_use(plan: LaunchPlan, info: dict[str, Any], exc: Exception) -> RunOutcome:
+    print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
+    record = RunRecord.finalize(plan.run_dir, Status.INVALID, **info,
+                                failure={"cause": "invalid_config", "message": str(exc)})
+    return RunOutcome.of(record, plan.run_dir, "")
+
+
+def _interrupted(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker, name: str,
+                 t0: float) -> RunOutcome:
+    summary = f"interrupted by {name}: every rank was stopped"
+    logger.debug(summary)
+    info["attempts"] = tracker.close(name)
+    record = RunRecord.finalize(plan.run_dir, Status.INTERRUPTED, signal_name=name, **info,
+                                failure={"cause": "interrupt", "signal": name, "message": summary},
+                                timings={"wall_s": round(time.time() - t0, 4)})
+    return RunOutcome.of(record, plan.run_dir, summary)
+
+
+def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:
+    from ...observe.stacks import describe_groups, group_spots, spot_of
+
+    spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
+    lines = [str(exc), *describe_groups(group_spots(spots), plan.label)]
+    lines.append(f"  logs: {', '.join(str(files.rank_log(plan.run_dir, r)) for r in exc.missing[:8])}"
+                 + (" ..." if len(exc.missing) > 8 else ""))
+    stuck = {str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(plan.run_dir, r))} if r in spots
+             else {"frame": None, "note": "no stack dump"} for r in exc.missing}
+    summary = "\n".join(lines)
+    failure = {"rank": exc.missing[0], "cause": "init_timeout", "type": "StartupTimeout", "message": str(exc),
+               "missing_ranks": exc.missing, "stuck": stuck, "coords": plan.layout.coords(exc.missing[0]),
+               "log": str(files.rank_log(plan.run_dir, exc.missing[0]))}
+    record = RunRecord.finalize(plan.run_dir, Status.FAILED, **info, failure=failure,
+                                timings={"wall_s": round(wall, 4)})
+    return RunOutcome.of(record, plan.run_dir, summary)
+
+
+def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall: float,
+            dumps: dict[int, Any] | None = None) -> RunOutcome:
+    explained = explain_failure(plan.run_dir, exits, plan.label, plan.layout.coords, plan.world_size, dumps)
+    if explained is None:
+        cause = {"rank": -1, "cause": "unknown", "type": "Unknown", "message": "no rank reported a failure"}
+        summary = "run failed, but no rank left a failure record"
+    else:
+        cause, summary = explained
+    logger.debug(f"run failed: {summary}")
+    record = RunRecord.finalize(plan.run_dir, Status.FAILED, **info, failure=cause,
+                                exits={str(k): v for k, v in exits.items()}, timings={"wall_s": round(wall, 4)})
+    return RunOutcome.of(record, plan.run_dir, summary)
+
+
+@register_launcher
+class LocalLauncher(LauncherHooks):
+    """Ranks as processes on this machine, on torch's elastic agent (``launcher=local``)."""
+
+    name: ClassVar[str] = "local"
+    config_class: ClassVar[type[LauncherConfig]] = LocalLauncherConfig
+
+    def validate(self, cfg: LocalLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
+        cfg.check(layout.world_size)
+
+    def describe(self, plan: LaunchPlan) -> str:
+        return describe(plan)
+
+    def launch(self, plan: LaunchPlan) -> RunOutcome:
+        return launch(plan)
+

@@ -1,0 +1,61 @@
+"""Inside a local rank process: signal set-up, dying with the launcher, then the shared entrypoint."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from worldfoundry.core.distributed.env import ATTEMPT_ENV
+
+from ...rank.entrypoint import RankSpec, rank_main
+from ...rank.hardexit import flush_and_exit
+
+if TYPE_CHECKING:
+    from .agent import ForkGate
+
+__all__ = ["local_rank_entry"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank if the launcher dies, so no rank outlives it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _parent_chain(depth: int) -> list[int]:
+    """This process's parent, grandparent, ... (``depth`` of them; forkserver ranks are grandchildren)."""
+    chain, pid = [], os.getpid()
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            pid = os.getppid() if not chain else 0
+        chain.append(pid)
+    return chain
+
+
+def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = None) -> dict[str, Any]:
+    """What each local rank process runs: signal set-up, then the shared entrypoint."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if gate is not None:
+        gate.wait()  # before any libc call that may take a lock a launcher thread held at fork
+    _die_with_parent()
+    if launcher_pid not in _parent_chain(2):
+        os._exit(1)
+    os.environ[ATTEMPT_ENV] = str(spec.attempt_base + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+    try:
+        return rank_main(spec)
+    except BaseException:
+        flush_and_exit(1)

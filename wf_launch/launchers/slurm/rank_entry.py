@@ -1,0 +1,138 @@
+"""Inside a SLURM task: the rank's environment, what every task runs, and the requeue policy.
+
+Preemption: sbatch's ``--signal=USR2@signal_delay_s`` reaches every task of the srun
+step, and the entrypoint's handler (``RankSpec.preempt`` = :class:`SlurmRequeue`) runs
+the task's ``on_preempt(ctx)`` hook on every rank before rank 0 requeues the job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from worldfoundry.core.distributed.env import ATTEMPT_ENV
+
+from ...rank.entrypoint import Preempted, RankSpec, rank_main
+from ...rank.hardexit import exit_after_cleanup, flush_and_exit
+from ...rank.stackdump import DUMP_SIGNAL
+from .submitit_adapter import job_environment
+
+__all__ = ["SlurmRank", "SlurmRequeue", "SlurmStackDump", "export_rank_env", "master_port", "requeue_target"]
+
+_PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
+
+
+@dataclass(frozen=True)
+class SlurmRequeue:
+    """The entrypoint's preemption policy on SLURM (see :class:`wf_launch.rank.preempt.PreemptHandler`)."""
+
+    signal: str
+    wait_s: float
+    max_requeues: int
+
+    def restart(self) -> int:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+    def allowed(self) -> bool:
+        return self.restart() < self.max_requeues
+
+    def requeue(self) -> None:
+        subprocess.run(["scontrol", "requeue", requeue_target()], check=True, timeout=60, capture_output=True)
+
+
+@dataclass(frozen=True)
+class SlurmStackDump:
+    """``RankSpec.on_timeout`` on SLURM: every rank of this job dumps its stacks, before srun ends them.
+
+    ``scancel --signal=URG`` reaches the job's steps only (not the batch shell);
+    every rank registered faulthandler on SIGURG. The rank that timed out then
+    waits ``settle_s`` so the dumps land before its exit makes srun stop the rest.
+    """
+
+    settle_s: float = 1.5
+
+    def __call__(self) -> None:
+        import time
+
+        subprocess.run(["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
+                       check=False, capture_output=True, timeout=10)
+        time.sleep(self.settle_s)
+
+
+def requeue_target(environ: dict[str, str] | None = None) -> str:
+    """The id that requeues this job alone: ``ARRAYJOB_TASK`` for an array task, else the job id.
+
+    For the first task of a job array ``SLURM_JOB_ID`` equals the array's id, and
+    requeueing that id requeues every task of the array (every point of a sweep).
+    """
+    env = os.environ if environ is None else environ
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env["SLURM_JOB_ID"]
+
+
+def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None) -> int:
+    """The rendezvous port every task of the job agrees on; a requeue gets another.
+
+    The step's own reserved ports (``SLURM_STEP_RESV_PORTS``, where the cluster
+    reserves ports for steps) come first. Otherwise the port follows the job id
+    (offset per cluster): consecutive job ids, such as the points of one sweep
+    packed onto a node, get distinct ports, and a requeue moves by a large stride.
+    """
+    env = os.environ if environ is None else environ
+    reserved = env.get("SLURM_STEP_RESV_PORTS", "")
+    first = reserved.split(",")[0].split("-")[0].strip()
+    if first.isdigit() and 0 < int(first) < 65536:
+        return int(first) + (restart % max(1, _resv_count(reserved)))
+    low, high = _PORT_RANGE
+    span = high - low
+    offset = zlib.crc32(f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}".encode()) % span
+    digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
+    return low + (offset + int(digits) + 7919 * restart) % span
+
+
+def _resv_count(reserved: str) -> int:
+    count = 0
+    for part in reserved.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.strip().isdigit():
+            count += (int(hi) - int(lo) + 1) if hi.strip().isdigit() else 1
+    return count
+
+
+def export_rank_env() -> dict[str, str]:
+    """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
+    task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster)."""
+    job = job_environment()
+    env = {
+        "RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks), "LOCAL_RANK": str(job.local_rank),
+        "LOCAL_WORLD_SIZE": str(job.num_tasks // max(1, job.num_nodes)), "MASTER_ADDR": job.hostnames[0],
+        "MASTER_PORT": str(master_port(os.environ.get("SLURM_JOB_ID", job.job_id),
+                                       int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))),
+    }
+    os.environ.update(env)
+    return env
+
+
+@dataclass(frozen=True)
+class SlurmRank:
+    """What every SLURM task runs (submitit pickles it): the rank's environment, then ``rank_main``."""
+
+    spec: RankSpec
+
+    def __call__(self) -> dict[str, Any]:
+        export_rank_env()
+        os.environ[ATTEMPT_ENV] = str(self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
+        try:
+            value = rank_main(self.spec)
+        except Preempted:
+            flush_and_exit(0)
+        except BaseException:
+            exit_after_cleanup(1)  # submitit records the error and re-raises; then leave
+            raise
+        exit_after_cleanup(0)  # submitit writes the result; then leave before torch's teardown can abort
+        return value

@@ -1,0 +1,155 @@
+"""The live view of a run, for any launcher: scheduler state, console ranks' lines, progress, the final line.
+
+:class:`LiveView` is what a waiting launcher (``launcher=slurm`` polling its job) and
+``python -m wf_launch.status --follow`` (a local or detached run) show:
+
+* the scheduler's state of each run, on change only (``SLURM job 42: PENDING
+  (Resources)``), from the launcher's optional ``live_state(run_dir)`` hook;
+* the console ranks' (``launcher.console_ranks``) log lines as they are written,
+  with their rank labels (a single run; a sweep shows states only);
+* the run's progress (:class:`~wf_launch.observe.progress.ProgressMonitor`) once ranks report.
+
+:func:`final_line` is the one line every launch ends with, whatever its launcher
+(the CLI prints it after ``launch`` returns, and ``status --follow`` at the end):
+``run ok in 12.34s: RUN_DIR/result.json``; the root cause of a failure follows it.
+A local launcher shows its ranks' lines itself (they write to the console), so it
+uses :func:`progress_monitor` but not :class:`LiveView`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config.layout import layout_of, rank_label
+from ..rundir import files
+from ..rundir.outcome import RunOutcome
+from ..rundir.record import RunRecord
+from .progress import ProgressMonitor, ProgressView
+
+__all__ = ["LiveView", "StateOf", "console_form", "console_ranks", "final_line", "progress_monitor"]
+
+_BACKLOG_BYTES = 1 << 16
+"""How far back from a log's end the backlog is looked for (a log may hold a GB)."""
+
+StateOf = Callable[[Path], "tuple[str, str] | None"]
+"""A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not known."""
+
+
+def final_line(outcome: RunOutcome) -> str:
+    """'run ok in 12.34s: RUN_DIR/result.json': status, wall time and the record's path."""
+    record = outcome.record
+    if record is None:
+        return f"run {outcome.status}: {outcome.run_dir} (no record)"
+    return f"run {outcome.status} in {record.timings.get('wall_s') or 0.0:.2f}s: {RunRecord.path(outcome.run_dir)}"
+
+
+def console_ranks(config: dict[str, Any], world_size: int) -> list[int]:
+    """The ranks ``launcher.console_ranks`` shows (null: every rank)."""
+    ranks = (config.get("launcher") or {}).get("console_ranks")
+    return list(range(world_size)) if ranks is None else list(ranks)
+
+
+def progress_monitor(run_dir: Path, config: dict[str, Any], label_of: Callable[[int], str],
+                     write: Callable[[str], None]) -> ProgressMonitor:
+    """The run's progress display, set up from its ``launcher.progress_interval_s`` and ``stall_warning_s``."""
+    lc = config.get("launcher") or {}
+    view = ProgressView(Path(run_dir), layout_of(config).world_size, label_of, float(lc.get("stall_warning_s", 300)))
+    return ProgressMonitor(view, float(lc.get("progress_interval_s", 10)), write=write)
+
+
+def console_form(line: str) -> str:
+    """A rank log file line ('time | LEVEL | [label] where | message') as '[label] message'."""
+    parts = line.split(" | ", 3)
+    if len(parts) == 4 and parts[2].startswith("["):
+        return f"{parts[2].split(']', 1)[0]}] {parts[3]}"
+    return line
+
+
+class LiveView:
+    """What is shown about runs while they run (call :meth:`tick` every poll, :meth:`close` at the end).
+
+    ``state_of`` is the launcher's ``live_state`` hook (None for a launcher without a
+    queue, e.g. a local run). ``backlog`` None streams the console ranks' logs from
+    their start (a launcher that just started the run); N shows only the last N lines
+    already written, then new ones (attaching to a run that has been going for hours).
+    Lines go to ``write``; on a terminal they are written above the progress bar,
+    which is redrawn below them.
+    """
+
+    def __init__(self, run_dirs: list[Path], write: Callable[[str], None], state_of: StateOf | None = None,
+                 backlog: int | None = None) -> None:
+        self._write = write
+        self.backlog = backlog
+        self.runs = [Path(d) for d in run_dirs]
+        self.state_of = state_of
+        self.single = len(self.runs) == 1
+        self.console: list[int] = []
+        self._states: dict[Path, tuple[str, str]] = {}
+        self._offsets: dict[Path, int] = {}
+        self._monitor: ProgressMonitor | None = None
+        if self.single:
+            config = files.read_config(self.runs[0])
+            layout = layout_of(config)
+            self.console = console_ranks(config, layout.world_size)
+            self._monitor = progress_monitor(self.runs[0], config, lambda r: rank_label(r, layout.coords(r)),
+                                             self.write)
+
+    def write(self, line: str) -> None:
+        bar = self._monitor._bar if self._monitor is not None else None
+        if bar is None:
+            self._write(line)
+            return
+        bar.clear()
+        self._write(line)
+        sys.stderr.flush()
+        bar.refresh()
+
+    def tick(self) -> None:
+        for run_dir in self.runs:
+            state = self.state_of(run_dir) if self.state_of is not None else None
+            if state is not None and state != self._states.get(run_dir):
+                self._states[run_dir] = state
+                label, text = state
+                where = "" if self.single else f" ({run_dir.name})"
+                self.write(f"{label}{where}: {text}")
+            if self.single:
+                self._stream(run_dir)
+        if self._monitor is not None:
+            self._monitor.tick()
+
+    def _stream(self, run_dir: Path) -> None:
+        """Write the console ranks' new complete log lines, as '[r0 tp0 cp0 pp0 dp0] message'."""
+        for rank in self.console:
+            path = files.rank_log(run_dir, rank)
+            offset = self._offsets.get(path)
+            first = offset is None and self.backlog is not None
+            try:
+                with open(path, "rb") as f:
+                    if first:
+                        offset = max(0, f.seek(0, os.SEEK_END) - _BACKLOG_BYTES)
+                    f.seek(offset or 0)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = (offset or 0) + end + 1
+            lines = data[:end].decode(errors="replace").splitlines()
+            if first:
+                lines = lines[1:] if offset else lines  # the first one may be cut
+                lines = lines[-self.backlog:] if self.backlog else []
+            for line in lines:
+                self.write(console_form(line))
+
+    def close(self) -> None:
+        """Show the last lines and the last progress state, and close the bar (the final line follows it)."""
+        if self.single:
+            for run_dir in self.runs:
+                self._stream(run_dir)
+        if self._monitor is not None:
+            self._monitor.stop()

@@ -1,0 +1,235 @@
+"""The one rank entrypoint every launcher uses.
+
+A rank gets a :class:`RankSpec` (the resolved config, frozen once in the launcher,
+and the run directory) and the usual RANK / WORLD_SIZE / LOCAL_RANK environment.
+It never re-runs Hydra. Steps: logging -> ``dist_init`` -> task -> gather every
+rank's return value to rank 0 (which writes ``result.json``) -> tear the groups
+down. A failing rank records its exception in ``logs/rank{r}.error.json`` before
+it leaves (:mod:`.failure`), so the launcher can name the root cause.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config.layout import layout_of, rank_label
+from ..rundir import attempts, files
+from . import stackdump
+from .failure import current_attempt, is_peer_loss, is_timeout_error, record_failure
+from .preempt import Preempted, PreemptHandler, requeue_after_stop, stop_on_sigterm
+from .ranklog import setup_rank_logging
+
+__all__ = ["Preempted", "RankSpec", "rank_main"]
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What the launcher hands every rank: plain, picklable data."""
+
+    config: dict[str, Any]
+    run_dir: str
+    threads_per_rank: int = 1
+    console_ranks: list[int] | None = None
+    launch_time: float = field(default_factory=time.time)
+    write_result: bool = True
+    preempt: Any = None
+    max_log_mb: float = 0
+    on_timeout: Any = None
+    attempt_base: int = 0
+
+
+@dataclass
+class _Rank:
+    """One rank's state while :func:`rank_main` runs it."""
+
+    spec: RankSpec
+    rank: int
+    world_size: int
+    coords: dict[str, int]
+    log: Any
+    keep_open: list[Any]
+    timings: dict[str, float]
+    preempt: PreemptHandler | None = None
+    ctx: Any = None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir)
+
+
+def _setup(spec: RankSpec) -> _Rank:
+    """Logging, faulthandler, the stack-dump signal, torch threads and the preemption handler."""
+    import torch
+
+    from worldfoundry.core.distributed.init import LaunchEnv
+
+    t_start = time.time()
+    env = LaunchEnv.from_environ()
+    run_dir = Path(spec.run_dir)
+    coords = layout_of(spec.config).coords(env.rank)
+    console = spec.console_ranks is None or env.rank in spec.console_ranks
+    log_path = files.rank_log(run_dir, env.rank)
+    log = setup_rank_logging(log_path, env.rank, rank_label(env.rank, coords), console, max_log_mb=spec.max_log_mb)
+    fault_file = open(log_path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
+    faulthandler.enable(file=fault_file)
+    keep_open = [fault_file, stackdump.install(run_dir, env.rank)]
+    torch.set_num_threads(max(1, spec.threads_per_rank))
+    rank = _Rank(spec, env.rank, env.world_size, coords, log, keep_open,
+                 {"start_s": round(t_start - spec.launch_time, 4), "t_start": t_start})
+    if spec.preempt is not None:
+        rank.preempt = PreemptHandler(spec.preempt, run_dir, env.rank, env.world_size, log)
+    return rank
+
+
+def _join(r: _Rank) -> Any:
+    """Load the task, join the process groups (``dist_init``), build the task's context; the task."""
+    from worldfoundry.core.distributed import groups
+    from worldfoundry.core.distributed.init import dist_init
+
+    from ..tasks.context import build_context
+    from ..tasks.registry import get_task, load_task_modules
+
+    task_cfg = r.spec.config["task"]
+    load_task_modules(task_cfg.get("modules") or [], builtins=False)
+    task = get_task(task_cfg["name"])
+    r.log.debug(f"rank {r.rank} joining the process group (pid {os.getpid()})")
+    files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
+    device = dist_init({"engine_config": r.spec.config["engine"]})
+    r.timings["t_init"] = time.time()
+    r.timings["init_s"] = round(r.timings["t_init"] - r.timings["t_start"], 4)
+    files.rank_marker(r.run_dir, r.rank, "joined").write_text(f"{current_attempt()}\n")
+    if r.rank == 0:
+        attempts.update(r.run_dir, current_attempt(), started_at=r.timings["t_start"])
+    r.log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
+    r.ctx = build_context(r.spec.config, r.run_dir, device, r.log)
+    if r.preempt is not None:
+        r.preempt.task, r.preempt.ctx = task, r.ctx
+    else:
+        stop_on_sigterm(r.ctx)
+    return task
+
+
+def _finish_task(r: _Rank) -> None:
+    """After the task returned: commit a pending save, agree on a stop (and requeue), record the attempt."""
+    ctx, spec = r.ctx, r.spec
+    if ctx._checkpointer is not None:
+        ctx._checkpointer.close()  # commits a pending asynchronous save
+    if ctx.stop is not None:
+        ctx.stop.drain()
+        if ctx.stop.agreed and spec.preempt is not None and spec.preempt.allowed():
+            _end_attempt(r, f"preempted: {spec.preempt.signal} (stop flag)")
+            requeue_after_stop(spec.preempt, r.run_dir, ctx, r.rank, r.log)
+    stopped = ctx.stop is not None and ctx.stop.agreed
+    _end_attempt(r, f"stop flag: {ctx.stop.requested or 'another rank'}" if stopped else "completed")
+    if ctx.reporter is not None:
+        ctx.reporter.close()
+
+
+def rank_main(spec: RankSpec) -> dict[str, Any]:
+    """Run one rank of the job described by ``spec``; returns the task's value.
+
+    Raises whatever the rank failed with, after recording it.
+    """
+    from worldfoundry.core.distributed import groups
+
+    r = _setup(spec)
+    try:
+        task = _join(r)
+        r.timings["task_entry_s"] = round(time.time() - spec.launch_time, 4)
+        value = _json_checked(spec.config["task"]["name"], task(r.ctx))
+        r.timings["task_s"] = round(time.time() - r.timings["t_init"], 4)
+        _finish_task(r)
+        timings = {k: v for k, v in r.timings.items() if not k.startswith("t_")}
+        gathered = _gather_to_rank0({"rank": r.rank, "coords": r.coords, "result": value, "timings": timings,
+                                     "host": socket.gethostname()})
+        if gathered is not None and spec.write_result:
+            _write_success(spec, gathered)
+        groups.destroy_model_parallel()
+        return value
+    except Preempted:
+        if r.ctx is not None and not (attempts.read(r.run_dir, current_attempt()) or {}).get("ended_by"):
+            _end_attempt(r, f"preempted: {spec.preempt.signal}")
+        r.log.warning(f"rank {r.rank} leaves for the requeue")
+        raise
+    except BaseException as exc:
+        _record(r, exc)
+        raise
+    finally:
+        from loguru import logger
+
+        logger.complete()
+
+
+def _record(r: _Rank, exc: BaseException) -> None:
+    """A failing rank: end the attempt, ask for every rank's stacks on a timeout, record and log the failure."""
+    _end_attempt(r, None)
+    if is_timeout_error(exc) and r.world_size > 1 and r.spec.on_timeout is not None:
+        try:
+            r.spec.on_timeout()  # e.g. SLURM: every rank of the job dumps its stacks, before srun ends them
+        except Exception as hook_exc:
+            r.log.warning(f"stack dump request failed: {type(hook_exc).__name__}: {hook_exc}")
+    record_failure(r.run_dir, r.rank, r.coords, exc)
+    if is_peer_loss(exc):
+        r.log.warning(f"rank {r.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
+        r.log.opt(exception=exc).debug("traceback")
+    else:
+        r.log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
+
+
+def _end_attempt(r: _Rank, ended_by: str | None) -> None:
+    """Rank 0 records how far this attempt got and (when it knows) why it ended; the launcher fills the rest."""
+    if r.rank != 0 or r.ctx is None:
+        return
+    step = r.ctx.reporter.step if r.ctx.reporter is not None else None
+    fields: dict[str, Any] = {"ended_at": time.time(), "last_step": step}
+    if ended_by is not None:
+        fields["ended_by"] = ended_by
+    try:
+        attempts.update(r.run_dir, current_attempt(), **fields)
+    except OSError:
+        pass
+
+
+def _json_checked(task: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"task {task!r} returned {type(value).__name__}; a task returns a JSON-able dict")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"task {task!r} returned a dict that is not JSON-able: {exc}") from exc
+    return value
+
+
+def _gather_to_rank0(payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+    import torch.distributed as dist
+
+    from worldfoundry.core.distributed.groups import get_world_group
+
+    world = get_world_group()
+    if world.world_size == 1:
+        return [payload]
+    out: list[Any] | None = [None] * world.world_size if world.rank == 0 else None
+    dist.gather_object(payload, out, dst=0, group=world.cpu_group)
+    return out
+
+
+def _write_success(spec: RankSpec, gathered: list[dict[str, Any]]) -> None:
+    from ..rundir.record import RunRecord, Status
+
+    layout = layout_of(spec.config)
+    RunRecord(
+        status=Status.OK, run_dir=str(spec.run_dir), task=spec.config["task"]["name"],
+        layout={**layout.sizes, "order": "-".join(layout.dims), "world_size": layout.world_size},
+        results={str(g["rank"]): g["result"] for g in gathered},
+        timings={"ranks": {str(g["rank"]): g["timings"] for g in gathered}},
+        hosts=sorted({g["host"] for g in gathered}), finished_at=time.time(),
+    ).write()

@@ -1,0 +1,82 @@
+"""What a failing rank records before it leaves: its exception, classified, in ``logs/rank{r}.error.json``."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from worldfoundry.core.distributed.env import launch_attempt
+
+from ..rundir import files
+from ..rundir.failures import is_peer_loss_message, write_failure_record
+
+__all__ = ["current_attempt", "is_peer_loss", "is_timeout_error", "record_failure"]
+
+_GLOO_TIMEOUT = re.compile(r"^\[[^\]]*gloo[^\]]*\] Timed out|^Application timeout caused pair closure")
+_TIMEOUT_WORDS = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen
+
+
+def is_timeout_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was caused by) a collective or store that gave up waiting.
+
+    Recognised by type and origin, never by a word alone: torch's
+    ``DistStoreError`` / ``DistBackendError`` with timeout wording (store waits,
+    NCCL's watchdog), and gloo's own ``RuntimeError`` whose message comes from gloo's
+    transport (``[.../gloo/...] Timed out waiting ...``). A user's
+    ``ValueError("bad timeout")`` is not a timeout.
+    """
+    import torch.distributed as dist
+
+    for e in _chain(exc):
+        if isinstance(e, (dist.DistStoreError, dist.DistBackendError)) and _TIMEOUT_WORDS.search(str(e)):
+            return True
+        if type(e) is RuntimeError and _GLOO_TIMEOUT.search(str(e)):
+            return True
+    return False
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` only says another rank went away (a consequence, not a cause)."""
+    return is_peer_loss_message(str(exc))
+
+
+def current_attempt() -> int:
+    """Which try of the run this rank belongs to (``WF_ATTEMPT``, set by the launcher; 0 when unset)."""
+    try:
+        return launch_attempt()
+    except ValueError:
+        return 0
+
+
+def record_failure(run_dir: Path | str, rank: int, coords: dict[str, int], exc: BaseException) -> dict[str, Any]:
+    """Write this rank's failure record (atomically) and return it."""
+    kind = "timeout" if is_timeout_error(exc) else (
+        "interrupt" if isinstance(exc, KeyboardInterrupt) else "exception")
+    record = {
+        "rank": rank,
+        "coords": coords,
+        "kind": kind,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "log": str(files.rank_log(run_dir, rank)),
+        "attempt": current_attempt(),
+    }
+    write_failure_record(run_dir, rank, record)
+    return record

@@ -1,0 +1,98 @@
+"""The stop flag: signals only set it; tasks poll ``ctx.should_stop()`` at step boundaries.
+
+A preemption warning (SLURM's ``--signal``), SIGTERM, or a local stop request
+reach some ranks, maybe only one. :class:`StopFlag` records the signal on the
+rank that saw it (the handler does nothing else: no I/O, no collectives) and
+:meth:`StopFlag.should_stop` turns it into one answer that every rank gets at
+the same call: a MAX all-reduce of the local flags over the world's CPU group,
+posted without waiting (``async_op``) and read at the next call. So a call
+costs a wait on a collective that has had a whole step to finish plus posting
+the next one, and a stop seen during step ``k`` is agreed at the ``should_stop``
+call after step ``k + 1`` on every rank alike. Only every ``every``-th call (10
+by default) takes part in the agreement; the calls between return at once, so
+the cost per call is a tenth of one small all-reduce, and a stop is agreed at
+most ``2 * every`` steps after a rank saw it. Every rank must call it the same
+number of times (at the same step boundaries), like any collective.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from worldfoundry.core.validation import is_int
+
+__all__ = ["StopFlag"]
+
+
+class StopFlag:
+    """One rank's view of "stop at the next step boundary"."""
+
+    def __init__(self, group: Any = None, every: int = 10) -> None:
+        if not is_int(every) or every < 1:
+            raise ValueError(f"StopFlag(every={every!r}): expected an integer >= 1 (agree every N calls)")
+        self.group = group
+        self.every = every
+        self.calls = 0
+        self.requested: str | None = None
+        self.requested_at: float | None = None
+        self.polled = False
+        self._work: Any = None
+        self._buf: Any = None
+        self._agreed = False
+        self._previous: dict[int, Any] = {}
+
+    def request(self, why: str) -> None:
+        """Ask to stop (async-signal-safe: sets two attributes)."""
+        if self.requested is None:
+            self.requested, self.requested_at = why, time.time()
+
+    def install(self, *signums: int) -> None:
+        """Make ``signums`` set the flag (instead of their default action) in this rank."""
+
+        def handler(signum: int, frame: Any) -> None:
+            self.request(signal.Signals(signum).name)
+
+        for signum in signums:
+            self._previous[signum] = signal.signal(signum, handler)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    @property
+    def agreed(self) -> bool:
+        """Whether a :meth:`should_stop` call has returned True."""
+        return self._agreed
+
+    def should_stop(self) -> bool:
+        """Whether every rank has agreed to stop (the same answer on every rank at the same call)."""
+        import torch
+        import torch.distributed as dist
+
+        self.polled = True
+        if self._agreed:
+            return True
+        self.calls += 1
+        if (self.calls - 1) % self.every:
+            return False
+        if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
+            self._agreed = self.requested is not None
+            return self._agreed
+        if self._work is not None:
+            self._work.wait()
+            self._agreed = bool(self._buf.item() > 0)
+            if self._agreed:
+                self._work = None
+                return True
+        self._buf = torch.tensor([1 if self.requested is not None else 0], dtype=torch.int32)
+        self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return False
+
+    def drain(self) -> None:
+        """Wait for the collective still in flight (before the groups are torn down)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None

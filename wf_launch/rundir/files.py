@@ -1,0 +1,183 @@
+"""Every file name of a run directory, in one place (docs/run-dir.md describes each file).
+
+Nothing else in the project spells a run-directory file name: launchers, ranks and
+tools ask this module for paths, and read the run's resolved ``config.yaml`` through
+:func:`read_config`. :data:`FORMAT_VERSION` is written into ``result.json``; a record
+without one comes from a run made before the format was versioned (version 0), and
+still reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHECKPOINTS", "CODE", "CONFIG", "ELASTIC_LOGS", "ENVIRONMENT", "FORMAT_VERSION", "HYDRA", "LAUNCHER_LOG", "LOCK", "LOGS",
+    "MARKERS", "METRICS", "OVERRIDES", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
+    "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS",
+    "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "metrics_chart", "metrics_file",
+    "rank_error", "rank_errors", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
+    "rank_tail_log", "read_config", "result_before_attempt", "stacks_glob",
+]
+
+FORMAT_VERSION = 1
+"""Version of the run directory's format, recorded in ``result.json`` as ``format_version``."""
+
+RESULT = "result.json"
+CONFIG = "config.yaml"
+OVERRIDES = "overrides.yaml"
+ENVIRONMENT = "environment.json"
+LAUNCHER_LOG = "launcher.log"
+LOCK = ".wf_launch.lock"
+LOGS = "logs"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+CODE = "code"
+SNAPSHOT_MANIFEST = "SNAPSHOT.json"
+SLURM_JOB = "slurm_job.json"
+SUBMITIT = "submitit"
+HYDRA = ".hydra"
+ELASTIC_LOGS = ".elastic"
+
+SWEEP_PLAN = "multirun.yaml"
+SWEEP_CSV, SWEEP_MD, SWEEP_CHART = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
+SWEEP_SCALING, SWEEP_STEPS = "sweep_scaling.png", "sweep_steps.png"
+"""A sweep directory's own files: Hydra's plan, and the report (:mod:`wf_launch.tools.sweep`)."""
+
+MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
+"""What a launch leaves in its run directory: any of them means the directory holds a run."""
+
+_RANK_FILES = {
+    "log": "rank{}.log", "error": "rank{}.error.json", "progress": "rank{}.progress.json",
+    "stacks": "rank{}.stacks", "pid": "rank{}.pid", "preempt": "rank{}.preempt.json",
+}
+
+
+def _logs(run_dir: Path | str) -> Path:
+    return Path(run_dir) / LOGS
+
+
+def rank_log(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` logs (every record, tracebacks, faulthandler dumps)."""
+    return _logs(run_dir) / _RANK_FILES["log"].format(rank)
+
+
+def rank_tail_log(log: Path) -> Path:
+    """Where a capped rank log continues (``rankN.tail.log``, rotated to ``.1``)."""
+    return log.with_name(log.stem + ".tail.log")
+
+
+def rank_error(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` records the exception it failed with."""
+    return _logs(run_dir) / _RANK_FILES["error"].format(rank)
+
+
+def rank_errors(run_dir: Path | str) -> list[Path]:
+    """Every rank's failure record in the run directory (of any attempt)."""
+    return sorted(_logs(run_dir).glob(_RANK_FILES["error"].format("*")))
+
+
+def rank_progress(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` publishes its latest progress (``ctx.progress``)."""
+    return _logs(run_dir) / _RANK_FILES["progress"].format(rank)
+
+
+def rank_stacks(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` appends its stack dumps."""
+    return _logs(run_dir) / _RANK_FILES["stacks"].format(rank)
+
+
+def stacks_glob(run_dir: Path | str) -> str:
+    """How the stack dumps of every rank are named, for messages: ``RUN_DIR/logs/rank{r}.stacks``."""
+    return str(_logs(run_dir) / _RANK_FILES["stacks"].format("{r}"))
+
+
+def rank_pid(run_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` records its pid, host and main thread."""
+    return _logs(run_dir) / _RANK_FILES["pid"].format(rank)
+
+
+def rank_preempt(run_dir: Path | str, rank: int) -> Path:
+    """Where a rank records that it handled the preemption signal (and its hook's outcome)."""
+    return _logs(run_dir) / _RANK_FILES["preempt"].format(rank)
+
+
+def rank_marker(run_dir: Path | str, rank: int, phase: str) -> Path:
+    """Where a rank records (with its attempt) that it ``arrived`` at ``dist_init`` or ``joined`` the groups."""
+    if phase not in ("arrived", "joined"):
+        raise ValueError(f"rank_marker: phase={phase!r}; expected 'arrived' or 'joined'")
+    return _logs(run_dir) / f"rank{rank}.{phase}"
+
+
+def attempt_file(run_dir: Path | str, attempt: int) -> Path:
+    """Where attempt ``attempt`` (0, 1, ...) of the run is recorded."""
+    return _logs(run_dir) / f"attempt{attempt}.json"
+
+
+def attempt_number(path: Path) -> int | None:
+    """The attempt a file from :func:`attempt_file` records (None: not such a file)."""
+    digits = path.stem.removeprefix("attempt")
+    return int(digits) if path.suffix == ".json" and path.stem.startswith("attempt") and digits.isdigit() \
+        else None
+
+
+def result_before_attempt(run_dir: Path | str, attempt: int) -> Path:
+    """Where ``launcher.resume`` keeps the record of the run before attempt ``attempt``."""
+    return _logs(run_dir) / f"result.before-attempt{attempt}.json"
+
+
+def metrics_file(run_dir: Path | str) -> Path:
+    """``metrics.jsonl``: one line per ``ctx.progress`` call with metrics, every rank."""
+    return Path(run_dir) / METRICS
+
+
+def metrics_chart(run_dir: Path | str) -> Path:
+    """Where ``python -m wf_launch.plot`` draws the metrics by default."""
+    return Path(run_dir) / "metrics.png"
+
+
+def config_path(run_dir: Path | str) -> Path:
+    """The run's resolved config, as the launcher froze it."""
+    return Path(run_dir) / CONFIG
+
+
+def hydra_config(run_dir: Path | str) -> Path:
+    """Hydra's own copy of the composed config (``.hydra/config.yaml``), written before the run is claimed."""
+    return Path(run_dir) / HYDRA / "config.yaml"
+
+
+def hydra_job(run_dir: Path | str) -> Path:
+    """Hydra's own config of the job (``.hydra/hydra.yaml``: its number in a sweep, its overrides)."""
+    return Path(run_dir) / HYDRA / "hydra.yaml"
+
+
+def hydra_overrides(run_dir: Path | str) -> Path:
+    """Hydra's record of the command line's overrides (``.hydra/overrides.yaml``)."""
+    return Path(run_dir) / HYDRA / "overrides.yaml"
+
+
+def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
+    """The run's resolved ``config.yaml`` as a dict.
+
+    Lenient by default: ``{}`` when it is missing, unreadable or not a mapping. With
+    ``strict`` those raise ``ValueError`` naming the file (``OSError`` when missing).
+    """
+    import yaml
+
+    path = config_path(run_dir)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except OSError:
+        if strict:
+            raise
+        return {}
+    except yaml.YAMLError as exc:
+        if strict:
+            raise ValueError(f"{path}: not readable YAML ({exc})") from None
+        return {}
+    if not isinstance(config, dict):
+        if strict:
+            raise ValueError(f"{path}: expected a mapping, found {type(config).__name__}")
+        return {}
+    return config

@@ -1,0 +1,232 @@
+"""The run record: the one reader and writer of a run directory's ``result.json``.
+
+Every launcher, rank 0, ``status``, the sweep report and the runs list go through
+:class:`RunRecord`. A run's :class:`Status` decides its exit code, in one table
+(:data:`EXIT_CODES`); an interrupted run exits 128 + the signal's number.
+
+Rank 0 writes a record with status ``ok`` and the ranks' results; the launcher
+then *finalizes* it (adds its own facts and the exit code). A record without an
+exit code is therefore not final yet (a SLURM job whose launcher detached).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from . import files
+from .io import atomic_write_json
+
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10
+    class StrEnum(str, Enum):  # type: ignore[no-redef]
+        """A str-valued Enum whose str() is its value."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "RecordError", "RunRecord", "Status",
+           "exit_code_of"]
+
+
+class Status(StrEnum):
+    """How a run ended (or where it stands)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    INVALID = "invalid"
+    SUBMITTED = "submitted"
+    DRY_RUN = "dry_run"
+    UNKNOWN = "unknown"
+
+    @property
+    def is_failure(self) -> bool:
+        """Whether the run did not do its work (a non-zero exit code)."""
+        return EXIT_CODES[self] != 0
+
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+EXIT_CODES: dict[Status, int] = {
+    Status.OK: EXIT_OK,
+    Status.SUBMITTED: EXIT_OK,
+    Status.DRY_RUN: EXIT_OK,
+    Status.FAILED: EXIT_FAILED,
+    Status.INVALID: EXIT_CONFIG,
+    Status.TIMEOUT: 124,
+    Status.CANCELLED: 128 + signal.SIGTERM,
+    Status.INTERRUPTED: 128 + signal.SIGINT,
+    Status.UNKNOWN: 3,
+}
+"""Exit code of each status; an interrupted run uses 128 + its signal instead (:func:`exit_code_of`)."""
+
+
+def exit_code_of(status: Status | str, signal_name: str | None = None) -> int:
+    """The process exit code for ``status`` (``signal_name`` refines 'interrupted': 'SIGTERM' -> 143)."""
+    status = Status(status)
+    if status is Status.INTERRUPTED and signal_name:
+        try:
+            return 128 + int(signal.Signals[signal_name])
+        except KeyError:
+            pass
+    return EXIT_CODES[status]
+
+
+class RecordError(ValueError):
+    """A ``result.json`` that cannot be read as a run record (truncated, not JSON, foreign)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: not a readable run record: {why}")
+        self.path = path
+
+
+@dataclass
+class RunRecord:
+    """Everything ``result.json`` holds about one run.
+
+    ``results`` maps each rank (as a string) to the dict its task returned;
+    ``timings`` has ``wall_s`` (launcher) and ``ranks`` (per-rank phases);
+    ``failure`` is the root cause of a failed run; ``exits`` the failed ranks'
+    exit codes; ``extra`` keeps fields a launcher adds of its own (e.g. ``slurm``)
+    so that reading and writing a record never drops them.
+    """
+
+    status: Status
+    run_dir: str = ""
+    task: str | None = None
+    launcher: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    layout: dict[str, Any] | None = None
+    results: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    hosts: list[str] = field(default_factory=list)
+    failure: dict[str, Any] | None = None
+    exits: dict[str, int] | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, Any] | None = None
+    signal: str | None = None
+    finished_at: float | None = None
+    final: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code this record's status stands for."""
+        return exit_code_of(self.status, self.signal)
+
+    @property
+    def summary(self) -> str:
+        """What rank 0's result asks the launcher to print: its ``summary`` or ``table``, if any."""
+        rank0 = self.results.get("0") or {}
+        return str(rank0.get("summary") or rank0.get("table") or "") if isinstance(rank0, dict) else ""
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        """The record as ``result.json`` holds it (``exit_code`` only once final)."""
+        out: dict[str, Any] = {"status": str(self.status)}
+        if self.final:
+            out["exit_code"] = self.exit_code
+        for f in fields(self):
+            if f.name in ("status", "final", "extra"):
+                continue
+            value = getattr(self, f.name)
+            if value is None or value == [] or value == {}:
+                continue
+            out[f.name] = value
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path | None = None) -> RunRecord:
+        """Build a record from parsed JSON; :class:`RecordError` if it is not one."""
+        where = path or Path(files.RESULT)
+        if not isinstance(data, dict):
+            raise RecordError(where, f"expected a JSON object, found {type(data).__name__}")
+        try:
+            status = Status(data.get("status"))
+        except ValueError:
+            raise RecordError(where, f"unknown status {data.get('status')!r}; known: "
+                                     f"{[str(s) for s in Status]}") from None
+        known = {f.name for f in fields(cls)} - {"status", "final", "extra"}
+        values = {k: data[k] for k in known if k in data}
+        record = cls(status=status, final="exit_code" in data,
+                     extra={k: v for k, v in data.items() if k not in known and k not in ("status", "exit_code")},
+                     **values)
+        for name, kind in (("results", dict), ("timings", dict), ("overrides", list), ("hosts", list),
+                           ("attempts", list)):
+            if not isinstance(getattr(record, name), kind):
+                raise RecordError(where, f"field {name!r} is a {type(getattr(record, name)).__name__}, "
+                                         f"expected a {kind.__name__}")
+        return record
+
+    # ------------------------------------------------------------------ files
+    @staticmethod
+    def path(run_dir: Path | str) -> Path:
+        """Where the record of the run at ``run_dir`` lives."""
+        return Path(run_dir) / files.RESULT
+
+    @classmethod
+    def read(cls, run_dir: Path | str) -> RunRecord | None:
+        """The record in ``run_dir`` (None when there is none yet); :class:`RecordError` when unreadable."""
+        path = cls.path(run_dir)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise RecordError(path, str(exc)) from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RecordError(path, f"invalid JSON ({exc}); the file may be truncated") from None
+        return cls.from_json(data, path)
+
+    def write(self, run_dir: Path | str | None = None) -> None:
+        """Write ``result.json`` atomically (readers see the old record or the whole new one)."""
+        atomic_write_json(self.path(run_dir or self.run_dir), self.to_json())
+
+    @classmethod
+    def finalize(cls, run_dir: Path | str, status: Status | str, /, *, signal_name: str | None = None,
+                 **facts: Any) -> RunRecord:
+        """Merge the launcher's facts into the run's record (rank 0's, if any), mark it final, write it.
+
+        ``facts`` are record fields (``run_dir`` too) or extra fields. A dict fact is merged into the same dict of the existing record
+        (``timings``); anything else replaces it. A non-ok status drops rank 0's
+        ``finished_at`` (the launcher's time is used instead).
+        """
+        try:
+            record = cls.read(run_dir)
+        except RecordError:
+            record = None
+        if record is None:
+            record = cls(status=Status(status), run_dir=str(run_dir))
+        record.status = Status(status)
+        record.signal = signal_name
+        if record.status is not Status.OK:
+            record.finished_at = None
+        known = {f.name for f in fields(cls)}
+        for key, value in facts.items():
+            current = getattr(record, key, None) if key in known else record.extra.get(key)
+            if isinstance(value, dict) and isinstance(current, dict):
+                value = {**current, **value}
+            if key in known:
+                setattr(record, key, value)
+            else:
+                record.extra[key] = value
+        if record.finished_at is None:
+            record.finished_at = time.time()
+        record.final = True
+        record.write(run_dir)
+        return record

@@ -1,0 +1,424 @@
+"""The preemption drill: run a task twice, once interrupted, and check that the results are identical.
+
+``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend local|slurm]``
+
+1. The *reference* run: the task with ``OVERRIDES``, uninterrupted, in ``DIR/reference``.
+2. The *interrupted* run: the same, in ``DIR/interrupted``, with interruptions injected
+   when the ranks' published progress (``ctx.progress``) reaches the chosen steps:
+
+   - ``kill9[:RANK]@STEP`` (local): ``kill -9`` one rank (the last one by default); the
+     launcher restarts the ranks (``launcher.max_restarts`` is set to the number of
+     kills) and they resume from the newest complete checkpoint;
+   - ``sigterm@STEP`` (local): SIGTERM to the launcher: the ranks' stop flag is set,
+     the task saves and returns, the launcher exits 143; the drill then relaunches the
+     same run directory with ``launcher.resume=true``;
+   - ``usr2@STEP`` (slurm): ``scancel --signal=USR2`` to the job (the preemption
+     warning): the task saves at the agreed step and the job requeues itself.
+
+3. The verdict: identical or not (rank 0's ``weights_sha256`` and ``final_loss``),
+   attempts made, steps lost per attempt (``result.json``'s ``attempts``) and time lost
+   per interruption (from the interruption until rank 0 is back at the step it had
+   reached). ``DIR/drill.json`` keeps all of it. Exit code 0 only when identical.
+
+The task must checkpoint with ``ctx.checkpoint``, poll ``ctx.should_stop()``, report
+``ctx.progress(step, total, ...)`` and return ``weights_sha256`` and ``final_loss``
+from rank 0 (the built-in ``task=train`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config.layout import layout_of
+from ..launchers import get_launcher
+from ..rank.progress import PUBLISH_ENV
+from ..rundir import attempts, files
+from ..rundir.io import atomic_write_json
+from ..rundir.progress import read_progress
+from ..rundir.record import RecordError, RunRecord, Status
+
+__all__ = ["Injection", "main", "parse_injections"]
+
+KINDS = {"local": ("kill9", "sigterm"), "slurm": ("usr2",)}
+COMPARED = ("weights_sha256", "final_loss")
+OWNED = ("hydra.run.dir", "hydra.sweep.dir", "launcher.resume", "launcher.overwrite", "launcher.wait", "launcher")
+_SPEC = re.compile(r"(?P<kind>[a-z0-9]+)(?::(?P<rank>\d+))?@(?P<step>\d+)")
+
+
+class DrillError(Exception):
+    """The drill could not do what it was asked (bad arguments, a run that never got there)."""
+
+
+@dataclass
+class Injection:
+    """One interruption: ``kind`` at ``step`` (``rank``: which rank a kill9 hits; None = the last)."""
+
+    kind: str
+    step: int
+    rank: int | None = None
+    at: float | None = None
+    reached_step: int | None = None
+    target: str | None = None
+    time_lost_s: float | None = None
+
+
+def parse_injections(text: str, backend: str) -> list[Injection]:
+    """``kill9@12,sigterm@20`` -> injections, in step order; :class:`DrillError` naming a bad item."""
+    out = []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        m = _SPEC.fullmatch(item)
+        if m is None:
+            raise DrillError(f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, e.g. kill9@12,sigterm@20")
+        kind, step = m["kind"], int(m["step"])
+        if kind not in KINDS[backend]:
+            raise DrillError(f"--inject {item!r}: {kind!r} is not an interruption of the {backend} backend; "
+                             f"choose from {list(KINDS[backend])}")
+        if m["rank"] is not None and kind != "kill9":
+            raise DrillError(f"--inject {item!r}: only kill9 takes a rank")
+        if step < 1:
+            raise DrillError(f"--inject {item!r}: the step must be >= 1")
+        out.append(Injection(kind, step, None if m["rank"] is None else int(m["rank"])))
+    if not out:
+        raise DrillError("--inject: no interruption given")
+    steps = [i.step for i in out]
+    if steps != sorted(set(steps)):
+        raise DrillError(f"--inject: steps must be distinct and increasing, got {steps}")
+    return out
+
+
+def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injection]:
+    """``n`` interruptions of the backend's kinds at distinct random steps in ``[1, total - 1]``."""
+    if not 1 <= n < total:
+        raise DrillError(f"--random {n}: expected 1 .. {total - 1} (the task runs {total} steps)")
+    rng = random.Random(seed)
+    steps = sorted(rng.sample(range(1, total), n))
+    return [Injection(rng.choice(KINDS[backend]), s) for s in steps]
+
+
+# ------------------------------------------------------------------ running the CLI
+def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``); every rank
+    publishes its progress at every step, so interruptions land at the step asked for."""
+    env = {**os.environ, PUBLISH_ENV: "0"}
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the launch (its own process group), SIGKILL after 60 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _finish(proc: subprocess.Popen[bytes], deadline: float) -> int:
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise DrillError("the run did not finish within --timeout") from None
+
+
+def _world_size(run_dir: Path) -> int:
+    return layout_of(files.read_config(run_dir, strict=True)).world_size
+
+
+@dataclass
+class _Run:
+    """One of the drill's two runs, as it went."""
+
+    run_dir: Path
+    overrides: list[str]
+    launches: int = 0
+    wall_s: float = 0.0
+    exit_codes: list[int] = field(default_factory=list)
+
+
+class Drill:
+    """The two runs, the injections, the verdict."""
+
+    def __init__(self, overrides: list[str], backend: str, directory: Path, timeout_s: float,
+                 poll_s: float = 0.05) -> None:
+        self.overrides = overrides
+        self.backend = backend
+        self.dir = directory
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _launch_overrides(self, injections: list[Injection]) -> list[str]:
+        given = {o.split("=", 1)[0].lstrip("+~") for o in self.overrides}
+        extra = [f"launcher={self.backend}"]
+        if self.backend == "slurm":
+            extra.append("launcher.wait=true")
+        kills = sum(i.kind == "kill9" for i in injections)
+        if kills and "launcher.max_restarts" not in given:
+            extra.append(f"launcher.max_restarts={kills}")
+        if self.backend == "local" and "launcher.shutdown_timeout_s" not in given:
+            extra.append("launcher.shutdown_timeout_s=60")  # SIGTERM: time for the task to save and return
+        return extra + self.overrides
+
+    def reference(self) -> _Run:
+        run = _Run(self.dir / "reference", self._launch_overrides([]))
+        t0 = time.monotonic()
+        proc = _cli(run.overrides, run.run_dir, self.dir / "reference.log")
+        try:
+            run.exit_codes.append(_finish(proc, t0 + self.timeout_s))
+        except BaseException:
+            _stop(proc)
+            raise
+        run.launches, run.wall_s = 1, time.monotonic() - t0
+        return run
+
+    def interrupted(self, injections: list[Injection]) -> _Run:
+        run = _Run(self.dir / "interrupted", self._launch_overrides(injections))
+        log = self.dir / "interrupted.log"
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
+        self._proc = _cli(run.overrides, run.run_dir, log)
+        run.launches = 1
+        try:
+            self._inject(run, injections, log, deadline)
+            run.exit_codes.append(_finish(self._proc, deadline))
+        except BaseException:
+            _stop(self._proc)  # never leave a run behind (on SLURM its launcher cancels the job on SIGTERM)
+            raise
+        run.wall_s = time.monotonic() - t0
+        _time_lost(run.run_dir, injections)
+        return run
+
+    def _inject(self, run: _Run, injections: list[Injection], log: Path, deadline: float) -> None:
+        """Each interruption in turn, at its step (``self._proc``: the launch process running now)."""
+        seen_pids: set[int] = set()
+        since = 0.0
+        for inj in injections:
+            proc = self._proc
+            state = self._wait_for_step(proc, run.run_dir, inj.step, since, seen_pids, deadline)
+            if state is None:
+                raise DrillError(f"the run ended before step {inj.step} ({inj.kind} never injected); "
+                                 f"see {log}")
+            inj.reached_step = max(s["step"] for s in state.values())
+            seen_pids |= {int(s["pid"]) for s in state.values() if s.get("pid")}
+            inj.at = time.time()
+            if inj.kind == "kill9":
+                rank = max(state) if inj.rank is None else inj.rank
+                if rank not in state:
+                    raise DrillError(f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(state)})")
+                os.kill(int(state[rank]["pid"]), signal.SIGKILL)
+                inj.rank, inj.target = rank, f"pid {state[rank]['pid']}"
+            elif inj.kind == "sigterm":
+                os.kill(proc.pid, signal.SIGTERM)
+                inj.target = f"launcher pid {proc.pid}"
+                run.exit_codes.append(_finish(proc, deadline))
+                self._proc = _cli([*run.overrides, "launcher.resume=true"], run.run_dir, log)
+                run.launches += 1
+            elif inj.kind == "usr2":
+                launcher = get_launcher(self.backend)
+                if not launcher.signal_ranks(run.run_dir, signal.SIGUSR2):
+                    raise DrillError(f"usr2: {launcher.status_label(run.run_dir)} could not be signalled")
+                inj.target = launcher.status_label(run.run_dir)
+            since = inj.at
+
+    def _wait_for_step(self, proc: subprocess.Popen[bytes], run_dir: Path, step: int, since: float,
+                       old_pids: set[int], deadline: float) -> dict[int, dict[str, Any]] | None:
+        """Every rank's progress once one has reached ``step`` in this attempt (None: the run ended first)."""
+        world = None
+        while time.monotonic() < deadline:
+            if world is None and files.config_path(run_dir).exists():
+                world = _world_size(run_dir)
+            if world is not None:
+                state = {r: s for r, s in read_progress(run_dir, world).items()
+                         if float(s.get("time") or 0) > since and int(s.get("pid") or 0) not in old_pids}
+                if state and max(s["step"] for s in state.values()) >= step:
+                    return state
+            if proc.poll() is not None:
+                return None
+            time.sleep(self.poll_s)
+        raise DrillError(f"step {step} not reached within --timeout")
+
+
+def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
+    """Per injection: the wall time the run lost to it.
+
+    That is: from when the interrupted attempt reached its last step until the next attempt
+    reached the step after it (rank 0's ``metrics.jsonl``), less one ordinary step: the
+    downtime (stop, restart or requeue, start-up, loading) plus the steps done twice.
+    """
+    lines: list[tuple[float, int]] = []
+    try:
+        with open(files.metrics_file(run_dir)) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                    if rec.get("rank") == 0:
+                        lines.append((float(rec["time"]), int(rec["step"])))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except OSError:
+        return
+    lines.sort()
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(lines) if b[1] == a[1] + 1)
+    step_s = gaps[len(gaps) // 2] if gaps else 0.0
+    markers = attempts.collect(run_dir)
+    for inj in injections:
+        later = [m for m in markers if inj.at is not None and (m.get("started_at") or 0) > inj.at]
+        if not later or later[0]["attempt"] == 0:
+            continue
+        nxt = later[0]
+        last = markers[nxt["attempt"] - 1].get("last_step") if nxt["attempt"] - 1 < len(markers) else None
+        if last is None:
+            continue
+        before = [t for t, s in lines if t < nxt["started_at"] and s == last]
+        after = [t for t, s in lines if t >= nxt["started_at"] and s >= last + 1]
+        if before and after:
+            inj.time_lost_s = round(max(0.0, min(after) - max(before) - step_s), 3)
+
+
+def _rank0(run_dir: Path) -> tuple[RunRecord | None, dict[str, Any]]:
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        return None, {}
+    res = (record.results.get("0") if record is not None else None) or {}
+    return record, res if isinstance(res, dict) else {}
+
+
+def verdict(drill: Drill, reference: _Run, interrupted: _Run, injections: list[Injection]) -> dict[str, Any]:
+    """The summary (``drill.json``): both runs' facts, each injection, and whether the results are identical."""
+    ref_rec, ref = _rank0(reference.run_dir)
+    int_rec, got = _rank0(interrupted.run_dir)
+    ok = all(r is not None and r.status is Status.OK for r in (ref_rec, int_rec))
+    missing = [k for k in COMPARED if k not in ref]
+    identical = ok and not missing and all(ref.get(k) == got.get(k) for k in COMPARED)
+    attempts = int_rec.attempts if int_rec is not None else []
+
+    def side(run: _Run, rec: RunRecord | None, res: dict[str, Any]) -> dict[str, Any]:
+        return {"run_dir": str(run.run_dir), "status": None if rec is None else str(rec.status),
+                "launches": run.launches, "exit_codes": run.exit_codes, "wall_s": round(run.wall_s, 3),
+                **{k: res.get(k) for k in COMPARED}}
+
+    return {"backend": drill.backend, "overrides": drill.overrides, "identical": identical,
+            "compared": list(COMPARED), "missing": missing,
+            "reference": side(reference, ref_rec, ref), "interrupted": side(interrupted, int_rec, got),
+            "injections": [asdict(i) for i in injections], "attempts": attempts,
+            "time_lost_s": round(interrupted.wall_s - reference.wall_s, 3)}
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The verdict as text."""
+    ref, got = summary["reference"], summary["interrupted"]
+    word = "IDENTICAL" if summary["identical"] else "NOT IDENTICAL"
+    lines = [f"drill verdict: {word} ({', '.join(summary['compared'])})"]
+    for name, s in (("reference", ref), ("interrupted", got)):
+        lines.append(f"  {name:<11} {s['status']}, {s['launches']} launch(es), {s['wall_s']:.1f} s, "
+                     f"weights_sha256={str(s['weights_sha256'])[:16]}..., final_loss={s['final_loss']}")
+    if summary["missing"]:
+        lines.append(f"  the reference's rank 0 returned no {summary['missing']}: nothing to compare")
+    lines.append(f"  attempts made: {len(summary['attempts'])}")
+    lines += [f"    {line}" for line in attempts.describe(summary["attempts"])]
+    for i in summary["injections"]:
+        lost = "?" if i["time_lost_s"] is None else f"{i['time_lost_s']:.2f} s"
+        lines.append(f"  {i['kind']} at step {i['reached_step']} ({i['target']}): time lost {lost} "
+                     "(downtime + steps done twice)")
+    lines.append(f"  wall-clock difference: {summary['time_lost_s']:+.1f} s")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m wf_launch.drill",
+        description="Run a task twice (uninterrupted, then with injected preemptions or rank kills) and check "
+                    "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
+        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 "
+               "--inject kill9@8,sigterm@16\n  python -m wf_launch.drill task=train launcher.nodes=2 "
+               "engine.dp_size=2 --backend slurm --inject usr2@10",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of the run (not hydra.run.dir, launcher=, "
+                   "launcher.resume / overwrite / wait: the drill sets those)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--inject", metavar="SPEC", help="comma-separated KIND@STEP: kill9[:RANK]@STEP and "
+                     "sigterm@STEP (local), usr2@STEP (slurm)")
+    how.add_argument("--random", metavar="N", type=int, help="N interruptions of the backend's kinds at random "
+                     "steps (default: 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    p.add_argument("--backend", choices=sorted(KINDS), default="local", help="where the runs go (default local)")
+    p.add_argument("--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
+    return p
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if o.startswith("-"):
+            raise DrillError(f"{o!r}: unknown option (see --help); Hydra's -m sweeps are not drilled")
+        if "=" not in o:
+            raise DrillError(f"{o!r}: not a Hydra override (KEY=VALUE)")
+        if key in OWNED:
+            raise DrillError(f"{o!r}: the drill sets {key} itself (use --backend / --dir)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _check_overrides(args.overrides)
+        injections = parse_injections(args.inject, args.backend) if args.inject else None
+        if args.random is not None and args.random < 1:
+            raise DrillError(f"--random {args.random}: expected an integer >= 1")
+        if args.timeout <= 0:
+            raise DrillError(f"--timeout {args.timeout}: expected seconds > 0")
+        directory = args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")
+        if directory.exists() and any(directory.iterdir()):
+            raise DrillError(f"--dir {directory}: not empty (a drill directory holds one drill)")
+        directory.mkdir(parents=True, exist_ok=True)
+        drill = Drill(list(args.overrides), args.backend, directory.absolute(), args.timeout)
+        print(f"drill: reference run in {drill.dir / 'reference'}", flush=True)
+        reference = drill.reference()
+        if reference.exit_codes[-1] != 0:
+            raise DrillError(f"the reference run failed (exit code {reference.exit_codes[-1]}); "
+                             f"see {drill.dir / 'reference.log'}")
+        if injections is None:
+            total = _total_steps(reference.run_dir)
+            injections = random_injections(args.random or 2, total, args.backend, args.seed)
+        print(f"drill: interrupted run in {drill.dir / 'interrupted'}: "
+              f"{', '.join(f'{i.kind}@{i.step}' for i in injections)}", flush=True)
+        interrupted = drill.interrupted(injections)
+    except DrillError as exc:
+        print(f"wf_launch.drill: {exc}", file=sys.stderr)
+        return 2
+    summary = verdict(drill, reference, interrupted, injections)
+    atomic_write_json(drill.dir / "drill.json", summary)
+    print(render(summary), flush=True)
+    return 0 if summary["identical"] else 1
+
+
+def _total_steps(run_dir: Path) -> int:
+    totals = [s.get("total") for s in read_progress(run_dir, _world_size(run_dir)).values()]
+    totals = [t for t in totals if isinstance(t, int)]
+    if not totals:
+        raise DrillError("--random: the reference run published no total (ctx.progress(step, total)); "
+                         "pass --inject KIND@STEP instead")
+    return max(totals)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""``python -m wf_launch.status DIR`` / ``wf-launch-status DIR``: a run's or a sweep's state, after or while it runs.
+
+DIR is a run directory or a sweep directory (whose points are run directories). A run
+directory's ``config.yaml`` names its launcher; the launcher's hooks
+(:class:`~wf_launch.launchers.LauncherHooks`) say the rest. Runs of a
+:class:`~wf_launch.launchers.DetachedLauncher` (``launcher=slurm``, or a third-party
+one registered through the ``wf_launch.launchers`` entry points) are asked for the
+scheduler's state and, once the run ended, their final ``result.json`` (written by the
+launcher's ``status`` if no one wrote it yet); other runs (``launcher=local``) are read
+from their records. For a sweep the sweep report is rewritten too. ``--cancel`` cancels
+every detached run still running and waits until it ended; ``--wait`` waits until every
+run has ended. Exit code: 0 while all are ok or running, else the first non-zero exit
+code of an ended run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config.layout import layout_of, rank_label
+from ..launchers import DetachedLauncher, get_launcher
+from ..rundir import attempts, files
+from ..rundir.claim import launch_alive
+from ..rundir.outcome import RunOutcome
+from ..rundir.record import RecordError, RunRecord, Status
+
+__all__ = ["FOLLOW_BACKLOG", "launcher_of", "main", "runs_at"]
+
+FOLLOW_BACKLOG = 10
+"""Lines of each console rank's log already written that ``--follow`` shows before new ones."""
+
+
+def launcher_of(run_dir: Path) -> Any | None:
+    """The launcher that ran ``run_dir`` (named in its ``config.yaml``), with its hooks; None when unknown."""
+    name = (files.read_config(run_dir).get("launcher") or {}).get("name")
+    if not isinstance(name, str):
+        return None
+    try:
+        return get_launcher(name)
+    except Exception:
+        return None
+
+
+def _detached(launcher: Any) -> bool:
+    return isinstance(launcher, DetachedLauncher)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    """The directories in ``path``, a sweep's numbered points first and in order."""
+    return sorted((d for d in path.iterdir() if d.is_dir()),
+                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+
+
+def runs_at(path: Path) -> tuple[dict[Path, Any], bool]:
+    """The runs at ``path`` (run dir -> its launcher) and whether ``path`` is a sweep directory."""
+    if files.config_path(path).is_file():
+        launcher = launcher_of(path)
+        return ({path: launcher} if launcher is not None else {}), False
+    return {d: launcher for d in _subdirs(path) if (launcher := launcher_of(d)) is not None}, True
+
+
+def _print_state(run_dir: Path, label: str, state: str, outcome: RunOutcome | None, details: list[str]) -> None:
+    verdict = f" -> {outcome.status} (exit {outcome.exit_code})" if outcome else ""
+    print(f"{run_dir}: {label} {state}{verdict}")
+    if outcome and outcome.exit_code:
+        try:
+            record = RunRecord.read(run_dir)
+        except RecordError:
+            record = None
+        failure = (record.failure if record is not None else None) or {}
+        print(f"  {failure.get('message') or outcome.summary}".rstrip())
+        if failure.get("log"):
+            print(f"  log: {failure['log']}")
+    for line in details:
+        print(f"  {line}")
+    for line in _attempt_lines(run_dir):
+        print(f"  {line}")
+
+
+def _attempt_lines(run_dir: Path) -> list[str]:
+    """The run's attempts (the final record's, or the markers of a run still going) when there were restarts."""
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        record = None
+    entries = record.attempts if record is not None and record.final and record.attempts else \
+        attempts.collect(run_dir)
+    return attempts.describe(entries) if len(entries) > 1 else []
+
+
+def _tail(run_dir: Path, lines: int) -> int:
+    """``--tail N``: the last N lines of each console rank's log."""
+    from ..observe.live import console_ranks
+
+    try:
+        config = files.read_config(run_dir, strict=True)
+        ranks = console_ranks(config, layout_of(config).world_size)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"wf_launch.status: {run_dir} is not a run directory ({exc})", file=sys.stderr)
+        return 2
+    for rank in ranks:
+        path = files.rank_log(run_dir, rank)
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:] if lines else []
+        except OSError:
+            text = ["(no log yet)"]
+        print(f"==> {path} <==")
+        print("\n".join(text))
+    return 0
+
+
+def _final(run_dir: Path, strict: bool = False) -> RunOutcome | None:
+    """The outcome in the run's final record; None without one (or, unless ``strict``, when it is unreadable)."""
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        if strict:
+            raise
+        return None
+    return RunOutcome.of(record, run_dir) if record is not None and record.final else None
+
+
+def _ended(run_dir: Path, launcher: Any | None, strict: bool = False) -> RunOutcome | None:
+    """The run's outcome once it ended: from its detached launcher, else from a final record.
+
+    A run whose launcher is gone without writing a final record (killed with SIGKILL)
+    has ended too, as 'unknown': following it would otherwise never end.
+    ``strict``: an unreadable record raises :class:`RecordError` instead of reading as none.
+    """
+    if _detached(launcher):
+        return launcher.status(run_dir)[1]
+    outcome = _final(run_dir, strict)
+    alive = launcher.is_live(run_dir) if launcher is not None else launch_alive(run_dir)
+    if outcome is not None or alive:
+        return outcome
+    return _final(run_dir, strict) or RunOutcome(Status.UNKNOWN, run_dir,
+                                                 f"the launch of {run_dir} is gone and left no final record")
+
+
+def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> int:
+    """``--follow``: the live view of a run until it ended (or ``timeout_s`` passes); Ctrl-C only stops following.
+
+    It shows the last ``backlog`` lines each console rank already wrote, then new ones.
+    Exit code: the run's, once it ended; 0 when it still runs at the timeout; 130 after Ctrl-C.
+    """
+    from loguru import logger
+
+    from ..observe.console import setup_launcher_logging
+    from ..observe.live import LiveView, final_line
+
+    setup_launcher_logging(None)
+    launcher = launcher_of(run_dir)
+    try:
+        view = LiveView([run_dir], write=logger.info, state_of=launcher.live_state if launcher else None,
+                        backlog=backlog)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + timeout_s
+    outcome = None
+    try:
+        while time.monotonic() < deadline:
+            view.tick()
+            outcome = _ended(run_dir, launcher)
+            if outcome is not None:
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        view.close()
+        logger.info(f"stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel {run_dir})")
+        return 130
+    view.close()
+    if outcome is None:
+        logger.info(f"still running after {timeout_s:g} s; detaching")
+        return 0
+    logger.info(final_line(outcome))
+    if outcome.exit_code and outcome.summary:
+        print(outcome.summary, file=sys.stderr)
+    return outcome.exit_code
+
+
+def _stacks(run_dir: Path) -> int:
+    """``--stacks``: signal the run's ranks (through its launcher) to dump their stacks, and print them grouped."""
+    from ..observe.stacks import live_autopsy
+
+    launcher = launcher_of(run_dir)
+    try:
+        layout = layout_of(files.read_config(run_dir, strict=True))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        print(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    if launcher is None:
+        print(f"wf_launch.status: {run_dir}: its launcher is not known here", file=sys.stderr)
+        return 2
+    try:
+        answered, lines = live_autopsy(run_dir, layout.world_size, lambda r: rank_label(r, layout.coords(r)),
+                                       launcher.signal_ranks)
+    except ValueError as exc:
+        print(f"wf_launch.status: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0 if answered else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m wf_launch.status", description=main.__doc__)
+    ap.add_argument("dir", type=Path, help="a run directory or a sweep directory")
+    ap.add_argument("--cancel", action="store_true", help="cancel every run still running, wait for the end")
+    ap.add_argument("--wait", action="store_true", help="wait until every run has ended")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds --wait / --cancel wait (default 600), and --follow follows (default: until the end)")
+    ap.add_argument("--follow", action="store_true",
+                    help="attach to a running run (local or detached): its state, console ranks' lines and "
+                         "progress, live, until it ends")
+    ap.add_argument("--tail", type=int, default=None, metavar="N",
+                    help="print the last N lines of each console rank's log (with --follow: show the last N "
+                         "lines already written, default 10, then follow)")
+    ap.add_argument("--stacks", action="store_true",
+                    help="dump every rank's Python stacks now and group them by where the ranks are "
+                         "(a local or SLURM run that looks stuck)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Show (and finalize) the state of the run or sweep at DIR; ``--cancel`` cancels it."""
+    args = _parser().parse_args(argv)
+    if not args.dir.is_dir():
+        print(f"wf_launch.status: {str(args.dir)!r} is not a directory", file=sys.stderr)
+        return 2
+    run_dir = args.dir.absolute()
+    if args.tail is not None and args.tail < 0:
+        print(f"wf_launch.status: --tail={args.tail} is not allowed: expected a number of lines >= 0",
+              file=sys.stderr)
+        return 2
+    if args.stacks:
+        return _stacks(run_dir)
+    if args.follow:
+        return _follow(run_dir, math.inf if args.timeout is None else args.timeout,
+                       FOLLOW_BACKLOG if args.tail is None else args.tail)
+    if args.tail is not None:
+        return _tail(run_dir, args.tail)
+    runs, is_sweep = runs_at(run_dir)
+    if not runs:
+        print(f"wf_launch.status: no run in {str(args.dir)!r} (no {files.CONFIG} there or in its sub-directories)",
+              file=sys.stderr)
+        return 2
+    detached = {d: launcher for d, launcher in runs.items() if _detached(launcher)}
+    if (args.wait or args.cancel) and not detached:
+        print(f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel (its runs are "
+              "local: their launcher waits for them, Ctrl-C there stops them)", file=sys.stderr)
+        return 2
+    try:
+        codes = _show_detached(args, detached) if detached else []
+    except ValueError as exc:  # e.g. a job id in a run's files that is not a scheduler's id
+        print(f"wf_launch.status: {exc}", file=sys.stderr)
+        return 2
+    if not (args.wait or args.cancel):
+        codes += _show_waited({d: launcher for d, launcher in runs.items() if d not in detached})
+    if is_sweep:
+        from .sweep.points import collect_points
+        from .sweep.report import write_report
+
+        print(f"sweep report: {write_report(args.dir, collect_points(args.dir))['md']}")
+    return codes[0] if codes else 0
+
+
+def _show_waited(runs: dict[Path, Any]) -> list[int]:
+    """State, failure and attempts of runs whose launcher waits for them (local): read from their records."""
+    codes = []
+    for run_dir, launcher in runs.items():
+        try:
+            outcome = _ended(run_dir, launcher, strict=True)
+        except RecordError as exc:
+            print(f"{run_dir}: unreadable: {exc}")
+            continue
+        _print_state(run_dir, launcher.status_label(run_dir), "running" if outcome is None else "ended", outcome,
+                     launcher.status_details(run_dir))
+        if outcome is not None and outcome.exit_code:
+            codes.append(outcome.exit_code)
+    return codes
+
+
+def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]:
+    """Ask each detached run's scheduler (``--cancel`` first; ``--wait`` until all ended); print them."""
+    if args.cancel:
+        for run_dir, launcher in runs.items():
+            if launcher.cancel(run_dir) is not None:
+                print(f"cancelling {launcher.status_label(run_dir)} ({run_dir})", file=sys.stderr)
+    deadline = time.monotonic() + (600 if args.timeout is None else args.timeout)
+    unreadable: dict[Path, str] = {}
+    while True:
+        states = {}
+        for run_dir, launcher in runs.items():
+            try:
+                states[run_dir] = launcher.status(run_dir)
+            except RecordError as exc:  # one bad record never stops the others being shown
+                unreadable[run_dir] = str(exc)
+        if (not (args.wait or args.cancel) or all(o for _, o in states.values())
+                or time.monotonic() > deadline):
+            break
+        time.sleep(0.5)
+    for run_dir, (state, outcome) in states.items():
+        launcher = runs[run_dir]
+        _print_state(run_dir, launcher.status_label(run_dir), state, outcome, launcher.status_details(run_dir))
+    for run_dir, why in unreadable.items():
+        print(f"{run_dir}: unreadable: {why}")
+    return [o.exit_code for _, o in states.values() if o and o.exit_code]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

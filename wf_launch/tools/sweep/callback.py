@@ -1,0 +1,121 @@
+"""The Hydra callback of ``-m`` sweeps (``hydra.callbacks.sweep_report`` in ``wf_launch/conf/config.yaml``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...rundir import files
+from ...rundir.record import RunRecord, Status
+from .points import DEFAULT_METRIC, collect_points
+from .report import status_line, sweep_exit_code, write_report
+
+__all__ = ["SweepReport"]
+
+
+try:
+    from hydra.experimental.callback import Callback as _HydraCallback
+except ImportError:  # pragma: no cover - hydra is a dependency; keep the offline reader importable
+    _HydraCallback = object  # type: ignore[assignment,misc]
+
+
+class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
+    """Hydra callback: keep every point's failure in the report, write the report, set the exit code.
+
+    ``metric``: the charted metric. ``exit_nonzero``: leave the sweep with
+    :func:`sweep_exit_code` once the report is written. A point whose launch
+    raised is recorded as 'failed' in its ``result.json`` and the sweep goes on
+    (Hydra would otherwise abort before reporting). An interrupted point stops the
+    sweep: the report is written (remaining points ``not_run``) and the process
+    leaves with the point's exit code (128 + signal).
+    """
+
+    def __init__(self, metric: str = DEFAULT_METRIC, exit_nonzero: bool = True, chart: bool = True) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"hydra.callbacks.sweep_report.metric={metric!r} is not allowed: "
+                             "expected the name of a numeric result field, e.g. tokens_per_s or wall_s")
+        self.metric = metric
+        self.exit_nonzero = bool(exit_nonzero)
+        self.chart = bool(chart)
+        self._sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        """A sweep directory holds one sweep: refuse one that holds points already (exit 2).
+
+        With ``launcher.overwrite=true`` the earlier sweep is moved aside into a
+        sibling ``NAME.replaced-TIMESTAMP`` directory first, so its points never
+        mix into this sweep's report.
+        """
+        from omegaconf import OmegaConf
+
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        old = sorted(d.name for d in sweep_dir.iterdir()
+                     if d.is_dir() and any((d / m).exists() for m in files.MARKERS)) if sweep_dir.is_dir() else []
+        if old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
+            print(f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
+                  f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
+                  "launcher.overwrite=true to move that sweep aside", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        if old:
+            aside = sweep_dir.with_name(f"{sweep_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            sweep_dir.rename(aside)
+            sweep_dir.mkdir()
+        self._sweep_dir = sweep_dir
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+
+        if self._sweep_dir is None:
+            return
+        job_dir = Path(str(config.hydra.runtime.output_dir))
+        if job_return.status == JobStatus.FAILED:
+            self._record_launch_error(job_dir, job_return)
+            return
+        outcome = job_return.return_value
+        if getattr(outcome, "status", None) == Status.INTERRUPTED:
+            self.report()
+            raise SystemExit(int(getattr(outcome, "exit_code", 130)) or 130)
+
+    def _record_launch_error(self, job_dir: Path, job_return: Any) -> None:
+        """The launch itself raised: record it as a failed point and let the sweep go on."""
+        import traceback
+
+        from hydra.core.utils import JobStatus
+
+        from ...rundir.outcome import RunOutcome
+
+        try:
+            job_return.return_value  # noqa: B018 - re-raises what the launch raised
+            return
+        except BaseException as raised:
+            exc = raised
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        message = f"launcher error: {type(exc).__name__}: {exc}"
+        RunRecord.finalize(job_dir, Status.FAILED, overrides=list(job_return.overrides or []), run_dir=str(job_dir),
+                           failure={"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)})
+        print(f"wf_launch: {message}", file=sys.stderr, flush=True)
+        job_return.status = JobStatus.COMPLETED
+        job_return.return_value = RunOutcome(Status.FAILED, job_dir, message)
+
+    def report(self) -> list[dict[str, Any]]:
+        """Write the report for this sweep; returns its points."""
+        assert self._sweep_dir is not None
+        points = collect_points(self._sweep_dir)
+        written = write_report(self._sweep_dir, points, self.metric, chart=self.chart)
+        print(status_line(points, written), file=sys.stderr, flush=True)
+        return points
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self._sweep_dir is None:
+            return
+        try:
+            code = sweep_exit_code(self.report())
+        except Exception as exc:
+            print(f"wf_launch: writing the sweep report in {self._sweep_dir} failed: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            code = 1
+        if code and self.exit_nonzero:
+            raise SystemExit(code)
