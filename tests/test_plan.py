@@ -85,7 +85,7 @@ def test_model_without_plan_in_a_multi_rank_run_raises() -> None:
 def test_layout_table_of_a_huge_world_stays_small() -> None:
     from pathlib import Path
 
-    from wf_launch.launchers.plan import LaunchPlan
+    from wf_launch.launchers.launch_plan import LaunchPlan
     from worldfoundry.core.distributed.topology import Layout
 
     plan = LaunchPlan(config={}, layout=Layout(1 << 20, cp_size=4, dp_size=1 << 18), run_dir=Path("x"))

@@ -80,3 +80,22 @@ def test_sweep_report_lists_an_unreadable_point_and_goes_on(tmp_path: Path) -> N
     written = write_report(tmp_path, points, chart=False)
     assert "unreadable" in written["md"].read_text()
     assert sweep_exit_code(points[:2]) == 1
+
+
+def test_records_carry_the_format_version_and_old_ones_still_read(tmp_path: Path) -> None:
+    from wf_launch.rundir.files import FORMAT_VERSION
+
+    RunRecord(Status.OK, run_dir=str(tmp_path), task="noop", results={"0": {}}).write()
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["format_version"] == FORMAT_VERSION >= 1
+    assert RunRecord.read(tmp_path).format_version == FORMAT_VERSION
+    old = {"status": "ok", "exit_code": 0, "task": "demo", "results": {"0": {"ok": True}}}  # before versions
+    (tmp_path / "result.json").write_text(json.dumps(old))
+    record = RunRecord.read(tmp_path)
+    assert record.format_version == 0 and record.final and record.results == {"0": {"ok": True}}
+    assert "format_version" not in record.extra
+    record.write(tmp_path)
+    assert json.loads((tmp_path / "result.json").read_text())["format_version"] == FORMAT_VERSION
+    (tmp_path / "result.json").write_text(json.dumps({**old, "format_version": "one"}))
+    with pytest.raises(RecordError, match="format_version 'one' is not a version number"):
+        RunRecord.read(tmp_path)

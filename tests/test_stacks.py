@@ -10,6 +10,8 @@ import pytest
 from multirank import run_ranks
 
 from wf_launch.observe import stacks
+from wf_launch.rank import stackdump
+from wf_launch.rundir import files
 
 
 def _user_hang(seconds: float) -> None:
@@ -20,7 +22,7 @@ def _rank(rank: int, world_size: int, run_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    stacks.install(run_dir, rank)
+    stackdump.install(run_dir, rank)
     if rank == 2:
         _user_hang(6)
     t = torch.ones(1)
@@ -33,7 +35,7 @@ def test_dumps_of_live_ranks_group_the_waiters_and_name_the_straggler(tmp_path: 
 
     def autopsy() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(stacks.pid_file(tmp_path, r).exists() for r in range(4)):
+        while time.monotonic() < deadline and not all(files.rank_pid(tmp_path, r).exists() for r in range(4)):
             time.sleep(0.05)
         time.sleep(2.0)
         pids = {r: stacks.read_pid_file(tmp_path, r)["pid"] for r in range(4)}
@@ -54,7 +56,7 @@ def test_dumps_of_live_ranks_group_the_waiters_and_name_the_straggler(tmp_path: 
 
 def test_spot_from_a_traceback_skips_torch_and_the_runtime() -> None:
     tb = '''Traceback (most recent call last):
-  File "/x/wf_launch/entrypoint.py", line 300, in rank_main
+  File "/x/wf_launch/rank/entrypoint.py", line 300, in rank_main
     value = task(ctx)
   File "/home/me/my_tasks.py", line 58, in train_step
     dist.all_reduce(t, group=g)

@@ -69,8 +69,9 @@ def test_ctx_cfg_is_the_registered_dataclass_with_defaults() -> None:
 
 def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from wf_launch.tasks import registry
-    from wf_launch.tasks.registry import register_task, task_preload
+    from wf_launch.tasks.registry import load_task_modules, register_task, task_preload
 
+    load_task_modules()  # built-ins register into the real registry, not only into the copy below
     monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
     monkeypatch.setattr(registry, "_PRELOAD", dict(registry._PRELOAD))
     register_task("preload_probe", preload=("json", "wf_launch.checkpoint"))(lambda ctx: None)

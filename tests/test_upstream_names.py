@@ -98,3 +98,29 @@ def test_a_removed_submitit_name_is_named(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delattr(slurm_module, "_convert_mem")
     problems = submitit_adapter.check_names()
     assert len(problems) == 1 and problems[0].startswith("submitit.slurm.slurm._convert_mem (")
+
+
+def test_torch_private_names_we_rely_on_exist() -> None:
+    import torch
+
+    from worldfoundry.core import torch_private
+
+    problems = torch_private.check_names()
+    if problems:
+        pytest.fail(f"torch {torch.__version__} lacks or changed private names that "
+                    "worldfoundry/core/torch_private.py relies on (adapt the adapter, nothing else):\n  "
+                    + "\n  ".join(problems), pytrace=False)
+
+
+def test_a_renamed_torch_private_name_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worldfoundry.core import torch_private
+
+    monkeypatch.setattr(torch_private, "PRIVATE_NAMES", (
+        *torch_private.PRIVATE_NAMES,
+        ("torch", "_foreach_renamed_", "attr", "probe"),
+        ("torch.distributed.elastic.multiprocessing.api", "MultiprocessContext._renamed_pc", "self", "probe"),
+    ))
+    problems = torch_private.check_names()
+    assert len(problems) == 2, problems
+    assert any("torch._foreach_renamed_ (probe): AttributeError" in p for p in problems), problems
+    assert any("MultiprocessContext no longer assigns self._renamed_pc" in p for p in problems), problems

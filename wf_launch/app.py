@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config.fields import ConfigError
 from .config.run import validate_run_config
 from .launchers import get_launcher
-from .launchers.plan import LaunchPlan
+from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
 from .observe.live import final_line
 from .rundir import claim as rundir_claim

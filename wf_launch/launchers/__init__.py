@@ -16,7 +16,7 @@ from .base import DetachedLauncher, Launcher, LauncherConfig, LauncherHooks
 from .registry import ENTRY_POINT_GROUP, get_launcher, load_launchers, register_launcher, registered_launchers
 
 _LAZY = {
-    "LaunchPlan": "wf_launch.launchers.plan",
+    "LaunchPlan": "wf_launch.launchers.launch_plan",
     "RankSpec": "wf_launch.rank.entrypoint",
     "rank_main": "wf_launch.rank.entrypoint",
     "ATTEMPT_ENV": "worldfoundry.core.distributed.env",

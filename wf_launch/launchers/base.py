@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..config.engine import EngineConfig
     from ..rundir.outcome import RunOutcome
     from ..rundir.record import RunRecord
-    from .plan import LaunchPlan
+    from .launch_plan import LaunchPlan
 
 __all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "LauncherHooks", "with_hooks"]
 

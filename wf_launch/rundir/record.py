@@ -19,6 +19,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.validation import is_int
+
 from . import files
 from .io import atomic_write_json
 
@@ -94,6 +96,9 @@ class RunRecord:
     """Everything ``result.json`` holds about one run.
 
     ``results`` maps each rank (as a string) to the dict its task returned;
+    ``format_version`` is the version of the run-directory format the record was read in
+    (:data:`~wf_launch.rundir.files.FORMAT_VERSION` for a new one, 0 for a record from before
+    versions); a record is always written in the current version.
     ``timings`` has ``wall_s`` (launcher) and ``ranks`` (per-rank phases);
     ``failure`` is the root cause of a failed run; ``exits`` the failed ranks'
     exit codes; ``extra`` keeps fields a launcher adds of its own (e.g. ``slurm``)
@@ -117,6 +122,7 @@ class RunRecord:
     finished_at: float | None = None
     final: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    format_version: int = files.FORMAT_VERSION
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -138,8 +144,9 @@ class RunRecord:
         out: dict[str, Any] = {"status": str(self.status)}
         if self.final:
             out["exit_code"] = self.exit_code
+        out["format_version"] = files.FORMAT_VERSION  # what this code writes, whatever version it read
         for f in fields(self):
-            if f.name in ("status", "final", "extra"):
+            if f.name in ("status", "final", "extra", "format_version"):
                 continue
             value = getattr(self, f.name)
             if value is None or value == [] or value == {}:
@@ -159,10 +166,14 @@ class RunRecord:
         except ValueError:
             raise RecordError(where, f"unknown status {data.get('status')!r}; known: "
                                      f"{[str(s) for s in Status]}") from None
-        known = {f.name for f in fields(cls)} - {"status", "final", "extra"}
+        known = {f.name for f in fields(cls)} - {"status", "final", "extra", "format_version"}
         values = {k: data[k] for k in known if k in data}
-        record = cls(status=status, final="exit_code" in data,
-                     extra={k: v for k, v in data.items() if k not in known and k not in ("status", "exit_code")},
+        version = data.get("format_version", 0)  # a record from before the format was versioned
+        if not (is_int(version) and version >= 0):
+            raise RecordError(where, f"format_version {version!r} is not a version number")
+        record = cls(status=status, final="exit_code" in data, format_version=version,
+                     extra={k: v for k, v in data.items()
+                            if k not in known and k not in ("status", "exit_code", "format_version")},
                      **values)
         for name, kind in (("results", dict), ("timings", dict), ("overrides", list), ("hosts", list),
                            ("attempts", list)):

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from loguru import Logger
+
+    from worldfoundry.core.distributed.groups import GroupCoordinator
+    from worldfoundry.core.distributed.pipeline import PPScheduler
+
+    from ..config.task import TaskConfig
+    from ..rank.checkpoint import Checkpointer
+    from ..rank.progress import ProgressReporter
+    from ..rank.stop import StopFlag
 
 __all__ = ["TaskContext", "build_context"]
 
@@ -13,10 +25,11 @@ __all__ = ["TaskContext", "build_context"]
 class TaskContext:
     """Everything a task needs on one rank.
 
-    ``cfg`` is the task's config: an instance of the dataclass the task was
-    registered with (``register_task(name, config=...)``), typed, defaults
-    applied. ``config`` is the resolved run config (a plain dict: engine,
-    launcher, task); ``task_config`` its ``task`` section as a dict. ``rank`` / ``world_size`` / ``local_rank``
+    ``cfg`` is the task's config, the documented way to read it: an instance of the
+    dataclass the task was registered with (``register_task(name, config=...)``),
+    typed, defaults applied. ``config`` is the resolved run config (a plain dict:
+    engine, launcher, task); ``task_config`` its ``task`` section as a plain dict,
+    the untyped view kept for tasks written before config classes. ``rank`` / ``world_size`` / ``local_rank``
     / ``device`` place this rank; ``coords`` are its tp/cp/pp/dp coordinates.
     ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp', 'tp-pp' to
     :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects;
@@ -24,21 +37,21 @@ class TaskContext:
     directory shared by all ranks; ``log`` a loguru logger bound to this rank.
     """
 
-    cfg: Any
+    cfg: TaskConfig
     config: dict[str, Any]
     task_config: dict[str, Any]
     rank: int
     world_size: int
     local_rank: int
-    device: Any
+    device: torch.device
     coords: dict[str, int]
-    groups: dict[str, Any]
-    pp: Any
+    groups: dict[str, GroupCoordinator]
+    pp: PPScheduler | None
     run_dir: Path
-    log: Any
-    reporter: Any = None
-    stop: Any = None
-    _checkpointer: Any = field(default=None, repr=False)
+    log: Logger
+    reporter: ProgressReporter | None = None
+    stop: StopFlag | None = None
+    _checkpointer: Checkpointer | None = field(default=None, repr=False)
 
     def progress(self, step: int, total: int | None = None, **metrics: Any) -> None:
         """Report this rank's step (of ``total``) and metrics: cheap, never a collective.
@@ -52,7 +65,7 @@ class TaskContext:
             self.reporter(step, total, **metrics)
 
     @property
-    def checkpoint(self) -> Any:
+    def checkpoint(self) -> Checkpointer:
         """This run's :class:`~wf_launch.checkpoint.Checkpointer` (created on first use).
 
         ``keep`` and ``async_save`` come from the task's config when it has those

@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 __all__ = ["ENTRY_POINT_GROUP", "get_task", "load_task_modules", "register_task", "registered_configs",
-           "registered_tasks", "task_config_class", "task_preload"]
+           "task_config_class", "task_preload"]
 
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
@@ -102,11 +102,6 @@ def get_task(name: str) -> TaskFn:
     except KeyError:
         raise KeyError(f"task.name={name!r} is not registered; registered tasks: "
                        f"{sorted(_TASKS)}") from None
-
-
-def registered_tasks() -> list[str]:
-    """Names of every registered task."""
-    return sorted(_TASKS)
 
 
 def task_config_class(name: str) -> type:

@@ -432,8 +432,11 @@ def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elaps
     row = {"rank": ctx.rank, "coords": dict(ctx.coords), "stage": t.place.stage_id, "blocks": t.stage.block_ids}
     if not ctx.is_main:
         return row
-    full_w = {k: v for part in parts for k, v in part.get("model", {}).items()}
-    full_e = {k: v for part in parts for k, v in part.get("ema", {}).items()}
+    full_w: dict[str, torch.Tensor] = {}
+    full_e: dict[str, torch.Tensor] = {}
+    for part in parts:  # one rank's dict at a time (an iterator: rank 0 must read it to the end)
+        full_w.update(part.get("model", {}))
+        full_e.update(part.get("ema", {}))
     curve = list(progress["loss_curve"])
     tokens_per_step = t.place.dp_size * cfg.micro_batches * cfg.batch * t.place.split.tokens
     res: dict[str, Any] = {

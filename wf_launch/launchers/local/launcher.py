@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
 
     from ...config.engine import EngineConfig
-    from ..plan import LaunchPlan
+    from ..launch_plan import LaunchPlan
 
 __all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threads_per_rank"]
 

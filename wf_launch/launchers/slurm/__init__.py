@@ -31,7 +31,7 @@ from ...config.fields import (
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
-from ..plan import LaunchPlan
+from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
 from .finalize import JOB_FILE, finalize, rank_outcomes, read_job
 from .poll import TERMINAL_STATES, cancel, in_queue, is_terminal, job_state, live_state, wait_all, wait_gone

@@ -30,7 +30,7 @@ from ...rundir.environment import record_environment
 from ...rundir.io import atomic_write_json
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
-from ..plan import LaunchPlan
+from ..launch_plan import LaunchPlan
 from ..snapshot import CODE_DIR, job_setup, project_root, take
 from .finalize import JOB_FILE
 from .poll import wait_all
