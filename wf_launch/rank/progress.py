@@ -24,10 +24,13 @@ from typing import Any
 from ..rundir import files
 from ..rundir.progress import plain, publish_state
 
-__all__ = ["PUBLISH_ENV", "ProgressReporter", "publish_interval"]
+__all__ = ["PUBLISH_ENV", "STEPS_ENV", "ProgressReporter", "publish_interval"]
 
 PUBLISH_ENV = "WF_PROGRESS_PUBLISH_S"
 """Seconds between a rank's progress publications (default 0.5); the drill sets 0: every step is seen."""
+STEPS_ENV = "WF_PROGRESS_LOG_STEPS"
+"""When ``1``, every ``ctx.progress`` call appends its line to the run's metrics file, with metrics or
+without: the layout tuner times steps from those lines."""
 
 
 def publish_interval(default: float = 0.5) -> float:
@@ -52,6 +55,7 @@ class ProgressReporter:
         self._last_publish = -math.inf
         self._metrics_file: Any = None
         self._lock = threading.Lock()
+        self.log_steps = os.environ.get(STEPS_ENV) == "1"
 
     def __call__(self, step: int, total: int | None = None, **metrics: Any) -> None:
         now = time.time()
@@ -60,6 +64,7 @@ class ProgressReporter:
             self.total = int(total)
         if metrics:
             self.metrics = metrics
+        if metrics or self.log_steps:
             self._append(now, metrics)
         if now - self._last_publish >= self.publish_s or (self.total is not None and self.step >= self.total):
             self.publish(now)

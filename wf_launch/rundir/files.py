@@ -15,10 +15,11 @@ from typing import Any
 __all__ = [
     "CHECKPOINTS", "CODE", "CONFIG", "ELASTIC_LOGS", "ENVIRONMENT", "FORMAT_VERSION", "HYDRA", "LAUNCHER_LOG", "LOCK", "LOGS",
     "MARKERS", "METRICS", "OVERRIDES", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
-    "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS",
+    "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS", "TUNE_ASIDE", "TUNE_BEST", "TUNE_CHART",
+    "TUNE_CONF", "TUNE_CSV", "TUNE_MD", "TUNE_ROUNDS", "TUNE_STATE",
     "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "metrics_chart", "metrics_file",
     "rank_error", "rank_errors", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
-    "rank_tail_log", "read_config", "result_before_attempt", "stacks_glob",
+    "rank_tail_log", "read_config", "result_before_attempt", "stacks_glob", "tune_round_dir", "tune_round_log",
 ]
 
 FORMAT_VERSION = 1
@@ -44,6 +45,12 @@ SWEEP_PLAN = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_CHART = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
 SWEEP_SCALING, SWEEP_STEPS = "sweep_scaling.png", "sweep_steps.png"
 """A sweep directory's own files: Hydra's plan, and the report (:mod:`wf_launch.tools.sweep`)."""
+
+TUNE_STATE, TUNE_MD, TUNE_CSV, TUNE_CHART, TUNE_BEST = (
+    "tune.json", "tune_report.md", "tune_report.csv", "tune_chart.png", "best.yaml")
+TUNE_CONF, TUNE_ROUNDS, TUNE_ASIDE = "conf", "rounds", "aside"
+"""A tune directory's own files (:mod:`wf_launch.tools.tune`): its state, the report, the winner, the trial
+configs, one sweep directory per round, and trials set aside on a resume."""
 
 MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
 """What a launch leaves in its run directory: any of them means the directory holds a run."""
@@ -181,3 +188,13 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
             raise ValueError(f"{path}: expected a mapping, found {type(config).__name__}")
         return {}
     return config
+
+
+def tune_round_dir(tune_dir: Path | str, round_index: int) -> Path:
+    """The sweep directory of a tune's round ``round_index`` (``rounds/r0``, ...)."""
+    return Path(tune_dir) / TUNE_ROUNDS / f"r{round_index}"
+
+
+def tune_round_log(tune_dir: Path | str, round_index: int) -> Path:
+    """The console output of a tune's round (its ``python -m wf_launch -m`` sweep)."""
+    return Path(tune_dir) / TUNE_ROUNDS / f"r{round_index}.log"

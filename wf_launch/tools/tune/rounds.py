@@ -1,0 +1,271 @@
+"""One round of a tune: its trials as one ``python -m wf_launch -m`` sweep, watched while it runs.
+
+Each trial is a config file, ``DIR/conf/wf_tune_trial/<id>.yaml`` (its engine sizes and
+``--also`` values), so a round is one Hydra sweep over ``+wf_tune_trial=<id>,<id>,...``
+with the user's overrides and the round's length (``task.steps=N``): the same launch
+path as any sweep, through whichever launcher the overrides pick (a SLURM round's trials
+go out as job arrays, each point with its own allocation). The round's sweep directory
+is ``DIR/rounds/r<R>``; its console output ``DIR/rounds/r<R>.log``.
+
+While the sweep runs the tuner watches its points: a trial whose ranks report no
+progress for ``--stall-s`` has its stacks dumped and is stopped (recorded as stalled,
+with where its ranks were); the budget and Ctrl-C / SIGTERM stop the sweep the way a
+terminal would (the running point is interrupted, the sweep's report written).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ...rank.progress import STEPS_ENV
+from ...rundir import files
+from ...rundir.record import RecordError, RunRecord
+from .measure import NO_METRIC, Measurement, measure_point
+from .space import override_key
+
+__all__ = ["TRIAL_GROUP", "Interrupt", "RoundOutcome", "RoundRunner", "sweep_argv", "write_trial_configs"]
+
+TRIAL_GROUP = "wf_tune_trial"
+"""The config group of trial files: a round sweeps ``+wf_tune_trial=...``."""
+DONE, BUDGET, INTERRUPTED, NO_METRIC_STOP, SWEEP_FAILED = "done", "budget", "interrupted", "no_metric", "sweep_failed"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Interrupt:
+    """Set by the tune's signal handlers: the signal to pass on to the round's sweep."""
+
+    signum: int | None = None
+
+
+@dataclass
+class RoundOutcome:
+    """How a round ended: ``done``, ``budget`` (cut), ``interrupted``, ``no_metric``, ``sweep_failed``."""
+
+    status: str
+    measurements: list[Measurement] = field(default_factory=list)
+    message: str = ""
+    exit_code: int | None = None
+
+
+def _value(override: str) -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(override).value()
+
+
+def write_trial_configs(tune_dir: Path, trials: list[dict[str, Any]]) -> Path:
+    """One ``# @package _global_`` config per trial (its overrides as YAML); returns the search-path folder."""
+    conf = tune_dir / files.TUNE_CONF
+    group = conf / TRIAL_GROUP
+    group.mkdir(parents=True, exist_ok=True)
+    for trial in trials:
+        nested: dict[str, Any] = {}
+        for override in trial["overrides"]:
+            *parents, leaf = override_key(override).split(".")
+            node = nested
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = _value(override)
+        text = f"# @package _global_\n# trial {trial['id']}: {trial['label']}\n" + yaml.safe_dump(nested)
+        path = group / f"{trial['id']}.yaml"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    return conf
+
+
+def _searchpath(overrides: list[str], conf: Path) -> tuple[list[str], str]:
+    """The user's overrides without ``hydra.searchpath``, and one that adds the trial configs to theirs."""
+    rest, paths = [], []
+    for o in overrides:
+        if override_key(o) == "hydra.searchpath":
+            value = _value(o)
+            paths += list(value) if isinstance(value, list) else [value]
+        else:
+            rest.append(o)
+    paths.append(f"file://{conf}")
+    return rest, "hydra.searchpath=[" + ",".join(str(p) for p in paths) + "]"
+
+
+def sweep_argv(tune_dir: Path, round_index: int, trials: list[str], steps: int, overrides: list[str],
+               steps_field: str) -> list[str]:
+    """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N ...``."""
+    rest, searchpath = _searchpath(overrides, tune_dir / files.TUNE_CONF)
+    rest = [o for o in rest if override_key(o) != f"task.{steps_field}"]
+    quiet = [] if any(override_key(o) == "launcher.console_ranks" for o in rest) else ["launcher.console_ranks=[]"]
+    return [sys.executable, "-m", "wf_launch", "-m", *rest, *quiet, searchpath,
+            f"+{TRIAL_GROUP}={','.join(trials)}", f"task.{steps_field}={steps}",
+            f"hydra.sweep.dir={files.tune_round_dir(tune_dir, round_index)}",
+            "hydra.callbacks.sweep_report.exit_nonzero=false", "hydra.callbacks.sweep_report.chart=false"]
+
+
+def _die_with_tuner() -> None:
+    """In the sweep process: SIGTERM when the tuner dies, so no round outlives its tune (Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def trial_of(job_dir: Path) -> str | None:
+    """The trial a sweep point ran (its ``+wf_tune_trial=`` override), or None."""
+    try:
+        overrides = yaml.safe_load(files.hydra_overrides(job_dir).read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return None
+    for o in overrides:
+        if isinstance(o, str) and override_key(o) == TRIAL_GROUP:
+            return o.split("=", 1)[1]
+    return None
+
+
+def job_dirs(round_dir: Path) -> dict[str, Path]:
+    """trial id -> its point directory in the round's sweep directory."""
+    out: dict[str, Path] = {}
+    if round_dir.is_dir():
+        for d in sorted(round_dir.iterdir()):
+            if d.is_dir() and d.name.isdigit() and (trial := trial_of(d)) is not None:
+                out[trial] = d
+    return out
+
+
+@dataclass
+class Watch:
+    """How a round is watched: the metric and warm-up (to measure), ``stall_s``, the budget's ``deadline``
+    (monotonic, or None), ``check_metric`` (stop at the first trial that measures nothing), the launcher."""
+
+    metric: str
+    warmup: int
+    stall_s: float
+    deadline: float | None
+    check_metric: bool
+    launcher: str
+    poll_s: float = 0.25
+
+
+class RoundRunner:
+    """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends."""
+
+    def __init__(self, tune_dir: Path, round_index: int, trials: list[dict[str, Any]], steps: int,
+                 argv: list[str], watch: Watch, interrupt: Interrupt,
+                 on_measure: Callable[[Measurement], None]) -> None:
+        self.dir = tune_dir
+        self.index = round_index
+        self.trials = {t["id"]: t for t in trials}
+        self.steps = steps
+        self.argv = argv
+        self.watch = watch
+        self.interrupt = interrupt
+        self.on_measure = on_measure
+        self.round_dir = files.tune_round_dir(tune_dir, round_index)
+        self.stalled: dict[str, str] = {}
+        self.done: dict[str, Measurement] = {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> RoundOutcome:
+        log = files.tune_round_log(self.dir, self.index)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, STEPS_ENV: "1"}
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, preexec_fn=_die_with_tuner)
+        status, message = DONE, ""
+        try:
+            status, message = self._watch()
+        finally:
+            code = self._wait()
+        if status == DONE and code not in (0, None):
+            status, message = SWEEP_FAILED, f"the round's sweep exited with code {code}; see {log}"
+        return RoundOutcome(status, self._measure_all(), message, code)
+
+    def _watch(self) -> tuple[str, str]:
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            if self.interrupt.signum is not None:
+                self._stop(self.interrupt.signum)
+                return INTERRUPTED, f"interrupted by {signal.Signals(self.interrupt.signum).name}"
+            if self.watch.deadline is not None and time.monotonic() > self.watch.deadline:
+                self._stop(signal.SIGINT)
+                return BUDGET, "--budget-s spent"
+            stop = self._poll_points()
+            if stop:
+                self._stop(signal.SIGINT)
+                return NO_METRIC_STOP, stop
+            time.sleep(self.watch.poll_s)
+        self._poll_points()
+        return DONE, ""
+
+    def _stop(self, signum: int) -> None:
+        """Stop the sweep as a terminal would: SIGINT to its process group; SIGTERM to the sweep itself."""
+        assert self.proc is not None
+        try:
+            if signum == signal.SIGINT:
+                os.killpg(self.proc.pid, signal.SIGINT)
+            else:
+                os.kill(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _wait(self, grace_s: float = 120.0) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return self.proc.wait()
+
+    def _poll_points(self) -> str:
+        """Measure the trials that ended since the last poll, stop stalled ones; a reason to stop the round, or ''."""
+        for trial, job_dir in job_dirs(self.round_dir).items():
+            if trial in self.done or trial not in self.trials:
+                continue
+            try:
+                record = RunRecord.read(job_dir)
+            except RecordError:
+                record = None
+            if record is not None and record.final:
+                m = self._measure(trial, job_dir)
+                self.done[trial] = m
+                self.on_measure(m)
+                if m.status == NO_METRIC and self.watch.check_metric:
+                    return m.cause
+            elif trial not in self.stalled and files.config_path(job_dir).exists():
+                self._check_stall(trial, job_dir)
+        return ""
+
+    def _measure(self, trial: str, job_dir: Path | None) -> Measurement:
+        if job_dir is None:
+            return Measurement(trial, self.index, "not_run", steps=self.steps)
+        return measure_point(job_dir, trial, self.index, self.watch.metric, self.watch.warmup, self.steps,
+                             self.stalled.get(trial), self.trials[trial]["sizes"])
+
+    def _measure_all(self) -> list[Measurement]:
+        dirs = job_dirs(self.round_dir)
+        out = []
+        for trial in self.trials:
+            m = self.done.get(trial) or self._measure(trial, dirs.get(trial))
+            out.append(m)
+        return out
+
+    def _check_stall(self, trial: str, job_dir: Path) -> None:
+        from .stall import last_activity, stop_stalled
+
+        world = self.trials[trial]["world_size"]
+        since = last_activity(job_dir, world, local=self.watch.launcher == "local")
+        if since is not None and time.time() - since > self.watch.stall_s:
+            self.stalled[trial] = stop_stalled(job_dir, world, self.watch.launcher, self.watch.stall_s)
