@@ -36,6 +36,12 @@ def _app(cfg: DictConfig) -> object:
     from .app import run
 
     hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN and OmegaConf.select(cfg, "launcher.resume", default=False) is True:
+        from .tools.sweep.resume import kept_outcome
+
+        kept = kept_outcome(Path(hc.runtime.output_dir))  # a resumed sweep: a point that ended ok is kept
+        if kept is not None:
+            return kept
     outcome = run(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
     if hc.mode == RunMode.MULTIRUN:
         return outcome

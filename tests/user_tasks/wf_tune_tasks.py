@@ -11,6 +11,7 @@ function. Layout keys (``tp1-cp2-pp1-dp1-mb2``) in ``raise_at`` / ``oom_at`` /
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from wf_launch import TaskConfig, TaskContext, register_task
 from wf_launch.config import EngineConfig, config_error, positive_int
 
 UNIT_S = 0.03
+FAIL_ENV = "WF_CLOCKWORK_FAIL"
+"""A layout key: that layout raises while this variable names it (a failure that a rerun does not repeat)."""
 
 
 def step_seconds(tp: int, cp: int, pp: int, dp: int, mb: int, unit: float = UNIT_S) -> float:
@@ -79,6 +82,8 @@ def clockwork(ctx: TaskContext) -> dict[str, Any]:
     ctx.groups["world"].barrier()
     t0 = time.perf_counter()
     for step in range(1, cfg.steps + 1):
+        if os.environ.get(FAIL_ENV) == key:
+            raise RuntimeError(f"clockwork: layout {key} fails while {FAIL_ENV} names it")
         if key in cfg.raise_at and step == 2:
             raise ValueError(f"clockwork: layout {key} refuses at step 2, as asked")
         if key in cfg.oom_at and step == 2:

@@ -45,7 +45,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         """A sweep directory holds one sweep: refuse one that holds points already (exit 2).
 
-        With ``launcher.overwrite=true`` the earlier sweep is moved aside into a
+        With ``launcher.resume=true`` the sweep continues the one in the directory (only
+        the sweep that made it may: :mod:`.resume`). With ``launcher.overwrite=true`` the earlier sweep is moved aside into a
         sibling ``NAME.replaced-TIMESTAMP`` directory first, so its points never
         mix into this sweep's report.
         """
@@ -54,6 +55,10 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         old = sorted(d.name for d in sweep_dir.iterdir()
                      if d.is_dir() and any((d / m).exists() for m in files.MARKERS)) if sweep_dir.is_dir() else []
+        if OmegaConf.select(config, "launcher.resume", default=False) is True:
+            self._resume(config, sweep_dir, old)
+            self._sweep_dir = sweep_dir
+            return
         if old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
             print(f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
                   f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
@@ -64,6 +69,30 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             sweep_dir.rename(aside)
             sweep_dir.mkdir()
         self._sweep_dir = sweep_dir
+
+    @staticmethod
+    def _resume(config: Any, sweep_dir: Path, old: list[str]) -> None:
+        """``launcher.resume=true``: check that this sweep made ``sweep_dir`` (else exit 2), and say what will run."""
+        from omegaconf import OmegaConf
+
+        from .resume import ResumeRefused, check_same_sweep, count_kept
+
+        if OmegaConf.select(config, "launcher.overwrite", default=False) is True:
+            print("wf_launch: launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the sweep "
+                  "aside, resume continues it)", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        if not old:
+            print(f"wf_launch: launcher.resume=true: {sweep_dir} holds no sweep yet; every point runs",
+                  file=sys.stderr, flush=True)
+            return
+        try:
+            check_same_sweep(sweep_dir, config)
+        except ResumeRefused as exc:
+            print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        ok, total = count_kept(sweep_dir)
+        print(f"wf_launch: resuming the sweep in {sweep_dir}: {ok} of {total} started point(s) ended ok and are "
+              "kept; the others, and the points never started, run", file=sys.stderr, flush=True)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus

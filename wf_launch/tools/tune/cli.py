@@ -222,7 +222,7 @@ def _run(state: TuneState, interrupt: Interrupt) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     interrupt = Interrupt()
 
     def handler(signum: int, frame: Any) -> None:

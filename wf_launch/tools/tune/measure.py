@@ -143,7 +143,7 @@ def _failure(record: RunRecord, stalled: str | None) -> tuple[str, str]:
     failure = record.failure or {}
     if record.status is Status.FAILED:
         if failure.get("type") in _OOM_TYPES or "out of memory" in str(failure.get("message", "")).lower():
-            return OOM, f"out of memory: {text}"
+            return OOM, text
         if failure.get("cause") == "signal" and failure.get("signal") == "SIGKILL":
             return OOM, f"{text} (most likely the kernel's out-of-memory killer: the tuner did not send it)"
         return FAILED, text

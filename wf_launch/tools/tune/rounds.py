@@ -156,11 +156,12 @@ class Watch:
 
 
 class RoundRunner:
-    """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends."""
+    """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends (``known``: trials
+    measured before a resume, kept as they are)."""
 
     def __init__(self, tune_dir: Path, round_index: int, trials: list[dict[str, Any]], steps: int,
                  argv: list[str], watch: Watch, interrupt: Interrupt,
-                 on_measure: Callable[[Measurement], None]) -> None:
+                 on_measure: Callable[[Measurement], None], known: dict[str, Measurement] | None = None) -> None:
         self.dir = tune_dir
         self.index = round_index
         self.trials = {t["id"]: t for t in trials}
@@ -171,7 +172,7 @@ class RoundRunner:
         self.on_measure = on_measure
         self.round_dir = files.tune_round_dir(tune_dir, round_index)
         self.stalled: dict[str, str] = {}
-        self.done: dict[str, Measurement] = {}
+        self.done: dict[str, Measurement] = dict(known or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def run(self) -> RoundOutcome:

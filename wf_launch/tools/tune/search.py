@@ -158,12 +158,14 @@ class Search:
     def _round(self, index: int, trials: list[str], resuming: bool) -> int | None:
         """Run round ``index``; None to go on, else the tune's exit code."""
         state, opts = self.state, self.opts
+        known: dict[str, Measurement] = {}
         if resuming:
             rec = state.rounds[-1]
             moved = set_aside(state.dir, index)
             argv = [*rec["argv"], "launcher.resume=true"]
-            self.say(f"round {index}: resuming ({len(trials) - len(moved)} of {len(trials)} trial(s) ended ok "
-                     f"before; {len(moved)} rerun from the start)")
+            known = {m.trial: m for m in state.of_round(index) if m.ok and m.trial not in moved}
+            self.say(f"round {index}: resuming: {len(known)} of {len(trials)} trial(s) measured before are kept; "
+                     f"{len(trials) - len(known)} run" + (f" ({len(moved)} from the start again)" if moved else ""))
         else:
             steps = round_steps(index, opts, state.full_length)
             argv = sweep_argv(state.dir, index, trials, steps, self.overrides, opts.steps_field)
@@ -177,7 +179,7 @@ class Search:
         watch = Watch(opts.metric, opts.warmup, opts.stall_s, self._deadline(), not any(
             m["status"] == "ok" for m in state.measurements), state.launcher)
         runner = RoundRunner(state.dir, index, [state.point(t) for t in trials], rec["steps"], argv, watch,
-                             self.interrupt, self._heard)
+                             self.interrupt, self._heard, known)
         t0 = time.monotonic()
         outcome = runner.run()
         for m in outcome.measurements:

@@ -16,7 +16,7 @@ from ...config.layout import layout_of, rank_label
 from ...launchers import get_launcher
 from ...observe.stacks import live_autopsy
 from ...rundir import files
-from ...rundir.progress import read_progress
+from .measure import read_steps
 
 __all__ = ["last_activity", "stop_stalled"]
 
@@ -43,8 +43,7 @@ def last_activity(run_dir: Path, world_size: int, local: bool) -> float | None:
 def stop_stalled(run_dir: Path, world_size: int, launcher_name: str, stall_s: float) -> str:
     """Dump the stalled trial's stacks, stop it through its launcher, and say why (for the report)."""
     launcher = get_launcher(launcher_name)
-    progress = read_progress(run_dir, world_size)
-    step = max((s["step"] for s in progress.values()), default=None)
+    step = max(read_steps(run_dir), default=None)
     where: list[str] = []
     try:
         layout = layout_of(files.read_config(run_dir, strict=True))
@@ -59,5 +58,5 @@ def stop_stalled(run_dir: Path, world_size: int, launcher_name: str, stall_s: fl
     else:
         launcher.signal_ranks(run_dir, signal.SIGKILL)
     at = "before its first step" if step is None else f"after step {step}"
-    return f"stalled: no progress for {stall_s:g} s {at}; stopped by the tuner" + (
+    return f"no progress for {stall_s:g} s {at}; stopped by the tuner" + (
         f"; {'; '.join(where[:3])}" if where else "")
