@@ -98,3 +98,22 @@ def clockwork(ctx: TaskContext) -> dict[str, Any]:
         return {"layout_key": key}
     return {"layout_key": key, "tokens_per_step": tokens_per_step(sizes["dp"], cfg.micro_batches),
             "tokens_per_s": tokens_per_step(sizes["dp"], cfg.micro_batches) * cfg.steps / elapsed}
+
+
+@register_task("train_peak", config=__import__("wf_launch.tasks.train", fromlist=["TrainConfig"]).TrainConfig,
+               preload=__import__("wf_launch.tasks.train", fromlist=["PRELOAD"]).PRELOAD)
+def train_peak(ctx: TaskContext) -> dict[str, Any]:
+    """``task=train``, then every rank's peak resident memory (``ru_maxrss``), gathered to rank 0."""
+    import resource
+
+    import torch.distributed as dist
+
+    from wf_launch.tasks.train import train
+
+    out = train(ctx)
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peaks: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(peaks, peak_gb, group=ctx.groups["world"].cpu_group)
+    if ctx.is_main:
+        out.update(peak_rss_gb=max(peaks), peak_rss_by_rank=peaks)
+    return out

@@ -130,6 +130,12 @@ class TrainConfig(TaskConfig):
                                    f"{engine.pp_size}")
             self.plan_split(engine.cp_size)
 
+    def estimate_memory_gb(self, layout: dict[str, Any]) -> float:
+        """Peak memory per rank (GB) on ``layout`` (tp/cp/pp/dp, device): :mod:`wf_launch.tasks.train_memory`."""
+        from .train_memory import estimate_memory_gb
+
+        return estimate_memory_gb(self, layout)
+
     def _model_fields(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("seed", "batch", "channels", "frames", "height", "width",
                                               "patch", "hidden", "heads", "depth", "mlp_ratio")}

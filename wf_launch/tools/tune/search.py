@@ -219,8 +219,9 @@ class Search:
         if not kept:
             state.status = st.FAILED
             self.on_round()
-            self.say(f"wf_launch.tune: no trial of round {rec['index']} measured {opts.metric}: every one failed "
-                     f"(see {files.TUNE_MD} in {state.dir})")
+            why = ("--budget-s was spent before any trial was measured" if status == BUDGET else
+                   f"no trial of round {rec['index']} measured {opts.metric}: every one failed")
+            self.say(f"wf_launch.tune: {why} (see {state.dir / files.TUNE_MD})")
             return 1
         failed = [m for m in ms if not m.ok]
         self.say(f"round {rec['index']}: kept {len(kept)} of {len(ms)}" + (f" ({len(failed)} did not finish)"
