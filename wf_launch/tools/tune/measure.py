@@ -188,16 +188,20 @@ def measure_point(run_dir: Path | str, trial: str, round_index: int, metric: str
         if base.wall_s is not None:
             base.overhead_s = max(0.0, base.wall_s - steps * base.step_time)
     if not values:
-        base.status, base.cause = NO_METRIC, "no metric: " + _no_metric_reason(metric, table)
+        base.status, base.cause = NO_METRIC, "no metric: " + _no_metric_reason(metric, table, len(durations))
         return base
     base.status, base.source = OK, source
     base.value, base.p25, base.p75 = _quartiles(values)
     return base
 
 
-def _no_metric_reason(metric: str, table: dict[int, dict[str, Any]]) -> str:
+def _no_metric_reason(metric: str, table: dict[int, dict[str, Any]], timed: int) -> str:
     if not table:
         return (f"its ranks never called ctx.progress(step, total) and its result has no {metric!r}: the tuner "
                 "times steps from ctx.progress (or reads the metric from the task's result)")
-    return (f"it reported {len(table)} step(s), too few after the warm-up to time, and its result has no "
-            f"{metric!r}")
+    if not timed:
+        return (f"it reported {len(table)} step(s), too few to time after the warm-up, and its result has no "
+                f"{metric!r}")
+    work = f" nor {metric.removesuffix('_per_s')}_per_step" if metric.endswith("_per_s") else ""
+    return (f"it reports steps (ctx.progress) but neither {metric!r} with each step, nor {metric!r}{work} in its "
+            f"result; --metric {STEP_TIME} tunes on step time alone")
