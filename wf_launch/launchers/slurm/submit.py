@@ -86,7 +86,8 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
         "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size), "cpus_per_task": lc.cpus_per_task,
         "time": lc.time_min, "signal_delay_s": lc.signal_delay_s,
         "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
-        "additional_parameters": {"requeue": True, **dict(lc.sbatch_extra or {})},
+        "additional_parameters": {"requeue": True, **{k: True if v == "" else v  # '': a bare flag (--exclusive)
+                                                      for k, v in dict(lc.sbatch_extra or {}).items()}},
     }
     if lc.gpus_per_node:
         params["gpus_per_node"] = lc.gpus_per_node

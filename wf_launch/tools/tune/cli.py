@@ -207,15 +207,18 @@ def _run(state: TuneState, interrupt: Interrupt) -> int:
 
     def on_round() -> None:
         state.save()
-        write_report(state)
+        write_report(state, chart=False)  # the chart (matplotlib: seconds) once, at the end
 
     state.dir.mkdir(parents=True, exist_ok=True)
     state.status = "running"
     state.save()
     opts = _options(state)
-    code = Search(state, opts, state.args["overrides"], interrupt, lambda line: print(line, flush=True),
-                  on_round).run()
-    on_round()
+    try:
+        code = Search(state, opts, state.args["overrides"], interrupt, lambda line: print(line, flush=True),
+                      on_round).run()
+    finally:
+        state.save()
+        write_report(state)
     if code == 0:
         _summary(state)
     return code

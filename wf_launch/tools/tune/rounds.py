@@ -99,11 +99,18 @@ def _searchpath(overrides: list[str], conf: Path) -> tuple[list[str], str]:
 
 
 def sweep_argv(tune_dir: Path, round_index: int, trials: list[str], steps: int, overrides: list[str],
-               steps_field: str) -> list[str]:
-    """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N ...``."""
+               steps_field: str, launcher: str = "local") -> list[str]:
+    """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N ...``.
+
+    On SLURM every trial asks for nodes of its own (``--exclusive``) unless the overrides say otherwise:
+    trials of a round run as array points, at once, and must not share a node's cores.
+    """
     rest, searchpath = _searchpath(overrides, tune_dir / files.TUNE_CONF)
     rest = [o for o in rest if override_key(o) != f"task.{steps_field}"]
-    quiet = [] if any(override_key(o) == "launcher.console_ranks" for o in rest) else ["launcher.console_ranks=[]"]
+    keys = {override_key(o) for o in rest}
+    quiet = [] if "launcher.console_ranks" in keys else ["launcher.console_ranks=[]"]
+    if launcher == "slurm" and not any(k.startswith("launcher.sbatch_extra") for k in keys):
+        quiet.append("++launcher.sbatch_extra.exclusive=''")
     return [sys.executable, "-m", "wf_launch", "-m", *rest, *quiet, searchpath,
             f"+{TRIAL_GROUP}={','.join(trials)}", f"task.{steps_field}={steps}",
             f"hydra.sweep.dir={files.tune_round_dir(tune_dir, round_index)}",

@@ -168,7 +168,7 @@ class Search:
                      f"{len(trials) - len(known)} run" + (f" ({len(moved)} from the start again)" if moved else ""))
         else:
             steps = round_steps(index, opts, state.full_length)
-            argv = sweep_argv(state.dir, index, trials, steps, self.overrides, opts.steps_field)
+            argv = sweep_argv(state.dir, index, trials, steps, self.overrides, opts.steps_field, state.launcher)
             rec = {"index": index, "steps": steps, "trials": trials, "argv": argv, "status": "running"}
             state.rounds.append(rec)
             self.say(f"round {index}: {len(trials)} trial(s) of {steps} steps ({opts.warmup} warm-up), "
