@@ -151,3 +151,23 @@ def test_a_task_without_a_metric_is_refused_after_its_first_trial(tmp_path: Path
     assert state["status"] == "failed" and len(state["rounds"][0]["trials"]) == 5
     started = [p for p in (d / "rounds" / "r0").iterdir() if p.name.isdigit()]
     assert len(started) < 5  # stopped at the first trial that measured nothing, not after the round
+
+
+def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> None:
+    d = tmp_path / "tune"
+    t0 = time.monotonic()
+    proc = subprocess.run(tune_cmd([*CLOCKWORK, "world_size=4", "task.steps=30", "task.unit_s=0.05", "--also",
+                                    "task.micro_batches=1,2", *FAST, "--budget-s", "20", "--dir", str(d)]),
+                          capture_output=True, text=True, timeout=240, env=cli_env(), cwd=tmp_path)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "winner (--budget-s spent):" in proc.stdout
+    state = json.loads((d / "tune.json").read_text())
+    assert state["status"] == "budget" and state["rounds"][-1]["status"] == "budget"
+    measured = [m for m in state["measurements"] if m["status"] == "ok"]
+    unmeasured = [m for m in state["measurements"] if m["round"] == 0 and m["status"] != "ok"]
+    assert measured and unmeasured  # cut in round 0, with some of its 13 trials measured
+    best = max(measured, key=lambda m: m["value"])
+    assert state["winner"] == best["trial"]
+    assert "not measured in round 0: --budget-s spent" in (d / "tune_report.md").read_text()
+    assert wall < 20 + 30  # stopped once the budget was spent (plus stopping and the report)

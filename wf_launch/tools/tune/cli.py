@@ -227,10 +227,6 @@ def _run(state: TuneState, interrupt: Interrupt) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)
     interrupt = Interrupt()
-
-    def handler(signum: int, frame: Any) -> None:
-        interrupt.signum = signum
-
     try:
         _check_options(args)
         state = _resumed(args) if args.resume is not None else _new(args)
@@ -241,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the tune in {state.dir} has finished; nothing to resume")
             _summary(state)
             return 0
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             return _run(state, interrupt)
         finally:

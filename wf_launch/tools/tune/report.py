@@ -54,8 +54,10 @@ def outcome_of(state: TuneState, trial: str) -> str:
             return f"{m.status} in round {rec['index']}: {m.cause}"
         if trial in (rec.get("dropped") or {}):
             return f"dropped after round {rec['index']}: {rec['dropped'][trial]}"
+        if rec.get("status") == "budget" and (m is None or not m.ok):
+            return f"not measured in round {rec['index']}: --budget-s spent"
         if rec.get("status") != "done":
-            return f"round {rec['index']} {rec.get('status')}"
+            return f"round {rec['index']}: {rec.get('status')}"
         return f"kept after round {rec['index']}"
     return "not measured"
 

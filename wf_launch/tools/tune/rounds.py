@@ -44,9 +44,15 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass
 class Interrupt:
-    """Set by the tune's signal handlers: the signal to pass on to the round's sweep."""
+    """Set by the tune's signal handlers: the signal to pass on to the round's sweep, and how many came
+    (a second one stops the sweep at once)."""
 
     signum: int | None = None
+    count: int = 0
+
+    def __call__(self, signum: int, frame: Any = None) -> None:
+        self.signum = signum
+        self.count += 1
 
 
 @dataclass
@@ -138,13 +144,17 @@ def trial_of(job_dir: Path) -> str | None:
     return None
 
 
-def job_dirs(round_dir: Path) -> dict[str, Path]:
-    """trial id -> its point directory in the round's sweep directory."""
+def job_dirs(round_dir: Path, cache: dict[str, str] | None = None) -> dict[str, Path]:
+    """trial id -> its point directory in the round's sweep directory (``cache``: point name -> trial, kept
+    between calls: a point's trial never changes)."""
+    cache = {} if cache is None else cache
     out: dict[str, Path] = {}
     if round_dir.is_dir():
         for d in sorted(round_dir.iterdir()):
-            if d.is_dir() and d.name.isdigit() and (trial := trial_of(d)) is not None:
-                out[trial] = d
+            if d.name.isdigit() and d.name not in cache and d.is_dir() and (trial := trial_of(d)) is not None:
+                cache[d.name] = trial
+            if d.name in cache:
+                out[cache[d.name]] = d
     return out
 
 
@@ -181,6 +191,7 @@ class RoundRunner:
         self.stalled: dict[str, str] = {}
         self.done: dict[str, Measurement] = dict(known or {})
         self.proc: subprocess.Popen[bytes] | None = None
+        self._names: dict[str, str] = {}
 
     def run(self) -> RoundOutcome:
         log = files.tune_round_log(self.dir, self.index)
@@ -227,19 +238,22 @@ class RoundRunner:
             pass
 
     def _wait(self, grace_s: float = 120.0) -> int | None:
+        """The sweep's exit code; after ``grace_s``, or at a second Ctrl-C / SIGTERM, its process group is killed."""
         assert self.proc is not None
-        try:
-            return self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return self.proc.wait()
+        deadline, seen = time.monotonic() + grace_s, self.interrupt.count
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline or self.interrupt.count > max(seen, 1):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return self.proc.wait()
+            time.sleep(0.1)
+        return self.proc.returncode
 
     def _poll_points(self) -> str:
         """Measure the trials that ended since the last poll, stop stalled ones; a reason to stop the round, or ''."""
-        for trial, job_dir in job_dirs(self.round_dir).items():
+        for trial, job_dir in job_dirs(self.round_dir, self._names).items():
             if trial in self.done or trial not in self.trials:
                 continue
             try:

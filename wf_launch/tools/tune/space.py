@@ -22,7 +22,7 @@ __all__ = ["OWNED_KEYS", "SIZE_KEYS", "Point", "TuneError", "build_space", "divi
 SIZE_KEYS = tuple(f"engine.{d}_size" for d in DIMS)
 """The sizes the tuner chooses: an override that fixes one is refused."""
 OWNED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "launcher.resume", "launcher.overwrite",
-              "launcher.dry_run", "engine")
+              "launcher.dry_run", "launcher.wait", "engine")
 """What the tuner sets itself for every trial (or what would fix every size at once)."""
 MAX_WORLD_SIZE = 1 << 20
 _SLUG = re.compile(r"[^A-Za-z0-9_]+")
