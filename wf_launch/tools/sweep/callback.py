@@ -109,7 +109,13 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             raise SystemExit(int(getattr(outcome, "exit_code", 130)) or 130)
 
     def _record_launch_error(self, job_dir: Path, job_return: Any) -> None:
-        """The launch itself raised: record it as a failed point and let the sweep go on."""
+        """The launch itself raised: record it as a failed point and let the sweep go on.
+
+        A signal that reached the launch before it could stop its ranks itself (torch elastic's handler
+        raises ``SignalException`` from wherever the process is) is an interruption, not a failure: the
+        point is recorded as interrupted and the sweep stops, as when the signal reaches a running point.
+        """
+        import signal
         import traceback
 
         from hydra.core.utils import JobStatus
@@ -121,6 +127,15 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             return
         except BaseException as raised:
             exc = raised
+        sigval = getattr(exc, "sigval", None)
+        if isinstance(sigval, int):
+            name = signal.Signals(sigval).name
+            RunRecord.finalize(job_dir, Status.INTERRUPTED, signal_name=name, run_dir=str(job_dir),
+                               overrides=list(job_return.overrides or []),
+                               failure={"cause": "interrupt", "type": "Signal", "message": f"interrupted by {name}"})
+            print(f"wf_launch: interrupted by {name} while the point started", file=sys.stderr, flush=True)
+            self.report()
+            raise SystemExit(128 + int(sigval))
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         message = f"launcher error: {type(exc).__name__}: {exc}"
         RunRecord.finalize(job_dir, Status.FAILED, overrides=list(job_return.overrides or []), run_dir=str(job_dir),
