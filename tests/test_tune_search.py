@@ -101,7 +101,7 @@ def _measured(d: Path) -> int:
 def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
     d = tmp_path / "tune"
     args = [*CLOCKWORK, "world_size=2", "task.steps=20", "task.unit_s=0.05", "--also", "task.micro_batches=1,2",
-            *FAST, "--dir", str(d)]
+            "--warmup", "1", "--min-steps", "3", "--dir", str(d)]
     proc = subprocess.Popen(tune_cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env(), cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 120

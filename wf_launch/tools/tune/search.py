@@ -212,8 +212,8 @@ class Search:
             self.say(f"wf_launch.tune: round {rec['index']}: {message}")
             return 1
         kept, dropped = select(ms, opts.metric, opts.cutoff)
-        if status == BUDGET:
-            kept = self._best_latest(rec["trials"])
+        if status == BUDGET:  # no halving: the trials as their latest measurements rank them
+            kept, dropped = self._best_latest(rec["trials"]), {}
         rec.update(kept=kept, dropped=dropped)
         self.on_round()
         if not kept:
@@ -224,8 +224,11 @@ class Search:
             self.say(f"wf_launch.tune: {why} (see {state.dir / files.TUNE_MD})")
             return 1
         failed = [m for m in ms if not m.ok]
-        self.say(f"round {rec['index']}: kept {len(kept)} of {len(ms)}" + (f" ({len(failed)} did not finish)"
-                                                                           if failed else ""))
+        if status == BUDGET:
+            self.say(f"round {rec['index']}: cut by --budget-s after {len(ms) - len(failed)} of {len(ms)} trial(s)")
+        else:
+            self.say(f"round {rec['index']}: kept {len(kept)} of {len(ms)}"
+                     + (f" ({len(failed)} did not finish)" if failed else ""))
         return None
 
     def _best_latest(self, trials: list[str]) -> list[str]:
