@@ -105,7 +105,21 @@ def _verdict(world: int, steps: int, sweeps: list[dict], tunes: list[dict]) -> d
     ratio = statistics.median(t["wall_s"] for t in tunes) / statistics.median(s["wall_s"] for s in sweeps)
     return {"world_size": world, "steps": steps, "layouts": len(steady), "best": best, "best_tokens_per_s":
             steady[best], "steady": steady, "agree": sum(t["agrees"] for t in tunes),
-            "exact": sum(t["exact"] for t in tunes), "tunes": tunes, "sweeps": sweeps, "time_ratio": ratio}
+            "exact": sum(t["exact"] for t in tunes), "tunes": tunes, "sweeps": sweeps, "time_ratio": ratio,
+            "noise_floor": _noise_floor(sweeps)}
+
+
+def _noise_floor(sweeps: list[dict]) -> list[float]:
+    """How each exhaustive sweep's own best fares in every other sweep (its throughput there over that sweep's
+    best): 1.0 when the machine is quiet enough for the sweeps to agree; below 0.95, noise alone would fail the
+    agreement criterion."""
+    out = []
+    for i, a in enumerate(sweeps):
+        best = max((k for k, v in a["tokens_per_s"].items() if v), key=lambda k: a["tokens_per_s"][k])
+        for j, b in enumerate(sweeps):
+            if i != j and b["tokens_per_s"].get(best):
+                out.append(b["tokens_per_s"][best] / max(v for v in b["tokens_per_s"].values() if v))
+    return out
 
 
 def bench_world(world: int, steps: int, args: argparse.Namespace, root: Path) -> dict:
@@ -138,6 +152,10 @@ def _report(v: dict) -> str:
              f"at {others} of its throughput)  (goal >= 9/10)",
              f"  time: tune median {statistics.median(tunes):.0f} s (min {min(tunes):.0f}, max {max(tunes):.0f}) vs "
              f"exhaustive median {statistics.median(sweeps):.0f} s = {v['time_ratio']:.2f}x  (goal <= 0.40x)"]
+    floor = v.get("noise_floor") or []
+    if floor:
+        lines.append(f"  noise floor: each exhaustive sweep's best runs at {', '.join(f'{x:.0%}' for x in floor)} of "
+                     "the other sweeps' best (below 95%: the machine's noise alone fails the 5% criterion)")
     return "\n".join(lines)
 
 
@@ -149,7 +167,13 @@ def main() -> None:
     ap.add_argument("--tunes-per-round", type=int, default=5, help="tunes after each exhaustive sweep (default 5)")
     ap.add_argument("--dir", type=Path, default=None, help="where the runs go (default bench_tune/TIMESTAMP)")
     ap.add_argument("overrides", nargs="*", help="more overrides of the task (e.g. task.hidden=64)")
+    ap.add_argument("--report", type=Path, default=None, help="print the verdict of an earlier run's "
+                    "bench_tune.json (its measurements are kept), run nothing")
     args = ap.parse_args()
+    if args.report is not None:
+        for v in json.loads(args.report.read_text()):
+            print(_report(_verdict(v["world_size"], v["steps"], v["sweeps"], v["tunes"])))
+        return
     steps = {int(w): int(s) for w, s in (item.split(":") for item in args.steps.split(","))}
     root = (args.dir or Path("bench_tune") / time.strftime("%Y%m%d-%H%M%S")).absolute()
     root.mkdir(parents=True, exist_ok=True)
