@@ -13,7 +13,8 @@ What a rank of ``train`` holds (float32, 4 bytes a number):
   :data:`CPU_GATHERED` copies of the whole model (every stage's model and EMA, gathered
   and hashed for ``weights_sha256``). The build (the whole seeded model, then the stage
   and its EMA copy before sharding) stays below that.
-- **Activations**: GPipe keeps every micro-batch's activations until its backward. Per
+- **Activations**: GPipe keeps every micro-batch's activations until its backward (``micro_batches``,
+  or ``global_batch / (dp x batch)`` when the config fixes the global batch). Per
   block and sample, a rank saves about ``(ACT_HIDDEN + 2 x mlp_ratio) x hidden`` numbers
   per local token (its share ``tokens / cp``) plus the gathered keys and values of the
   whole sequence when ``cp > 1`` (``ACT_GATHERED x hidden`` per token of the sequence).
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from .train import TrainConfig
 
 __all__ = ["ACT_GATHERED", "ACT_HIDDEN", "CPU_GATHERED", "CPU_RUNTIME_GB", "CPU_UNSHARDED", "estimate_memory_gb",
-           "stage_parameters"]
+           "micro_batches", "stage_parameters"]
 
 BYTES = 4
 GB = 2**30
@@ -86,7 +87,14 @@ def _tokens(cfg: TrainConfig) -> int:
     return (cfg.frames // pt) * (cfg.height // ph) * (cfg.width // pw)
 
 
-def _activations(cfg: TrainConfig, blocks: int, cp: int) -> float:
+def micro_batches(cfg: TrainConfig, dp: int) -> int:
+    """Micro-batches per replica: ``global_batch / (dp * batch)`` when the config fixes the global batch, else
+    ``micro_batches``."""
+    global_batch = int(getattr(cfg, "global_batch", 0) or 0)
+    return max(1, global_batch // (dp * cfg.batch)) if global_batch else cfg.micro_batches
+
+
+def _activations(cfg: TrainConfig, blocks: int, cp: int, dp: int) -> float:
     """Numbers a stage keeps for the backward over all of a step's micro-batches."""
     tokens = _tokens(cfg)
     local = tokens / cp
@@ -94,7 +102,7 @@ def _activations(cfg: TrainConfig, blocks: int, cp: int) -> float:
     if cp > 1:
         per_block += tokens * cfg.hidden * ACT_GATHERED
     stage_input = local * cfg.hidden
-    return cfg.micro_batches * cfg.batch * (blocks * per_block + stage_input)
+    return micro_batches(cfg, dp) * cfg.batch * (blocks * per_block + stage_input)
 
 
 def estimate_memory_gb(cfg: TrainConfig, layout: Mapping[str, Any]) -> float:
@@ -108,7 +116,7 @@ def estimate_memory_gb(cfg: TrainConfig, layout: Mapping[str, Any]) -> float:
     for stage in range(pp):
         params, block = stage_parameters(cfg, pp, stage)
         blocks = len(stage_blocks(cfg.depth, pp, stage))
-        numbers = STATE_COPIES * params / shards + _activations(cfg, blocks, cp)
+        numbers = STATE_COPIES * params / shards + _activations(cfg, blocks, cp, dp)
         if cpu:
             numbers += CPU_UNSHARDED * params + (CPU_GATHERED * full if stage == 0 else 0)
         else:
