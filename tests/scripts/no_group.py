@@ -1,0 +1,25 @@
+"""A script that never starts a process group: each rank works alone and writes what it saw.
+
+    torchrun --nproc-per-node 2 no_group.py --out-dir DIR
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out-dir", required=True)
+    args = parser.parse_args()
+    rank = int(os.environ["RANK"])
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seen = {k: v for k, v in os.environ.items() if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") or k.startswith("WF_")}
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "env": seen, "cwd": os.getcwd()}))
+    print(f"rank {rank} of {os.environ['WORLD_SIZE']} worked alone", flush=True)
+
+
+if __name__ == "__main__":
+    main()
