@@ -6,18 +6,21 @@
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--cp", type=int, default=None)
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seen = {k: v for k, v in os.environ.items() if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") or k.startswith("WF_")}
-    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "env": seen, "cwd": os.getcwd()}))
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "env": seen, "cwd": os.getcwd(),
+                                                      "argv": sys.argv}))
     print(f"rank {rank} of {os.environ['WORLD_SIZE']} worked alone", flush=True)
 
 

@@ -43,6 +43,24 @@ def hydra_quote(text: str) -> str:
     return "'" + text.replace("'", "\\'") + "'"
 
 
+_REFUSED = {
+    "no_python": "wf_launch runs Python scripts in its ranks; run other programs with torchrun",
+    "log_dir": "every rank logs into the run directory's logs folder; choose the run directory with --run-dir",
+    "rdzv_id": "wf_launch names each launch itself (TORCHELASTIC_RUN_ID); drop the flag",
+    "rdzv_conf": "the rendezvous is wf_launch's own (loopback c10d); drop the flag",
+    "logs_specs": "every rank logs into the run directory's logs folder; drop the flag",
+    "numa_binding": "not supported by wf_launch's local launcher; bind in the script if needed",
+    "event_log_handler": "wf_launch records the run in its run directory (its record and the launcher's log); "
+                         "drop the flag",
+    "virtual_local_rank": "not supported: LOCAL_RANK is the rank's real local rank",
+    "signals_to_handle": "wf_launch handles SIGINT/SIGTERM itself (every rank stops, exit 130/143); drop the flag",
+    "max_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
+    "min_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
+}
+"""torchrun's flags that wf_launch.run refuses (exit 2), and why."""
+_SWITCHES = frozenset({"no_python", "virtual_local_rank"})
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.run",
@@ -77,12 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--local-ranks-filter", "--local_ranks_filter", default="", help="ranks echoed to the console, e.g. 0,1")
     add("-m", "--module", action="store_true", help="the script is a module: python -m MODULE")
     add("--run-path", "--run_path", action="store_true", help="accepted: scripts always run through runpy")
-    for flag in ("--no-python", "--no_python", "--log-dir", "--log_dir", "--rdzv-id", "--rdzv_id",
-                 "--rdzv-conf", "--rdzv_conf", "--logs-specs", "--logs_specs", "--numa-binding", "--numa_binding",
-                 "--event-log-handler", "--event_log_handler", "--virtual-local-rank", "--virtual_local_rank",
-                 "--signals-to-handle", "--signals_to_handle", "--max-nodes", "--min-nodes"):
-        add(flag, dest=f"refused_{flag.lstrip('-').replace('-', '_')}", nargs="?", const=True, default=None,
-            help=argparse.SUPPRESS)
+    for name in _REFUSED:  # torchrun's spellings, with - and _; switches take no value
+        flags = [f"--{name.replace('_', '-')}", f"--{name}"]
+        kind = {"action": "store_true", "default": None} if name in _SWITCHES else {"default": None}
+        add(*dict.fromkeys(flags), dest=f"refused_{name}", help=argparse.SUPPRESS, **kind)
     add("--run-dir", default=None, metavar="DIR", help="the run directory (default: outputs/DATE/TIME-ID)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="any wf_launch override, e.g. engine.cp_size=2 (dp becomes nproc / cp), launcher.console_ranks=[0]")
@@ -90,22 +106,6 @@ def _parser() -> argparse.ArgumentParser:
     add("training_script", metavar="SCRIPT", help="the script (or, with -m, the module) every rank runs")
     add("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, as they are")
     return p
-
-
-_REFUSED = {
-    "no_python": "wf_launch runs Python scripts in its ranks; run other programs with torchrun",
-    "log_dir": "every rank logs into the run directory's logs folder; choose the run directory with --run-dir",
-    "rdzv_id": "wf_launch names each launch itself (TORCHELASTIC_RUN_ID); drop the flag",
-    "rdzv_conf": "the rendezvous is wf_launch's own (loopback c10d); drop the flag",
-    "logs_specs": "every rank logs into the run directory's logs folder; drop the flag",
-    "numa_binding": "not supported by wf_launch's local launcher; bind in the script if needed",
-    "event_log_handler": "wf_launch records the run in its run directory (its record and the launcher's log); "
-                         "drop the flag",
-    "virtual_local_rank": "not supported: LOCAL_RANK is the rank's real local rank",
-    "signals_to_handle": "wf_launch handles SIGINT/SIGTERM itself (every rank stops, exit 130/143); drop the flag",
-    "max_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
-    "min_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
-}
 
 
 @dataclass
