@@ -9,6 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_MAX_RESTARTS")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -18,9 +22,9 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    seen = {k: v for k, v in os.environ.items() if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") or k.startswith("WF_")}
+    seen = {k: v for k, v in os.environ.items() if k in TORCHRUN_VARS or k.startswith("WF_")}
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "env": seen, "cwd": os.getcwd(),
-                                                      "argv": sys.argv}))
+                                                      "argv": sys.argv, "file": os.path.abspath(__file__)}))
     print(f"rank {rank} of {os.environ['WORLD_SIZE']} worked alone", flush=True)
 
 
