@@ -272,3 +272,29 @@ def test_bad_inputs_exit_2_before_anything_starts_and_the_dry_run_shows_each_com
         assert f"RANK={r} LOCAL_RANK={r} ROLE_RANK={r} {sys.executable} {SCRIPTS / 'no_group.py'} " \
                "--out-dir 'a b' --cp 2" in out, out
     assert not any(tmp_path.rglob("logs"))
+
+
+_hostile = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
+            | st.text(max_size=20) | st.sampled_from(["", "a..b", ":", "os:getcwd", "os:sep", "x.py", "\n", "../..",
+                                                      "s.py", "callmod_q:main", "json:dumps"]))
+_field_values = st.recursive(_hostile, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=5), inner, max_size=2), max_leaves=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["path", "module", "args", "fresh_interpreter", "keep", "target", "kwargs",
+                                        "workdir"]), _field_values, max_size=4))
+def test_any_script_or_call_config_is_accepted_or_refused_with_a_config_error(tmp_path_factory: pytest.TempPathFactory,
+                                                                            fields: dict) -> None:
+    """Hostile values for every field: validation accepts them or raises ConfigError, never anything else."""
+    workdir = tmp_path_factory.getbasetemp() / "fuzz_workdir"
+    workdir.mkdir(exist_ok=True)
+    (workdir / "s.py").write_text("")
+    (workdir / "callmod_q.py").write_text("def main(lr=0.1):\n    return {}\n")
+    for cls, own in ((ScriptConfig, ("path", "module", "args")), (CallConfig, ("target", "kwargs"))):
+        chosen = {k: v for k, v in fields.items() if k in (*own, "fresh_interpreter", "keep", "workdir")}
+        chosen.setdefault("workdir", str(workdir))
+        try:
+            cls.build({"name": cls.__name__, **chosen}).validate()
+        except ConfigError:
+            pass

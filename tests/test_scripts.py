@@ -106,6 +106,18 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
     assert leftover_processes(str(run_dir)) == []
 
 
+def test_a_killed_rank_restarts_and_rejoins_late_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """kill -9 of a rank under --max-restarts: its supervisor dies of the same signal (fresh interpreter), the
+    group restarts with a fresh store, and a rank that re-joins late still finds its peers (torchrun 2.13 reads
+    the first attempt's addresses there and fails)."""
+    proc = wf_run(["--nproc-per-node", "2", "--max-restarts", "1", "--set", "task.fresh_interpreter=true",
+                   "--run-dir", "run", str(SCRIPTS / "restart_late.py")], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = result(tmp_path / "run")
+    assert [a["ended_by"] for a in record["attempts"]] == ["rank 1 killed by SIGKILL", "completed"]
+    assert "attempt 1 rank 1 sum 2.0" in (tmp_path / "run" / "logs" / "rank1.log").read_text()
+
+
 def test_a_script_that_never_starts_a_group_runs_on_every_rank(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(["task=script", f"task.path={SCRIPTS / 'no_group.py'}", f"task.args=[--out-dir,{tmp_path}/ours]",

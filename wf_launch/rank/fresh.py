@@ -96,7 +96,10 @@ def _leave_as(code: int, spec: Any) -> dict[str, Any]:
         record = exits.read_exits(spec.run_dir, world, launch_attempt()).get(rank) or {}
         return record.get("result") or {}
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL / SIGSTOP: no handler to reset
         os.kill(os.getpid(), -code)
         time.sleep(5)  # a signal that does not end the process (it was caught elsewhere): leave anyway
         flush_and_exit(128 - code)

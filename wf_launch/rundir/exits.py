@@ -46,8 +46,8 @@ def read_exits(run_dir: Path | str, world_size: int, attempt: int) -> dict[int, 
     return out
 
 
-def wait_for_exits(run_dir: Path | str, world_size: int, attempt: int, poll_s: float = 0.005,
-                   max_poll_s: float = 0.1, on_wait: Callable[[list[int]], None] | None = None
+def wait_for_exits(run_dir: Path | str, world_size: int, attempt: int, poll_s: float = 0.002,
+                   max_poll_s: float = 0.02, on_wait: Callable[[list[int]], None] | None = None
                    ) -> list[dict[str, Any]]:
     """Every rank's exit record of ``attempt``, in rank order, once all exist.
 
