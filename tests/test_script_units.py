@@ -298,3 +298,37 @@ def test_any_script_or_call_config_is_accepted_or_refused_with_a_config_error(tm
             cls.build({"name": cls.__name__, **chosen}).validate()
         except ConfigError:
             pass
+
+
+def test_a_fresh_interpreter_imports_nothing_of_torch_before_the_script(tmp_path: Path) -> None:
+    """What ``task.fresh_interpreter=true`` promises: the script finds torch not imported (one rank, in a
+    new interpreter, through the same entrypoint the fresh child runs)."""
+    import pickle
+
+    from wf_launch.rank.entrypoint import RankSpec
+
+    script = _write(tmp_path / "probe.py", """
+        import json, os, sys
+        seen = {"torch": "torch" in sys.modules, "argv": sys.argv, "rank": os.environ["RANK"],
+                "run_dir": os.environ["WF_RUN_DIR"]}
+        json.dump(seen, open(sys.argv[1], "w"))
+        """)
+    run_dir = tmp_path / "run"
+    config = {**CONFIG, "engine": {**CONFIG["engine"], "cp_size": 1, "dp_size": 1},
+              "task": {"name": "script", "modules": [], "path": str(script), "module": None,
+                       "args": [str(tmp_path / "seen.json")], "workdir": str(tmp_path), "fresh_interpreter": True,
+                       "keep": 3}}
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(RankSpec(config=config, run_dir=str(run_dir))))
+    code = ("import pickle, sys; from wf_launch.rank import fresh; fresh.mark_fresh(); "
+            "from wf_launch.rank.entrypoint import rank_main; rank_main(pickle.load(open(sys.argv[1], 'rb')))")
+    env = {k: v for k, v in cli_env().items() if not k.startswith(("TORCHELASTIC", "WF_"))}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spec.pkl")], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == {"torch": False, "argv": [str(script), str(tmp_path / "seen.json")], "rank": "0",
+                    "run_dir": str(run_dir)}
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "ok" and record["results"] == {"0": {"exit_code": 0}}

@@ -171,8 +171,6 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
 
     Raises whatever the rank failed with, after recording it.
     """
-    from worldfoundry.core.distributed import groups
-
     in_child = fresh.run_fresh_if_asked(spec)
     if in_child is not None:
         return in_child
@@ -191,6 +189,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                                      "host": socket.gethostname()})
         if gathered is not None and spec.write_result:
             _write_success(spec, gathered)
+        from worldfoundry.core.distributed import groups  # imports torch: not before a script does (fresh)
+
         groups.destroy_model_parallel()
         return value
     except Preempted:
