@@ -104,6 +104,8 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
     assert failure["stuck"]["1"]["function"] == "slow_data_loader" and "hang_on_rank.py" in failure["stuck"]["1"]["frame"]
     assert "collective timed out: rank 1 (r1 tp0 cp0 pp0 dp1) never arrived" in err
     assert leftover_processes(str(run_dir)) == []
+    plain = torchrun("hang_on_rank.py", ["--rank", "1", "--timeout-s", "2", "--sleep-s", "30"], tmp_path)
+    assert plain.returncode == 1 and "Timed out waiting 2000ms" in plain.stderr, plain.stderr[-3000:]
 
 
 def test_a_killed_rank_restarts_and_rejoins_late_in_a_fresh_interpreter(tmp_path: Path) -> None:
