@@ -216,7 +216,7 @@ def test_no_function_is_longer_than_60_lines() -> None:
 
 
 APP_MODULES = {"__init__.py", "__main__.py", "cli.py", "app.py"}
-COMMAND_SHIMS = {"status.py", "runs.py", "plot.py", "drill.py", "sweep_report.py", "checkpoint.py"}
+COMMAND_SHIMS = {"status.py", "runs.py", "plot.py", "drill.py", "sweep_report.py", "checkpoint.py", "run.py"}
 """``python -m wf_launch.NAME`` entry points (and ``wf_launch.checkpoint``'s documented import): a few lines each."""
 
 

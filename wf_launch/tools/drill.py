@@ -22,7 +22,8 @@
 
 The task must checkpoint with ``ctx.checkpoint``, poll ``ctx.should_stop()``, report
 ``ctx.progress(step, total, ...)`` and return ``weights_sha256`` and ``final_loss``
-from rank 0 (the built-in ``task=train`` does).
+from rank 0 (the built-in ``task=train`` does); a script (``task=script``) does the same
+with ``wf_launch.checkpoint``, ``should_stop``, ``progress`` and ``report_result``.
 """
 
 from __future__ import annotations
