@@ -328,5 +328,6 @@ def test_collective_errors_reach_every_rank(tmp_path: Path) -> None:
     msgs = run_ranks(_mismatched_steps, 2, str(tmp_path / "a"))
     assert all("every rank must save the same step" in m for m in msgs), msgs
     run_ranks(_plain_roundtrip, 2, str(tmp_path / "b"), [1], 2)
-    [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))
-    assert "was saved by 2 ranks; 1 are loading it" in msg
+    [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))  # 'meta' is per rank: it cannot follow a layout change
+    assert "entry 'meta' has scope 'rank'" in msg and "saved at tp=1 cp=1 pp=1 dp=2" in msg, msg
+    assert "this run's layout is tp=1 cp=1 pp=1 dp=1" in msg, msg
