@@ -267,6 +267,16 @@ def test_bad_arguments(tmp_path: Path) -> None:
         ckpt.save(1, {"cfg": {"x": object()}})
     with pytest.raises(ValueError, match=r"state\['opt'\] is an optimizer whose parameters belong to no"):
         ckpt.save(1, {"opt": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)})
+    with pytest.raises(ValueError, match=r"scopes\['data'\]='x' is not allowed: choose one of \['replicated', 'dp', 'rank'\]"):
+        ckpt.save(1, {"data": {"a": 1}}, scopes={"data": "x"})
+    with pytest.raises(ValueError, match=r"scopes\['model'\]: 'model' is a module or optimizer: DCP shards it"):
+        ckpt.save(1, {"model": nn.Linear(2, 2)}, scopes={"model": "replicated"})
+    with pytest.raises(ValueError, match=r"scopes\['gone'\]: no entry 'gone' in state \(entries: \['data'\]\)"):
+        ckpt.save(1, {"data": 1}, scopes={"gone": "rank"})
+    with pytest.raises(ValueError, match=r"remap\['data'\]=3 must be callable"):
+        ckpt.load({"data": 1}, remap={"data": 3})
+    with pytest.raises(ValueError, match=r"seed='0' must be an int"):
+        Checkpointer(tmp_path, seed="0")
     assert not (tmp_path / "checkpoints").exists()  # nothing was written
 
 

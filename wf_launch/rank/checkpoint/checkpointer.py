@@ -384,7 +384,7 @@ class Checkpointer:
             log.warning(f"checkpoint: loaded step {report.step}, the newest readable one ({newer} unreadable: "
                         f"{report.fell_back[0][1]})")
         if report.changed:
-            log.warning(
+            log.info(
                 f"checkpoint step {report.step} was saved at {describe_layout(report.layout_from)} and loads at "
                 f"{describe_layout(report.layout_to)}: modules and optimizers resharded; RNG states {report.rng}"
                 + (f"; re-derived by the task (dp size changed): {report.rederived}" if report.rederived else "")
