@@ -341,3 +341,21 @@ def test_collective_errors_reach_every_rank(tmp_path: Path) -> None:
     [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))  # 'meta' is per rank: it cannot follow a layout change
     assert "entry 'meta' has scope 'rank'" in msg and "saved at tp=1 cp=1 pp=1 dp=2" in msg, msg
     assert "this run's layout is tp=1 cp=1 pp=1 dp=1" in msg, msg
+
+
+def test_a_parameter_that_never_had_optimizer_state_still_loads(tmp_path: Path) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.unused = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model.used(torch.ones(1, 2)).sum().backward()
+    opt.step()  # 'unused' gets no gradient, so AdamW keeps no state for it
+    Checkpointer(tmp_path).save(1, {"model": model, "optim": opt})
+    fresh = Net()
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert Checkpointer(tmp_path).load({"model": fresh, "optim": fresh_opt}) == 1
+    assert torch.equal(fresh_opt.state[fresh.used.weight]["exp_avg"], opt.state[model.used.weight]["exp_avg"])
+    assert not fresh_opt.state[fresh.unused.weight]["exp_avg"].any()  # a fresh state: what a first update starts from

@@ -64,21 +64,27 @@ class Stage(nn.Module):
 
 
 def _setup(cp: int, pp: int, dp: int) -> tuple[Any, Stage, Stage, torch.optim.Optimizer]:
+    """This rank's stage, FSDP2 over its stage's dp x cp ranks; the layout (given to the Checkpointer)."""
     import copy
 
+    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    from worldfoundry.core.distributed import groups
     from worldfoundry.core.distributed.fsdp import fsdp2_wrap
+    from worldfoundry.core.distributed.topology import Layout
 
-    groups.initialize_model_parallel(cp_size=cp, pp_size=pp, dp_size=dp)
-    layout = groups.get_layout()
-    stage_id = layout.coords(torch.distributed.get_rank())["pp"]
+    layout = Layout(cp * pp * dp, cp_size=cp, pp_size=pp, dp_size=dp)
+    rank = dist.get_rank()
+    shard = None
+    for members in layout.groups("dp-cp"):  # every rank creates every group, in the same order
+        group = dist.new_group(members)
+        if rank in members:
+            shard = group
+    stage_id = layout.coords(rank)["pp"]
     per = DEPTH // pp
     model = Stage(list(range(stage_id * per, (stage_id + 1) * per)), stage_id == pp - 1)
     ema = copy.deepcopy(model).requires_grad_(False)
-    shard = groups.get_group("dp-cp")
-    mesh = DeviceMesh.from_group(shard.device_group, "cpu", mesh_dim_names=("dp_cp",))
+    mesh = DeviceMesh.from_group(shard, "cpu", mesh_dim_names=("dp_cp",))
     fsdp2_wrap(model, mesh=mesh)
     fsdp2_wrap(ema, mesh=mesh)
     return layout, model, ema, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -124,7 +130,7 @@ def _save_at(rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], a
     dp = layout.coords(rank)["dp"]
     state = {"model": model, "ema": ema, "optim": opt, "progress": {"step": 2, "seen": [1, 2]},
              "data": torch.Generator().manual_seed(100 + dp), "mine": {"rank": rank}}
-    ckpt = Checkpointer(run_dir, keep=2, async_save=async_save, seed=5)
+    ckpt = Checkpointer(run_dir, keep=2, async_save=async_save, seed=5, layout=layout)
     ckpt.save(2, state, scopes={"progress": "replicated", "data": "dp"})
     full = _full(model, ema, opt)  # after the save returned: an async snapshot must not see later changes
     _train(model, ema, opt, 1)
@@ -136,7 +142,7 @@ def _load_at(rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], r
     layout, model, ema, opt = _setup(*sizes)
     state = {"model": model, "ema": ema, "optim": opt, "progress": {}, "data": torch.Generator().manual_seed(7)}
     fns = {"data": lambda saved, dp, dp_size: saved[dp % len(saved)]} if remap else None
-    ckpt = Checkpointer(run_dir, seed=5)
+    ckpt = Checkpointer(run_dir, seed=5, layout=layout)
     try:  # with the per-rank entry 'mine': a layout change cannot serve it
         ckpt.load({**state, "mine": {}}, remap=fns)
         refused = "loaded"
@@ -175,13 +181,19 @@ def _describe(sizes: tuple[int, int, int]) -> str:
 
 
 def _assert_export(run_dir: Path, gathered: dict[str, dict[str, torch.Tensor]]) -> None:
-    """``python -m wf_launch.checkpoint export`` (no process group) writes exactly the weights gathered in-process."""
+    """``python -m wf_launch.checkpoint export`` (no process group) writes exactly the weights gathered in-process
+    (the command in a subprocess for the model; its ``main`` in this process for the EMA)."""
+    from wf_launch.tools.checkpoint import main
+
     for flag, kind in (([], "model"), (["--ema"], "ema")):
         out = run_dir / f"{kind}.pt"
-        proc = subprocess.run([sys.executable, "-m", "wf_launch.checkpoint", "export", str(run_dir), "--out",
-                               str(out), *flag], capture_output=True, text=True, env=cli_env(), timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        assert f"exported entry '{kind}' of step 2 (saved at tp=1 cp=1 pp=2 dp=2" in proc.stdout
+        if kind == "model":
+            proc = subprocess.run([sys.executable, "-m", "wf_launch.checkpoint", "export", str(run_dir), "--out",
+                                   str(out), *flag], capture_output=True, text=True, env=cli_env(), timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            assert f"exported entry '{kind}' of step 2 (saved at tp=1 cp=1 pp=2 dp=2" in proc.stdout
+        else:
+            assert main(["export", str(run_dir), "--out", str(out), *flag]) == 0
         exported = torch.load(out, weights_only=True)
         assert sorted(exported) == sorted(gathered[kind])
         assert all(type(t) is torch.Tensor and torch.equal(t, gathered[kind][k]) for k, t in exported.items())

@@ -76,6 +76,20 @@ def global_state_dicts(plan: Plan) -> dict[str, Any]:
     return {name: _renamed(name, local, rename)[0] for name, (local, rename) in _local_dicts(plan, False).items()}
 
 
+def _drop_stateless(metadata: Any, name: str, flat: dict[str, Any]) -> None:
+    """Drop the optimizer state of parameters that had none when saved (never updated): they keep the fresh,
+    zero state ``get_optimizer_state_dict`` gave them, which is what a first update starts from anyway."""
+    saved = metadata.state_dict_metadata
+    params: dict[str, list[str]] = {}
+    for key in flat:
+        if key.startswith("state."):
+            params.setdefault(key.rpartition(".")[0], []).append(key)
+    for keys in params.values():
+        if not any(f"{name}.{k}" in saved for k in keys):
+            for k in keys:
+                del flat[k]
+
+
 def _check_against(metadata: Any, view: dict[str, dict[str, Any]], directory: Path) -> None:
     """Every key this rank needs is in the checkpoint, with the same global shape; else :class:`CheckpointRefused`."""
     saved = metadata.state_dict_metadata
@@ -119,6 +133,8 @@ def load_sharded(plan: Plan, directory: Path, metadata: Any, process_group: Any,
     for name, (sd, rename) in local.items():
         view[name], pairs[name] = _renamed(name, sd, rename)
     if not legacy:
+        for name in plan.optimizers:
+            _drop_stateless(metadata, name, view[name])
         _check_against(metadata, view, directory)
     if view:
         planner = SafeLoadPlanner(directory)
@@ -129,7 +145,7 @@ def load_sharded(plan: Plan, directory: Path, metadata: Any, process_group: Any,
             if planner.refused:  # DCP wraps what the planner raised: say it as it is
                 raise CheckpointRefused(planner.refused) from None
             raise CheckpointUnreadable(f"{directory}: {_dcp_reason(exc)}") from None
-    restored = {name: {k: view[name][g] for k, g in pairs[name]} for name in view}  # non-tensor values: replaced
+    restored = {name: {k: view[name].get(g, local[name][0][k]) for k, g in pairs[name]} for name in view}
     for name, m in plan.modules.items():
         set_model_state_dict(m, restored[name])
     options = None if legacy else StateDictOptions(flatten_optimizer_state_dict=True)
