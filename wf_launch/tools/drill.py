@@ -20,6 +20,12 @@
    per interruption (from the interruption until rank 0 is back at the step it had
    reached). ``DIR/drill.json`` keeps all of it. Exit code 0 only when identical.
 
+Across a layout change (:mod:`wf_launch.tools.drill_layout`): ``--resume-with OVERRIDES``
+relaunches the interrupted run at another layout after a ``sigterm`` (locally) or a
+``usr2`` (SLURM: the drill cancels the requeued job once the stop was saved and submits
+again), and ``--atol`` (default 1e-4 with ``--resume-with``) compares the loss curve, the
+final loss and the final weights within a tolerance instead of bitwise.
+
 The task must checkpoint with ``ctx.checkpoint``, poll ``ctx.should_stop()``, report
 ``ctx.progress(step, total, ...)`` and return ``weights_sha256`` and ``final_loss``
 from rank 0 (the built-in ``task=train`` does).
