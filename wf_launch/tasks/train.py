@@ -400,7 +400,13 @@ def load(t: Trainer) -> int | None:
 
     resumed = t.ctx.checkpoint.load(t.state)
     t.global_batch = _global_batch(t)
-    t.micro = t.cfg.micro_batches_at(t.global_batch, t.place.dp_size, t.place.n_stages)
+    try:
+        t.micro = t.cfg.micro_batches_at(t.global_batch, t.place.dp_size, t.place.n_stages)
+    except ConfigError as exc:
+        if t.progress["data"].get("global_batch") is None:
+            raise
+        raise ConfigError(f"{exc}; it is the global batch of the run being resumed (kept by its checkpoint): "
+                          "resume at a layout that splits it") from None
     t.progress["data"]["global_batch"] = t.global_batch
     attempts = t.progress["attempts"]
     attempt = max(launch_attempt(), attempts[-1]["attempt"] + 1 if attempts else 0)
