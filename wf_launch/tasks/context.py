@@ -68,16 +68,19 @@ class TaskContext:
     def checkpoint(self) -> Checkpointer:
         """This run's :class:`~wf_launch.checkpoint.Checkpointer` (created on first use).
 
-        ``keep`` and ``async_save`` come from the task's config when it has those
-        fields (3 and False otherwise); checkpoints live in ``RUN_DIR/checkpoints``.
+        ``keep``, ``async_save`` and ``seed`` come from the task's config when it has those
+        fields (3, False and 0 otherwise); checkpoints live in ``RUN_DIR/checkpoints``.
         A pending asynchronous save is committed when the task returns.
         """
         if self._checkpointer is None:
+            from worldfoundry.core.validation import is_int
+
             from ..rank.checkpoint import Checkpointer
 
+            seed = getattr(self.cfg, "seed", 0)  # RNG states re-derived after a layout change start from it
             self._checkpointer = Checkpointer(self.run_dir, keep=int(getattr(self.cfg, "keep", 3)),
                                               async_save=bool(getattr(self.cfg, "async_save", False)),
-                                              record_attempt=True)
+                                              record_attempt=True, seed=seed if is_int(seed) else 0)
         return self._checkpointer
 
     def should_stop(self) -> bool:

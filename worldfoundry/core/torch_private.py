@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "DYNAMO_MODULE", "PRIVATE_NAMES", "abort_all_process_groups", "check_names", "copy_state_dict", "create_cpu_state_dict",
+    "DCP_METADATA_PRIVATE", "DYNAMO_MODULE", "PRIVATE_NAMES", "abort_all_process_groups", "check_names", "copy_state_dict", "create_cpu_state_dict",
     "foreach_add_", "foreach_copy_", "foreach_lerp_", "foreach_mul_", "hooked_agent_class",
     "release_finished_workers", "store_server_handler_class", "wait_async_collective", "worker_exit_codes",
     "worker_pids",
@@ -54,6 +54,9 @@ PRIVATE_NAMES: tuple[tuple[str, str, str, str], ...] = (
     (_RDZV, "DynamicRendezvousHandler._bootstrap_store_info", "self", "a fresh worker store for every restart"),
     ("torch.distributed._state_dict_utils", "_copy_state_dict", "attr", "async checkpoints: reuse CPU buffers"),
     ("torch.distributed._state_dict_utils", "_create_cpu_state_dict", "attr", "async checkpoints: CPU buffers"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo", "attr", "checkpoint metadata: admitted class"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "attr", "checkpoint metadata: admitted class"),
+    ("torch.serialization", "_get_layout", "attr", "checkpoint metadata: admitted (a tensor layout by name)"),
     ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", "attr", "a DTensor's pending shard"),
     ("torch.distributed.distributed_c10d", "_abort_process_group", "attr", "abort every group at once"),
     ("torch._dynamo", "", "module", "FSDP2's compiler, imported before the local launcher forks (preload)"),
@@ -209,6 +212,16 @@ def copy_state_dict(state_dict: dict[str, Any], into: dict[str, Any]) -> dict[st
     from torch.distributed._state_dict_utils import _copy_state_dict
 
     return _copy_state_dict(state_dict, into)
+
+
+DCP_METADATA_PRIVATE: frozenset[tuple[str, str]] = frozenset({
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.serialization", "_get_layout"),
+})
+"""The private (module, name) pairs a DCP ``.metadata`` pickle refers to: where each saved item lies, a tensor's
+memory format and its layout. The checkpoint reader's restricted unpickler admits these (and DCP's public
+metadata classes), nothing else; :func:`check_names` checks them on every torch upgrade."""
 
 
 def wait_async_collective(tensor: torch.Tensor) -> torch.Tensor:
