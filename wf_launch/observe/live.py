@@ -24,10 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config.layout import layout_of, rank_label
+from worldfoundry.core.validation import is_int
+
+from ..config.layout import rank_label, run_layout
 from ..rundir import files
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RunRecord
+from ..rundir.text import printable
 from .progress import ProgressMonitor, ProgressView
 
 __all__ = ["LiveView", "StateOf", "console_form", "console_ranks", "final_line", "progress_monitor"]
@@ -48,17 +51,30 @@ def final_line(outcome: RunOutcome) -> str:
 
 
 def console_ranks(config: dict[str, Any], world_size: int) -> list[int]:
-    """The ranks ``launcher.console_ranks`` shows (null: every rank)."""
-    ranks = (config.get("launcher") or {}).get("console_ranks")
-    return list(range(world_size)) if ranks is None else list(ranks)
+    """The ranks ``launcher.console_ranks`` shows (null: every rank); entries that are not ranks are left out."""
+    launcher = config.get("launcher")
+    ranks = launcher.get("console_ranks") if isinstance(launcher, dict) else None
+    if not isinstance(ranks, list):
+        return list(range(world_size))
+    return [r for r in ranks if is_int(r) and 0 <= r < world_size]
 
 
 def progress_monitor(run_dir: Path, config: dict[str, Any], label_of: Callable[[int], str],
                      write: Callable[[str], None]) -> ProgressMonitor:
     """The run's progress display, set up from its ``launcher.progress_interval_s`` and ``stall_warning_s``."""
-    lc = config.get("launcher") or {}
-    view = ProgressView(Path(run_dir), layout_of(config).world_size, label_of, float(lc.get("stall_warning_s", 300)))
-    return ProgressMonitor(view, float(lc.get("progress_interval_s", 10)), write=write)
+    lc = config.get("launcher") if isinstance(config.get("launcher"), dict) else {}
+    view = ProgressView(Path(run_dir), run_layout(config).world_size, label_of,
+                        _seconds(lc.get("stall_warning_s"), 300))
+    return ProgressMonitor(view, _seconds(lc.get("progress_interval_s"), 10), write=write)
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A launcher interval from a run's config, or ``default`` when it is not a positive finite number."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return default
+    return seconds if 0 < seconds < float("inf") else default
 
 
 def console_form(line: str) -> str:
@@ -93,12 +109,14 @@ class LiveView:
         self._monitor: ProgressMonitor | None = None
         if self.single:
             config = files.read_config(self.runs[0])
-            layout = layout_of(config)
+            layout = run_layout(config)
             self.console = console_ranks(config, layout.world_size)
             self._monitor = progress_monitor(self.runs[0], config, lambda r: rank_label(r, layout.coords(r)),
                                              self.write)
 
     def write(self, line: str) -> None:
+        """Show ``line`` (what a run wrote, or its scheduler said: control characters escaped) above the bar."""
+        line = printable(line)
         bar = self._monitor._bar if self._monitor is not None else None
         if bar is None:
             self._write(line)
@@ -123,7 +141,8 @@ class LiveView:
 
     def _stream(self, run_dir: Path) -> None:
         """Write the console ranks' new complete log lines, as '[r0 tp0 cp0 pp0 dp0] message'."""
-        for rank in self.console:
+        logs = files.rank_files(run_dir, "log")
+        for rank in self.console if len(self.console) <= len(logs) else sorted(set(self.console) & set(logs)):
             path = files.rank_log(run_dir, rank)
             offset = self._offsets.get(path)
             first = offset is None and self.backlog is not None
