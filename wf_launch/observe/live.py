@@ -28,6 +28,7 @@ from worldfoundry.core.validation import is_int
 
 from ..config.layout import rank_label, run_layout
 from ..rundir import files
+from ..rundir.io import open_regular
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RunRecord
 from ..rundir.text import printable
@@ -37,6 +38,8 @@ __all__ = ["LiveView", "StateOf", "console_form", "console_ranks", "final_line",
 
 _BACKLOG_BYTES = 1 << 16
 """How far back from a log's end the backlog is looked for (a log may hold a GB)."""
+_READ_BYTES = 4 << 20
+"""The most of a log read at one tick (the rest comes at the next)."""
 
 StateOf = Callable[[Path], "tuple[str, str] | None"]
 """A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not known."""
@@ -147,15 +150,17 @@ class LiveView:
             offset = self._offsets.get(path)
             first = offset is None and self.backlog is not None
             try:
-                with open(path, "rb") as f:
+                with open(open_regular(path), "rb") as f:
                     if first:
                         offset = max(0, f.seek(0, os.SEEK_END) - _BACKLOG_BYTES)
                     f.seek(offset or 0)
-                    data = f.read()
-            except OSError:
+                    data = f.read(_READ_BYTES)
+            except (OSError, ValueError):
                 continue
             end = data.rfind(b"\n")
             if end < 0:
+                if len(data) == _READ_BYTES:  # one line longer than a read: skipped, never re-read for ever
+                    self._offsets[path] = (offset or 0) + len(data)
                 continue
             self._offsets[path] = (offset or 0) + end + 1
             lines = data[:end].decode(errors="replace").splitlines()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import files
+from .io import open_regular
 from .record import RecordError, RunRecord, Status
 
 __all__ = ["OWNER_ONLY", "RunDirClaim", "RunDirInUse", "claim", "launch_alive", "lock_holder", "make_private",
@@ -68,9 +69,9 @@ class RunDirClaim:
 def lock_holder(run_dir: Path | str) -> tuple[int | None, str | None]:
     """The pid and host the run directory's lock file names (None where it names none)."""
     try:
-        with open(Path(run_dir) / files.LOCK, "rb") as f:
+        with open(open_regular(Path(run_dir) / files.LOCK), "rb") as f:
             words = f.read(512).decode(errors="replace").split()
-    except OSError:
+    except (OSError, ValueError):
         return None, None
     pid = int(words[0]) if words and words[0].isascii() and words[0].isdigit() and len(words[0]) < 10 else None
     return pid, (words[1] if len(words) > 1 else None)

@@ -105,19 +105,23 @@ def _attempt_lines(run_dir: Path) -> list[str]:
     return [*(attempts.describe(entries) if len(entries) > 1 else []), *problems]
 
 
-def tail_lines(path: Path, lines: int, block: int = 1 << 16) -> list[str]:
-    """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold a GB)."""
+def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 8 << 20) -> list[str]:
+    """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold a GB);
+    never more than ``max_bytes`` of it (a last line longer than that is shown cut)."""
     if lines <= 0:
         return []
     fd = open_regular(path)
     with open(fd, "rb") as f:
-        end = f.seek(0, 2)
-        data, start = b"", end
-        while start > 0 and data.count(b"\n") <= lines:
-            start = max(0, start - block)
+        start = end = f.seek(0, 2)
+        blocks: list[bytes] = []
+        newlines = 0
+        while start > 0 and newlines <= lines and end - start < max_bytes:
+            size = min(block, start)
+            start -= size
             f.seek(start)
-            data = f.read(end - start)
-    text = data.decode(errors="replace").splitlines()
+            blocks.append(f.read(size))
+            newlines += blocks[-1].count(b"\n")
+    text = b"".join(reversed(blocks)).decode(errors="replace").splitlines()
     return text[-lines:]
 
 
