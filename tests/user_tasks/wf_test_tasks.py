@@ -91,3 +91,13 @@ def preloaded(ctx: TaskContext) -> dict[str, Any]:
     import wf_preloaded
 
     return {"imported_by": wf_preloaded.IMPORTED_BY, "rank_pid": os.getpid(), "parent_pid": os.getppid()}
+
+
+@register_task("listeners")
+def listeners(ctx: TaskContext) -> dict[str, Any]:
+    """The addresses this rank's process listens on, once the groups are up (a real collective first)."""
+    import psutil
+
+    ctx.groups["world"].barrier()
+    return {"listening": sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("inet")
+                                if c.status == psutil.CONN_LISTEN)}

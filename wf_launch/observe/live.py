@@ -40,6 +40,8 @@ _BACKLOG_BYTES = 1 << 16
 """How far back from a log's end the backlog is looked for (a log may hold a GB)."""
 _READ_BYTES = 4 << 20
 """The most of a log read at one tick (the rest comes at the next)."""
+_MAX_LINE = 16 << 10
+"""The most of one line shown (a rank may print a megabyte on one line)."""
 
 StateOf = Callable[[Path], "tuple[str, str] | None"]
 """A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not known."""
@@ -119,7 +121,7 @@ class LiveView:
 
     def write(self, line: str) -> None:
         """Show ``line`` (what a run wrote, or its scheduler said: control characters escaped) above the bar."""
-        line = printable(line)
+        line = printable(line if len(line) <= _MAX_LINE else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)")
         bar = self._monitor._bar if self._monitor is not None else None
         if bar is None:
             self._write(line)

@@ -105,7 +105,11 @@ def _attempt_lines(run_dir: Path) -> list[str]:
     return [*(attempts.describe(entries) if len(entries) > 1 else []), *problems]
 
 
-def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 8 << 20) -> list[str]:
+_MAX_LINE = 16 << 10
+"""The most of one log line ``--tail`` prints."""
+
+
+def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 << 20) -> list[str]:
     """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold a GB);
     never more than ``max_bytes`` of it (a last line longer than that is shown cut)."""
     if lines <= 0:
@@ -143,7 +147,7 @@ def _tail(run_dir: Path, lines: int) -> int:
             text = [f"(unreadable: {exc})"]
         _say(f"==> {logs[rank]} <==")
         for line in text:
-            _say(line)
+            _say(line if len(line) <= _MAX_LINE else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)")
     missing = sorted(set(ranks) - set(logs))
     if missing:
         from ..observe.stacks import rank_ranges
