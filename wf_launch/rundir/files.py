@@ -193,7 +193,8 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
         return {}
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         if strict:
-            raise ValueError(f"{path}: not readable YAML ({exc})") from None
+            why = getattr(exc, "why", None) or f"not readable YAML ({exc})"
+            raise ValueError(f"{path}: {why}") from None
         return {}
     if not isinstance(config, dict):
         if strict:
