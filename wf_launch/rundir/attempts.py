@@ -28,21 +28,45 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import files
-from .io import atomic_write_json, read_json
+from worldfoundry.core.validation import is_int, is_number
 
-__all__ = ["cause_of_exits", "close", "collect", "count", "describe", "last_step", "read", "update"]
+from . import files
+from .io import UnreadableFile, atomic_write_json, read_json
+
+__all__ = ["cause_of_exits", "checked", "close", "collect", "count", "describe", "last_step", "numbers", "read",
+           "update"]
 
 _FIELDS = ("started_at", "ended_at", "resumed_from", "last_step", "ended_by", "layout_from", "layout_to")
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "started_at": (is_number, "a time"), "ended_at": (is_number, "a time"),
+    "resumed_from": (lambda v: is_int(v) and v >= 0, "a step (an integer >= 0)"),
+    "last_step": (lambda v: is_int(v) and v >= 0, "a step (an integer >= 0)"),
+    "ended_by": (lambda v: isinstance(v, str), "text"),
+    "layout_from": (lambda v: isinstance(v, dict), "a layout (a JSON object)"),
+    "layout_to": (lambda v: isinstance(v, dict), "a layout (a JSON object)"),
+}
+
+
+def checked(path: Path | str) -> dict[str, Any] | None:
+    """The marker at ``path`` (None when absent), each field checked; :class:`UnreadableFile` names what is wrong."""
+    data = read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise UnreadableFile(path, f"expected a JSON object, found {type(data).__name__}")
+    for key, (ok, what) in _CHECKS.items():
+        value = data.get(key)
+        if value is not None and not ok(value):
+            raise UnreadableFile(path, f"{key}={value!r:.60} is not {what}")
+    return data
 
 
 def read(run_dir: Path | str, attempt: int) -> dict[str, Any] | None:
-    """Attempt ``attempt``'s marker (None when there is none, or it is unreadable)."""
+    """Attempt ``attempt``'s marker (None when there is none, or it is unreadable or malformed)."""
     try:
-        data = read_json(files.attempt_file(run_dir, attempt))
+        return checked(files.attempt_file(run_dir, attempt))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def update(run_dir: Path | str, attempt: int, overwrite: bool = True, **fields: Any) -> dict[str, Any]:
@@ -59,11 +83,20 @@ def update(run_dir: Path | str, attempt: int, overwrite: bool = True, **fields: 
     return marker
 
 
+def numbers(run_dir: Path | str) -> list[int]:
+    """The attempt numbers the run directory has markers for, in order (gaps and all)."""
+    logs = Path(run_dir) / files.LOGS
+    try:
+        paths = list(logs.glob("*.json")) if logs.is_dir() else []
+    except OSError:
+        return []
+    return sorted(n for p in paths if (n := files.attempt_number(p)) is not None)
+
+
 def count(run_dir: Path | str) -> int:
     """How many attempts the run directory has recorded (the next attempt's number)."""
-    logs = Path(run_dir) / files.LOGS
-    found = [n for p in logs.glob("*.json") if (n := files.attempt_number(p)) is not None] if logs.is_dir() else []
-    return max(found) + 1 if found else 0
+    found = numbers(run_dir)
+    return found[-1] + 1 if found else 0
 
 
 def last_step(run_dir: Path | str, world_size: int, since: float | None = None) -> int | None:
@@ -103,17 +136,28 @@ def close(run_dir: Path | str, attempt: int, world_size: int, ended_by: str) -> 
     return update(run_dir, attempt, last_step=max(steps) if steps else None)
 
 
-def collect(run_dir: Path | str) -> list[dict[str, Any]]:
-    """Every recorded attempt, oldest first, with ``steps_lost`` against the attempt before it."""
+def collect(run_dir: Path | str, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every recorded attempt, oldest first, with ``steps_lost`` against the attempt before it.
+
+    Only the markers that exist are read (a stray ``attempt999999999.json`` costs one read,
+    not a billion); a malformed one is left out, and ``problems`` (if given) gets
+    ``unreadable: FILE, why`` for it.
+    """
     out: list[dict[str, Any]] = []
     previous: dict[str, Any] | None = None
-    for n in range(count(run_dir)):
-        marker = read(run_dir, n)
+    for n in numbers(run_dir):
+        try:
+            marker = checked(files.attempt_file(run_dir, n))
+        except (OSError, ValueError) as exc:
+            if problems is not None:
+                problems.append(f"unreadable: {files.attempt_file(run_dir, n)}, "
+                                f"{getattr(exc, 'why', None) or exc}")
+            continue
         if marker is None:
             continue
         lost = None
         if previous is not None and previous.get("last_step") is not None:
-            lost = max(0, int(previous["last_step"]) - int(marker.get("resumed_from") or 0))
+            lost = max(0, previous["last_step"] - (marker.get("resumed_from") or 0))
         cause = "launch" if previous is None else str(previous.get("ended_by") or "unknown")
         out.append({"attempt": n, "cause": cause, **{key: marker.get(key) for key in _FIELDS},
                     "steps_lost": lost})

@@ -59,7 +59,9 @@ class TaskContext:
         The launcher shows the run's progress live (slowest rank, rate, ETA, rank
         0's metrics) and warns about a rank that stops making progress; a call with
         metrics also appends a line to ``RUN_DIR/metrics.jsonl``
-        (``python -m wf_launch.plot RUN_DIR`` draws them).
+        (``python -m wf_launch.plot RUN_DIR`` draws them), until it reaches
+        ``launcher.max_metrics_mb``. ``rank``, ``step`` and ``time`` are that file's own
+        columns: a metric with one of those names is refused (ValueError).
         """
         if self.reporter is not None:
             self.reporter(step, total, **metrics)
@@ -99,6 +101,12 @@ class TaskContext:
         return self.rank == 0
 
 
+def _metrics_cap(config: dict[str, Any]) -> int:
+    """``launcher.max_metrics_mb`` in bytes (0: no cap)."""
+    mb = (config.get("launcher") or {}).get("max_metrics_mb") or 0
+    return int(float(mb) * 2**20)
+
+
 def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) -> TaskContext:
     """Assemble the context from the live groups (after ``dist_init``)."""
     from worldfoundry.core.distributed import groups as g
@@ -123,7 +131,8 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=world.rank,
         world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
-        run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank, publish_interval()),
+        run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank, publish_interval(),
+                                                                  _metrics_cap(config), warn=log.warning),
         stop=StopFlag(world.cpu_group),
     )
 

@@ -48,14 +48,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.validation import is_int
+
 from ..config.layout import layout_of
 from ..launchers import get_launcher
 from ..rank.progress import PUBLISH_ENV
 from ..rundir import attempts, files
 from ..rundir.io import atomic_write_json
+from ..rundir.pids import live_rank_pid
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
+from .plot import metric_lines
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -248,7 +252,11 @@ class Drill:
                 rank = max(state) if inj.rank is None else inj.rank
                 if rank not in state:
                     raise DrillError(f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(state)})")
-                os.kill(int(state[rank]["pid"]), signal.SIGKILL)
+                pid = live_rank_pid(run.run_dir, rank)
+                if pid is None or pid != state[rank].get("pid"):
+                    raise DrillError(f"kill9:{rank}: rank {rank}'s recorded pid {state[rank].get('pid')} is not its "
+                                     "live process on this host (stale or foreign); refusing to signal it")
+                os.kill(pid, signal.SIGKILL)
                 inj.rank, inj.target = rank, f"pid {state[rank]['pid']}"
             elif inj.kind == "sigterm":
                 os.kill(proc.pid, signal.SIGTERM)
@@ -292,16 +300,14 @@ def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
     downtime (stop, restart or requeue, start-up, loading) plus the steps done twice.
     """
     lines: list[tuple[float, int]] = []
-    try:
-        with open(files.metrics_file(run_dir)) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                    if rec.get("rank") == 0:
-                        lines.append((float(rec["time"]), int(rec["step"])))
-                except (ValueError, KeyError, TypeError):
-                    continue
-    except OSError:
+    for line in metric_lines(files.metrics_file(run_dir)):  # streamed: the file may hold GBs
+        try:
+            rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("rank") == 0 and is_int(rec.get("step")):
+                lines.append((float(rec["time"]), rec["step"]))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            continue
+    if not lines:
         return
     lines.sort()
     gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(lines) if b[1] == a[1] + 1)

@@ -16,6 +16,16 @@ from .report import status_line, sweep_exit_code, write_report
 __all__ = ["SweepReport"]
 
 
+def _mode(value: Any) -> int:
+    """``launcher.run_dir_mode`` as a mode for the sweep directory; owner-only unless it is a valid one."""
+    from ...launchers.base import run_dir_mode
+
+    try:
+        return run_dir_mode(value)
+    except ValueError:
+        return 0o700
+
+
 try:
     from hydra.experimental.callback import Callback as _HydraCallback
 except ImportError:  # pragma: no cover - hydra is a dependency; keep the offline reader importable
@@ -41,15 +51,34 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         self.exit_nonzero = bool(exit_nonzero)
         self.chart = bool(chart)
         self._sweep_dir: Path | None = None
+        self._dry_run: tuple[Path, float] | None = None
+
+    @staticmethod
+    def _remove_dry_run(sweep_dir: Path, started: float) -> None:
+        """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go."""
+        from ...rundir.claim import remove_made_folders
+
+        plan = sweep_dir / files.SWEEP_PLAN
+        try:
+            if plan.stat().st_mtime >= started - 0.05:
+                plan.unlink()
+        except OSError:
+            pass
+        remove_made_folders(sweep_dir, started)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         """A sweep directory holds one sweep: refuse one that holds points already (exit 2).
 
         With ``launcher.overwrite=true`` the earlier sweep is moved aside into a
-        sibling ``NAME.replaced-TIMESTAMP`` directory first, so its points never
-        mix into this sweep's report.
+        sibling ``NAME.replaced-TIMESTAMP`` directory (made owner-only) first, so its
+        points never mix into this sweep's report. The sweep directory is made before
+        Hydra writes into it, with ``launcher.run_dir_mode`` (0700): a SLURM sweep keeps
+        the pickles submitit runs and the code snapshot there. A dry run
+        (``launcher.dry_run=true``) moves and writes nothing, and leaves no folder.
         """
         from omegaconf import OmegaConf
+
+        from ...rundir.claim import OWNER_ONLY, make_private, private_umask
 
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         old = sorted(d.name for d in sweep_dir.iterdir()
@@ -59,10 +88,15 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
                   f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
                   "launcher.overwrite=true to move that sweep aside", file=sys.stderr, flush=True)
             raise SystemExit(2)
+        if OmegaConf.select(config, "launcher.dry_run", default=False) is True:
+            self._dry_run = (sweep_dir, time.time())
+            return
+        private_umask()
         if old:
             aside = sweep_dir.with_name(f"{sweep_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
             sweep_dir.rename(aside)
-            sweep_dir.mkdir()
+            os.chmod(aside, OWNER_ONLY)
+        make_private(sweep_dir, _mode(OmegaConf.select(config, "launcher.run_dir_mode", default=None)))
         self._sweep_dir = sweep_dir
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
@@ -109,6 +143,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         return points
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self._dry_run is not None:
+            self._remove_dry_run(*self._dry_run)
         if self._sweep_dir is None:
             return
         try:
