@@ -16,7 +16,9 @@ Anything else is a traceback, printed with the overrides that caused it.
     python scripts/fuzz_configs.py --examples 3000 [--seed 0]
 
 prints ``N configs tried, K accepted, R refused with ConfigError, T tracebacks`` (and
-how many Hydra / OmegaConf refused). ``tests/test_config_fuzz.py`` runs the same check
+how many Hydra / OmegaConf refused). ``--rundirs N`` also damages N run-directory trees
+and reads them with status, runs, plot and the sweep report (:mod:`fuzz_rundirs`):
+``F files tried: C crashes, H hangs, E escapes``. ``tests/test_config_fuzz.py`` runs the same check
 under hypothesis.
 """
 
@@ -40,12 +42,13 @@ TIME_LIMIT_S = 1.0
 
 ENGINE_FIELDS = ["distributed_backend", "distributed_timeout_minutes", "tp_size", "cp_size", "pp_size",
                  "dp_size", "order", "nccl_communicator_config_path"]
-COMMON_LAUNCHER_FIELDS = ["dry_run", "console_ranks", "max_log_mb", "overwrite", "run_dir_mode"]
+COMMON_LAUNCHER_FIELDS = ["dry_run", "console_ranks", "max_log_mb", "max_metrics_mb", "overwrite", "run_dir_mode"]
 LOCAL_FIELDS = ["start_method", "max_restarts", "threads_per_rank", "rdzv_port", "monitor_interval_s",
                 "shutdown_timeout_s", "loopback_only", "oversubscribe"]
 SLURM_FIELDS = ["nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb", "partition", "account",
                 "qos", "time_min", "constraint", "exclude", "job_name", "sbatch_extra", "setup", "srun_args",
-                "folder", "wait", "poll_interval_s", "signal_delay_s", "max_requeues", "preempt_wait_s"]
+                "folder", "wait", "poll_interval_s", "signal_delay_s", "max_requeues", "preempt_wait_s",
+                "snapshot_untracked", "snapshot_max_mb"]
 TASK_FIELDS = {
     "demo": ["name", "modules", "seed", "batch", "channels", "frames", "height", "width", "patch", "hidden",
              "heads", "depth", "mlp_ratio", "dtype", "warmup", "repeats", "check", "atol"],
@@ -53,13 +56,14 @@ TASK_FIELDS = {
     "noop": ["name", "modules"],
     "train": ["name", "modules", "seed", "steps", "micro_batches", "batch", "lr", "weight_decay", "ema_beta", "loss",
               "checkpoint_every", "keep", "async_save", "step_sleep_s", "check_reference", "reference_atol",
-              "channels", "frames", "height", "width", "patch", "hidden", "heads", "depth", "mlp_ratio"],
+              "global_batch", "save_final", "channels", "frames", "height", "width", "patch", "hidden", "heads", "depth", "mlp_ratio"],
 }
 # the type each field has in the schema: most values are drawn to fit it, so they reach validation
 FIELD_TYPES: dict[str, str] = {
     "distributed_backend": "str", "distributed_timeout_minutes": "float", "tp_size": "int", "cp_size": "int",
     "pp_size": "int", "dp_size": "int", "order": "str", "nccl_communicator_config_path": "str?",
-    "dry_run": "bool", "console_ranks": "list[int]?", "max_log_mb": "float", "overwrite": "bool",
+    "dry_run": "bool", "console_ranks": "list[int]?", "max_log_mb": "float", "max_metrics_mb": "float",
+    "snapshot_untracked": "bool", "snapshot_max_mb": "float", "overwrite": "bool",
     "run_dir_mode": "str", "start_method": "str", "max_restarts": "int", "threads_per_rank": "int",
     "rdzv_port": "int", "monitor_interval_s": "float", "shutdown_timeout_s": "float", "loopback_only": "bool", "oversubscribe": "bool",
     "nodes": "int", "tasks_per_node": "int?", "gpus_per_node": "int", "cpus_per_task": "int",
@@ -72,7 +76,7 @@ FIELD_TYPES: dict[str, str] = {
     "mlp_ratio": "float", "dtype": "str", "warmup": "int", "repeats": "int", "check": "bool", "atol": "float?",
     "steps": "int", "micro_batches": "int", "lr": "float", "weight_decay": "float", "ema_beta": "float",
     "loss": "str", "checkpoint_every": "int", "keep": "int", "async_save": "bool", "step_sleep_s": "float",
-    "check_reference": "bool", "reference_atol": "float",
+    "check_reference": "bool", "reference_atol": "float", "global_batch": "int", "save_final": "bool",
 }
 UNKNOWN_FIELDS = ["bogus", "tp", "sizes", "x" * 40, "ünïcode"]
 
@@ -359,10 +363,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rundirs", type=int, default=0, metavar="N",
+                        help="also damage N run-directory trees and read them (scripts/fuzz_rundirs.py)")
     args = parser.parse_args(argv)
     import os
 
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    if args.rundirs:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fuzz_rundirs
+
+        if fuzz_rundirs.main(["--examples", str(args.rundirs), "--seed", str(args.seed)]):
+            return 1
     counts = run(args.examples, args.seed)
     return 1 if counts["traceback"] or counts["slow"] else 0
 

@@ -1,4 +1,5 @@
-"""Property: any composed config is accepted or refused with ConfigError, never a traceback.
+"""Property: any composed config is accepted or refused with ConfigError, never a traceback; and any damaged
+run directory is read by status, runs, plot and the sweep report without a crash, a hang or a raw escape.
 
 Random overrides (hostile strings, inf / nan / huge / tiny numbers, wrong types, unknown
 keys, deletions) over engine.*, launcher.* (local and slurm) and task.* go through
@@ -19,11 +20,17 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fuzz_configs.py"
-_spec = importlib.util.spec_from_file_location("fuzz_configs", _SCRIPT)
-fuzz = importlib.util.module_from_spec(_spec)
-sys.modules["fuzz_configs"] = fuzz
-_spec.loader.exec_module(fuzz)
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _script("fuzz_configs")
+fuzz_rundirs = _script("fuzz_rundirs")
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +143,14 @@ def test_render_reaches_validation_with_hostile_values(hydra_ctx) -> None:
     result = fuzz.check(["launcher=local", "task=noop", "engine.order=" + fuzz.render("tp-cp\n; $(id)\x00")])
     assert result.outcome == "config_error" and "engine.order" in result.detail, result
     assert math.isnan(float("nan"))
+
+
+# --------------------------------------------------------------------------- run directories
+
+
+@pytest.mark.slow
+def test_damaged_run_directories_never_crash_hang_or_escape() -> None:
+    lines: list[str] = []
+    counts = fuzz_rundirs.run(12, seed=11, report=lines.append)
+    assert counts["files"] >= 12 and "files tried" in lines[-1]
+    assert (counts["crash"], counts["hang"], counts["escape"], counts["scancel"]) == (0, 0, 0, 0), "\n".join(lines)

@@ -197,3 +197,15 @@ def test_status_lists_an_unreadable_record_and_goes_on(tmp_path: Path) -> None:
     assert f"{sweep / '0'}: unreadable: " in proc.stdout and "may be truncated" in proc.stdout, proc.stdout + proc.stderr
     assert f"{sweep / '1'}: SLURM job 41" in proc.stdout and "-> ok (exit 0)" in proc.stdout
     assert "sweep report: " in proc.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_one_node_slurm_job_listens_on_loopback_only(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _cli([SLURM, "task=listeners", TEST_TASKS, "engine.dp_size=2"], run_dir, env=_env(slurm_cluster),
+                timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((run_dir / "result.json").read_text())["results"]
+    listening = [a for r in results.values() for a in r["listening"]]
+    assert listening and [a for a in listening if not a.startswith("127.")] == [], results

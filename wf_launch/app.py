@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config.fields import ConfigError
 from .config.run import validate_run_config
 from .launchers import get_launcher
+from .launchers.base import run_dir_mode
 from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
 from .observe.live import final_line
@@ -22,8 +23,13 @@ from .rundir import files
 from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RunRecord, Status
+from .rundir.text import printable
+from .tasks.registry import task_config_class
 
 __all__ = ["resolve", "run"]
+
+_HYDRA_FILES = {"config": files.hydra_config, "hydra": files.hydra_job, "overrides": files.hydra_overrides}
+"""Where each part of Hydra's record of the command goes (``.hydra/``)."""
 
 
 def resolve(cfg: DictConfig) -> dict[str, Any]:
@@ -40,24 +46,31 @@ def _record_invalid(run_dir: Path, overrides: list[str], message: str, cfg: Dict
               failure={"cause": "invalid_config", "message": message}, finished_at=time.time()).write()
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
+def run(cfg: DictConfig, run_dir: Path, overrides: list[str],
+        hydra_record: dict[str, str] | None = None) -> RunOutcome:
     """Claim the run directory, validate ``cfg``, write the run record's inputs, and launch (or print the plan).
 
     A run directory holds one run: launching into one that holds a run (or that a
     live launch owns) is refused with exit code 2 before anything is written,
     unless ``launcher.overwrite=true`` (the old run is moved aside) or
-    ``launcher.resume=true`` (the interrupted run continues there). A dry run
-    claims nothing and writes nothing there.
+    ``launcher.resume=true`` (the interrupted run continues there); either is refused
+    while the run there may still be going (its launcher's ``is_live``). A dry run
+    claims nothing and writes nothing there. ``hydra_record`` (file name -> YAML) is
+    Hydra's record of the command, written into ``.hydra/`` once the directory is claimed.
     """
+    rundir_claim.private_umask()
     dry_run = OmegaConf.select(cfg, "launcher.dry_run", default=False) is True
     claim = None
     if not dry_run:
         try:
             claim = rundir_claim.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
-                                 OmegaConf.select(cfg, "launcher.resume", default=False) is True)
+                                       OmegaConf.select(cfg, "launcher.resume", default=False) is True,
+                                       is_live=_existing_run_live)
         except rundir_claim.RunDirInUse as exc:
-            print(f"wf_launch: {exc}", file=sys.stderr)
+            print(printable(f"wf_launch: {exc}"), file=sys.stderr)
             return RunOutcome(Status.INVALID, run_dir, str(exc))
+        for name, text in (hydra_record or {}).items():
+            atomic_write_text(_HYDRA_FILES[name](run_dir), text)
     try:
         return _validate_and_launch(cfg, run_dir, overrides, dry_run)
     finally:
@@ -65,21 +78,35 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> RunOutcome:
             claim.release()
 
 
+def _existing_run_live(run_dir: Path) -> bool:
+    """Whether the run already in ``run_dir`` may still be going, asked of the launcher that ran it."""
+    name = files.launcher_name(run_dir)
+    if not isinstance(name, str):
+        return rundir_claim.launch_alive(run_dir)
+    try:
+        launcher = get_launcher(name)
+    except ConfigError:  # a launcher not installed here: only its lock can tell
+        return rundir_claim.launch_alive(run_dir)
+    return bool(launcher.is_live(run_dir))
+
+
 def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], dry_run: bool) -> RunOutcome:
     try:
         config = resolve(cfg)
         layout = validate_run_config(config)
     except (ConfigError, ValueError) as exc:
-        print(f"wf_launch: config error: {exc}", file=sys.stderr)
+        print(printable(f"wf_launch: config error: {exc}", multiline=True), file=sys.stderr)
         if not dry_run:
             _record_invalid(run_dir, overrides, str(exc), cfg)
         return RunOutcome(Status.INVALID, run_dir, str(exc))
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
     if dry_run:
-        print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}")
+        task_text = task_config_class(plan.task).build(config["task"]).describe(plan)
+        print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}"
+              + (f"\n\n{task_text}" if task_text else ""))
         return RunOutcome(Status.DRY_RUN, run_dir)
-    os.chmod(run_dir, int(config["launcher"].get("run_dir_mode") or "0700", 8))
+    os.chmod(run_dir, run_dir_mode(config["launcher"].get("run_dir_mode", "0700")))
     setup_launcher_logging(run_dir / files.LAUNCHER_LOG)
     atomic_write_text(files.config_path(run_dir), OmegaConf.to_yaml(OmegaConf.create(config)))
     atomic_write_text(run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
@@ -87,6 +114,7 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
     if outcome.status not in (Status.SUBMITTED, Status.INVALID):
         logger.info(final_line(outcome))  # every launcher's run ends with it; the root cause follows
     if outcome.summary:
-        print(outcome.summary, file=sys.stderr if outcome.exit_code else sys.stdout, flush=True)
+        print(printable(outcome.summary, multiline=True), file=sys.stderr if outcome.exit_code else sys.stdout,
+              flush=True)
     logger.complete()
     return outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -13,11 +14,25 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config.run import register_configs
+from .rundir.claim import remove_made_folders
 from .tasks.registry import load_task_modules
 
 __all__ = ["main"]
 
 _UID = uuid.uuid4().hex[:6]
+_STARTED = time.time()
+
+
+def _hydra_record(cfg: DictConfig) -> dict[str, str]:
+    """Hydra's record of this command (its composed config, its own config, the overrides) as YAML texts.
+
+    Hydra would write them into ``.hydra/`` before the app runs (``hydra.output_subdir``);
+    wf_launch's config turns that off and the app writes them once the run directory is
+    claimed, so a refused launch or a dry run never touches a run directory's ``.hydra/``.
+    """
+    hydra_cfg = HydraConfig.instance().cfg
+    return {"config": OmegaConf.to_yaml(cfg), "hydra": OmegaConf.to_yaml(hydra_cfg),
+            "overrides": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task)}
 
 
 def _task_modules_from_argv(argv: list[str]) -> list[str]:
@@ -36,13 +51,16 @@ def _app(cfg: DictConfig) -> object:
     from .app import run
 
     hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
     if hc.mode == RunMode.MULTIRUN and OmegaConf.select(cfg, "launcher.resume", default=False) is True:
         from .tools.sweep.resume import kept_outcome
 
-        kept = kept_outcome(Path(hc.runtime.output_dir))  # a resumed sweep: a point that ended ok is kept
+        kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:
             return kept
-    outcome = run(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+    outcome = run(cfg, run_dir, list(hc.overrides.task), _hydra_record(cfg))
+    if OmegaConf.select(cfg, "launcher.dry_run", default=False) is True:
+        remove_made_folders(run_dir, _STARTED)  # Hydra made it; a dry run leaves nothing
     if hc.mode == RunMode.MULTIRUN:
         return outcome
     if outcome.exit_code:

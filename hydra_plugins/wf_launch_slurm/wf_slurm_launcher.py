@@ -63,7 +63,7 @@ class WfSlurmLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only: SLURM points keep pickles there
         log.info(f"Launching {len(job_overrides)} jobs locally (SLURM points are submitted together)")
         batch = SlurmBatch(sweep_dir)
         with batch.collecting():  # an exception here drops the prepared points unsubmitted

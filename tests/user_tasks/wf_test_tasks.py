@@ -13,7 +13,7 @@ from wf_launch import TaskConfig, TaskContext, register_task
 
 @dataclass
 class MisbehaveConfig(TaskConfig):
-    """Which rank misbehaves, and how: 'raise', 'raise_timeout_word', 'raise_first_attempt', 'kill', 'stuck', 'exit',
+    """Which rank misbehaves, and how: 'raise', 'raise_unrecordable', 'raise_timeout_word', 'raise_first_attempt', 'kill', 'stuck', 'exit',
     'sleep_all' or 'none'."""
 
     how: str = "raise"
@@ -28,6 +28,9 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
     ctx.log.info("ready")
     if ctx.rank == cfg["rank"]:
         if cfg["how"] == "raise":
+            raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
+        if cfg["how"] == "raise_unrecordable":  # its failure record cannot be written (as on a full disk)
+            (ctx.run_dir / "logs" / f"rank{ctx.rank}.error.json").mkdir()
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
         if cfg["how"] == "raise_timeout_word":
             raise ValueError(f"rank {ctx.rank}: bad timeout value 0")
@@ -88,3 +91,13 @@ def preloaded(ctx: TaskContext) -> dict[str, Any]:
     import wf_preloaded
 
     return {"imported_by": wf_preloaded.IMPORTED_BY, "rank_pid": os.getpid(), "parent_pid": os.getppid()}
+
+
+@register_task("listeners")
+def listeners(ctx: TaskContext) -> dict[str, Any]:
+    """The addresses this rank's process listens on, once the groups are up (a real collective first)."""
+    import psutil
+
+    ctx.groups["world"].barrier()
+    return {"listening": sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("inet")
+                                if c.status == psutil.CONN_LISTEN)}

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_chec
 from omegaconf import MISSING
 
 from ..config.fields import check_bool, check_number, config_error, is_int
+from ..rundir import files
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -33,9 +34,25 @@ if TYPE_CHECKING:
     from ..rundir.record import RunRecord
     from .launch_plan import LaunchPlan
 
-__all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "LauncherHooks", "with_hooks"]
+__all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "LauncherHooks", "run_dir_mode", "with_hooks"]
 
 C = TypeVar("C", bound="LauncherConfig")
+
+
+def run_dir_mode(value: Any) -> int:
+    """``launcher.run_dir_mode`` as a mode; ValueError saying what is allowed.
+
+    The owner keeps ``rwx``, and no one else may write: the launcher and the job read
+    (and submitit executes) files there, so a group or other ``w`` would let another user
+    plant them. Read and search access for the group or others is a choice (``0750``).
+    """
+    if not isinstance(value, str) or not re.fullmatch(r"0?[0-7]{3}", value):
+        raise ValueError("an octal mode string such as '0700' or '0750'")
+    mode = int(value, 8)
+    if mode & 0o700 != 0o700 or mode & 0o022:
+        raise ValueError("an octal mode string such as '0700' or '0750' that leaves the owner rwx and gives no "
+                         "one else write access (others could plant files the launcher and the job read)")
+    return mode
 
 
 @dataclass
@@ -46,6 +63,7 @@ class LauncherConfig:
     dry_run: bool = False
     console_ranks: list[int] | None = None
     max_log_mb: float = 1024.0
+    max_metrics_mb: float = 1024.0
     overwrite: bool = False
     resume: bool = False
     run_dir_mode: str = "0700"
@@ -71,10 +89,11 @@ class LauncherConfig:
                 raise config_error("launcher.console_ranks", list(ranks),
                                    f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
         check_number("launcher.max_log_mb", self.max_log_mb, 0, unit="MB", note="per rank log (0 = no cap)")
-        mode = self.run_dir_mode
-        if not isinstance(mode, str) or not re.fullmatch(r"0?[0-7]{3}", mode) or int(mode, 8) & 0o700 != 0o700:
-            raise config_error("launcher.run_dir_mode", mode, "an octal mode string such as '0700' or '0750' "
-                               "that leaves the owner rwx")
+        check_number("launcher.max_metrics_mb", self.max_metrics_mb, 0, unit="MB", note=f"{files.METRICS} (0 = no cap)")
+        try:
+            run_dir_mode(self.run_dir_mode)
+        except ValueError as exc:
+            raise config_error("launcher.run_dir_mode", self.run_dir_mode, str(exc)) from None
         for key in ("progress_interval_s", "stall_warning_s"):
             check_number(f"launcher.{key}", getattr(self, key), 0.1, 7 * 24 * 3600, unit="seconds",
                          note="(0.1 s to a week)")
@@ -142,11 +161,11 @@ class LauncherHooks:
 
         By default: the ranks whose recorded process (``logs/rank{r}.pid``) lives on this host.
         """
-        from ..config.layout import layout_of
+        from ..config.layout import run_layout
         from ..observe.stacks import local_pids, trigger
         from ..rundir import files
 
-        world = layout_of(files.read_config(run_dir, strict=True)).world_size
+        world = run_layout(files.read_config(run_dir, strict=True)).world_size
         return trigger(local_pids(run_dir, world), signum=signum)
 
     def is_live(self, run_dir: Path) -> bool:

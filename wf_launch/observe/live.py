@@ -24,16 +24,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config.layout import layout_of, rank_label
+from worldfoundry.core.validation import is_int
+
+from ..config.layout import rank_label, run_layout
 from ..rundir import files
+from ..rundir.io import open_regular
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RunRecord
+from ..rundir.text import printable
 from .progress import ProgressMonitor, ProgressView
 
 __all__ = ["LiveView", "StateOf", "console_form", "console_ranks", "final_line", "progress_monitor"]
 
 _BACKLOG_BYTES = 1 << 16
 """How far back from a log's end the backlog is looked for (a log may hold a GB)."""
+_READ_BYTES = 4 << 20
+"""The most of a log read at one tick (the rest comes at the next)."""
+_MAX_LINE = 16 << 10
+"""The most of one line shown (a rank may print a megabyte on one line)."""
 
 StateOf = Callable[[Path], "tuple[str, str] | None"]
 """A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not known."""
@@ -48,17 +56,30 @@ def final_line(outcome: RunOutcome) -> str:
 
 
 def console_ranks(config: dict[str, Any], world_size: int) -> list[int]:
-    """The ranks ``launcher.console_ranks`` shows (null: every rank)."""
-    ranks = (config.get("launcher") or {}).get("console_ranks")
-    return list(range(world_size)) if ranks is None else list(ranks)
+    """The ranks ``launcher.console_ranks`` shows (null: every rank); entries that are not ranks are left out."""
+    launcher = config.get("launcher")
+    ranks = launcher.get("console_ranks") if isinstance(launcher, dict) else None
+    if not isinstance(ranks, list):
+        return list(range(world_size))
+    return [r for r in ranks if is_int(r) and 0 <= r < world_size]
 
 
 def progress_monitor(run_dir: Path, config: dict[str, Any], label_of: Callable[[int], str],
                      write: Callable[[str], None]) -> ProgressMonitor:
     """The run's progress display, set up from its ``launcher.progress_interval_s`` and ``stall_warning_s``."""
-    lc = config.get("launcher") or {}
-    view = ProgressView(Path(run_dir), layout_of(config).world_size, label_of, float(lc.get("stall_warning_s", 300)))
-    return ProgressMonitor(view, float(lc.get("progress_interval_s", 10)), write=write)
+    lc = config.get("launcher") if isinstance(config.get("launcher"), dict) else {}
+    view = ProgressView(Path(run_dir), run_layout(config).world_size, label_of,
+                        _seconds(lc.get("stall_warning_s"), 300))
+    return ProgressMonitor(view, _seconds(lc.get("progress_interval_s"), 10), write=write)
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A launcher interval from a run's config, or ``default`` when it is not a positive finite number."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return default
+    return seconds if 0 < seconds < float("inf") else default
 
 
 def console_form(line: str) -> str:
@@ -93,12 +114,14 @@ class LiveView:
         self._monitor: ProgressMonitor | None = None
         if self.single:
             config = files.read_config(self.runs[0])
-            layout = layout_of(config)
+            layout = run_layout(config)
             self.console = console_ranks(config, layout.world_size)
             self._monitor = progress_monitor(self.runs[0], config, lambda r: rank_label(r, layout.coords(r)),
                                              self.write)
 
     def write(self, line: str) -> None:
+        """Show ``line`` (what a run wrote, or its scheduler said: control characters escaped) above the bar."""
+        line = printable(line if len(line) <= _MAX_LINE else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)")
         bar = self._monitor._bar if self._monitor is not None else None
         if bar is None:
             self._write(line)
@@ -123,20 +146,23 @@ class LiveView:
 
     def _stream(self, run_dir: Path) -> None:
         """Write the console ranks' new complete log lines, as '[r0 tp0 cp0 pp0 dp0] message'."""
-        for rank in self.console:
+        logs = files.rank_files(run_dir, "log")
+        for rank in self.console if len(self.console) <= len(logs) else sorted(set(self.console) & set(logs)):
             path = files.rank_log(run_dir, rank)
             offset = self._offsets.get(path)
             first = offset is None and self.backlog is not None
             try:
-                with open(path, "rb") as f:
+                with open(open_regular(path), "rb") as f:
                     if first:
                         offset = max(0, f.seek(0, os.SEEK_END) - _BACKLOG_BYTES)
                     f.seek(offset or 0)
-                    data = f.read()
-            except OSError:
+                    data = f.read(_READ_BYTES)
+            except (OSError, ValueError):
                 continue
             end = data.rfind(b"\n")
             if end < 0:
+                if len(data) == _READ_BYTES:  # one line longer than a read: skipped, never re-read for ever
+                    self._offsets[path] = (offset or 0) + len(data)
                 continue
             self._offsets[path] = (offset or 0) + end + 1
             lines = data[:end].decode(errors="replace").splitlines()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir.progress import read_progress
+from ..rundir.text import printable
 
 __all__ = ["ProgressMonitor", "ProgressView"]
 
@@ -67,7 +68,7 @@ class ProgressView:
             text += f"; slowest rank {snap['slowest']} ({self.label_of(snap['slowest']).split(' ', 1)[-1]})"
         if snap["reported"] < self.world_size:
             text += f"; {snap['reported']}/{self.world_size} ranks reporting"
-        metrics = ", ".join(f"{k}={_fmt(v)}" for k, v in list(snap["metrics"].items())[:4])
+        metrics = printable(", ".join(f"{k}={_fmt(v)}" for k, v in list(snap["metrics"].items())[:4]))
         return f"{text}; {metrics}" if metrics else text
 
     def stalls(self, snap: dict[str, Any], now: float | None = None) -> list[str]:
@@ -85,7 +86,7 @@ class ProgressView:
 
 
 def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{value:.4g}" if isinstance(value, float) else f"{value!s:.40}"
 
 
 def _duration(seconds: float) -> str:

@@ -95,7 +95,7 @@ def explain_failure(run_dir: Path, exits: dict[int, int], label_of: Any, coords_
     Without ``dumps``, the last stack dump each rank left in its stacks file is used.
     """
     if dumps is None and world_size:
-        dumps = read_last_dumps(run_dir, range(world_size))
+        dumps = read_last_dumps(run_dir, [r for r in files.rank_files(run_dir, "stacks") if r < world_size])
     cause = root_cause(load_failure_records(run_dir), exits, world_size, dumps)
     if cause is None:
         return None

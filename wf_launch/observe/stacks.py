@@ -14,11 +14,9 @@ waits in; ranks at the same spot are listed once, compactly::
 
 from __future__ import annotations
 
-import json
 import linecache
 import os
 import re
-import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from typing import Any
 
 from ..rank.stackdump import DUMP_SIGNAL
 from ..rundir import files
+from ..rundir.pids import live_rank_pid, read_pid_file
 
 __all__ = [
     "DUMP_SIGNAL",
@@ -54,13 +53,6 @@ _PROJECT = re.compile(r"[/\\](worldfoundry[/\\]core[/\\]distributed|wf_launch[/\
                       r"|submitit[/\\])")
 _GENERIC = frozenset({"wrapper", "inner", "_fn", "fn", "__call__", "_wrapped_call_impl", "_call_impl"})
 
-
-def read_pid_file(run_dir: Path | str, rank: int) -> dict[str, Any] | None:
-    try:
-        data = json.loads(files.rank_pid(run_dir, rank).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True)
@@ -203,9 +195,14 @@ def main_thread_frames(dump: dict[int, list[Frame]], main_thread: int | None) ->
 
 def trigger(pids: dict[int, int], sender: Callable[[int, int], None] = os.kill,
             signum: int = DUMP_SIGNAL) -> set[int]:
-    """Send ``signum`` (:data:`DUMP_SIGNAL`) to each rank's pid; returns the ranks that were signalled."""
+    """Send ``signum`` (:data:`DUMP_SIGNAL`) to each rank's pid; returns the ranks that were signalled.
+
+    A pid that is not a single process (0, negative: a process group or every process) is never signalled.
+    """
     sent = set()
     for rank, pid in pids.items():
+        if not (isinstance(pid, int) and pid > 1):
+            continue
         try:
             sender(pid, signum)
             sent.add(rank)
@@ -295,19 +292,15 @@ def describe_groups(groups: list[tuple[list[int], Spot]], label_of: Callable[[in
 
 
 def local_pids(run_dir: Path | str, world_size: int) -> dict[int, int]:
-    """Ranks of a run on this host whose recorded process is still alive."""
-    host = socket.gethostname()
+    """Ranks of a run on this host whose recorded process is still that rank's (:func:`live_rank_pid`: never a
+    stale, reused, foreign or group pid)."""
     out = {}
-    for rank in range(world_size):
-        info = read_pid_file(run_dir, rank)
-        if not info or info.get("host") != host:
-            continue
-        pid = int(info.get("pid") or 0)
-        try:
-            os.kill(pid, 0)
-        except (ProcessLookupError, PermissionError, OverflowError):
-            continue
-        out[rank] = pid
+    for rank in files.rank_files(run_dir, "pid"):
+        if rank >= world_size:
+            break
+        pid = live_rank_pid(run_dir, rank)
+        if pid is not None:
+            out[rank] = pid
     return out
 
 
@@ -320,7 +313,7 @@ def live_autopsy(run_dir: Path | str, world_size: int, label_of: Callable[[int],
     host by default, SLURM's ``scancel --signal``); it returns the ranks expected to answer.
     """
     run_dir = Path(run_dir)
-    offsets = stack_offsets(run_dir, range(world_size))
+    offsets = stack_offsets(run_dir, files.rank_files(run_dir, "stacks"))
     expected = signal_ranks(run_dir, DUMP_SIGNAL)
     if not expected:
         return 0, [f"no running rank of {run_dir} could be reached (has the run ended?)"]

@@ -24,7 +24,10 @@ from typing import Any
 from ..rundir import files
 from ..rundir.progress import plain, publish_state
 
-__all__ = ["PUBLISH_ENV", "STEPS_ENV", "ProgressReporter", "publish_interval"]
+__all__ = ["PUBLISH_ENV", "RESERVED_METRICS", "STEPS_ENV", "ProgressReporter", "publish_interval"]
+
+RESERVED_METRICS = frozenset({"rank", "step", "time"})
+"""The columns every line of the metrics file has; a metric may not take their names."""
 
 PUBLISH_ENV = "WF_PROGRESS_PUBLISH_S"
 """Seconds between a rank's progress publications (default 0.5); the drill sets 0: every step is seen."""
@@ -45,10 +48,14 @@ def publish_interval(default: float = 0.5) -> float:
 class ProgressReporter:
     """One rank's progress: cheap to call at every step."""
 
-    def __init__(self, run_dir: Path | str, rank: int, publish_s: float = 0.5) -> None:
+    def __init__(self, run_dir: Path | str, rank: int, publish_s: float = 0.5, max_metrics_bytes: int = 0,
+                 warn: Any = None) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.publish_s = publish_s
+        self.max_metrics_bytes = max_metrics_bytes
+        self.capped = False
+        self._warn = warn
         self.step: int | None = None
         self.total: int | None = None
         self.metrics: dict[str, Any] = {}
@@ -58,6 +65,11 @@ class ProgressReporter:
         self.log_steps = os.environ.get(STEPS_ENV) == "1"
 
     def __call__(self, step: int, total: int | None = None, **metrics: Any) -> None:
+        if metrics and not RESERVED_METRICS.isdisjoint(metrics):
+            name = sorted(RESERVED_METRICS.intersection(metrics))[0]
+            raise ValueError(f"ctx.progress(..., {name}=...): {name!r} is a reserved name: every {files.METRICS} line "
+                             f"has the columns {sorted(RESERVED_METRICS)}, set by the reporter; give the metric "
+                             f"another name (e.g. {name}_value)")
         now = time.time()
         self.step = int(step)
         if total is not None:
@@ -70,6 +82,8 @@ class ProgressReporter:
             self.publish(now)
 
     def _append(self, now: float, metrics: dict[str, Any]) -> None:
+        if self.capped:
+            return
         line = json.dumps({"rank": self.rank, "step": self.step, "time": round(now, 6), **metrics},
                           default=plain)
         try:
@@ -86,12 +100,23 @@ class ProgressReporter:
         if self._metrics_file is not None:
             try:
                 self._metrics_file.flush()
+                self._check_cap(os.fstat(self._metrics_file.fileno()).st_size)
             except OSError:
                 pass
         state = {"rank": self.rank, "step": self.step, "total": self.total, "time": now,
                  "metrics": self.metrics, "pid": os.getpid()}
         with self._lock:
             publish_state(self.run_dir, self.rank, state)
+
+    def _check_cap(self, size: int) -> None:
+        """Stop appending metrics once ``metrics.jsonl`` holds ``max_metrics_bytes`` (``launcher.max_metrics_mb``)."""
+        if self.capped or not self.max_metrics_bytes or size < self.max_metrics_bytes:
+            return
+        self.capped = True
+        if self._warn is not None:
+            self._warn(f"{files.metrics_file(self.run_dir)} reached launcher.max_metrics_mb "
+                       f"({self.max_metrics_bytes / 2**20:g} MB): rank {self.rank} writes no more metrics to it "
+                       "(its progress is still published)")
 
     def close(self) -> None:
         if self.step is not None:

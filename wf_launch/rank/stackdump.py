@@ -2,7 +2,7 @@
 
 ``faulthandler`` appends the dump to ``logs/rank{r}.stacks`` (it works while a thread
 is blocked inside a C++ collective, and needs no ptrace); ``logs/rank{r}.pid`` (pid,
-host, main thread id) lets a launcher or ``python -m wf_launch.status --stacks``
+host, main thread id, start time) lets a launcher or ``python -m wf_launch.status --stacks``
 find and signal the rank. :mod:`wf_launch.observe.stacks` reads and groups the dumps.
 
 SIGURG is the signal: its default action is to be ignored (a batch shell or a
@@ -12,15 +12,12 @@ process that did not register it is not killed), and neither SLURM nor submitit
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
-import threading
 from pathlib import Path
 from typing import Any
 
 from ..rundir import files
+from ..rundir.pids import write_pid_file
 
 __all__ = ["DUMP_SIGNAL", "install"]
 
@@ -35,9 +32,5 @@ def install(run_dir: Path | str, rank: int) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
     faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True, chain=False)
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "main_thread": threading.main_thread().ident}
-    pid_file = files.rank_pid(run_dir, rank)
-    tmp = pid_file.with_name(pid_file.name + ".tmp")
-    tmp.write_text(json.dumps(info))
-    tmp.replace(pid_file)
+    write_pid_file(run_dir, rank)
     return f

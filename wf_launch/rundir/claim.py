@@ -1,15 +1,34 @@
-"""One run directory holds one run: the launch's claim on it (a lock file), overwrite and resume."""
+"""One run directory holds one run: the launch's claim on it (a lock file), overwrite and resume.
+
+The claim is an ``flock`` on ``.wf_launch.lock``, held until the launcher exits; the
+file names the holder (``PID HOST``). Whether a run's launch is alive is a test of
+the lock itself (:func:`launch_alive`), never of the pid alone: a pid is reused after
+a kill -9, and a pid from another host means nothing here. An ``flock`` is seen by
+every host of a shared file system that supports locks (NFS, Lustre with ``flock``,
+GPFS, CephFS); where locks do not work, a run of another host is taken to be alive.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import files
+from .io import open_regular
 from .record import RecordError, RunRecord, Status
 
-__all__ = ["RunDirClaim", "RunDirInUse", "claim", "launch_alive"]
+__all__ = ["OWNER_ONLY", "RunDirClaim", "RunDirInUse", "claim", "launch_alive", "lock_holder", "make_private",
+           "private_umask", "remove_made_folders"]
+
+OWNER_ONLY = 0o700
+"""The mode of a run directory until its config is known to be valid (then ``launcher.run_dir_mode``)."""
+
+_LOCK_RETRY_S = 0.5
+"""How long a claim retries a lock that is busy: a reader testing the lock holds it for an instant."""
 
 
 class RunDirInUse(Exception):
@@ -47,30 +66,59 @@ class RunDirClaim:
         self.release()
 
 
+def lock_holder(run_dir: Path | str) -> tuple[int | None, str | None]:
+    """The pid and host the run directory's lock file names (None where it names none)."""
+    try:
+        with open(open_regular(Path(run_dir) / files.LOCK), "rb") as f:
+            words = f.read(512).decode(errors="replace").split()
+    except (OSError, ValueError):
+        return None, None
+    pid = int(words[0]) if words and words[0].isascii() and words[0].isdigit() and len(words[0]) < 10 else None
+    return pid, (words[1] if len(words) > 1 else None)
+
+
 def _lock(run_dir: Path) -> int:
-    """The run directory's lock, held (flock) by this process; :class:`RunDirInUse` when a live launch holds it."""
+    """The run directory's lock, held (flock) by this process, naming it; :class:`RunDirInUse` when a live launch
+    holds it."""
     import fcntl
 
-    fd = os.open(run_dir / files.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise RunDirInUse(f"run directory {run_dir} is in use by a live launch (pid {holder}); "
-                          "choose another hydra.run.dir") from None
+        fd = os.open(run_dir / files.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise RunDirInUse(f"run directory {run_dir}: cannot open its lock file {files.LOCK} "
+                          f"({exc.strerror or exc}); choose another hydra.run.dir") from None
+    deadline = time.monotonic() + _LOCK_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            pid, host = lock_holder(run_dir)
+            os.close(fd)
+            raise RunDirInUse(f"run directory {run_dir} is in use by a live launch (pid {pid or '?'}"
+                              f"{f' on {host}' if host and host != socket.gethostname() else ''}); "
+                              "choose another hydra.run.dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     return fd
 
 
-def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDirClaim:
+def claim(run_dir: Path, overwrite: bool = False, resume: bool = False,
+          is_live: Callable[[Path], bool] | None = None) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
 
     Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
     when the directory already holds a run (its ``result.json``, logs, config)
     and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside into
-    a sibling ``NAME.replaced-TIMESTAMP`` directory, never merged into. With
+    a sibling ``NAME.replaced-TIMESTAMP`` directory (mode 0700), never merged into. With
     ``resume`` the launch continues that run in place (its checkpoints and attempt
     records stay; its last ``result.json`` moves to ``logs/``), unless it completed.
+    Either is refused while the run may still be going: ``is_live(run_dir)`` is its launcher's
+    :meth:`~wf_launch.launchers.LauncherHooks.is_live` (a detached SLURM job whose launcher has
+    left still runs). Once claimed, the directory is made owner-only (0700).
     """
     if overwrite and resume:
         raise RunDirInUse("launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the run "
@@ -78,8 +126,10 @@ def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDi
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = _lock(run_dir)
-    held = _held_by(run_dir)
     try:
+        held = _held_by(run_dir)
+        if held and (overwrite or resume) and is_live is not None:
+            _refuse_if_live(run_dir, is_live, "launcher.resume=true" if resume else "launcher.overwrite=true")
         if held and resume:
             _resumable(run_dir)
         elif held and not overwrite:
@@ -87,19 +137,32 @@ def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDi
                               "hydra.run.dir, or pass launcher.overwrite=true to move that run aside")
         elif held:
             _move_aside(run_dir)
+        os.chmod(run_dir, OWNER_ONLY)
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunDirClaim(run_dir, fd)
+
+
+def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -> None:
+    """:class:`RunDirInUse` unless the run in ``run_dir`` has ended (its launcher says so)."""
+    try:
+        live = is_live(run_dir)
+    except (OSError, ValueError) as exc:
+        raise RunDirInUse(f"run directory {run_dir}: cannot tell whether its run has ended ({exc}); {what} "
+                          "refused") from None
+    if live:
+        raise RunDirInUse(f"run directory {run_dir} holds a run that is still going; {what} would move or write "
+                          "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
+                          f"--cancel {run_dir})")
 
 
 def _move_aside(run_dir: Path) -> None:
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    aside.mkdir()
+    aside.mkdir(mode=OWNER_ONLY)
+    os.chmod(aside, OWNER_ONLY)  # whatever the umask
     for entry in run_dir.iterdir():
-        if entry.name not in (files.LOCK, files.HYDRA):
+        if entry.name != files.LOCK:
             entry.rename(aside / entry.name)
 
 
@@ -120,16 +183,78 @@ def _resumable(run_dir: Path) -> None:
         os.replace(path, files.result_before_attempt(run_dir, count(run_dir)))
 
 
-def launch_alive(run_dir: Path) -> bool:
-    """Whether the process that claimed ``run_dir`` (the pid in its lock file) still lives on this host."""
+def launch_alive(run_dir: Path | str) -> bool:
+    """Whether the launch that claimed ``run_dir`` still holds its lock (another process than this one).
+
+    The lock itself is tested (a shared ``flock``, taken and dropped at once): a process
+    that died released it, whatever its pid became since. Where the file system has no
+    working locks, the pid is asked instead on its own host, and a run of another host
+    is taken to be alive (nothing here can tell).
+    """
+    import fcntl
+
+    path = Path(run_dir) / files.LOCK
     try:
-        pid = int((Path(run_dir) / files.LOCK).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
         return False
+    except OSError:
+        return _pid_alive(*lock_holder(run_dir))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid, host = lock_holder(run_dir)
+        return not (pid == os.getpid() and host == socket.gethostname())  # our own claim is not a live run
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        return _pid_alive(*lock_holder(run_dir))
+    finally:
+        os.close(fd)
+    return False
+
+
+def _pid_alive(pid: int | None, host: str | None) -> bool:
+    """Without working locks: a pid of this host that exists (it may be reused); a run of another host is alive."""
+    if not pid:
+        return False
+    if host is not None and host != socket.gethostname():
+        return True
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
     return True
+
+
+def remove_made_folders(path: Path, since: float) -> None:
+    """Remove ``path`` and its parents while each is an empty folder made after ``since`` (Hydra makes the run
+    directory before the app runs; a dry run leaves nothing). Never the working directory or one above it."""
+    cwd = Path.cwd().resolve()
+    path = path.resolve()
+    while path != cwd and path not in cwd.parents and path.parent != path:
+        try:
+            if path.stat().st_mtime < since - 0.05 or any(path.iterdir()):
+                return
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+
+
+def make_private(path: Path, mode: int = OWNER_ONLY) -> None:
+    """Create the folder ``path`` (and its parents) if needed, and give it ``mode`` whatever the umask."""
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    os.chmod(path, mode)
+
+
+def private_umask() -> None:
+    """Nothing this process (or a rank or job it starts) creates is writable by anyone but its owner.
+
+    Files and folders of a run are read (and some executed: submitit's pickles, the code
+    snapshot) by the launcher and the job; with a group-writable umask a group member could
+    replace them. Read access still follows the umask and ``launcher.run_dir_mode``.
+    """
+    os.umask(os.umask(0o077) | 0o022)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from . import files
-from .io import atomic_write_json
+from worldfoundry.core.validation import is_int, is_number
 
-__all__ = ["PEER_LOSS", "is_peer_loss_message", "load_failure_records", "write_failure_record"]
+from . import files
+from .io import atomic_write_json, read_json
+
+__all__ = ["PEER_LOSS", "is_peer_loss_message", "load_failure_records", "valid_failure_record",
+           "write_failure_record"]
 
 PEER_LOSS = re.compile(r"connection closed by peer|connection reset|broken pipe|"
                        r"ProcessGroup.*abort|NCCL communicator was aborted", re.IGNORECASE)
@@ -26,15 +28,31 @@ def write_failure_record(run_dir: Path | str, rank: int, record: dict[str, Any])
     atomic_write_json(files.rank_error(run_dir, rank), record)
 
 
+def valid_failure_record(record: Any, rank: int | None = None) -> bool:
+    """Whether ``record`` has the fields of a failure record with the types every reader relies on."""
+    if not isinstance(record, dict) or not (is_int(record.get("rank")) and record["rank"] >= 0):
+        return False
+    if rank is not None and record["rank"] != rank:
+        return False
+    texts = all(isinstance(record.get(k, ""), str) for k in ("kind", "type", "message", "traceback", "log"))
+    return (texts and is_number(record.get("time", 0.0)) and is_int(record.get("attempt", 0))
+            and isinstance(record.get("coords", {}), dict))
+
+
 def load_failure_records(run_dir: Path | str) -> list[dict[str, Any]]:
-    """The failure records of the last attempt (restarts leave older ones behind), oldest first."""
+    """The failure records of the last attempt (restarts leave older ones behind), oldest first.
+
+    A record that cannot be read, or whose fields have the wrong types (or another rank's
+    number than its file's), is left out: the root cause is built from the others.
+    """
     records = []
     for path in files.rank_errors(run_dir):
+        digits = path.name.removeprefix("rank").split(".", 1)[0]
         try:
-            record = json.loads(path.read_text())
+            record = read_json(path, 16 << 20)
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict):
+        if digits.isdigit() and valid_failure_record(record, int(digits)):
             records.append(record)
     last = max((r.get("attempt", 0) for r in records), default=0)
     return sorted((r for r in records if r.get("attempt", 0) == last), key=lambda r: r.get("time", 0.0))

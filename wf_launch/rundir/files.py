@@ -17,8 +17,9 @@ __all__ = [
     "MARKERS", "METRICS", "OVERRIDES", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
     "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS", "TUNE_ASIDE", "TUNE_BEST", "TUNE_CHART",
     "TUNE_CONF", "TUNE_CSV", "TUNE_MD", "TUNE_ROUNDS", "TUNE_STATE",
-    "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "metrics_chart", "metrics_file",
-    "rank_error", "rank_errors", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
+    "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "launcher_name",
+    "metrics_chart", "metrics_file", "rank_error", "rank_errors", "rank_exit", "rank_files", "rank_log", "rank_marker",
+    "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
     "rank_tail_log", "read_config", "result_before_attempt", "stacks_glob", "tune_round_dir", "tune_round_log",
 ]
 
@@ -57,7 +58,7 @@ MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
 
 _RANK_FILES = {
     "log": "rank{}.log", "error": "rank{}.error.json", "progress": "rank{}.progress.json",
-    "stacks": "rank{}.stacks", "pid": "rank{}.pid", "preempt": "rank{}.preempt.json",
+    "stacks": "rank{}.stacks", "pid": "rank{}.pid", "preempt": "rank{}.preempt.json", "exit": "rank{}.exit.json",
 }
 
 
@@ -85,6 +86,22 @@ def rank_errors(run_dir: Path | str) -> list[Path]:
     return sorted(_logs(run_dir).glob(_RANK_FILES["error"].format("*")))
 
 
+def rank_files(run_dir: Path | str, kind: str) -> dict[int, Path]:
+    """Rank -> path of each rank's file of ``kind`` that exists (``log``, ``error``, ``progress``, ``stacks``,
+    ``pid``, ``preempt``), in rank order: readers loop over the files a run has, never over a world size."""
+    prefix, suffix = _RANK_FILES[kind].split("{}")
+    found: dict[int, Path] = {}
+    try:
+        paths = list(_logs(run_dir).glob(_RANK_FILES[kind].format("*")))
+    except OSError:
+        return {}
+    for path in paths:
+        digits = path.name[len(prefix):len(path.name) - len(suffix)]
+        if digits.isascii() and digits.isdigit() and len(digits) <= 9 and str(int(digits)) == digits:
+            found[int(digits)] = path
+    return dict(sorted(found.items()))
+
+
 def rank_progress(run_dir: Path | str, rank: int) -> Path:
     """Where rank ``rank`` publishes its latest progress (``ctx.progress``)."""
     return _logs(run_dir) / _RANK_FILES["progress"].format(rank)
@@ -110,6 +127,11 @@ def rank_preempt(run_dir: Path | str, rank: int) -> Path:
     return _logs(run_dir) / _RANK_FILES["preempt"].format(rank)
 
 
+def rank_exit(run_dir: Path | str, rank: int) -> Path:
+    """Where a rank of a task that starts its own group (a script) records how it ended and what it reported."""
+    return _logs(run_dir) / _RANK_FILES["exit"].format(rank)
+
+
 def rank_marker(run_dir: Path | str, rank: int, phase: str) -> Path:
     """Where a rank records (with its attempt) that it ``arrived`` at ``dist_init`` or ``joined`` the groups."""
     if phase not in ("arrived", "joined"):
@@ -123,10 +145,10 @@ def attempt_file(run_dir: Path | str, attempt: int) -> Path:
 
 
 def attempt_number(path: Path) -> int | None:
-    """The attempt a file from :func:`attempt_file` records (None: not such a file)."""
+    """The attempt a file from :func:`attempt_file` records (None: not such a file, or a number over 9 digits)."""
     digits = path.stem.removeprefix("attempt")
-    return int(digits) if path.suffix == ".json" and path.stem.startswith("attempt") and digits.isdigit() \
-        else None
+    ok = path.suffix == ".json" and path.stem.startswith("attempt") and digits.isascii() and digits.isdigit()
+    return int(digits) if ok and len(digits) <= 9 else None
 
 
 def result_before_attempt(run_dir: Path | str, attempt: int) -> Path:
@@ -169,25 +191,36 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
 
     Lenient by default: ``{}`` when it is missing, unreadable or not a mapping. With
     ``strict`` those raise ``ValueError`` naming the file (``OSError`` when missing).
+    Only a regular file of at most 64 MiB is read (a FIFO or a huge file is unreadable).
     """
     import yaml
 
+    from .io import read_bytes
+
     path = config_path(run_dir)
     try:
-        config = yaml.safe_load(path.read_text())
+        config = yaml.safe_load(read_bytes(path))
     except OSError:
         if strict:
             raise
         return {}
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         if strict:
-            raise ValueError(f"{path}: not readable YAML ({exc})") from None
+            why = getattr(exc, "why", None) or f"not readable YAML ({exc})"
+            raise ValueError(f"{path}: {why}") from None
         return {}
     if not isinstance(config, dict):
         if strict:
             raise ValueError(f"{path}: expected a mapping, found {type(config).__name__}")
         return {}
     return config
+
+
+def launcher_name(run_dir: Path | str) -> str | None:
+    """The name of the launcher that ran ``run_dir``, from its ``config.yaml`` (None when it names none)."""
+    launcher = read_config(run_dir).get("launcher")
+    name = launcher.get("name") if isinstance(launcher, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def tune_round_dir(tune_dir: Path | str, round_index: int) -> Path:

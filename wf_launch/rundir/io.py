@@ -1,14 +1,35 @@
-"""Atomic writes and JSON reads: readers of a run directory see an old file or the whole new one."""
+"""Atomic writes and bounded reads: readers of a run directory see an old file or the whole new one.
+
+Reading is as careful as writing: a run directory may hold files someone else
+(or a crash) left, so :func:`read_bytes` reads regular files only (a FIFO, a device
+or ``/dev/zero`` behind a link would block or never end), and refuses a file over
+its size limit instead of loading it; :func:`read_json` adds the JSON parse, with
+a nesting too deep for the parser reported like any other bad JSON.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "atomic_write_text", "read_json"]
+__all__ = ["MAX_RECORD_BYTES", "UnreadableFile", "atomic_write_json", "atomic_write_text", "open_regular",
+           "read_bytes", "read_json"]
+
+MAX_RECORD_BYTES = 64 << 20
+"""The largest JSON or YAML record of a run that is read (64 MiB): a bigger one is refused, not loaded."""
+
+
+class UnreadableFile(ValueError):
+    """A run file that exists but cannot be read as what it should be (its path and why)."""
+
+    def __init__(self, path: Path | str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = Path(path)
+        self.why = why
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
@@ -32,9 +53,55 @@ def atomic_write_json(path: Path | str, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def read_json(path: Path | str) -> Any:
-    """Parsed JSON at ``path``, or None if it does not exist."""
+def open_regular(path: Path | str) -> int:
+    """An fd open for reading on ``path`` if it is a regular file (FileNotFoundError when absent).
+
+    Opened without blocking (a FIFO would wait for a writer), then checked: anything but a
+    regular file raises :class:`UnreadableFile`, as does an open that fails for another reason.
+    """
     try:
-        return json.loads(Path(path).read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UnreadableFile(path, exc.strerror or str(exc)) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UnreadableFile(path, f"{kind} (refusing to read it)")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_bytes(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them (:class:`UnreadableFile` otherwise)."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise UnreadableFile(path, f"{size} bytes, more than the {limit} a record may have (not loaded)")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise UnreadableFile(path, exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise UnreadableFile(path, f"more than the {limit} bytes a record may have (not loaded)")
+    return data
+
+
+def read_json(path: Path | str, limit: int = MAX_RECORD_BYTES) -> Any:
+    """Parsed JSON at ``path``, or None if it does not exist; :class:`UnreadableFile` (a ValueError) if it
+    cannot be read or parsed."""
+    try:
+        data = read_bytes(path, limit)
     except FileNotFoundError:
         return None
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise UnreadableFile(path, "JSON nested too deeply") from None
+    except ValueError as exc:
+        raise UnreadableFile(path, f"invalid JSON ({exc}); the file may be truncated") from None

@@ -11,7 +11,6 @@ exit code is therefore not final yet (a SLURM job whose launcher detached).
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from dataclasses import dataclass, field, fields
@@ -19,10 +18,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from worldfoundry.core.validation import is_int
+from worldfoundry.core.validation import is_int, is_number
 
 from . import files
-from .io import atomic_write_json
+from .io import UnreadableFile, atomic_write_json, read_json
 
 try:
     from enum import StrEnum
@@ -81,6 +80,30 @@ def exit_code_of(status: Status | str, signal_name: str | None = None) -> int:
         except KeyError:
             pass
     return EXIT_CODES[status]
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "run_dir": (str,), "task": (str, type(None)), "launcher": (str, type(None)), "overrides": (list,),
+    "layout": (dict, type(None)), "results": (dict,), "timings": (dict,), "hosts": (list,),
+    "failure": (dict, type(None)), "exits": (dict, type(None)), "attempts": (list,),
+    "environment": (dict, type(None)), "signal": (str, type(None)), "finished_at": (int, float, type(None)),
+}
+"""The JSON type each record field must have (a reader relies on it)."""
+
+
+def _field_problem(values: dict[str, Any]) -> str | None:
+    """Why ``values`` (a record's fields from JSON) cannot be a record, or None."""
+    for name, value in values.items():
+        kinds = _KINDS.get(name, (object,))
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            allowed = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            return f"field {name!r} is a {type(value).__name__} ({value!r:.60}), expected {allowed}"
+    if not all(isinstance(a, dict) for a in values.get("attempts") or []):
+        return "field 'attempts' holds an entry that is not an object"
+    wall = (values.get("timings") or {}).get("wall_s")
+    if wall is not None and not is_number(wall):
+        return f"field 'timings.wall_s' is {wall!r:.60}, expected a number of seconds"
+    return None
 
 
 class RecordError(ValueError):
@@ -157,13 +180,13 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, data: Any, path: Path | None = None) -> RunRecord:
-        """Build a record from parsed JSON; :class:`RecordError` if it is not one."""
+        """Build a record from parsed JSON; :class:`RecordError` if it is not one (a field of the wrong type too)."""
         where = path or Path(files.RESULT)
         if not isinstance(data, dict):
             raise RecordError(where, f"expected a JSON object, found {type(data).__name__}")
         try:
             status = Status(data.get("status"))
-        except ValueError:
+        except (ValueError, TypeError):
             raise RecordError(where, f"unknown status {data.get('status')!r}; known: "
                                      f"{[str(s) for s in Status]}") from None
         known = {f.name for f in fields(cls)} - {"status", "final", "extra", "format_version"}
@@ -171,16 +194,13 @@ class RunRecord:
         version = data.get("format_version", 0)  # a record from before the format was versioned
         if not (is_int(version) and version >= 0):
             raise RecordError(where, f"format_version {version!r} is not a version number")
-        record = cls(status=status, final="exit_code" in data, format_version=version,
-                     extra={k: v for k, v in data.items()
-                            if k not in known and k not in ("status", "exit_code", "format_version")},
-                     **values)
-        for name, kind in (("results", dict), ("timings", dict), ("overrides", list), ("hosts", list),
-                           ("attempts", list)):
-            if not isinstance(getattr(record, name), kind):
-                raise RecordError(where, f"field {name!r} is a {type(getattr(record, name)).__name__}, "
-                                         f"expected a {kind.__name__}")
-        return record
+        problem = _field_problem(values)
+        if problem:
+            raise RecordError(where, problem)
+        return cls(status=status, final="exit_code" in data, format_version=version,
+                   extra={k: v for k, v in data.items()
+                          if k not in known and k not in ("status", "exit_code", "format_version")},
+                   **values)
 
     # ------------------------------------------------------------------ files
     @staticmethod
@@ -190,18 +210,19 @@ class RunRecord:
 
     @classmethod
     def read(cls, run_dir: Path | str) -> RunRecord | None:
-        """The record in ``run_dir`` (None when there is none yet); :class:`RecordError` when unreadable."""
+        """The record in ``run_dir`` (None when there is none yet); :class:`RecordError` when unreadable.
+
+        Unreadable covers every way a file can be wrong: not a regular file, larger than
+        :data:`~wf_launch.rundir.io.MAX_RECORD_BYTES`, not UTF-8 JSON, nested too deeply,
+        or a field of the wrong type; the error names the file and why.
+        """
         path = cls.path(run_dir)
         try:
-            text = path.read_text()
-        except FileNotFoundError:
+            data = read_json(path)
+        except UnreadableFile as exc:
+            raise RecordError(path, exc.why) from None
+        if data is None:
             return None
-        except OSError as exc:
-            raise RecordError(path, str(exc)) from None
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise RecordError(path, f"invalid JSON ({exc}); the file may be truncated") from None
         return cls.from_json(data, path)
 
     def write(self, run_dir: Path | str | None = None) -> None:

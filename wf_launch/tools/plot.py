@@ -13,36 +13,83 @@ import json
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from worldfoundry.core.validation import is_number
+from worldfoundry.core.validation import is_int, is_number
 
 from ..rundir import files
+from ..rundir.io import open_regular
+from ..rundir.text import printable
 
-__all__ = ["load_metrics", "main", "render"]
+__all__ = ["MAX_POINTS", "load_metrics", "main", "metric_lines", "render"]
+
+
+MAX_POINTS = 20_000
+"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows no more)."""
+MAX_LINE_BYTES = 1 << 20
+"""A metrics line longer than this is skipped, not read whole."""
+
+
+def metric_lines(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines skipped.
+
+    Nothing when the file is missing or not a regular file (a FIFO or device is never read).
+    """
+    try:
+        fd = open_regular(path)
+    except (OSError, ValueError):
+        return
+    with open(fd, "rb") as f:
+        while line := f.readline(max_line + 1):
+            if len(line) > max_line and not line.endswith(b"\n"):
+                while (rest := f.readline(max_line + 1)) and not rest.endswith(b"\n"):
+                    pass
+                continue
+            yield line.decode(errors="replace")
+
+
+class _Series(list):  # type: ignore[type-arg]
+    """(step, value) points of one metric of one rank, thinned to at most :data:`MAX_POINTS`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stride, self.seen = 1, 0
+
+    def add(self, point: tuple[int, float]) -> None:
+        self.seen += 1
+        if (self.seen - 1) % self.stride:
+            return
+        self.append(point)
+        if len(self) > MAX_POINTS:
+            del self[1::2]
+            self.stride *= 2
 
 
 def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """metric -> rank -> [(step, value)] from ``metrics.jsonl`` (bad lines are skipped)."""
-    out: dict[str, dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    try:
-        lines = files.metrics_file(run_dir).read_text().splitlines()
-    except OSError:
-        return {}
-    for line in lines:
+    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are skipped).
+
+    A long run's file may hold GBs: it is streamed, and each series keeps at most
+    :data:`MAX_POINTS` evenly spread points.
+    """
+    out: dict[str, dict[int, _Series]] = defaultdict(lambda: defaultdict(_Series))
+    for line in metric_lines(files.metrics_file(run_dir)):
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        if not isinstance(row, dict) or not is_int(row.get("step")):
+            continue
+        rank = row.get("rank", 0)
+        if not is_int(rank):
             continue
         for name, value in row.items():
             if name in ("rank", "step", "time") or not is_number(value):
                 continue
             if math.isfinite(value):
-                out[name][int(row.get("rank", 0))].append((row["step"], float(value)))
-    return {k: dict(v) for k, v in out.items()}
+                out[name][rank].add((row["step"], float(value)))
+    return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
 
 
 def render(series: dict[str, dict[int, list[tuple[int, float]]]], path: Path, title: str,
@@ -91,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     unknown = [m for m in args.metrics if m not in series]
     if unknown:
-        print(f"wf_launch.plot: no metric {unknown[0]!r} in {files.metrics_file(args.run_dir)}; it has "
-              f"{sorted(series)}", file=sys.stderr)
+        print(printable(f"wf_launch.plot: no metric {unknown[0]!r} in {files.metrics_file(args.run_dir)}; it has "
+                        f"{sorted(series)}"), file=sys.stderr)
         return 2
     chosen = {m: series[m] for m in (args.metrics or series)}
     out = render(chosen, args.out or files.metrics_chart(args.run_dir), str(args.run_dir), args.all_ranks)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from worldfoundry.core.distributed.topology import DIMS
 
 from ..rundir import files
 from ..rundir.record import RecordError, RunRecord
+from ..rundir.text import printable
 from .sweep.points import DEFAULT_METRIC, PLAN_FILE, point_metrics
 
 __all__ = ["RunRow", "list_runs", "main", "render"]
@@ -125,6 +127,14 @@ def _gone(name: str, run_dir: Path) -> bool:
 
 
 def _row(run_dir: Path) -> RunRow:
+    """The run's row; a run whose files cannot be read is listed as unreadable, with why."""
+    try:
+        return _read_row(run_dir)
+    except (ValueError, OSError) as exc:
+        return RunRow(0.0, UNREADABLE, "?", "?", None, "?", None, "", str(run_dir), _sweep_of(run_dir), str(exc))
+
+
+def _read_row(run_dir: Path) -> RunRow:
     when = os.stat(run_dir).st_mtime
     try:
         record = RunRecord.read(run_dir)
@@ -142,9 +152,10 @@ def _row(run_dir: Path) -> RunRow:
                       str(run_dir), _sweep_of(run_dir), problem)
     launcher = _launcher_column(record.launcher or "?", run_dir, record)
     wall = record.timings.get("wall_s")
-    return RunRow(record.finished_at or when, str(record.status), record.task or "?", layout, world, launcher,
-                  wall if isinstance(wall, (int, float)) else None, _headline(record), str(run_dir),
-                  _sweep_of(run_dir))
+    wall = wall if isinstance(wall, (int, float)) and math.isfinite(wall) else None
+    finished = record.finished_at if record.finished_at is not None and math.isfinite(record.finished_at) else None
+    return RunRow(finished or when, str(record.status), record.task or "?", layout, world, launcher, wall,
+                  _headline(record), str(run_dir), _sweep_of(run_dir))
 
 
 def list_runs(roots: list[Path]) -> list[RunRow]:
@@ -162,16 +173,23 @@ def list_runs(roots: list[Path]) -> list[RunRow]:
 def render(rows: list[RunRow]) -> str:
     """A fixed-width table of ``rows``."""
     head = ["when", "status", "task", "tp/cp/pp/dp", "world", "launcher", "wall_s", "metric", "run"]
-    cells = [[time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.when)), r.status, r.task, r.layout,
-              "" if r.world is None else str(r.world), r.launcher, "" if r.wall_s is None else f"{r.wall_s:.2f}",
-              r.metric, _rel(r.run_dir)] for r in rows]
+    cells = [[printable(c) for c in (_when(r.when), r.status, r.task, r.layout, "" if r.world is None else r.world,
+                                     r.launcher, "" if r.wall_s is None else f"{r.wall_s:.2f}", r.metric,
+                                     _rel(r.run_dir))] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     for row, cell in zip(rows, cells):
         lines.append("  ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip())
         if row.problem:
-            lines.append(f"    {row.problem}")
+            lines.append(f"    {printable(row.problem)}")
     return "\n".join(lines)
+
+
+def _when(stamp: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def _rel(path: str) -> str:

@@ -22,22 +22,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config.layout import layout_of, rank_label
+from ..config.layout import rank_label, run_layout
 from ..launchers import DetachedLauncher, get_launcher
 from ..rundir import attempts, files
 from ..rundir.claim import launch_alive
+from ..rundir.io import open_regular
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RecordError, RunRecord, Status
+from ..rundir.text import printable
 
-__all__ = ["FOLLOW_BACKLOG", "launcher_of", "main", "runs_at"]
+__all__ = ["FOLLOW_BACKLOG", "launcher_of", "main", "runs_at", "tail_lines"]
 
 FOLLOW_BACKLOG = 10
 """Lines of each console rank's log already written that ``--follow`` shows before new ones."""
 
+UNREADABLE_RUN = (ValueError, OSError)
+"""What reading a malformed run raises (RecordError, UnreadableFile and read_job's errors are ValueErrors):
+that run is shown as unreadable and the others go on."""
+
+
+def _say(line: str, multiline: bool = False, err: bool = False) -> None:
+    """Print ``line`` with every control character a run's files may hold escaped (never raw to the terminal)."""
+    print(printable(line, multiline), file=sys.stderr if err else sys.stdout)
+
 
 def launcher_of(run_dir: Path) -> Any | None:
     """The launcher that ran ``run_dir`` (named in its ``config.yaml``), with its hooks; None when unknown."""
-    name = (files.read_config(run_dir).get("launcher") or {}).get("name")
+    name = files.launcher_name(run_dir)
     if not isinstance(name, str):
         return None
     try:
@@ -65,52 +76,83 @@ def runs_at(path: Path) -> tuple[dict[Path, Any], bool]:
 
 
 def _print_state(run_dir: Path, label: str, state: str, outcome: RunOutcome | None, details: list[str]) -> None:
+    """The run's state line, its failure and log, launcher details and attempts (every line made printable)."""
     verdict = f" -> {outcome.status} (exit {outcome.exit_code})" if outcome else ""
-    print(f"{run_dir}: {label} {state}{verdict}")
+    lines = [f"{run_dir}: {label} {state}{verdict}"]
     if outcome and outcome.exit_code:
         try:
             record = RunRecord.read(run_dir)
         except RecordError:
             record = None
         failure = (record.failure if record is not None else None) or {}
-        print(f"  {failure.get('message') or outcome.summary}".rstrip())
+        lines.append(f"  {failure.get('message') or outcome.summary}".rstrip())
         if failure.get("log"):
-            print(f"  log: {failure['log']}")
-    for line in details:
-        print(f"  {line}")
-    for line in _attempt_lines(run_dir):
-        print(f"  {line}")
+            lines.append(f"  log: {failure['log']}")
+    lines += [f"  {line}" for line in (*details, *_attempt_lines(run_dir))]
+    _say("\n".join(lines), multiline=True)
 
 
 def _attempt_lines(run_dir: Path) -> list[str]:
-    """The run's attempts (the final record's, or the markers of a run still going) when there were restarts."""
+    """The run's attempts (the final record's, or the markers of a run still going) when there were restarts,
+    and a line for each attempt marker that cannot be read."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
         record = None
+    problems: list[str] = []
     entries = record.attempts if record is not None and record.final and record.attempts else \
-        attempts.collect(run_dir)
-    return attempts.describe(entries) if len(entries) > 1 else []
+        attempts.collect(run_dir, problems)
+    return [*(attempts.describe(entries) if len(entries) > 1 else []), *problems]
+
+
+_MAX_LINE = 16 << 10
+"""The most of one log line ``--tail`` prints."""
+
+
+def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 << 20) -> list[str]:
+    """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold a GB);
+    never more than ``max_bytes`` of it (a last line longer than that is shown cut)."""
+    if lines <= 0:
+        return []
+    fd = open_regular(path)
+    with open(fd, "rb") as f:
+        start = end = f.seek(0, 2)
+        blocks: list[bytes] = []
+        newlines = 0
+        while start > 0 and newlines <= lines and end - start < max_bytes:
+            size = min(block, start)
+            start -= size
+            f.seek(start)
+            blocks.append(f.read(size))
+            newlines += blocks[-1].count(b"\n")
+    text = b"".join(reversed(blocks)).decode(errors="replace").splitlines()
+    return text[-lines:]
 
 
 def _tail(run_dir: Path, lines: int) -> int:
-    """``--tail N``: the last N lines of each console rank's log."""
+    """``--tail N``: the last N lines of each console rank's log (ranks without a log yet are named once)."""
     from ..observe.live import console_ranks
 
     try:
         config = files.read_config(run_dir, strict=True)
-        ranks = console_ranks(config, layout_of(config).world_size)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"wf_launch.status: {run_dir} is not a run directory ({exc})", file=sys.stderr)
+        ranks = console_ranks(config, run_layout(config).world_size)
+    except (OSError, ValueError) as exc:
+        _say(f"wf_launch.status: {run_dir} is not a run directory ({exc})", err=True)
         return 2
-    for rank in ranks:
-        path = files.rank_log(run_dir, rank)
+    logs = files.rank_files(run_dir, "log")
+    for rank in sorted(set(ranks) & set(logs)):
         try:
-            text = path.read_text(errors="replace").splitlines()[-lines:] if lines else []
-        except OSError:
-            text = ["(no log yet)"]
-        print(f"==> {path} <==")
-        print("\n".join(text))
+            text = tail_lines(logs[rank], lines)
+        except (OSError, ValueError) as exc:
+            text = [f"(unreadable: {exc})"]
+        _say(f"==> {logs[rank]} <==")
+        for line in text:
+            _say(line if len(line) <= _MAX_LINE else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)")
+    missing = sorted(set(ranks) - set(logs))
+    if missing:
+        from ..observe.stacks import rank_ranges
+
+        _say(f"(no log yet: rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)})")
     return 0
 
 
@@ -159,7 +201,7 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
         view = LiveView([run_dir], write=logger.info, state_of=launcher.live_state if launcher else None,
                         backlog=backlog)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", file=sys.stderr)
+        _say(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", err=True)
         return 2
     deadline = time.monotonic() + timeout_s
     outcome = None
@@ -174,13 +216,17 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
         view.close()
         logger.info(f"stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel {run_dir})")
         return 130
+    except UNREADABLE_RUN as exc:
+        view.close()
+        _say(f"wf_launch.status: {run_dir}: unreadable: {exc}", err=True)
+        return 2
     view.close()
     if outcome is None:
         logger.info(f"still running after {timeout_s:g} s; detaching")
         return 0
-    logger.info(final_line(outcome))
+    logger.info(printable(final_line(outcome)))
     if outcome.exit_code and outcome.summary:
-        print(outcome.summary, file=sys.stderr)
+        _say(outcome.summary, multiline=True, err=True)
     return outcome.exit_code
 
 
@@ -190,20 +236,20 @@ def _stacks(run_dir: Path) -> int:
 
     launcher = launcher_of(run_dir)
     try:
-        layout = layout_of(files.read_config(run_dir, strict=True))
-    except (OSError, KeyError, TypeError, ValueError) as exc:
-        print(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", file=sys.stderr)
+        layout = run_layout(files.read_config(run_dir, strict=True))
+    except (OSError, ValueError) as exc:
+        _say(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", err=True)
         return 2
     if launcher is None:
-        print(f"wf_launch.status: {run_dir}: its launcher is not known here", file=sys.stderr)
+        _say(f"wf_launch.status: {run_dir}: its launcher is not known here", err=True)
         return 2
     try:
         answered, lines = live_autopsy(run_dir, layout.world_size, lambda r: rank_label(r, layout.coords(r)),
                                        launcher.signal_ranks)
-    except ValueError as exc:
-        print(f"wf_launch.status: {exc}", file=sys.stderr)
+    except UNREADABLE_RUN as exc:
+        _say(f"wf_launch.status: {exc}", err=True)
         return 2
-    print("\n".join(lines))
+    _say("\n".join(lines), multiline=True)
     return 0 if answered else 1
 
 
@@ -254,18 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel (its runs are "
               "local: their launcher waits for them, Ctrl-C there stops them)", file=sys.stderr)
         return 2
-    try:
-        codes = _show_detached(args, detached) if detached else []
-    except ValueError as exc:  # e.g. a job id in a run's files that is not a scheduler's id
-        print(f"wf_launch.status: {exc}", file=sys.stderr)
-        return 2
+    codes = _show_detached(args, detached) if detached else []
     if not (args.wait or args.cancel):
         codes += _show_waited({d: launcher for d, launcher in runs.items() if d not in detached})
     if is_sweep:
         from .sweep.points import collect_points
         from .sweep.report import write_report
 
-        print(f"sweep report: {write_report(args.dir, collect_points(args.dir))['md']}")
+        _say(f"sweep report: {write_report(args.dir, collect_points(args.dir))['md']}")
     return codes[0] if codes else 0
 
 
@@ -275,11 +317,11 @@ def _show_waited(runs: dict[Path, Any]) -> list[int]:
     for run_dir, launcher in runs.items():
         try:
             outcome = _ended(run_dir, launcher, strict=True)
-        except RecordError as exc:
-            print(f"{run_dir}: unreadable: {exc}")
+            _print_state(run_dir, launcher.status_label(run_dir), "running" if outcome is None else "ended",
+                         outcome, launcher.status_details(run_dir))
+        except UNREADABLE_RUN as exc:
+            _say(f"{run_dir}: unreadable: {exc}")
             continue
-        _print_state(run_dir, launcher.status_label(run_dir), "running" if outcome is None else "ended", outcome,
-                     launcher.status_details(run_dir))
         if outcome is not None and outcome.exit_code:
             codes.append(outcome.exit_code)
     return codes
@@ -287,10 +329,15 @@ def _show_waited(runs: dict[Path, Any]) -> list[int]:
 
 def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]:
     """Ask each detached run's scheduler (``--cancel`` first; ``--wait`` until all ended); print them."""
+    refused = []
     if args.cancel:
         for run_dir, launcher in runs.items():
-            if launcher.cancel(run_dir) is not None:
-                print(f"cancelling {launcher.status_label(run_dir)} ({run_dir})", file=sys.stderr)
+            try:
+                if launcher.cancel(run_dir) is not None:
+                    _say(f"cancelling {launcher.status_label(run_dir)} ({run_dir})", err=True)
+            except UNREADABLE_RUN as exc:  # e.g. a job id that is not a scheduler's id: never passed on
+                _say(f"wf_launch.status: cannot cancel {run_dir}: {exc}", err=True)
+                refused.append(2)
     deadline = time.monotonic() + (600 if args.timeout is None else args.timeout)
     unreadable: dict[Path, str] = {}
     while True:
@@ -298,7 +345,7 @@ def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]
         for run_dir, launcher in runs.items():
             try:
                 states[run_dir] = launcher.status(run_dir)
-            except RecordError as exc:  # one bad record never stops the others being shown
+            except UNREADABLE_RUN as exc:  # one bad record never stops the others being shown
                 unreadable[run_dir] = str(exc)
         if (not (args.wait or args.cancel) or all(o for _, o in states.values())
                 or time.monotonic() > deadline):
@@ -306,10 +353,13 @@ def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]
         time.sleep(0.5)
     for run_dir, (state, outcome) in states.items():
         launcher = runs[run_dir]
-        _print_state(run_dir, launcher.status_label(run_dir), state, outcome, launcher.status_details(run_dir))
+        try:
+            _print_state(run_dir, launcher.status_label(run_dir), state, outcome, launcher.status_details(run_dir))
+        except UNREADABLE_RUN as exc:
+            unreadable[run_dir] = str(exc)
     for run_dir, why in unreadable.items():
-        print(f"{run_dir}: unreadable: {why}")
-    return [o.exit_code for _, o in states.values() if o and o.exit_code]
+        _say(f"{run_dir}: unreadable: {why}")
+    return [*refused, *(o.exit_code for _, o in states.values() if o and o.exit_code)]
 
 
 if __name__ == "__main__":

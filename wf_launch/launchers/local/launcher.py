@@ -141,6 +141,22 @@ def _route_elastic_logs() -> None:
     elastic.propagate = False
 
 
+SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torch elastic's switch that makes rank 0 start a second store for the ranks instead of sharing the agent's."""
+
+
+def _share_the_loopback_store() -> None:
+    """The ranks share the launcher's loopback store: :data:`SEPARATE_STORE_ENV` is dropped, with a warning.
+
+    With it, rank 0 starts a second store on a port the agent picked and released (another
+    process can take it in between) and, in torch's own code, listens on every interface.
+    """
+    value = os.environ.pop(SEPARATE_STORE_ENV, None)
+    if value not in (None, "", "0"):
+        logger.warning(f"{SEPARATE_STORE_ENV}={value} ignored: with launcher.loopback_only=true the ranks share the "
+                       "launcher's store on 127.0.0.1 (set launcher.loopback_only=false to keep it)")
+
+
 def _launch_config(plan: LaunchPlan, method: str) -> Any:
     """torch's ``LaunchConfig`` for the plan: one node, loopback c10d rendezvous, the launcher's settings."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
@@ -168,6 +184,7 @@ def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     if lc.loopback_only:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        _share_the_loopback_store()
     _route_elastic_logs()
     spec = RankSpec(config=plan.config, run_dir=str(plan.run_dir), threads_per_rank=threads,
                     console_ranks=lc.console_ranks, launch_time=time.time(), max_log_mb=float(lc.max_log_mb or 0),

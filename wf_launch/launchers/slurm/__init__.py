@@ -87,6 +87,8 @@ class SlurmLauncherConfig(LauncherConfig):
     max_requeues: int = 3
     preempt_wait_s: float = 20.0
     snapshot: bool = True
+    snapshot_untracked: bool = False
+    snapshot_max_mb: float = 256.0
 
 
 _SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -122,6 +124,9 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
         raise config_error("launcher.signal_delay_s", lc.signal_delay_s,
                            f"expected fewer seconds than the time limit ({lc.time_min * 60} s)")
     check_bool("launcher.snapshot", lc.snapshot)
+    check_bool("launcher.snapshot_untracked", lc.snapshot_untracked)
+    check_number("launcher.snapshot_max_mb", lc.snapshot_max_mb, 0, MAX_MEM_GB * 1024, low_open=True, unit="MB",
+                 note="the largest code snapshot a submission copies")
     check_bool("launcher.wait", lc.wait)
     for key in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
         check_single_line(f"launcher.{key}", getattr(lc, key), why=_NEWLINE)
@@ -212,6 +217,18 @@ class SlurmLauncher(LauncherHooks):
         out = subprocess.run(["scancel", f"--signal={_signal.Signals(signum).name.removeprefix('SIG')}",
                               job["job_id"]], capture_output=True, text=True, timeout=30, check=False)
         return set(range(int(job.get("world_size") or 0))) if out.returncode == 0 else set()
+
+    def is_live(self, run_dir: Path) -> bool:
+        """Whether the run may still be going: its launch still holds the run directory, or its job has not ended
+        (or SLURM still lists it: its processes may still be writing). ValueError for a malformed job file."""
+        from ...rundir.claim import launch_alive
+
+        if launch_alive(run_dir):
+            return True
+        job = read_job(run_dir)
+        if not job:
+            return False
+        return not is_terminal(job_state(job["job_id"], Path(run_dir))) or in_queue(job["job_id"])
 
     def live_state(self, run_dir: Path) -> tuple[str, str] | None:
         """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None once it left the queue."""

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...config.layout import layout_of, rank_label
+from worldfoundry.core.validation import is_finite_number, is_int
+
+from ...config.layout import rank_label, run_layout
 from ...observe.rootcause import explain_failure
 from ...rundir import attempts, files
 from ...rundir.failures import load_failure_records
@@ -32,23 +34,45 @@ def checked_job_id(job_id: Any, where: str = "job id") -> str:
     return job_id
 
 
+MAX_JOB_RANKS = 1 << 20
+"""The most ranks a job file may name (status lists each rank; more is a corrupt file, not a job)."""
+
+_JOB_FIELDS: dict[str, tuple[Any, str]] = {
+    "world_size": (lambda v: is_int(v) and 0 <= v <= MAX_JOB_RANKS, f"a number of ranks (at most {MAX_JOB_RANKS})"),
+    "nodes": (lambda v: is_int(v) and v >= 0, "a number of nodes"),
+    "tasks_per_node": (lambda v: is_int(v) and v >= 0, "a number of tasks"),
+    "submitted_at": (is_finite_number, "a time"),
+    "folder": (lambda v: isinstance(v, str), "a path"),
+    "info": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
 def read_job(run_dir: Path) -> dict[str, Any] | None:
-    """The run's ``slurm_job.json`` (None for a run not submitted to SLURM); ValueError for a bad job id."""
+    """The run's ``slurm_job.json`` (None for a run not submitted to SLURM).
+
+    ValueError (naming the file and the field) when it cannot be read, its job id is not a
+    SLURM job id, or a field the launcher reads has the wrong type.
+    """
     path = Path(run_dir) / JOB_FILE
     try:
         job = read_json(path)
+    except OSError as exc:
+        raise ValueError(f"{path}: not readable ({exc})") from None
     except ValueError as exc:
-        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+        raise ValueError(f"{exc}") from None
     if job is None:
         return None
     if not isinstance(job, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+        raise ValueError(f"{path}: expected a JSON object, found {type(job).__name__}")
     checked_job_id(job.get("job_id"), f"{path}: job_id")
+    for key, (ok, what) in _JOB_FIELDS.items():
+        if job.get(key) is not None and not ok(job[key]):
+            raise ValueError(f"{path}: {key}={job[key]!r:.60} is not {what}")
     return job
 
 
 def _layout(run_dir: Path) -> Any:
-    return layout_of(files.read_config(run_dir, strict=True))
+    return run_layout(files.read_config(run_dir, strict=True))
 
 
 def finalize(run_dir: Path, state: str) -> RunOutcome:
@@ -110,18 +134,27 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
     errors = {r["rank"]: r for r in load_failure_records(run_dir)}
     out: dict[int, str] = {}
     for rank in range(world):
-        marker = read_json(files.rank_preempt(run_dir, rank))
         if str(rank) in ok:
             text = "ok"
         elif rank in errors:
-            text = f"failed: {errors[rank]['type']}: {str(errors[rank]['message']).splitlines()[0][:200]}"
+            first = (str(errors[rank].get("message") or "").splitlines() or [""])[0]
+            text = f"failed: {errors[rank].get('type')}: {first[:200]}"
         elif stopped:
             text = f"stopped ({stopped})"
         elif files.rank_log(run_dir, rank).exists():
             text = "started (no outcome recorded)"
         else:
             text = "not started"
-        if marker:
-            text += f"; preemption signal at restart {marker['restart']} (hook: {marker['hook']})"
-        out[rank] = text
+        out[rank] = text + _preempt_note(run_dir, rank)
     return out
+
+
+def _preempt_note(run_dir: Path, rank: int) -> str:
+    """'; preemption signal at restart 0 (hook: saved)' when the rank recorded one (nothing for a malformed file)."""
+    try:
+        marker = read_json(files.rank_preempt(run_dir, rank), 1 << 20)
+    except (OSError, ValueError):
+        return "; unreadable preemption record"
+    if not isinstance(marker, dict) or "restart" not in marker:
+        return ""
+    return f"; preemption signal at restart {marker.get('restart')} (hook: {marker.get('hook')})"

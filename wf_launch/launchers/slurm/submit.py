@@ -26,12 +26,13 @@ from loguru import logger
 from ...config.fields import config_error
 from ...rank.entrypoint import RankSpec
 from ...rundir import attempts
+from ...rundir.claim import make_private
 from ...rundir.environment import record_environment
 from ...rundir.io import atomic_write_json
 from ...rundir.outcome import RunOutcome
-from ...rundir.record import RunRecord, Status
+from ...rundir.record import RecordError, RunRecord, Status
 from ..launch_plan import LaunchPlan
-from ..snapshot import CODE_DIR, job_setup, project_root, take
+from ..snapshot import CODE_DIR, SnapshotError, job_setup, project_root, take
 from .finalize import JOB_FILE
 from .poll import wait_all
 from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
@@ -73,7 +74,8 @@ def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any
             logger.warning("launcher.snapshot: wf_launch is an installed package, not a git checkout: nothing to "
                            "copy, the job runs the installed code")
         return None
-    manifest = take(code, root)
+    lc = plan.launcher_config
+    manifest = take(code, root, untracked=lc.snapshot_untracked, max_bytes=int(lc.snapshot_max_mb * 2**20))
     logger.info(f"code snapshot: {manifest['files']} file(s) of {root} in {code}")
     return manifest
 
@@ -140,8 +142,10 @@ def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
 
 
 def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
-    return slurm_executor(submitit_folder(plan, shared), plan.launcher_config.max_requeues,
-                          **sbatch_parameters(plan, shared))
+    """submitit's executor, its folder made owner-only first: submitit runs the pickles it finds there."""
+    folder = submitit_folder(plan, shared)
+    make_private(folder)
+    return slurm_executor(folder, plan.launcher_config.max_requeues, **sbatch_parameters(plan, shared))
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
@@ -211,8 +215,11 @@ class SlurmBatch:
         Returns (run, job id or None, error) per run; a refused group is recorded as failed.
         """
         runs, self.pending = self.pending, []
-        snapshot = next((take_snapshot(r.plan, self.shared) for r in runs
-                         if r.plan.launcher_config.snapshot), None)
+        try:
+            snapshot = next((take_snapshot(r.plan, self.shared) for r in runs
+                             if r.plan.launcher_config.snapshot), None)
+        except SnapshotError as exc:
+            return [(run, None, _refused_snapshot(run.plan, exc)) for run in runs]
         groups: dict[str, list[Pending]] = {}
         for run in runs:
             key = json.dumps([sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder],
@@ -247,8 +254,7 @@ class SlurmBatch:
         Runs submitted with ``launcher.wait=false`` keep their 'submitted' outcome (not listed).
         """
         submitted = self.submit()
-        outcomes = {p.plan.run_dir: RunOutcome(Status.FAILED, p.plan.run_dir, err)
-                    for p, job_id, err in submitted if not job_id}
+        outcomes = {p.plan.run_dir: _not_submitted(p.plan.run_dir, err) for p, job_id, err in submitted if not job_id}
         waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.launcher_config.wait]
         if waiting:
             poll = min(p.plan.launcher_config.poll_interval_s for p, _, _ in submitted)
@@ -257,6 +263,23 @@ class SlurmBatch:
                 if outcome.run_dir is not None:
                     outcomes[Path(outcome.run_dir)] = outcome
         return outcomes
+
+
+def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
+    """The outcome of a prepared run that was never submitted: as recorded (invalid, failed), with why."""
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        record = None
+    return RunOutcome(record.status if record is not None else Status.FAILED, run_dir, why)
+
+
+def _refused_snapshot(plan: LaunchPlan, exc: SnapshotError) -> str:
+    """Record a submission refused because its code snapshot cannot be taken (exit 2); the message."""
+    print(f"wf_launch: {plan.run_dir}: {exc}", file=sys.stderr, flush=True)
+    RunRecord.finalize(plan.run_dir, Status.INVALID, **_plan_info(plan),
+                       failure={"cause": "invalid_config", "type": "SnapshotError", "message": str(exc)})
+    return str(exc)
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
@@ -268,7 +291,11 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     if batch is not None:
         batch.add(Pending(plan, fn, launch_time))
         return RunOutcome(Status.SUBMITTED, plan.run_dir)
-    snapshot = take_snapshot(plan)
+    try:
+        snapshot = take_snapshot(plan)
+    except SnapshotError as exc:
+        _refused_snapshot(plan, exc)
+        return RunOutcome.of(RunRecord.read(plan.run_dir), plan.run_dir, "")  # type: ignore[arg-type]
     ex = _executor(plan)
     job = ex.submit(fn)
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)

@@ -16,6 +16,16 @@ from .report import status_line, sweep_exit_code, write_report
 __all__ = ["SweepReport"]
 
 
+def _mode(value: Any) -> int:
+    """``launcher.run_dir_mode`` as a mode for the sweep directory; owner-only unless it is a valid one."""
+    from ...launchers.base import run_dir_mode
+
+    try:
+        return run_dir_mode(value)
+    except ValueError:
+        return 0o700
+
+
 try:
     from hydra.experimental.callback import Callback as _HydraCallback
 except ImportError:  # pragma: no cover - hydra is a dependency; keep the offline reader importable
@@ -41,33 +51,56 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         self.exit_nonzero = bool(exit_nonzero)
         self.chart = bool(chart)
         self._sweep_dir: Path | None = None
+        self._dry_run: tuple[Path, float] | None = None
+
+    @staticmethod
+    def _remove_dry_run(sweep_dir: Path, started: float) -> None:
+        """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go."""
+        from ...rundir.claim import remove_made_folders
+
+        plan = sweep_dir / files.SWEEP_PLAN
+        try:
+            if plan.stat().st_mtime >= started - 0.05:
+                plan.unlink()
+        except OSError:
+            pass
+        remove_made_folders(sweep_dir, started)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         """A sweep directory holds one sweep: refuse one that holds points already (exit 2).
 
         With ``launcher.resume=true`` the sweep continues the one in the directory (only
-        the sweep that made it may: :mod:`.resume`). With ``launcher.overwrite=true`` the earlier sweep is moved aside into a
-        sibling ``NAME.replaced-TIMESTAMP`` directory first, so its points never
-        mix into this sweep's report.
+        the sweep that made it may: :mod:`.resume`). With ``launcher.overwrite=true`` the
+        earlier sweep is moved aside into a sibling ``NAME.replaced-TIMESTAMP`` directory
+        (made owner-only) first, so its points never mix into this sweep's report. The
+        sweep directory is made before Hydra writes into it, with ``launcher.run_dir_mode``
+        (0700): a SLURM sweep keeps the pickles submitit runs and the code snapshot there. A
+        dry run (``launcher.dry_run=true``) moves and writes nothing, and leaves no folder.
         """
         from omegaconf import OmegaConf
+
+        from ...rundir.claim import OWNER_ONLY, make_private, private_umask
 
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         old = sorted(d.name for d in sweep_dir.iterdir()
                      if d.is_dir() and any((d / m).exists() for m in files.MARKERS)) if sweep_dir.is_dir() else []
-        if OmegaConf.select(config, "launcher.resume", default=False) is True:
+        resume = OmegaConf.select(config, "launcher.resume", default=False) is True
+        if resume:
             self._resume(config, sweep_dir, old)
-            self._sweep_dir = sweep_dir
-            return
-        if old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
+        elif old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
             print(f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
                   f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
                   "launcher.overwrite=true to move that sweep aside", file=sys.stderr, flush=True)
             raise SystemExit(2)
-        if old:
+        if OmegaConf.select(config, "launcher.dry_run", default=False) is True:
+            self._dry_run = (sweep_dir, time.time())
+            return
+        private_umask()
+        if old and not resume:
             aside = sweep_dir.with_name(f"{sweep_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
             sweep_dir.rename(aside)
-            sweep_dir.mkdir()
+            os.chmod(aside, OWNER_ONLY)
+        make_private(sweep_dir, _mode(OmegaConf.select(config, "launcher.run_dir_mode", default=None)))
         self._sweep_dir = sweep_dir
 
     @staticmethod
@@ -153,6 +186,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         return points
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self._dry_run is not None:
+            self._remove_dry_run(*self._dry_run)
         if self._sweep_dir is None:
             return
         try:

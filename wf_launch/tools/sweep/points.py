@@ -23,10 +23,12 @@ from typing import Any
 import yaml
 
 from worldfoundry.core.distributed.topology import DIMS
-from worldfoundry.core.validation import is_number
+from worldfoundry.core.validation import is_int, is_number
 
 from ...rundir import files
+from ...rundir.io import read_bytes
 from ...rundir.record import RecordError, RunRecord, Status
+from ...rundir.text import printable
 
 __all__ = ["BASE_COLUMNS", "DEFAULT_METRIC", "FAILED_STATUSES", "IDENTITY_FIELDS", "INCOMPLETE", "NOT_RUN",
            "PLAN_FILE", "UNREADABLE", "collect_points", "expand_sweep", "failure_text", "metric_names",
@@ -42,17 +44,29 @@ FAILED_STATUSES = frozenset({*(str(s) for s in Status if s.is_failure and s is n
 
 
 def _load_yaml(path: Path) -> Any:
+    """The YAML at ``path``; None when it is missing or cannot be read (not a regular file, too big, malformed)."""
     try:
-        return yaml.safe_load(path.read_text())
-    except (FileNotFoundError, yaml.YAMLError):
+        return yaml.safe_load(read_bytes(path))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
         return None
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    """``value[key]`` when both are mappings, else {} (a malformed file reads as empty, never a crash)."""
+    found = value.get(key) if isinstance(value, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def _rank_order(key: Any) -> float:
+    text = str(key)
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else math.inf
 
 
 def point_metrics(result: dict[str, Any]) -> dict[str, float | int]:
     """Numeric top-level fields of the per-rank results, each from the lowest rank reporting it."""
     metrics: dict[str, float | int] = {}
-    ranks = result.get("results") or {}
-    for key in sorted(ranks, key=lambda r: int(r) if str(r).lstrip("-").isdigit() else math.inf):
+    ranks = result.get("results") if isinstance(result.get("results"), dict) else {}
+    for key in sorted(ranks, key=_rank_order):
         row = ranks[key]
         if not isinstance(row, dict):
             continue
@@ -67,7 +81,7 @@ def _layout(result: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     lay = result.get("layout")
     if isinstance(lay, dict) and all(d in lay for d in DIMS):
         return {**{d: lay[d] for d in DIMS}, "world": lay.get("world_size")}
-    engine = (_load_yaml(files.hydra_config(job_dir)) or {}).get("engine") or {}
+    engine = _mapping(_load_yaml(files.hydra_config(job_dir)), "engine")
     sizes = {d: engine.get(f"{d}_size") for d in DIMS}
     world = math.prod(sizes.values()) if all(is_number(v) for v in sizes.values()) else None
     return {**sizes, "world": world}
@@ -80,22 +94,21 @@ def failure_text(result: dict[str, Any]) -> str:
         return ""
     message = str(failure.get("message") or "").strip().splitlines()
     text = message[0] if message else str(failure.get("cause") or "")
-    if failure.get("type") and failure["type"] not in text:
+    if failure.get("type") and str(failure["type"]) not in text:
         text = f"{failure['type']}: {text}"
     rank = failure.get("rank")
-    if isinstance(rank, int) and rank >= 0:
-        coords = failure.get("coords") or {}
+    if is_int(rank) and rank >= 0:
+        coords = failure.get("coords") if isinstance(failure.get("coords"), dict) else {}
         where = " ".join(f"{d}{coords[d]}" for d in DIMS if d in coords)
         text = f"rank {rank}{f' ({where})' if where else ''}: {text}"
-    return text
+    return printable(text)
 
 
 def _job_num(job_dir: Path) -> int | None:
     if job_dir.name.isdigit():
         return int(job_dir.name)
-    hydra_cfg = (_load_yaml(files.hydra_job(job_dir)) or {}).get("hydra") or {}
-    num = (hydra_cfg.get("job") or {}).get("num")
-    return num if isinstance(num, int) else None
+    num = _mapping(_mapping(_load_yaml(files.hydra_job(job_dir)), "hydra"), "job").get("num")
+    return num if is_int(num) else None
 
 
 def expand_sweep(overrides: list[Any]) -> list[list[str]]:
@@ -122,14 +135,21 @@ def planned_points(sweep_dir: Path | str) -> list[list[str]]:
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    cfg = _load_yaml(Path(sweep_dir) / PLAN_FILE) or {}
-    hydra_cfg = cfg.get("hydra") or {}
-    params = (hydra_cfg.get("sweeper") or {}).get("params") or {}
-    args = [f"{k}={v}" for k, v in params.items()] + list((hydra_cfg.get("overrides") or {}).get("task") or [])
+    hydra_cfg = _mapping(_load_yaml(Path(sweep_dir) / PLAN_FILE), "hydra")
+    params = _mapping(hydra_cfg, "sweeper").get("params")
+    task = _mapping(hydra_cfg, "overrides").get("task")
+    args = [f"{k}={v}" for k, v in (params if isinstance(params, dict) else {}).items()]
+    args += [str(o) for o in (task if isinstance(task, list) else [])]
     try:
         return expand_sweep(OverridesParser.create().parse_overrides(args))
     except Exception:
         return []
+
+
+def _hydra_overrides(job_dir: Path) -> str:
+    """The point's overrides from Hydra's record (``.hydra/overrides.yaml``), one string; '' when unreadable."""
+    overrides = _load_yaml(files.hydra_overrides(job_dir))
+    return " ".join(str(o) for o in overrides) if isinstance(overrides, list) else ""
 
 
 def _point(job_dir: Path) -> dict[str, Any]:
@@ -137,16 +157,15 @@ def _point(job_dir: Path) -> dict[str, Any]:
         record = RunRecord.read(job_dir)
     except RecordError as exc:
         return {"job": _job_num(job_dir), "status": UNREADABLE,
-                "overrides": " ".join(str(o) for o in _load_yaml(files.hydra_overrides(job_dir)) or []),
-                **_layout({}, job_dir), "wall_s": None, "failure": str(exc), "metrics": {}, "dir": str(job_dir)}
+                "overrides": _hydra_overrides(job_dir), **_layout({}, job_dir), "wall_s": None,
+                "failure": printable(exc), "metrics": {}, "dir": str(job_dir)}
     result = record.to_json() if record is not None else {}
     overrides = result.get("overrides")
-    if overrides is None:
-        overrides = _load_yaml(files.hydra_overrides(job_dir)) or []
     wall = (result.get("timings") or {}).get("wall_s")
     return {
         "job": _job_num(job_dir), "status": result.get("status") or INCOMPLETE,
-        "overrides": " ".join(str(o) for o in overrides), **_layout(result, job_dir),
+        "overrides": " ".join(str(o) for o in overrides) if overrides is not None else _hydra_overrides(job_dir),
+        **_layout(result, job_dir),
         "wall_s": wall if is_number(wall) else None,
         "failure": failure_text(result) if result.get("status") != "ok" else "",
         "metrics": point_metrics(result), "dir": str(job_dir),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 from typing import Any
 
@@ -12,17 +11,23 @@ import torch.distributed as dist
 
 from . import runtime as _rt
 from .backends import BACKENDS, resolve_backend
-from .env import LaunchEnv, env_int, launch_attempt
+from .env import LaunchEnv, engine_from_environ, env_int, launch_attempt
 from .groups import init_distributed_environment, initialize_model_parallel
 from .topology import Layout, engine_value
 
 __all__ = ["BACKENDS", "LaunchEnv", "dist_init", "env_int", "launch_attempt", "resolve_backend",
            "start_default_group"]
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def _gloo_on_loopback() -> None:
+    """A single process: gloo's listening socket (which no one needs to reach) on the loopback interface,
+    unless ``GLOO_SOCKET_IFNAME`` already says where."""
+    import socket
+
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    loopback = next((n for n in ("lo", "lo0") if n in names), None)
+    if loopback is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
 
 
 def start_default_group(requested_backend: str = "auto", timeout: timedelta | None = None,
@@ -34,7 +39,8 @@ def start_default_group(requested_backend: str = "auto", timeout: timedelta | No
     ``cpu:gloo,cuda:nccl``), ``torch.cuda.set_device(cuda:LOCAL_RANK)`` for NCCL,
     then :func:`~.runtime.init_default_group` with the launch's rank and world
     size (the launch's store, one per launch). A single process without
-    MASTER_ADDR rendezvouses on a free loopback port. Returns ``(device, started)``;
+    MASTER_ADDR uses an in-process store (:data:`~.runtime.LOCAL_STORE`): nothing
+    listens on any port. Returns ``(device, started)``;
     ``started`` is False when a default group was up already (it is left as is).
     Raises ValueError (from ``resolve_backend``) before anything is started.
     """
@@ -49,12 +55,13 @@ def start_default_group(requested_backend: str = "auto", timeout: timedelta | No
         return device, False
     init_method = "env://"
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = _rt.LOCAL_STORE
+        _gloo_on_loopback()
     started = _rt.init_default_group(backend, env.world_size, env.rank, init_method, timeout, device_id)
     return device, started
 
 
-def dist_init(config: Any) -> torch.device:
+def dist_init(config: Any = None) -> torch.device:
     """Initialize torch.distributed and the model-parallel groups from ``config.engine_config``.
 
     Reads ``distributed_backend`` (default ``auto``), ``distributed_timeout_minutes``
@@ -63,7 +70,14 @@ def dist_init(config: Any) -> torch.device:
     environment (absent: a single process). Binds ``cuda:LOCAL_RANK`` for NCCL,
     the CPU for gloo; creates the PP scheduler when ``pp_size > 1``. Every
     configuration error is raised before any group is made. Returns the device.
+
+    Without ``config`` (a script run by ``wf_launch task=script`` or ``torchrun``) the
+    engine comes from the environment (:func:`~.env.engine_from_environ`: ``WF_TP_SIZE``,
+    ``WF_CP_SIZE``, ``WF_PP_SIZE``, ``WF_DP_SIZE``, ``WF_ORDER``, the backend and
+    timeout), and under plain torchrun, where none is set, every rank is data parallel.
     """
+    if config is None:
+        config = {"engine_config": engine_from_environ()}
     engine = engine_value(config, "engine_config", None)
     if engine is None:
         raise ValueError("dist_init(config): config has no 'engine_config' (expected fields "

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from .env import ATTEMPT_ENV, launch_attempt
 from .topology import Layout
 
-__all__ = ["ATTEMPT_ENV", "Runtime", "current", "init_default_group", "launch_attempt"]
+__all__ = ["ATTEMPT_ENV", "LOCAL_STORE", "Runtime", "current", "init_default_group", "launch_attempt"]
 
 @dataclass(eq=False)
 class Runtime:
@@ -118,6 +118,50 @@ class _Rendezvous:
 
 
 _RDZV = _Rendezvous()
+
+LOCAL_STORE = "wf-local://"
+"""``init_method`` of a single process that no launcher started: an in-process store (``HashStore``), so
+nothing listens on any port (a TCP store on a free port would listen on every interface, and the port
+could be taken between picking and binding it)."""
+
+
+def _is_loopback(host: str | None) -> bool:
+    """Whether ``host`` is a loopback address written as one (``127.0.0.1``, ``::1``; not a name)."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """The launch's store: in-process for :data:`LOCAL_STORE`; on rank 0 of an ``env://`` launch whose
+    ``MASTER_ADDR`` is a loopback address, a server listening on that address only (torch's own listens on
+    every interface); otherwise torch's rendezvous."""
+    if init_method == LOCAL_STORE:
+        return dist.HashStore()
+    master = os.environ.get("MASTER_ADDR")
+    if (init_method == "env://" and rank == 0 and _is_loopback(master)
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):
+        return _loopback_server(str(master), int(os.environ["MASTER_PORT"]), world_size, timeout)
+    store, _, _ = next(dist.rendezvous(init_method, rank, world_size, timeout=timeout))
+    return store
+
+
+def _loopback_server(host: str, port: int, world_size: int, timeout: timedelta) -> Any:
+    """A TCPStore server bound to ``host`` (a loopback address) alone; an error if the port is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+        sock.listen(4096)
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"the launch's store cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return dist.TCPStore(host, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=sock.detach())
 _INHERITED_STORES: list[Any] = []
 
 
@@ -146,10 +190,13 @@ def init_default_group(
     ``init_distributed_environment`` and ``distributed_run`` all come here). With
     ``world_size`` and ``rank`` given, the launch's store is created once and
     re-used with a fresh prefix ``wf/attempt<WF_ATTEMPT>/init<n>/`` by every later
-    call; otherwise ``init_method`` is handed to torch as it is.
+    call (:func:`_launch_store` makes it); otherwise ``init_method`` is handed to torch as it is.
+    ``init_method=LOCAL_STORE`` is a single process's in-process store.
     """
     if dist.is_initialized():
         return False
+    if init_method == LOCAL_STORE:
+        world_size, rank = 1, 0
     kwargs: dict[str, Any] = {"backend": backend}
     if timeout is not None:
         kwargs["timeout"] = timeout
@@ -161,9 +208,7 @@ def init_default_group(
         # second init after destroy never races the first store's shutdown.
         key = (init_method, rank, world_size)
         if _RDZV.key != key:
-            rdzv_timeout = timeout or timedelta(minutes=30)
-            _RDZV.store, _, _ = next(dist.rendezvous(init_method, rank, world_size,
-                                                     timeout=rdzv_timeout))
+            _RDZV.store = _launch_store(init_method, rank, world_size, timeout or timedelta(minutes=30))
             _RDZV.key = key
         _RDZV.generation += 1
         kwargs.update(store=dist.PrefixStore(f"wf/attempt{attempt}/init{_RDZV.generation}/",
