@@ -39,6 +39,11 @@ def test_resume_reruns_only_the_points_that_did_not_end_ok(tmp_path: Path) -> No
     assert first.returncode == 1, first.stderr
     assert [r["status"] for r in rows(d)] == ["ok", "ok", "failed", "ok"]
     kept = {n: record(d / str(n))["finished_at"] for n in (0, 1, 3)}
+    plan = (d / "multirun.yaml").read_text()
+    dry = sweep([*GRID, "launcher.resume=true", "launcher.dry_run=true"], d)
+    assert dry.returncode == 0, dry.stderr
+    assert "rank logs     " in dry.stdout and dry.stdout.count("it ended ok in the earlier sweep") == 3
+    assert (d / "multirun.yaml").read_text() == plan and record(d / "2")["status"] == "failed"  # a dry run changes nothing
 
     again = sweep([*GRID, "launcher.resume=true"], d)
     assert again.returncode == 0, again.stderr

@@ -31,6 +31,10 @@ def test_estimate_follows_the_layout() -> None:
     assert gpu < est() - CPU_RUNTIME_GB  # device memory: no runtime, no host copies for the report
     more = TrainConfig(**{**MODEL, "micro_batches": 4})
     assert more.estimate_memory_gb({"tp": 1, "cp": 1, "pp": 1, "dp": 1}) > est()  # GPipe keeps every micro-batch
+    fixed = TrainConfig(**{**MODEL, "global_batch": 8})  # batch 2: 4 micro-batches at dp1, 2 at dp2
+    assert fixed.estimate_memory_gb({"tp": 1, "cp": 1, "pp": 1, "dp": 1}) == more.estimate_memory_gb(
+        {"tp": 1, "cp": 1, "pp": 1, "dp": 1})
+    assert fixed.estimate_memory_gb({"tp": 1, "cp": 1, "pp": 1, "dp": 2, "device": "cpu"}) == est(dp=2)
 
 
 def test_mem_gb_below_every_train_estimate_names_the_smallest(tmp_path: Path) -> None:

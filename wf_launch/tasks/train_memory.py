@@ -23,7 +23,7 @@ What a rank of ``train`` holds (float32, 4 bytes a number):
   none of it.
 
 The stage with the largest sum is the estimate (the ranks of the first stage hold the
-embeddings, those of the last the final layer). ``tests/test_tune_memory.py`` checks it
+embeddings, those of the last the final layer). ``tests/test_tune_train.py`` checks it
 against the measured peak resident memory of real runs.
 """
 
@@ -88,10 +88,9 @@ def _tokens(cfg: TrainConfig) -> int:
 
 
 def micro_batches(cfg: TrainConfig, dp: int) -> int:
-    """Micro-batches per replica: ``global_batch / (dp * batch)`` when the config fixes the global batch, else
-    ``micro_batches``."""
-    global_batch = int(getattr(cfg, "global_batch", 0) or 0)
-    return max(1, global_batch // (dp * cfg.batch)) if global_batch else cfg.micro_batches
+    """Micro-batches per replica at ``dp`` replicas, as ``train`` derives them: ``global_batch / (dp * batch)``
+    (``task.global_batch``, else ``dp * batch * micro_batches``: then ``micro_batches``)."""
+    return max(1, cfg.default_global_batch(dp) // (dp * cfg.batch))
 
 
 def _activations(cfg: TrainConfig, blocks: int, cp: int, dp: int) -> float:

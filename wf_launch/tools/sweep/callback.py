@@ -26,6 +26,13 @@ def _mode(value: Any) -> int:
         return 0o700
 
 
+def _read_plan(sweep_dir: Path) -> str | None:
+    try:
+        return (sweep_dir / files.SWEEP_PLAN).read_text()
+    except OSError:
+        return None
+
+
 try:
     from hydra.experimental.callback import Callback as _HydraCallback
 except ImportError:  # pragma: no cover - hydra is a dependency; keep the offline reader importable
@@ -51,16 +58,20 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         self.exit_nonzero = bool(exit_nonzero)
         self.chart = bool(chart)
         self._sweep_dir: Path | None = None
-        self._dry_run: tuple[Path, float] | None = None
+        self._dry_run: tuple[Path, float, str | None] | None = None
 
     @staticmethod
-    def _remove_dry_run(sweep_dir: Path, started: float) -> None:
-        """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go."""
+    def _remove_dry_run(sweep_dir: Path, started: float, kept_plan: str | None = None) -> None:
+        """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go (a resumed
+        sweep's ``multirun.yaml`` is put back as it was: it is what a later resume is checked against)."""
         from ...rundir.claim import remove_made_folders
+        from ...rundir.io import atomic_write_text
 
         plan = sweep_dir / files.SWEEP_PLAN
         try:
-            if plan.stat().st_mtime >= started - 0.05:
+            if kept_plan is not None:
+                atomic_write_text(plan, kept_plan)
+            elif plan.stat().st_mtime >= started - 0.05:
                 plan.unlink()
         except OSError:
             pass
@@ -93,7 +104,7 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
                   "launcher.overwrite=true to move that sweep aside", file=sys.stderr, flush=True)
             raise SystemExit(2)
         if OmegaConf.select(config, "launcher.dry_run", default=False) is True:
-            self._dry_run = (sweep_dir, time.time())
+            self._dry_run = (sweep_dir, time.time(), _read_plan(sweep_dir) if resume else None)
             return
         private_umask()
         if old and not resume:

@@ -23,9 +23,10 @@ from ...rundir import files
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
 
-__all__ = ["EXEMPT", "ResumeRefused", "check_same_sweep", "kept_outcome", "sweep_parameters"]
+__all__ = ["EXEMPT", "ResumeRefused", "check_same_sweep", "count_kept", "kept_outcome", "still_running",
+           "sweep_parameters"]
 
-EXEMPT = frozenset({"launcher.resume", "launcher.console_ranks", "launcher.progress_interval_s",
+EXEMPT = frozenset({"launcher.resume", "launcher.dry_run", "launcher.console_ranks", "launcher.progress_interval_s",
                     "launcher.stall_warning_s"})
 """Overrides a resumed sweep may add, drop or change: they do not change what a point computes."""
 
@@ -81,17 +82,20 @@ def check_same_sweep(sweep_dir: Path, config: Any) -> None:
                             + "\n  ".join(_describe(old, new)))
 
 
-def _still_running(run_dir: Path, record: RunRecord | None) -> bool:
+def still_running(run_dir: Path, record: RunRecord | None = None) -> bool:
+    """Whether the run in ``run_dir`` may still be going, asked of the launcher that ran it (a SLURM job in the
+    queue whose launcher has exited counts); only its lock can tell for a launcher not installed here."""
     from ...launchers import get_launcher
+    from ...rundir.claim import launch_alive
 
-    name = record.launcher if record is not None and record.launcher else None
+    name = record.launcher if record is not None and record.launcher else files.launcher_name(run_dir)
     if name is None:
-        name = str((files.read_config(run_dir).get("launcher") or {}).get("name") or "local")
+        return launch_alive(run_dir)
     try:
         launcher = get_launcher(name)
     except ValueError:
-        return False
-    return launcher.is_live(run_dir) or launcher.live_state(run_dir) is not None
+        return launch_alive(run_dir)
+    return bool(launcher.is_live(run_dir)) or launcher.live_state(run_dir) is not None
 
 
 def kept_outcome(run_dir: Path) -> RunOutcome | None:
@@ -105,8 +109,7 @@ def kept_outcome(run_dir: Path) -> RunOutcome | None:
     if record is not None and record.final and record.status is Status.OK:
         print(f"wf_launch: kept {run_dir}: it ended ok in the earlier sweep", flush=True)
         return RunOutcome.of(record, run_dir)
-    if (record is None or not record.final) and files.config_path(run_dir).exists() and _still_running(run_dir,
-                                                                                                        record):
+    if (record is None or not record.final) and files.config_path(run_dir).exists() and still_running(run_dir, record):
         print(f"wf_launch: left {run_dir} running: it was started by the earlier sweep and has not ended", flush=True)
         return RunOutcome(Status.SUBMITTED, run_dir, record=record)
     return None

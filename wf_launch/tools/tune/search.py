@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...rundir import files
-from ...rundir.claim import launch_alive
 from ...rundir.record import RecordError, RunRecord, Status
+from ..sweep.resume import still_running
 from . import state as st
 from .measure import Measurement, higher_is_better
 from .rounds import (
@@ -100,7 +100,7 @@ def set_aside(tune_dir: Path, round_index: int) -> list[str]:
             record = None
         if record is not None and record.final and record.status is Status.OK:
             continue
-        if launch_alive(job_dir):
+        if still_running(job_dir, record):
             raise TuneError(f"--resume {tune_dir}: trial {trial} of round {round_index} is still running "
                             f"({job_dir}); stop it first (python -m wf_launch.status --cancel, or kill its launcher)")
         aside = tune_dir / files.TUNE_ASIDE / f"r{round_index}-{job_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
