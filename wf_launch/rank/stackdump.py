@@ -22,9 +22,11 @@ from typing import Any
 
 from ..rundir import files
 
-__all__ = ["DUMP_SIGNAL", "install"]
+__all__ = ["DUMP_SIGNAL", "NODE_ENV", "install"]
 
 DUMP_SIGNAL = signal.SIGURG
+NODE_ENV = "WF_NODE"
+"""The node a rank runs on, as its launcher names it (SLURM's node name, Ray's node id); the host by default."""
 
 
 def install(run_dir: Path | str, rank: int) -> Any:
@@ -35,7 +37,8 @@ def install(run_dir: Path | str, rank: int) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
     faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True, chain=False)
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "main_thread": threading.main_thread().ident}
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "main_thread": threading.main_thread().ident,
+            "node": os.environ.get(NODE_ENV) or socket.gethostname()}
     pid_file = files.rank_pid(run_dir, rank)
     tmp = pid_file.with_name(pid_file.name + ".tmp")
     tmp.write_text(json.dumps(info))
