@@ -6,17 +6,20 @@
 #   scripts/ray_cluster.sh start  [--nodes N] [--port P] [--cpus C] [--gpus G] [--object-store-mb M] [--dir DIR]
 #   scripts/ray_cluster.sh stop   [--dir DIR]
 #   scripts/ray_cluster.sh status [--dir DIR]
+#   scripts/ray_cluster.sh start-node I [--dir DIR]   (start node I again, after it was killed)
 #
 # Every process the cluster runs carries WF_RAY_CLUSTER=DIR in its environment (the raylets
 # pass it on to their agents and workers); `stop` ends exactly those processes, by pid, TERM
 # then KILL. It never runs `ray stop`, which would end every Ray process of the user.
+# Authentication: Ray's token (RAY_AUTH_MODE=token, the user's ~/.ray/auth_token, made if
+# missing), which drivers of the same user find; RAY_AUTH_MODE=disabled turns it off.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PROG=$(basename "$0")
 MARKER=.wf_ray_cluster        # a DIR holding this file was made by this script
 UP_TIMEOUT=${RAY_CLUSTER_UP_TIMEOUT:-60}      # seconds for every node to be alive
-STOP_TIMEOUT=${RAY_CLUSTER_STOP_TIMEOUT:-15}  # seconds the processes get to exit on SIGTERM
+STOP_TIMEOUT=${RAY_CLUSTER_STOP_TIMEOUT:-5}   # seconds the processes get to exit on SIGTERM
 
 DIR="$REPO/.ray"
 NODES=2
@@ -29,7 +32,15 @@ log() { printf '[%s] %s\n' "$PROG" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "$PROG" "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+setup_auth() {  # Ray's token authentication, as Ray 2.60 has it by default: the user's token, made if missing
+    AUTH_MODE=${RAY_AUTH_MODE:-token}
+    export RAY_AUTH_MODE=$AUTH_MODE  # this script's own drivers (alive_nodes, status) need it too
+    if [[ $AUTH_MODE == token && -z ${RAY_AUTH_TOKEN:-} && -z ${RAY_AUTH_TOKEN_PATH:-} ]]; then
+        "$RAY" get-auth-token --generate >/dev/null 2>&1 || die "could not make a Ray auth token (ray get-auth-token --generate)"
+    fi
 }
 
 find_ray() {  # the `ray` CLI: $RAY, the repository's venv, or PATH
@@ -42,6 +53,7 @@ find_ray() {  # the `ray` CLI: $RAY, the repository's venv, or PATH
     fi
     PYTHON=$(dirname "$RAY")/python
     [[ -x $PYTHON ]] || PYTHON=$(command -v python3)
+    setup_auth
 }
 
 set_paths() {
@@ -100,7 +112,7 @@ kill_cluster() {  # TERM every process of the cluster, KILL what is left after S
 
 # ----------------------------------------------------------------------------- ports
 # Node i (1-based) of a cluster whose head port is P:
-#   head only   P (GCS), P+1 (Ray client server), P+2 (dashboard and state API, on 127.0.0.1)
+#   head only   P (GCS), P+1 (Ray client server), P+2 (dashboard head, minimal: no UI)
 #   node i      P+10i .. P+10i+5 (node manager, object manager, agent gRPC, agent HTTP, metrics,
 #               runtime-env agent)
 #   workers     P+200i .. P+200i+199 (each node its own range, clear of every port above)
@@ -111,20 +123,20 @@ node_ports() {  # node_ports I: the `ray start` port options of node I
          "--runtime-env-agent-port=$((b + 5)) --min-worker-port=$w --max-worker-port=$((w + 199))"
 }
 
-port_free() {
-    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-check_ports() {
-    local i p last=$((PORT + 200 * NODES + 199))
+check_ports() {  # every fixed port must be bindable (a port still in TIME_WAIT after a stop is not)
+    local i last=$((PORT + 200 * NODES + 199)) ports=("$PORT" $((PORT + 1)) $((PORT + 2)))
     ((NODES <= 9)) || die "--nodes $NODES: at most 9 nodes (node i's fixed ports are P+10i .. P+10i+5, below P+100)"
     ((PORT >= 1024 && last < 32768)) || die "--port $PORT: the cluster uses $PORT..$last; keep it within 1024..32767 (below Linux's ephemeral ports)"
-    for p in $PORT $((PORT + 1)) $((PORT + 2)); do port_free "$p" || die "port $p is in use (choose another --port)"; done
-    for ((i = 1; i <= NODES; i++)); do
-        for p in $((PORT + 10 * i)) $((PORT + 10 * i + 1)) $((PORT + 10 * i + 5)); do
-            port_free "$p" || die "port $p is in use (choose another --port)"
-        done
-    done
+    for ((i = 1; i <= NODES; i++)); do ports+=($(seq $((PORT + 10 * i)) $((PORT + 10 * i + 5)))); done
+    "$PYTHON" -c '
+import socket, sys
+for port in map(int, sys.argv[1:]):
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            sys.exit(f"port {port} cannot be bound: {exc.strerror}")
+' "${ports[@]}" || die "choose another --port (or wait a minute after a stop: ports linger in TIME_WAIT)"
 }
 
 # ----------------------------------------------------------------------------- start
@@ -138,19 +150,20 @@ start_node() {  # start_node I: the head (I = 1) or one more raylet
     if ((i == 1)); then
         role=head
         args+=(--head --port="$PORT" --ray-client-server-port=$((PORT + 1)) --dashboard-port=$((PORT + 2))
-               --include-dashboard=true --dashboard-host=127.0.0.1)
+               --include-dashboard=false)
     else
         role=node$i
         args+=(--address="127.0.0.1:$PORT")
     fi
-    if ! WF_RAY_CLUSTER="$DIR" RAY_USAGE_STATS_ENABLED=0 "$RAY" start "${args[@]}" >"$LOG_DIR/$role.log" 2>&1; then
+    if ! WF_RAY_CLUSTER="$DIR" RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE="$AUTH_MODE" "$RAY" start "${args[@]}" \
+            >"$LOG_DIR/$role.log" 2>&1; then
         tail -n 20 "$LOG_DIR/$role.log" >&2
         return 1
     fi
 }
 
 alive_nodes() {  # how many nodes the GCS reports alive
-    "$PYTHON" - "127.0.0.1:$PORT" <<'EOF' 2>/dev/null
+    timeout 30 "$PYTHON" - "127.0.0.1:$PORT" <<'EOF' 2>"$LOG_DIR/alive_nodes.err"
 import sys
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
@@ -180,17 +193,14 @@ cmd_start() {
     TEMP="/tmp/wfray-$PORT"
     [[ ! -e $TEMP || -e $TEMP/$MARKER ]] || die "$TEMP exists and was not made by $PROG"
     rm -rf "$TEMP" && mkdir -p "$TEMP" && touch "$TEMP/$MARKER"
-    printf 'PORT=%s\nNODES=%s\nTEMP=%s\n' "$PORT" "$NODES" "$TEMP" >"$STATE"
+    printf 'PORT=%s\nNODES=%s\nTEMP=%s\nCPUS=%s\nGPUS=%s\nOBJECT_STORE_MB=%s\n' \
+        "$PORT" "$NODES" "$TEMP" "$CPUS" "$GPUS" "$OBJECT_STORE_MB" >"$STATE"
     local t0=$SECONDS i
     log "starting the head (GCS on 127.0.0.1:$PORT, $CPUS CPU(s), $GPUS GPU(s), resource wf_node_1)"
     start_node 1 || { kill_cluster; die "the head did not start (log: $LOG_DIR/head.log)"; }
-    local -a starters=()
-    for ((i = 2; i <= NODES; i++)); do
-        start_node "$i" &
-        starters+=($!)
-    done
-    for i in "${starters[@]}"; do
-        wait "$i" || { kill_cluster; die "a raylet did not start (logs: $LOG_DIR/)"; }
+    for ((i = 2; i <= NODES; i++)); do  # one after the other: a loaded host misses Ray's 30 s start-up bound
+        log "starting node $i ($CPUS CPU(s), resource wf_node_$i)"
+        start_node "$i" || { kill_cluster; die "node $i did not start (log: $LOG_DIR/node$i.log)"; }
     done
     local deadline=$((SECONDS + UP_TIMEOUT)) up=0
     while ((SECONDS < deadline)); do
@@ -199,7 +209,7 @@ cmd_start() {
         sleep 0.5
     done
     [[ $up == "$NODES" ]] || { kill_cluster; die "$up/$NODES node(s) alive after ${UP_TIMEOUT}s (logs: $LOG_DIR/)"; }
-    printf 'export RAY_ADDRESS=127.0.0.1:%s\n' "$PORT" >"$ENV_SH"
+    printf 'export RAY_ADDRESS=127.0.0.1:%s\nexport RAY_AUTH_MODE=%s\n' "$PORT" "$AUTH_MODE" >"$ENV_SH"
     log "cluster up in $((SECONDS - t0))s: $NODES node(s); state in $DIR, Ray's temp dir $TEMP"
     echo "launcher.address=127.0.0.1:$PORT"
 }
@@ -240,10 +250,27 @@ for n in sorted(ray.nodes(), key=lambda n: not n["Alive"]):
 EOF
 }
 
+cmd_start_node() {  # start node I of the running cluster again (its raylet was killed: drills, tests)
+    local i=$1
+    read_state || die "no cluster folder $DIR"
+    [[ $i =~ ^[0-9]+$ ]] && ((i >= 2 && i <= NODES)) || die "start-node $i: expected a node in 2..$NODES (node 1 is the head)"
+    local up; up=$(alive_nodes || echo 0)
+    start_node "$i" || die "node $i did not start (log: $LOG_DIR/node$i.log)"
+    local deadline=$((SECONDS + UP_TIMEOUT)) now=$up
+    while ((SECONDS < deadline)); do
+        now=$(alive_nodes || echo 0)
+        ((now > up)) && break
+        sleep 0.5
+    done
+    ((now > up)) || die "node $i did not join within ${UP_TIMEOUT}s (log: $LOG_DIR/node$i.log)"
+    log "node $i is back: $now node(s) alive"
+}
+
 # ----------------------------------------------------------------------------- main
 main() {
     [[ $# -ge 1 ]] || { usage >&2; exit 2; }
-    local cmd=$1; shift
+    local cmd=$1 node=""; shift
+    if [[ $cmd == start-node ]]; then node=${1:?start-node needs a node number}; shift; fi
     while [[ $# -gt 0 ]]; do
         case $1 in
             --nodes) NODES=${2:?--nodes needs a value}; shift 2 ;;
@@ -262,6 +289,7 @@ main() {
         start) find_ray; cmd_start ;;
         stop) cmd_stop ;;
         status) find_ray; cmd_status ;;
+        start-node) find_ray; cmd_start_node "$node" ;;
         -h|--help|help) usage ;;
         *) usage >&2; die "unknown command '$cmd'" ;;
     esac

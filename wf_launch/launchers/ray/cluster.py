@@ -212,6 +212,7 @@ def connect(lc: Any, run_dir: str, world_size: int, namespace: str | None = None
             rt.start_private(cpus, None, namespace)
         finally:
             os.environ.pop(MARKER_ENV, None)
+        _route_messages()
         return Connection(rt.gcs_address(), True, private_marker(run_dir))
     if isinstance(target, tuple):
         _tcp_probe(target[0], target[1], min(timeout, 10.0))
@@ -221,8 +222,17 @@ def connect(lc: Any, run_dir: str, world_size: int, namespace: str | None = None
     try:
         _bounded(lambda: rt.join_cluster(address, namespace), timeout, f"the Ray cluster at {lc.address}")
     except (TimeoutError, ConnectionError) as exc:
-        raise config_error("launcher.address", lc.address, f"{exc}; {ADDRESS_ALLOWED}") from None
+        raise config_error("launcher.address", lc.address, f"{exc} (a cluster with token authentication also needs "
+                           "its token here: ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
+                           f"{ADDRESS_ALLOWED}") from None
+    _route_messages()
     return Connection(rt.gcs_address(), False)
+
+
+def _route_messages() -> None:
+    from loguru import logger
+
+    rt.route_cluster_messages(lambda line: logger.debug(line))
 
 
 def marked_pids(marker: str) -> list[int]:

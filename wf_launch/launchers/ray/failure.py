@@ -49,10 +49,10 @@ class Verdict:
 
 
 def node_text(where: dict[str, Any] | None) -> str:
-    """'node 5bc47700df44 (host vm)' for messages."""
+    """'node 5bc47700df44, host vm' for messages."""
     where = where or {}
     node = str(where.get("node") or "?")[:12]
-    return f"node {node} (host {where.get('host') or '?'})"
+    return f"node {node}, host {where.get('host') or '?'}"
 
 
 @dataclass
@@ -68,7 +68,7 @@ class FailureContext:
     attempt: int = 0
 
     def label_at(self, rank: int) -> str:
-        return f"{self.label(rank)}, {node_text(self.where.get(rank))}"
+        return f"{self.label(rank)} on {node_text(self.where.get(rank))}"
 
     def base(self, rank: int) -> dict[str, Any]:
         w = self.where.get(rank) or {}
@@ -115,7 +115,7 @@ def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
     how = (f"it crashed ({fatal})" if fatal else
            "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a crash)")
     message = f"died: {how}"
-    summary = (f"rank {rank} ({ctx.label(rank)}) on {node_text(ctx.where.get(rank))} {message}\n"
+    summary = (f"rank {rank} ({ctx.label_at(rank)}) {message}\n"
                f"  Ray: {_first_line(ray_message)}\n  log: {files.rank_log(ctx.run_dir, rank)}")
     cause = {**ctx.base(rank), "cause": "died", "type": "RankDied", "message": f"rank {rank} {message}",
              "ray": _first_line(ray_message)}

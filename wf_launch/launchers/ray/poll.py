@@ -10,9 +10,11 @@ placement group die with their owner).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,22 @@ def _final(run_dir: Path) -> RunOutcome | None:
 
 
 def _join(info: dict[str, Any]) -> None:
-    """Connect this process to the run's cluster (once)."""
+    """Connect this process to the run's cluster (once; it stays connected, e.g. for ``status --follow``)."""
     if not rt.is_connected():
         rt.join_cluster(str(info["address"]))
+        rt.route_cluster_messages(lambda line: None)
+
+
+@contextlib.contextmanager
+def _joined(info: dict[str, Any]) -> Iterator[None]:
+    """Connected to the run's cluster for one action (left again if this connected: a tool's one-off act)."""
+    connected = rt.is_connected()
+    _join(info)
+    try:
+        yield
+    finally:
+        if not connected:
+            rt.shutdown()
 
 
 def supervisor(run_dir: Path) -> Any | None:
@@ -146,8 +161,8 @@ def signal_ranks(run_dir: Path, signum: int) -> set[int]:
     where = state.where_of(run_dir)
     if not where or _final(run_dir) is not None or not info.get("address"):
         return set()
-    _join(info)
-    return reach(where, signum)
+    with _joined(info):
+        return reach(where, signum)
 
 
 def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
@@ -158,8 +173,8 @@ def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
     where = state.where_of(run_dir)
     if rank not in where or not info.get("address"):
         return False
-    _join(info)
-    return rank in reach({rank: where[rank]}, signum)
+    with _joined(info):
+        return rank in reach({rank: where[rank]}, signum)
 
 
 def kill_node(run_dir: Path, rank: int) -> str:
@@ -174,11 +189,11 @@ def kill_node(run_dir: Path, rank: int) -> str:
     placement = state.placement_of(run_dir)
     if rank not in placement or not info.get("address"):
         raise ValueError(f"rank {rank} has no recorded placement in {run_dir}")
-    _join(info)
     node = str(placement[rank]["node"])
-    head = {n.node_id for n in alive_nodes() if n.head}
-    if node in head or node == rt.current_node_id():
-        raise ValueError(f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
-                         "nodekill needs a rank on another node")
-    pid = kill_raylet(node)
+    with _joined(info):
+        head = {n.node_id for n in alive_nodes() if n.head}
+        if node in head or node == rt.current_node_id():
+            raise ValueError(f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
+                             "nodekill needs a rank on another node")
+        pid = kill_raylet(node)
     return f"raylet pid {pid} of node {node[:12]} (rank {rank}'s)"

@@ -40,6 +40,7 @@ __all__ = [
     "raylet_pid",
     "remote",
     "remove_placement_group",
+    "route_cluster_messages",
     "shutdown",
     "start_private",
     "wait",
@@ -54,6 +55,9 @@ RAYLET_PID_ENV = "RAY_RAYLET_PID"
 
 PRIVATE_NAMES = (
     ("ray", "RAY_RAYLET_PID", "environment variable the raylet sets in its workers (nodekill finds its raylet)"),
+    ("ray", "~/.ray/auth_token", "the default token file of Ray's token authentication (RAY_AUTH_MODE=token)"),
+    ("ray._private.worker", "print_to_stdstream", "where a driver prints the cluster's error messages (a worker or "
+                                                  "raylet that died): routed to launcher.log"),
 )
 PUBLIC_NAMES = (
     ("ray", "init", "join a cluster (address) or start a private instance (address='local')"),
@@ -84,6 +88,7 @@ class RayMissing(ImportError):
 
 
 def _ray() -> Any:
+    _token_auth_when_available()  # read by Ray when it is first imported
     try:
         return importlib.import_module("ray")
     except ImportError as exc:
@@ -99,9 +104,9 @@ def _resolve(module: str, dotted: str) -> Any:
 
 
 def check_names() -> list[str]:
-    """What a Ray upgrade removed: one line per missing public name (empty when all are there)."""
+    """What a Ray upgrade removed: one line per missing name (empty when all are there)."""
     missing = []
-    for module, dotted, why in PUBLIC_NAMES:
+    for module, dotted, why in (*PUBLIC_NAMES, *(n for n in PRIVATE_NAMES if not n[1].startswith(("RAY_", "~")))):
         try:
             _resolve(module, dotted)
         except (ImportError, AttributeError) as exc:
@@ -112,6 +117,16 @@ def check_names() -> list[str]:
 # ------------------------------------------------------------------ connecting
 def is_connected() -> bool:
     return bool(_ray().is_initialized())
+
+
+def _token_auth_when_available() -> None:
+    """Ray 2.60 clusters use token authentication by default, and a driver must ask for it (``RAY_AUTH_MODE``):
+    when unset and the user has a token, ask for it (a cluster without authentication accepts it too)."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def join_cluster(address: str, namespace: str | None = None) -> dict[str, Any]:
@@ -125,6 +140,18 @@ def start_private(num_cpus: float, num_gpus: int | None, namespace: str | None =
     ctx = _ray().init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, namespace=namespace,
                       include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     return dict(ctx.address_info)
+
+
+def route_cluster_messages(write: Callable[[str], None]) -> None:
+    """Send the cluster's error messages this driver would print ("A worker died ...", a dead raylet's last
+    lines) to ``write`` (the launcher's log) instead of the console: the launcher reports the root cause."""
+    worker = importlib.import_module("ray._private.worker")
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
+        for line in data.get("lines") or []:
+            write(f"[ray {data.get('pid')}] {line}")
+
+    worker.print_to_stdstream = to_log
 
 
 def shutdown() -> None:

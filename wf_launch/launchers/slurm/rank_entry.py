@@ -8,6 +8,7 @@ the task's ``on_preempt(ctx)`` hook on every rank before rank 0 requeues the job
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import zlib
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
 from ...rank.hardexit import exit_after_cleanup, flush_and_exit
-from ...rank.stackdump import DUMP_SIGNAL
+from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
 
 __all__ = ["SlurmRank", "SlurmRequeue", "SlurmStackDump", "export_rank_env", "master_port", "requeue_target"]
@@ -106,13 +107,15 @@ def _resv_count(reserved: str) -> int:
 
 def export_rank_env() -> dict[str, str]:
     """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
-    task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster)."""
+    task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster), and
+    ``WF_NODE``: the task's SLURM node name (``result.json``'s ``placement``)."""
     job = job_environment()
     env = {
         "RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks), "LOCAL_RANK": str(job.local_rank),
         "LOCAL_WORLD_SIZE": str(job.num_tasks // max(1, job.num_nodes)), "MASTER_ADDR": job.hostnames[0],
         "MASTER_PORT": str(master_port(os.environ.get("SLURM_JOB_ID", job.job_id),
                                        int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))),
+        NODE_ENV: os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     }
     os.environ.update(env)
     return env
