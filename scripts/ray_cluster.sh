@@ -6,7 +6,7 @@
 #   scripts/ray_cluster.sh start  [--nodes N] [--port P] [--cpus C] [--gpus G] [--object-store-mb M] [--dir DIR]
 #   scripts/ray_cluster.sh stop   [--dir DIR]
 #   scripts/ray_cluster.sh status [--dir DIR]
-#   scripts/ray_cluster.sh start-node I [--dir DIR]   (start node I again, after it was killed)
+#   scripts/ray_cluster.sh start-node [I] [--dir DIR]  (start node I, or every dead node, again)
 #
 # Every process the cluster runs carries WF_RAY_CLUSTER=DIR in its environment (the raylets
 # pass it on to their agents and workers); `stop` ends exactly those processes, by pid, TERM
@@ -250,27 +250,41 @@ for n in sorted(ray.nodes(), key=lambda n: not n["Alive"]):
 EOF
 }
 
-cmd_start_node() {  # start node I of the running cluster again (its raylet was killed: drills, tests)
-    local i=$1
+alive_names() {  # the wf_node_<i> numbers of the nodes the GCS reports alive
+    timeout 30 "$PYTHON" -c '
+import sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+for n in ray.nodes():
+    if n["Alive"]:
+        print(*[k.removeprefix("wf_node_") for k in n["Resources"] if k.startswith("wf_node_")])
+' "127.0.0.1:$PORT" 2>>"$LOG_DIR/alive_nodes.err"
+}
+
+cmd_start_node() {  # start node I (default: every node that is not alive) again: its raylet was killed
     read_state || die "no cluster folder $DIR"
-    [[ $i =~ ^[0-9]+$ ]] && ((i >= 2 && i <= NODES)) || die "start-node $i: expected a node in 2..$NODES (node 1 is the head)"
-    local up; up=$(alive_nodes || echo 0)
-    start_node "$i" || die "node $i did not start (log: $LOG_DIR/node$i.log)"
-    local deadline=$((SECONDS + UP_TIMEOUT)) now=$up
-    while ((SECONDS < deadline)); do
-        now=$(alive_nodes || echo 0)
-        ((now > up)) && break
-        sleep 0.5
+    local alive i want=()
+    alive=" $(alive_names | tr '\n' ' ') "
+    [[ $alive == *" 1 "* ]] || die "the head (node 1) is not alive: start the cluster again"
+    if [[ -n $1 ]]; then
+        [[ $1 =~ ^[0-9]+$ ]] && (($1 >= 2 && $1 <= NODES)) || die "start-node $1: expected a node in 2..$NODES (1 is the head)"
+        [[ $alive != *" $1 "* ]] || { log "node $1 is alive already"; return 0; }
+        want=("$1")
+    else
+        for ((i = 2; i <= NODES; i++)); do [[ $alive == *" $i "* ]] || want+=("$i"); done
+    fi
+    for i in "${want[@]}"; do
+        log "starting node $i again ($CPUS CPU(s), resource wf_node_$i)"
+        start_node "$i" || die "node $i did not start (log: $LOG_DIR/node$i.log)"
     done
-    ((now > up)) || die "node $i did not join within ${UP_TIMEOUT}s (log: $LOG_DIR/node$i.log)"
-    log "node $i is back: $now node(s) alive"
+    log "alive: node(s)$(alive_names | tr '\n' ' ')"
 }
 
 # ----------------------------------------------------------------------------- main
 main() {
     [[ $# -ge 1 ]] || { usage >&2; exit 2; }
     local cmd=$1 node=""; shift
-    if [[ $cmd == start-node ]]; then node=${1:?start-node needs a node number}; shift; fi
+    if [[ $cmd == start-node && ${1:-} =~ ^[0-9]+$ ]]; then node=$1; shift; fi
     while [[ $# -gt 0 ]]; do
         case $1 in
             --nodes) NODES=${2:?--nodes needs a value}; shift 2 ;;

@@ -227,6 +227,7 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
                 ready, _ = rt.wait(list(pending), 0.5)
                 for ref in ready:
                     _report(pending.pop(ref))
+            live.tick()  # the last states
     except (KeyboardInterrupt, Stopped) as exc:
         print(f"wf_launch: {exc or 'interrupted'}: cancelling {len(pending)} Ray run(s)", file=sys.stderr, flush=True)
         for point in pending.values():

@@ -217,6 +217,10 @@ class SlurmLauncher(LauncherHooks):
         """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None once it left the queue."""
         return live_state(run_dir)
 
+    def is_live(self, run_dir: Path) -> bool:
+        """A submitted job outlives its launcher: only the scheduler knows (``status`` asks it); live until then."""
+        return True
+
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"
 
