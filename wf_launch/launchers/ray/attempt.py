@@ -150,7 +150,8 @@ class Attempt:
                    "directory on storage every node sees (a shared file system; a single host is fine)")
         cause = {"rank": blind[0], "cause": "invalid_config", "type": "RunDirNotShared", "message": message,
                  "node": w.get("node"), "host": w.get("host")}
-        return Ended("invalid", Verdict(cause, message, "run directory not shared", Status.INVALID))
+        return Ended("invalid", Verdict(cause, f"wf_launch: config error: {message}", "run directory not shared",
+                                        Status.INVALID))
 
     # ------------------------------------------------------------ 3. the ranks
     def spec(self) -> RankSpec:

@@ -22,14 +22,13 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ...config.fields import config_error
 from . import ray_adapter as rt
 
-__all__ = ["Connection", "Node", "alive_nodes", "check_fits", "connect", "connected", "describe_nodes", "marked_pids",
+__all__ = ["Connection", "Node", "alive_nodes", "check_fits", "connect", "describe_nodes", "marked_pids",
            "node_reachable", "parse_address", "private_marker", "reap"]
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})")
@@ -269,13 +268,3 @@ def reap(marker: str, grace_s: float = 5.0) -> None:
             pids = marked_pids(marker)
         if not pids:
             return
-
-
-@contextlib.contextmanager
-def connected(lc: Any, run_dir: str, world_size: int, namespace: str | None = None) -> Iterator[Connection]:
-    """:func:`connect`, closed (a private instance stopped) at the end."""
-    conn = connect(lc, run_dir, world_size, namespace)
-    try:
-        yield conn
-    finally:
-        conn.close()
