@@ -155,6 +155,7 @@ class Attempt:
 
     # ------------------------------------------------------------ 3. the ranks
     def spec(self) -> RankSpec:
+        """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and preemption policy."""
         lc = self.run.lc
         where = {r: (str(w["node"]), int(w["pid"])) for r, w in self.where.items()}
         return RankSpec(config=self.run.plan.config, run_dir=str(self.run_dir),
@@ -199,6 +200,7 @@ class Attempt:
         return self._all_returned()
 
     def pids(self, ranks: Any) -> dict[int, int]:
+        """rank -> pid of ``ranks`` (as their actors reported)."""
         return {r: int(self.where[r]["pid"]) for r in ranks if r in self.where}
 
     def reach(self, ranks: Any, signum: int, timeout_s: float = 10.0) -> set[int]:

@@ -102,6 +102,7 @@ class RayRun:
 
     # ------------------------------------------------------------ what attempts ask
     def check_cancel(self) -> None:
+        """:class:`Stopped` ('cancel') once ``status --cancel`` asked the run's supervisor to stop it."""
         if self.cancelled.is_set():
             raise Stopped("cancel")
 
@@ -110,6 +111,7 @@ class RayRun:
             self.live.tick()
 
     def forward_env(self) -> tuple[dict[str, str], list[str]]:
+        """The launching shell's variables for every rank (with ``OMP_NUM_THREADS``), and its ``PYTHONPATH`` entries."""
         threads = str(max(1, int(float(self.lc.cpus_per_rank))))
         return {"OMP_NUM_THREADS": threads, **self.opts.forward}, list(self.opts.path)
 

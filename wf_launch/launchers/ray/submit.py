@@ -240,7 +240,8 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
                     _report(pending.pop(ref))
             live.tick()  # the last states
     except (KeyboardInterrupt, Stopped) as exc:
-        print(f"wf_launch: {exc or 'interrupted'}: cancelling {len(pending)} Ray run(s)", file=sys.stderr, flush=True)
+        why = str(exc) or "interrupted"
+        print(f"wf_launch: {why}: cancelling {len(pending)} Ray run(s)", file=sys.stderr, flush=True)
         for point in pending.values():
             point.actor.cancel.remote()
         rt.wait_all(list(pending), 120.0)
