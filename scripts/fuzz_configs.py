@@ -53,7 +53,7 @@ TASK_FIELDS = {
     "noop": ["name", "modules"],
     "train": ["name", "modules", "seed", "steps", "micro_batches", "batch", "lr", "weight_decay", "ema_beta", "loss",
               "checkpoint_every", "keep", "async_save", "step_sleep_s", "check_reference", "reference_atol",
-              "channels", "frames", "height", "width", "patch", "hidden", "heads", "depth", "mlp_ratio"],
+              "global_batch", "save_final", "channels", "frames", "height", "width", "patch", "hidden", "heads", "depth", "mlp_ratio"],
 }
 # the type each field has in the schema: most values are drawn to fit it, so they reach validation
 FIELD_TYPES: dict[str, str] = {
@@ -72,7 +72,7 @@ FIELD_TYPES: dict[str, str] = {
     "mlp_ratio": "float", "dtype": "str", "warmup": "int", "repeats": "int", "check": "bool", "atol": "float?",
     "steps": "int", "micro_batches": "int", "lr": "float", "weight_decay": "float", "ema_beta": "float",
     "loss": "str", "checkpoint_every": "int", "keep": "int", "async_save": "bool", "step_sleep_s": "float",
-    "check_reference": "bool", "reference_atol": "float",
+    "check_reference": "bool", "reference_atol": "float", "global_batch": "int", "save_final": "bool",
 }
 UNKNOWN_FIELDS = ["bogus", "tp", "sizes", "x" * 40, "ünïcode"]
 

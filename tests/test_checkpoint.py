@@ -267,6 +267,16 @@ def test_bad_arguments(tmp_path: Path) -> None:
         ckpt.save(1, {"cfg": {"x": object()}})
     with pytest.raises(ValueError, match=r"state\['opt'\] is an optimizer whose parameters belong to no"):
         ckpt.save(1, {"opt": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)})
+    with pytest.raises(ValueError, match=r"scopes\['data'\]='x' is not allowed: choose one of \['replicated', 'dp', 'rank'\]"):
+        ckpt.save(1, {"data": {"a": 1}}, scopes={"data": "x"})
+    with pytest.raises(ValueError, match=r"scopes\['model'\]: 'model' is a module or optimizer: DCP shards it"):
+        ckpt.save(1, {"model": nn.Linear(2, 2)}, scopes={"model": "replicated"})
+    with pytest.raises(ValueError, match=r"scopes\['gone'\]: no entry 'gone' in state \(entries: \['data'\]\)"):
+        ckpt.save(1, {"data": 1}, scopes={"gone": "rank"})
+    with pytest.raises(ValueError, match=r"remap\['data'\]=3 must be callable"):
+        ckpt.load({"data": 1}, remap={"data": 3})
+    with pytest.raises(ValueError, match=r"seed='0' must be an int"):
+        Checkpointer(tmp_path, seed="0")
     assert not (tmp_path / "checkpoints").exists()  # nothing was written
 
 
@@ -328,5 +338,24 @@ def test_collective_errors_reach_every_rank(tmp_path: Path) -> None:
     msgs = run_ranks(_mismatched_steps, 2, str(tmp_path / "a"))
     assert all("every rank must save the same step" in m for m in msgs), msgs
     run_ranks(_plain_roundtrip, 2, str(tmp_path / "b"), [1], 2)
-    [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))
-    assert "was saved by 2 ranks; 1 are loading it" in msg
+    [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))  # 'meta' is per rank: it cannot follow a layout change
+    assert "entry 'meta' has scope 'rank'" in msg and "saved at tp=1 cp=1 pp=1 dp=2" in msg, msg
+    assert "this run's layout is tp=1 cp=1 pp=1 dp=1" in msg, msg
+
+
+def test_a_parameter_that_never_had_optimizer_state_still_loads(tmp_path: Path) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.unused = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model.used(torch.ones(1, 2)).sum().backward()
+    opt.step()  # 'unused' gets no gradient, so AdamW keeps no state for it
+    Checkpointer(tmp_path).save(1, {"model": model, "optim": opt})
+    fresh = Net()
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert Checkpointer(tmp_path).load({"model": fresh, "optim": fresh_opt}) == 1
+    assert torch.equal(fresh_opt.state[fresh.used.weight]["exp_avg"], opt.state[model.used.weight]["exp_avg"])
+    assert not fresh_opt.state[fresh.unused.weight]["exp_avg"].any()  # a fresh state: what a first update starts from

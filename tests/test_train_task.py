@@ -40,6 +40,12 @@ SAME = ("weights_sha256", "ema_sha256", "final_loss", "loss_curve")
     ({"depth": 1}, {"pp_size": 2, "dp_size": 1}, "task.depth=1 is not allowed: every pipeline stage needs"),
     ({"frames": 3, "height": 2}, {"cp_size": 2}, "engine.cp_size=2 is not allowed: the sequence of 3 patch frames x 1"),
     ({"heads": 5}, {}, "task.heads=5 is not allowed"),
+    ({"global_batch": -1}, {}, "task.global_batch=-1 is not allowed: expected an integer >= 0"),
+    ({"global_batch": 6}, {"dp_size": 4}, "task.global_batch=6 is not allowed: a multiple of engine.dp_size * "
+                                          "task.batch = 4 * 2 = 8"),
+    ({"global_batch": 4}, {"pp_size": 2, "dp_size": 2}, "task.global_batch=4 is not allowed: >= engine.dp_size * "
+                                                        "task.batch * engine.pp_size = 8"),
+    ({"save_final": "yes"}, {}, "task.save_final='yes' is not allowed"),
 ])
 def test_bad_values_name_the_field(task: dict[str, Any], engine: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -47,12 +53,43 @@ def test_bad_values_name_the_field(task: dict[str, Any], engine: dict[str, Any],
     assert fragment in str(err.value)
 
 
-def test_batches_are_a_pure_function_of_seed_step_replica_and_micro_batch() -> None:
+def test_samples_are_a_pure_function_of_seed_step_and_index_whatever_the_split() -> None:
     cfg = TrainConfig()
-    a, b = make_batch(cfg, 3, 1, 0), make_batch(cfg, 3, 1, 0)
+    a, b = make_batch(cfg, 3, 0, 4), make_batch(cfg, 3, 0, 4)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    for other in (make_batch(cfg, 4, 1, 0), make_batch(cfg, 3, 0, 0), make_batch(cfg, 3, 1, 1)):
+    # two replicas of 2 samples (dp=2) or one of 4 (dp=1): the same samples in the same order
+    halves = [make_batch(cfg, 3, 0, 2), make_batch(cfg, 3, 2, 2)]
+    assert all(torch.equal(x, torch.cat([h[i] for h in halves])) for i, x in enumerate(a))
+    for other in (make_batch(cfg, 4, 0, 4), make_batch(cfg, 3, 1, 4), make_batch(TrainConfig(seed=1), 3, 0, 4)):
         assert not torch.equal(a[1], other[1])
+
+
+def test_the_global_batch_is_fixed_and_each_layout_derives_its_micro_batches() -> None:
+    cfg = TrainConfig(batch=2, micro_batches=2)
+    assert cfg.default_global_batch(4) == 16 and TrainConfig(global_batch=12).default_global_batch(4) == 12
+    assert [cfg.micro_batches_at(16, dp, 1) for dp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    with pytest.raises(ConfigError, match=r"task.global_batch=16 is not allowed: a multiple of engine.dp_size \* "
+                                          r"task.batch = 3 \* 2 = 6"):
+        cfg.micro_batches_at(16, 3, 1)
+    with pytest.raises(ConfigError, match=r"task.global_batch=16 is not allowed: >= engine.dp_size \* task.batch "
+                                          r"\* engine.pp_size = 32"):
+        cfg.micro_batches_at(16, 8, 2)
+
+
+def test_a_resumed_run_keeps_its_global_batch_and_refuses_another() -> None:
+    from types import SimpleNamespace
+
+    from wf_launch.tasks.train import _global_batch
+
+    def trainer(cfg: TrainConfig, saved: int | None, dp: int) -> Any:
+        return SimpleNamespace(cfg=cfg, place=SimpleNamespace(dp_size=dp), progress={"data": {"global_batch": saved}})
+
+    assert _global_batch(trainer(TrainConfig(), None, 4)) == 16  # a fresh start: dp * batch * micro_batches
+    assert _global_batch(trainer(TrainConfig(), 16, 2)) == 16  # resumed at dp=2: the run's 16, not 2 * 2 * 2
+    assert _global_batch(trainer(TrainConfig(global_batch=16), 16, 2)) == 16
+    with pytest.raises(ConfigError, match="task.global_batch=8 is not allowed: the run being resumed trains with a "
+                                          "global batch of 16"):
+        _global_batch(trainer(TrainConfig(global_batch=8), 16, 2))
 
 
 def test_state_hash_ignores_order_and_sees_every_bit() -> None:

@@ -22,6 +22,7 @@ from .rundir import files
 from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RunRecord, Status
+from .tasks.registry import task_config_class
 
 __all__ = ["resolve", "run"]
 
@@ -77,7 +78,9 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
     if dry_run:
-        print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}")
+        task_text = task_config_class(plan.task).build(config["task"]).describe(plan)
+        print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}"
+              + (f"\n\n{task_text}" if task_text else ""))
         return RunOutcome(Status.DRY_RUN, run_dir)
     os.chmod(run_dir, int(config["launcher"].get("run_dir_mode") or "0700", 8))
     setup_launcher_logging(run_dir / files.LAUNCHER_LOG)

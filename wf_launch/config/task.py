@@ -11,6 +11,7 @@ from omegaconf import MISSING
 from .fields import config_error
 
 if TYPE_CHECKING:
+    from ..launchers.launch_plan import LaunchPlan
     from .engine import EngineConfig
 
 __all__ = ["TaskConfig"]
@@ -36,6 +37,11 @@ class TaskConfig:
         ``engine`` is the run's engine config in the launcher (check the fit of
         the task with the layout there), and None elsewhere.
         """
+
+    def describe(self, plan: LaunchPlan) -> str:
+        """What the dry run (``launcher.dry_run=true``) adds about the task, e.g. the command each rank
+        runs (``task=script``); nothing by default."""
+        return ""
 
     @classmethod
     def build(cls: type[T], task: Mapping[str, Any]) -> T:

@@ -6,6 +6,11 @@ It never re-runs Hydra. Steps: logging -> ``dist_init`` -> task -> gather every
 rank's return value to rank 0 (which writes ``result.json``) -> tear the groups
 down. A failing rank records its exception in ``logs/rank{r}.error.json`` before
 it leaves (:mod:`.failure`), so the launcher can name the root cause.
+
+A task that starts its own process group (``task=script``, ``task=call``: code
+written for torchrun) skips ``dist_init`` and gathers through exit records instead
+(:func:`_run_own_group`); one that asks for a fresh interpreter runs in a child
+interpreter of the rank process (:mod:`.fresh`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import faulthandler
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +27,7 @@ from typing import Any
 
 from ..config.layout import layout_of, rank_label
 from ..rundir import attempts, files
-from . import stackdump
+from . import fresh, stackdump
 from .failure import current_attempt, is_peer_loss, is_timeout_error, record_failure
 from .preempt import Preempted, PreemptHandler, requeue_after_stop, stop_on_sigterm
 from .ranklog import setup_rank_logging
@@ -64,11 +70,19 @@ class _Rank:
         return Path(self.spec.run_dir)
 
 
+def _set_threads(n: int) -> None:
+    """Torch's threads for this rank; through ``OMP_NUM_THREADS`` when torch is not imported yet (a fresh
+    interpreter running a script: torch reads it at import, and the script imports torch itself)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(max(1, n))
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, n))
+
+
 def _setup(spec: RankSpec) -> _Rank:
     """Logging, faulthandler, the stack-dump signal, torch threads and the preemption handler."""
-    import torch
-
-    from worldfoundry.core.distributed.init import LaunchEnv
+    from worldfoundry.core.distributed.env import LaunchEnv
 
     t_start = time.time()
     env = LaunchEnv.from_environ()
@@ -80,7 +94,7 @@ def _setup(spec: RankSpec) -> _Rank:
     fault_file = open(log_path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
     faulthandler.enable(file=fault_file)
     keep_open = [fault_file, stackdump.install(run_dir, env.rank)]
-    torch.set_num_threads(max(1, spec.threads_per_rank))
+    _set_threads(spec.threads_per_rank)
     rank = _Rank(spec, env.rank, env.world_size, coords, log, keep_open,
                  {"start_s": round(t_start - spec.launch_time, 4), "t_start": t_start})
     if spec.preempt is not None:
@@ -88,36 +102,56 @@ def _setup(spec: RankSpec) -> _Rank:
     return rank
 
 
-def _join(r: _Rank) -> Any:
-    """Load the task, join the process groups (``dist_init``), build the task's context; the task."""
+def _load_task(r: _Rank) -> tuple[Any, bool]:
+    """The task function, and whether it starts its own process group (``register_task(own_group=True)``)."""
+    from ..tasks.registry import get_task, load_task_modules, task_owns_group
+
+    task_cfg = r.spec.config["task"]
+    load_task_modules(task_cfg.get("modules") or [], builtins=False)
+    return get_task(task_cfg["name"]), task_owns_group(task_cfg["name"])
+
+
+def _join(r: _Rank, task: Any) -> None:
+    """Join the process groups (``dist_init``) and build the task's context."""
     from worldfoundry.core.distributed import groups
     from worldfoundry.core.distributed.init import dist_init
 
     from ..tasks.context import build_context
-    from ..tasks.registry import get_task, load_task_modules
 
-    task_cfg = r.spec.config["task"]
-    load_task_modules(task_cfg.get("modules") or [], builtins=False)
-    task = get_task(task_cfg["name"])
     r.log.debug(f"rank {r.rank} joining the process group (pid {os.getpid()})")
     files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
     device = dist_init({"engine_config": r.spec.config["engine"]})
+    _joined(r)
+    r.log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
+    r.ctx = build_context(r.spec.config, r.run_dir, device, r.log)
+    _handle_signals(r, task)
+
+
+def _joined(r: _Rank) -> None:
+    """The rank is in (its groups are up, or it starts its own): the start-up watch and rank 0's attempt record."""
     r.timings["t_init"] = time.time()
     r.timings["init_s"] = round(r.timings["t_init"] - r.timings["t_start"], 4)
     files.rank_marker(r.run_dir, r.rank, "joined").write_text(f"{current_attempt()}\n")
     if r.rank == 0:
         attempts.update(r.run_dir, current_attempt(), started_at=r.timings["t_start"])
-    r.log.debug(f"dist_init done on {device} ({groups.get_layout().describe()})")
-    r.ctx = build_context(r.spec.config, r.run_dir, device, r.log)
+
+
+def _handle_signals(r: _Rank, task: Any) -> None:
+    """Preemption (the launcher's policy) or SIGTERM reach the task through its context's stop flag."""
+    from . import script_api
+
+    script_api.bind(r.ctx)  # wf_launch.progress / should_stop / checkpoint / report_result work in any task
     if r.preempt is not None:
         r.preempt.task, r.preempt.ctx = task, r.ctx
     else:
         stop_on_sigterm(r.ctx)
-    return task
 
 
-def _finish_task(r: _Rank) -> None:
-    """After the task returned: commit a pending save, agree on a stop (and requeue), record the attempt."""
+def _finish_task(r: _Rank, barrier: Any = None) -> None:
+    """After the task returned: commit a pending save, agree on a stop (and requeue), record the attempt.
+
+    ``barrier``: how the ranks wait for each other before a requeue (default: the world group).
+    """
     ctx, spec = r.ctx, r.spec
     if ctx._checkpointer is not None:
         ctx._checkpointer.close()  # commits a pending asynchronous save
@@ -125,7 +159,7 @@ def _finish_task(r: _Rank) -> None:
         ctx.stop.drain()
         if ctx.stop.agreed and spec.preempt is not None and spec.preempt.allowed():
             _end_attempt(r, f"preempted: {spec.preempt.signal} (stop flag)")
-            requeue_after_stop(spec.preempt, r.run_dir, ctx, r.rank, r.log)
+            requeue_after_stop(spec.preempt, r.run_dir, ctx, r.rank, r.log, barrier)
     stopped = ctx.stop is not None and ctx.stop.agreed
     _end_attempt(r, f"stop flag: {ctx.stop.requested or 'another rank'}" if stopped else "completed")
     if ctx.reporter is not None:
@@ -137,11 +171,15 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
 
     Raises whatever the rank failed with, after recording it.
     """
-    from worldfoundry.core.distributed import groups
-
+    in_child = fresh.run_fresh_if_asked(spec)
+    if in_child is not None:
+        return in_child
     r = _setup(spec)
     try:
-        task = _join(r)
+        task, own_group = _load_task(r)
+        if own_group:
+            return _run_own_group(r, task)
+        _join(r, task)
         r.timings["task_entry_s"] = round(time.time() - spec.launch_time, 4)
         value = _json_checked(spec.config["task"]["name"], task(r.ctx))
         r.timings["task_s"] = round(time.time() - r.timings["t_init"], 4)
@@ -151,6 +189,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                                      "host": socket.gethostname()})
         if gathered is not None and spec.write_result:
             _write_success(spec, gathered)
+        from worldfoundry.core.distributed import groups  # imports torch: not before a script does (fresh)
+
         groups.destroy_model_parallel()
         return value
     except Preempted:
@@ -167,6 +207,37 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         logger.complete()
 
 
+def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
+    """A task that starts its own process group, or none (``task=script``, ``task=call``).
+
+    No ``dist_init`` and no groups in ``ctx``: the task tears down whatever group its code
+    left. Every rank records how it ended in its exit record (:mod:`wf_launch.rundir.exits`);
+    rank 0 waits for all of them and writes ``result.json`` from them, no collective needed.
+    """
+    from ..rundir import exits
+    from ..tasks.context import build_own_group_context
+
+    files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
+    _joined(r)
+    r.ctx = build_own_group_context(r.spec.config, r.run_dir, r.log)
+    _handle_signals(r, task)
+    r.timings["task_entry_s"] = round(time.time() - r.spec.launch_time, 4)
+    value = _json_checked(r.spec.config["task"]["name"], task(r.ctx))
+    r.timings["task_s"] = round(time.time() - r.timings["t_init"], 4)
+    timings = {k: v for k, v in r.timings.items() if not k.startswith("t_")}
+    exits.write_exit(r.run_dir, r.rank, current_attempt(), exit_code=0, result=value, timings=timings,
+                     host=socket.gethostname(), coords=r.coords)
+
+    def every_rank() -> list[dict[str, Any]]:
+        return exits.wait_for_exits(r.run_dir, r.world_size, current_attempt(), on_wait=lambda missing: r.log.info(
+            f"rank 0 waits for ranks {missing} to end (the run's results are gathered when every rank is done)"))
+
+    _finish_task(r, barrier=every_rank if r.rank == 0 else lambda: None)
+    if r.rank == 0 and r.spec.write_result:
+        _write_success(r.spec, every_rank())
+    return value
+
+
 def _record(r: _Rank, exc: BaseException) -> None:
     """A failing rank: end the attempt, ask for every rank's stacks on a timeout, record and log the failure."""
     _end_attempt(r, None)
@@ -178,6 +249,9 @@ def _record(r: _Rank, exc: BaseException) -> None:
     record_failure(r.run_dir, r.rank, r.coords, exc)
     if is_peer_loss(exc):
         r.log.warning(f"rank {r.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
+        r.log.opt(exception=exc).debug("traceback")
+    elif getattr(exc, "exit_code", None) is not None:  # a script's sys.exit(n): where it was called is in the message
+        r.log.error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
         r.log.opt(exception=exc).debug("traceback")
     else:
         r.log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")

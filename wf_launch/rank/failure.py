@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from worldfoundry.core.distributed.env import launch_attempt
+from worldfoundry.core.validation import is_int
 
 from ..rundir import files
 from ..rundir.failures import is_peer_loss_message, write_failure_record
@@ -78,5 +79,8 @@ def record_failure(run_dir: Path | str, rank: int, coords: dict[str, int], exc: 
         "log": str(files.rank_log(run_dir, rank)),
         "attempt": current_attempt(),
     }
+    code = getattr(exc, "exit_code", None)
+    if is_int(code):
+        record["exit_code"] = code  # a script's sys.exit(n): the code the rank exits with
     write_failure_record(run_dir, rank, record)
     return record

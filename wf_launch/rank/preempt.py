@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +108,15 @@ def stop_on_sigterm(ctx: Any) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def requeue_after_stop(policy: Any, run_dir: Path | str, ctx: Any, rank: int, log: Any) -> None:
-    """Every rank agreed to stop (the task saved and returned): rank 0 requeues the job, all leave quietly."""
+def requeue_after_stop(policy: Any, run_dir: Path | str, ctx: Any, rank: int, log: Any,
+                       barrier: Callable[[], None] | None = None) -> None:
+    """Every rank agreed to stop (the task saved and returned): rank 0 requeues the job, all leave quietly.
+
+    ``barrier`` (default: the world group's) returns on rank 0 once every rank got this far.
+    """
     restart = policy.restart()
     _marker(run_dir, rank, restart=restart, hook="stop flag", requeue=True, signal_at=ctx.stop.requested_at)
-    ctx.groups["world"].barrier()
+    (barrier or ctx.groups["world"].barrier)()
     if rank == 0:
         log.warning("every rank stopped at the same step: requeueing the job")
         policy.requeue()

@@ -87,9 +87,16 @@ class StopFlag:
             if self._agreed:
                 self._work = None
                 return True
-        self._buf = torch.tensor([1 if self.requested is not None else 0], dtype=torch.int32)
+        from worldfoundry.core.distributed.backends import group_device
+
+        self._buf = torch.tensor([1 if self.requested is not None else 0], dtype=torch.int32,
+                                 device=group_device(self.group, control=True))  # CUDA on an NCCL-only group
         self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return False
+
+    def forget(self) -> None:
+        """The group went away under the flag (its owner destroyed it): drop the collective in flight."""
+        self._work = None
 
     def drain(self) -> None:
         """Wait for the collective still in flight (before the groups are torn down)."""

@@ -6,9 +6,11 @@ relaunch into the same run directory (``launcher.resume=true``). Every attempt
 leaves ``logs/attempt{N}.json`` (written atomically, merged field by field):
 
 - rank 0 writes ``started_at`` when it joins, ``resumed_from`` when
-  :meth:`~wf_launch.checkpoint.Checkpointer.load` picks a checkpoint (its step, or
-  null on a fresh start), and ``ended_at`` / ``last_step`` / ``ended_by`` when it
-  leaves in an orderly way (returned, stop flag, preemption);
+  :meth:`~wf_launch.checkpoint.Checkpointer.load` loads a checkpoint (its step, or
+  null on a fresh start), with ``layout_from`` / ``layout_to`` when that checkpoint was
+  saved at another layout than the attempt's (both null otherwise), and ``ended_at`` /
+  ``last_step`` / ``ended_by`` when it leaves in an orderly way (returned, stop flag,
+  preemption);
 - the launcher fills in what a killed rank 0 could not: ``ended_by`` from the ranks'
   exit codes (``rank 2 killed by SIGKILL``) or the signal it got (``SIGTERM``), and
   the last step from the ranks' published progress.
@@ -31,7 +33,7 @@ from .io import atomic_write_json, read_json
 
 __all__ = ["cause_of_exits", "close", "collect", "count", "describe", "last_step", "read", "update"]
 
-_FIELDS = ("started_at", "ended_at", "resumed_from", "last_step", "ended_by")
+_FIELDS = ("started_at", "ended_at", "resumed_from", "last_step", "ended_by", "layout_from", "layout_to")
 
 
 def read(run_dir: Path | str, attempt: int) -> dict[str, Any] | None:
@@ -125,6 +127,19 @@ def describe(entries: list[dict[str, Any]]) -> list[str]:
     def show(value: Any) -> str:
         return "-" if value is None else str(value)
 
-    return [f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step {show(a.get('resumed_from'))}, "
-            f"reached step {show(a.get('last_step'))}, steps lost {show(a.get('steps_lost'))}; "
+    return [f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step {show(a.get('resumed_from'))}"
+            f"{_layout_change(a)}, reached step {show(a.get('last_step'))}, steps lost {show(a.get('steps_lost'))}; "
             f"ended by {show(a.get('ended_by'))}" for a in entries]
+
+
+def _layout_change(entry: dict[str, Any]) -> str:
+    """`` at a new layout (dp=4 -> cp=2 dp=2)`` when the attempt resumed at another layout, else nothing."""
+    before, after = entry.get("layout_from"), entry.get("layout_to")
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return ""
+
+    def sizes(layout: dict[str, Any]) -> str:
+        shown = [f"{d}={layout.get(d)}" for d in ("tp", "cp", "pp", "dp") if layout.get(d) not in (1, None)]
+        return " ".join(shown) or "1 rank"
+
+    return f" at a new layout ({sizes(before)} -> {sizes(after)})"

@@ -17,7 +17,7 @@ __all__ = [
     "MARKERS", "METRICS", "OVERRIDES", "RAY_RUN", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
     "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS",
     "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "metrics_chart", "metrics_file",
-    "rank_error", "rank_errors", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
+    "rank_error", "rank_errors", "rank_exit", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
     "rank_tail_log", "read_config", "result_before_attempt", "stacks_glob",
 ]
 
@@ -51,7 +51,7 @@ MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
 
 _RANK_FILES = {
     "log": "rank{}.log", "error": "rank{}.error.json", "progress": "rank{}.progress.json",
-    "stacks": "rank{}.stacks", "pid": "rank{}.pid", "preempt": "rank{}.preempt.json",
+    "stacks": "rank{}.stacks", "pid": "rank{}.pid", "preempt": "rank{}.preempt.json", "exit": "rank{}.exit.json",
 }
 
 
@@ -102,6 +102,11 @@ def rank_pid(run_dir: Path | str, rank: int) -> Path:
 def rank_preempt(run_dir: Path | str, rank: int) -> Path:
     """Where a rank records that it handled the preemption signal (and its hook's outcome)."""
     return _logs(run_dir) / _RANK_FILES["preempt"].format(rank)
+
+
+def rank_exit(run_dir: Path | str, rank: int) -> Path:
+    """Where a rank of a task that starts its own group (a script) records how it ended and what it reported."""
+    return _logs(run_dir) / _RANK_FILES["exit"].format(rank)
 
 
 def rank_marker(run_dir: Path | str, rank: int, phase: str) -> Path:

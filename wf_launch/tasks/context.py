@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..rank.progress import ProgressReporter
     from ..rank.stop import StopFlag
 
-__all__ = ["TaskContext", "build_context"]
+__all__ = ["TaskContext", "build_context", "build_own_group_context"]
 
 
 @dataclass
@@ -68,16 +68,19 @@ class TaskContext:
     def checkpoint(self) -> Checkpointer:
         """This run's :class:`~wf_launch.checkpoint.Checkpointer` (created on first use).
 
-        ``keep`` and ``async_save`` come from the task's config when it has those
-        fields (3 and False otherwise); checkpoints live in ``RUN_DIR/checkpoints``.
+        ``keep``, ``async_save`` and ``seed`` come from the task's config when it has those
+        fields (3, False and 0 otherwise); checkpoints live in ``RUN_DIR/checkpoints``.
         A pending asynchronous save is committed when the task returns.
         """
         if self._checkpointer is None:
+            from worldfoundry.core.validation import is_int
+
             from ..rank.checkpoint import Checkpointer
 
+            seed = getattr(self.cfg, "seed", 0)  # RNG states re-derived after a layout change start from it
             self._checkpointer = Checkpointer(self.run_dir, keep=int(getattr(self.cfg, "keep", 3)),
                                               async_save=bool(getattr(self.cfg, "async_save", False)),
-                                              record_attempt=True)
+                                              record_attempt=True, seed=seed if is_int(seed) else 0)
         return self._checkpointer
 
     def should_stop(self) -> bool:
@@ -122,4 +125,30 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
         run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank, publish_interval()),
         stop=StopFlag(world.cpu_group),
+    )
+
+
+def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> TaskContext:
+    """The context of a task that starts its own process group (``task=script``, ``task=call``).
+
+    No groups, no PP scheduler and no device yet (``groups`` is empty, ``device`` None):
+    the task's code starts its group. The stop flag agrees over the default group once
+    that code has started one (before that, and without one, each rank answers alone), at
+    every call: a stop seen during step ``k`` is agreed after step ``k + 1``. Nothing here
+    imports torch.
+    """
+    from worldfoundry.core.distributed.env import LaunchEnv
+
+    from ..config.layout import layout_of
+    from ..rank.progress import ProgressReporter, publish_interval
+    from ..rank.stop import StopFlag
+    from .registry import task_config_class
+
+    env = LaunchEnv.from_environ()
+    task = dict(config.get("task", {}))
+    return TaskContext(
+        cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=env.rank,
+        world_size=env.world_size, local_rank=env.local_rank, device=None, coords=layout_of(config).coords(env.rank),
+        groups={}, pp=None, run_dir=Path(run_dir), log=log,
+        reporter=ProgressReporter(run_dir, env.rank, publish_interval()), stop=StopFlag(None, every=1),
     )

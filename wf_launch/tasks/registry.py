@@ -13,20 +13,21 @@ from importlib.metadata import entry_points
 from typing import Any
 
 __all__ = ["ENTRY_POINT_GROUP", "get_task", "load_task_modules", "register_task", "registered_configs",
-           "task_config_class", "task_preload"]
+           "task_config_class", "task_owns_group", "task_preload"]
 
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
 _TASKS: dict[str, TaskFn] = {}
 _CONFIGS: dict[str, type] = {}
 _PRELOAD: dict[str, tuple[str, ...]] = {}
+_OWN_GROUP: set[str] = set()
 _BUILTINS = {"demo": "wf_launch.tasks.demo", "layout": "wf_launch.tasks.layout", "noop": "wf_launch.tasks.noop",
-             "train": "wf_launch.tasks.train"}
+             "train": "wf_launch.tasks.train", "script": "wf_launch.tasks.script", "call": "wf_launch.tasks.call"}
 ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 
-def register_task(name: str, config: type | None = None,
-                  preload: Iterable[str] = ()) -> Callable[[TaskFn], TaskFn]:
+def register_task(name: str, config: type | None = None, preload: Iterable[str] = (),
+                  own_group: bool = False) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``).
 
     ``config`` is an optional dataclass subclassing
@@ -41,6 +42,11 @@ def register_task(name: str, config: type | None = None,
     them once before it forks the ranks, which then inherit them, as gunicorn's
     preload does. Importing must not start threads or touch CUDA; if it does, the
     launcher falls back to spawn (``launcher.start_method=auto``).
+
+    ``own_group=True``: the task starts its own process group (``task=script``,
+    ``task=call``: code written for torchrun). The entrypoint then runs it without
+    ``dist_init`` and with no groups in ``ctx``, tears down whatever group it left, and
+    gathers the ranks' results through the run directory instead of a collective.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
@@ -66,6 +72,8 @@ def register_task(name: str, config: type | None = None,
             _CONFIGS[name] = config
         if modules:
             _PRELOAD[name] = modules
+        if own_group:
+            _OWN_GROUP.add(name)
         return fn
 
     return deco
@@ -122,3 +130,9 @@ def task_preload(name: str) -> tuple[str, ...]:
     if name not in _TASKS and name in _BUILTINS:
         importlib.import_module(_BUILTINS[name])
     return _PRELOAD.get(name, ())
+
+
+def task_owns_group(name: str) -> bool:
+    """Whether task ``name`` starts its own process group (``register_task(own_group=True)``)."""
+    get_task(name)
+    return name in _OWN_GROUP

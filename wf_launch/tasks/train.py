@@ -1,25 +1,31 @@
-"""Task ``train``: train the demo's video DiT on seeded synthetic latents, deterministic and resumable.
+"""Task ``train``: train the demo's video DiT on seeded synthetic latents, deterministic and resumable at any layout.
 
 Every rank builds the same seeded :class:`~wf_launch.tasks._vdit.VDiT` and keeps its
 pipeline stage's share (:class:`Stage`: blocks ``stage_blocks(depth, pp_size, s)``,
 plus the patch and time embeddings on the first stage and the final layer on the
-last). Per step:
+last; its parameters keep the full model's names, :meth:`Stage.global_name`, so a
+checkpoint loads on another split of stages). Per step:
 
-1. Every rank draws micro-batch ``m`` of data-parallel replica ``d`` from a generator
-   seeded with ``(seed, step, d, m)`` (:func:`make_batch`), so a resumed run sees the
-   same batches without any saved data position; a CP rank keeps its block of the
+1. The step's global batch is ``task.global_batch`` samples (default: ``dp_size *
+   batch * micro_batches`` of the layout that started the run; a checkpoint keeps it).
+   Sample ``i`` of step ``s`` is drawn from a generator seeded with ``(seed, s, i)``
+   (:func:`make_batch`); data-parallel replica ``d`` takes samples ``d * G/dp`` onwards in
+   micro-batches of ``batch``, so every layout sees the same samples in the same order
+   and a resumed run needs no saved data position. A CP rank keeps its block of the
    patch sequence (:class:`~wf_launch.tasks._vdit.PatchGridSplit`). Attention gathers keys and
    values over CP differentiably (``cat_outputs_cp_with_grad``).
-2. GPipe over ``micro_batches``: every stage runs all forwards (activations and the
+2. GPipe over the replica's micro-batches: every stage runs all forwards (activations and the
    timestep vector go to the next stage with the PP scheduler), then all backwards in
    reverse order (their gradients go back to the previous stage on a reversed ring).
    The loss (flow matching: predict ``noise - x0``; or denoising: predict ``noise``)
    is the mean over every element of the global batch.
 3. FSDP2 (``fsdp2_wrap`` over the stage's data- and context-parallel ranks) averages
    the gradients; AdamW steps; the EMA copy follows with ``update_average``.
-4. Checkpoint every ``checkpoint_every`` steps and when ``ctx.should_stop()`` agrees to
-   stop (then return early: on SLURM the entrypoint requeues the job). A start loads the
-   newest checkpoint and continues from its step.
+4. Checkpoint every ``checkpoint_every`` steps, when ``ctx.should_stop()`` agrees to
+   stop (then return early: on SLURM the entrypoint requeues the job) and after the last
+   step (``save_final``). A start loads the newest checkpoint and continues from its step,
+   at whatever layout it now has (the model, EMA and optimizer reshard; the progress is
+   replicated).
 
 Rank 0 returns ``steps_done``, ``final_loss``, ``loss_curve`` (every step, across
 attempts), ``weights_sha256`` / ``ema_sha256`` (sha256 of the full gathered state),
@@ -58,8 +64,8 @@ from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, time
 from .context import TaskContext
 from .registry import register_task
 
-__all__ = ["LOSSES", "Placement", "Stage", "TrainConfig", "Trainer", "build", "load", "make_batch", "reference_run",
-           "report", "state_sha256", "train", "train_step"]
+__all__ = ["LOSSES", "SCOPES", "Placement", "Stage", "TrainConfig", "Trainer", "build", "load", "make_batch",
+           "reference_run", "report", "sample_seed", "state_sha256", "train", "train_step"]
 
 LOSSES = ("flow", "denoise")
 PROTOTYPES = 4
@@ -72,8 +78,11 @@ _BACKWARD_TAG = 1 << 20
 class TrainConfig(TaskConfig):
     """Config of task ``train`` (``task=train task.steps=20 ...``).
 
-    ``batch`` samples per micro-batch per data-parallel replica; ``micro_batches`` per
-    step (GPipe). ``checkpoint_every`` 0 saves only on a stop. ``step_sleep_s`` stretches
+    ``batch`` samples per micro-batch; ``global_batch`` samples per step (0: ``dp_size *
+    batch * micro_batches`` of the layout that starts the run); each layout runs
+    ``global_batch / (dp_size * batch)`` micro-batches per replica (GPipe), so
+    ``micro_batches`` only sets the default global batch. ``checkpoint_every`` 0 saves only
+    on a stop (and after the last step with ``save_final``). ``step_sleep_s`` stretches
     every step (drills and tests). Model sizes are the demo's (latent units).
     """
 
@@ -82,6 +91,7 @@ class TrainConfig(TaskConfig):
     steps: int = 10
     micro_batches: int = 2
     batch: int = 2
+    global_batch: int = 0
     lr: float = 1e-3
     weight_decay: float = 0.0
     ema_beta: float = 0.99
@@ -89,6 +99,7 @@ class TrainConfig(TaskConfig):
     checkpoint_every: int = 0
     keep: int = 3
     async_save: bool = False
+    save_final: bool = True
     step_sleep_s: float = 0.0
     check_reference: bool = False
     reference_atol: float = 1e-4
@@ -110,17 +121,21 @@ class TrainConfig(TaskConfig):
             positive_int(f"task.{name}", getattr(self, name))
         check_int("task.checkpoint_every", self.checkpoint_every, low=0,
                   note="(0: save only when the run is asked to stop)")
+        check_int("task.global_batch", self.global_batch, low=0,
+                  note="(0: engine.dp_size * task.batch * task.micro_batches)")
         check_number("task.lr", self.lr, 0, low_open=True)
         check_number("task.weight_decay", self.weight_decay, 0)
         check_number("task.ema_beta", self.ema_beta, 0, 1, allowed="expected a number in [0, 1]")
         check_number("task.step_sleep_s", self.step_sleep_s, 0, unit="seconds")
         check_number("task.reference_atol", self.reference_atol, 0, low_open=True)
         check_choice("task.loss", self.loss, LOSSES)
-        for name in ("async_save", "check_reference"):
+        for name in ("async_save", "save_final", "check_reference"):
             check_bool(f"task.{name}", getattr(self, name))
         DemoTaskConfig(name="demo", **self._model_fields()).validate()
         if engine is not None:
-            if engine.pp_size > 1 and self.micro_batches < engine.pp_size:
+            if self.global_batch:
+                self.micro_batches_at(self.global_batch, engine.dp_size, engine.pp_size)
+            elif engine.pp_size > 1 and self.micro_batches < engine.pp_size:
                 raise config_error("task.micro_batches", self.micro_batches,
                                    f"GPipe needs at least one micro-batch per pipeline stage: an integer "
                                    f">= engine.pp_size={engine.pp_size}")
@@ -129,6 +144,24 @@ class TrainConfig(TaskConfig):
                                    f"every pipeline stage needs a block: an integer >= engine.pp_size="
                                    f"{engine.pp_size}")
             self.plan_split(engine.cp_size)
+
+    def default_global_batch(self, dp_size: int) -> int:
+        """The global batch of a run started at ``dp_size`` replicas: ``task.global_batch``, else dp * batch * micro."""
+        return self.global_batch or dp_size * self.batch * self.micro_batches
+
+    def micro_batches_at(self, global_batch: int, dp_size: int, pp_size: int) -> int:
+        """Micro-batches per replica at a layout: ``global_batch / (dp_size * batch)``; ConfigError if it cannot."""
+        per = dp_size * self.batch
+        if global_batch % per:
+            raise config_error("task.global_batch", global_batch,
+                               f"a multiple of engine.dp_size * task.batch = {dp_size} * {self.batch} = {per} (every "
+                               "replica runs whole micro-batches of task.batch samples)")
+        micro = global_batch // per
+        if pp_size > 1 and micro < pp_size:
+            raise config_error("task.global_batch", global_batch,
+                               f">= engine.dp_size * task.batch * engine.pp_size = {per * pp_size} (GPipe needs at "
+                               "least one micro-batch per pipeline stage)")
+        return micro
 
     def _model_fields(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("seed", "batch", "channels", "frames", "height", "width",
@@ -156,26 +189,30 @@ class TrainConfig(TaskConfig):
                            heads=self.heads, depth=self.depth, mlp_ratio=float(self.mlp_ratio)).train()
 
 
-def batch_seed(seed: int, step: int, dp: int, micro: int) -> int:
-    """The generator seed of one micro-batch: a pure function of (seed, step, dp replica, micro-batch)."""
-    digest = hashlib.sha256(f"wf_launch.train/{seed}/{step}/{dp}/{micro}".encode()).digest()
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """The generator seed of one sample: a pure function of (seed, step, its index in the step's global batch)."""
+    digest = hashlib.sha256(f"wf_launch.train/{seed}/{step}/{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def make_batch(cfg: TrainConfig, step: int, dp: int, micro: int,
+def make_batch(cfg: TrainConfig, step: int, first: int, count: int,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Times (B,), noisy latents x_t and regression targets (B, C, T, H, W), float32 on the CPU.
+    """Samples ``first .. first + count - 1`` of step ``step``'s global batch: times (B,), noisy latents x_t
+    and regression targets (B, C, T, H, W), float32 on the CPU. The same samples whatever the split.
 
     ``x0`` is a seeded prototype latent plus a little noise; ``x_t = (1 - t) x0 + t noise``;
     the target is ``noise - x0`` (flow matching) or ``noise`` (denoising).
     """
-    shape = cfg.latent_shape
-    protos = torch.randn((PROTOTYPES, *shape[1:]), generator=torch.Generator().manual_seed(cfg.seed))
-    gen = torch.Generator().manual_seed(batch_seed(cfg.seed, step, dp, micro))
-    t = torch.rand(cfg.batch, generator=gen, dtype=torch.float64)
-    pick = torch.randint(PROTOTYPES, (cfg.batch,), generator=gen)
-    x0 = protos[pick] + 0.1 * torch.randn(shape, generator=gen)
-    noise = torch.randn(shape, generator=gen)
+    one = (1, *cfg.latent_shape[1:])
+    protos = torch.randn((PROTOTYPES, *one[1:]), generator=torch.Generator().manual_seed(cfg.seed))
+    times, x0s, noises = [], [], []
+    for index in range(first, first + count):
+        gen = torch.Generator().manual_seed(sample_seed(cfg.seed, step, index))
+        times.append(torch.rand(1, generator=gen, dtype=torch.float64))
+        pick = torch.randint(PROTOTYPES, (1,), generator=gen)
+        x0s.append(protos[pick] + 0.1 * torch.randn(one, generator=gen))
+        noises.append(torch.randn(one, generator=gen))
+    t, x0, noise = torch.cat(times), torch.cat(x0s), torch.cat(noises)
     tt = t.to(torch.float32).view(-1, 1, 1, 1, 1)
     xt = (1 - tt) * x0 + tt * noise
     return t, xt, (noise - x0) if cfg.loss == "flow" else noise
@@ -288,11 +325,17 @@ class Placement:
                    cp.rank_in_group, cp.world_size, cp if cp.world_size > 1 else None, cfg.plan_split(cp.world_size))
 
 
+SCOPES = {"progress": "replicated"}
+"""The scope of ``train``'s per-rank entries: the progress (step, loss curve, attempts, global batch) is one copy."""
+
+
 @dataclass
 class Trainer:
     """One rank's training state: the stage (FSDP2 over dp x cp), its EMA copy, the optimizer, the progress.
 
-    ``state`` is what a checkpoint holds; ``progress`` (step, loss curve, attempts) is saved with it.
+    ``state`` is what a checkpoint holds (the model, EMA and optimizer under the full model's
+    names, so they reshard on another layout; ``progress`` replicated). ``global_batch`` and
+    ``micro`` (micro-batches per replica at this layout) are set by :func:`load`.
     """
 
     cfg: TrainConfig
@@ -304,12 +347,12 @@ class Trainer:
     progress: dict[str, Any]
     updater: Any = None
     back: Any = None
+    global_batch: int = 0
+    micro: int = 0
 
     @property
     def state(self) -> dict[str, Any]:
-        sid = self.place.stage_id
-        return {f"model_pp{sid}": self.stage, f"ema_pp{sid}": self.ema, f"optim_pp{sid}": self.opt,
-                "progress": self.progress}
+        return {"model": self.stage, "ema": self.ema, "optim": self.opt, "progress": self.progress}
 
 
 def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
@@ -334,21 +377,50 @@ def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
     fsdp2_wrap(ema, mesh=mesh)
     opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     progress: dict[str, Any] = {"step": 0, "loss_curve": [], "attempts": [],
-                                "data": {"seed": cfg.seed, "dp": place.dp_rank, "next_step": 1}}
+                                "data": {"seed": cfg.seed, "global_batch": None, "next_step": 1}}
     back = _reversed_pp(ctx.pp) if place.n_stages > 1 else None
     return Trainer(cfg, ctx, place, stage, ema, opt, progress, DTensorFastEmaModelUpdater(), back)
 
 
+def _global_batch(t: Trainer) -> int:
+    """The run's global batch: the checkpoint's (a resumed run keeps it at any layout), else the config's."""
+    saved = t.progress["data"].get("global_batch")
+    if saved is None:
+        return t.cfg.default_global_batch(t.place.dp_size)
+    if t.cfg.global_batch and t.cfg.global_batch != saved:
+        raise config_error("task.global_batch", t.cfg.global_batch,
+                           f"the run being resumed trains with a global batch of {saved} samples per step: leave "
+                           f"task.global_batch unset (0) or set it to {saved}")
+    return int(saved)
+
+
 def load(t: Trainer) -> int | None:
-    """Resume from the newest checkpoint (if any) and record this attempt; the step resumed from."""
+    """Resume from the newest checkpoint (if any, at any layout), fix the global batch, record this attempt."""
     from worldfoundry.core.distributed.env import launch_attempt
 
     resumed = t.ctx.checkpoint.load(t.state)
+    t.global_batch = _global_batch(t)
+    try:
+        t.micro = t.cfg.micro_batches_at(t.global_batch, t.place.dp_size, t.place.n_stages)
+    except ConfigError as exc:
+        if t.progress["data"].get("global_batch") is None:
+            raise
+        raise ConfigError(f"{exc}; it is the global batch of the run being resumed (kept by its checkpoint): "
+                          "resume at a layout that splits it") from None
+    t.progress["data"]["global_batch"] = t.global_batch
     attempts = t.progress["attempts"]
     attempt = max(launch_attempt(), attempts[-1]["attempt"] + 1 if attempts else 0)
-    attempts.append({"attempt": attempt, "resumed_from": resumed})
+    entry: dict[str, Any] = {"attempt": attempt, "resumed_from": resumed}
+    report = t.ctx.checkpoint.last_load if resumed is not None else None
+    if report is not None and report.changed:
+        from wf_launch.rank.checkpoint.format import describe_layout
+
+        entry["layout"] = {"from": describe_layout(report.layout_from), "to": describe_layout(report.layout_to)}
+    attempts.append(entry)
     if resumed is not None:
-        t.ctx.log.info(f"train: attempt {attempt} resumes from step {resumed}")
+        moved = f" at a new layout ({entry['layout']['from']} -> {entry['layout']['to']})" if "layout" in entry else ""
+        t.ctx.log.info(f"train: attempt {attempt} resumes from step {resumed}{moved}; global batch {t.global_batch} "
+                       f"= {t.place.dp_size} replica(s) x {t.micro} micro-batch(es) x {t.cfg.batch}")
     return resumed
 
 
@@ -366,8 +438,9 @@ def _forward_all(t: Trainer, step: int, positions: torch.Tensor) -> tuple[list[t
     sends: list[Any] = []
     saved: list[tuple[Any, ...]] = []
     local_loss = 0.0
-    for m in range(cfg.micro_batches):
-        tt, xt, target = make_batch(cfg, step, pl.dp_rank, m)
+    first = pl.dp_rank * t.micro * cfg.batch  # this replica's share of the step's global batch
+    for m in range(t.micro):
+        tt, xt, target = make_batch(cfg, step, first + m * cfg.batch, cfg.batch)
         if pl.first:
             x_in, cond = _local_seq(t, xt), tt.to(t.ctx.device)
         else:
@@ -377,7 +450,7 @@ def _forward_all(t: Trainer, step: int, positions: torch.Tensor) -> tuple[list[t
         if pl.last:
             loss = F.mse_loss(out, _local_seq(t, target))
             local_loss += loss.item()
-            saved.append((x_in, cond, loss / cfg.micro_batches, None))
+            saved.append((x_in, cond, loss / t.micro, None))
         else:
             sends += [pp.isend_next(out), pp.isend_next(c)]
             saved.append((x_in, cond, out, c))
@@ -390,7 +463,7 @@ def _backward_all(t: Trainer, saved: list[tuple[Any, ...]]) -> None:
     cfg, pl, back = t.cfg, t.place, t.back
     x_shape, c_shape = (cfg.batch, pl.split.tokens_per_rank, cfg.hidden), (cfg.batch, cfg.hidden)
     sends: list[Any] = []
-    for m in reversed(range(cfg.micro_batches)):
+    for m in reversed(range(t.micro)):
         x_in, cond, out, c = saved[m]
         if pl.last:
             out.backward()
@@ -417,7 +490,7 @@ def train_step(t: Trainer, step: int, positions: torch.Tensor) -> float:
     share = local_loss if (t.place.last and t.ctx.coords["tp"] == 0) else 0.0
     total = torch.tensor([share], dtype=torch.float64)
     dist.all_reduce(total, group=t.ctx.groups["world"].cpu_group)
-    return total.item() / (t.cfg.micro_batches * t.place.dp_size * t.place.cp_size)
+    return total.item() / (t.micro * t.place.dp_size * t.place.cp_size)
 
 
 def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float) -> dict[str, Any]:
@@ -438,7 +511,7 @@ def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elaps
         full_w.update(part.get("model", {}))
         full_e.update(part.get("ema", {}))
     curve = list(progress["loss_curve"])
-    tokens_per_step = t.place.dp_size * cfg.micro_batches * cfg.batch * t.place.split.tokens
+    tokens_per_step = t.global_batch * t.place.split.tokens
     res: dict[str, Any] = {
         **row,
         "steps_done": progress["step"], "steps": cfg.steps, "stopped": stopped,
@@ -446,11 +519,11 @@ def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elaps
         "weights_sha256": state_sha256(full_w), "ema_sha256": state_sha256(full_e),
         "attempts": list(progress["attempts"]), "resumed_from": resumed,
         "tokens_per_s": tokens_per_step * steps_run / elapsed if steps_run and elapsed > 0 else None,
-        "tokens_per_step": tokens_per_step, "layout": get_layout().sizes,
-        "config": asdict(cfg),
+        "tokens_per_step": tokens_per_step, "global_batch": t.global_batch, "micro_batches": t.micro,
+        "layout": get_layout().sizes, "config": asdict(cfg),
     }
     if cfg.check_reference and not stopped:
-        res.update(_compare(cfg, t.place.dp_size, curve, full_w, full_e))
+        res.update(_compare(cfg, t.global_batch, curve, full_w, full_e))
     ctx.log.info(f"train: {progress['step']}/{cfg.steps} steps, loss {res['final_loss']}, "
                  f"weights {res['weights_sha256'][:12]}")
     return res
@@ -458,11 +531,11 @@ def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elaps
 
 @register_task("train", config=TrainConfig, preload=PRELOAD)
 def train(ctx: TaskContext) -> dict[str, Any]:
-    """Train under the run's CP x PP x DP layout, checkpoint, resume; rank 0 reports the run.
+    """Train under the run's CP x PP x DP layout, checkpoint, resume (at any layout); rank 0 reports the run.
 
     The steps a training task takes, each a function above: :func:`build` the model, :func:`load`
     the newest checkpoint, then :func:`train_step` until ``steps``, reporting progress, saving every
-    ``checkpoint_every`` steps and when every rank agrees to stop; then :func:`report`.
+    ``checkpoint_every`` steps, when every rank agrees to stop and after the last step; then :func:`report`.
     """
     cfg: TrainConfig = ctx.cfg
     if ctx.stop is not None and ctx.stop.calls == 0:
@@ -470,7 +543,7 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     t = build(ctx, cfg)
     resumed = load(t)
     positions = t.place.split.positions(t.place.cp_rank).to(ctx.device)
-    progress, start_step, sleep_total, stopped = t.progress, t.progress["step"], 0.0, False
+    progress, start_step, sleep_total, stopped, saved_at = t.progress, t.progress["step"], 0.0, False, resumed
     ctx.groups["world"].barrier()
     t0 = time.perf_counter()
     while progress["step"] < cfg.steps:
@@ -485,34 +558,36 @@ def train(ctx: TaskContext) -> dict[str, Any]:
         ctx.progress(step, cfg.steps, loss=loss)
         stopped = ctx.should_stop()
         if stopped or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-            ctx.checkpoint.save(step, t.state)
+            ctx.checkpoint.save(step, t.state, scopes=SCOPES)
+            saved_at = step
         if stopped:
             ctx.log.warning(f"train: stop agreed after step {step}: checkpoint saved, returning")
             break
     elapsed = time.perf_counter() - t0 - sleep_total
+    if cfg.save_final and not stopped and saved_at != progress["step"]:
+        ctx.checkpoint.save(progress["step"], t.state, scopes=SCOPES)
     return report(t, resumed, stopped, progress["step"] - start_step, elapsed)
 
 
-def reference_run(cfg: TrainConfig, dp_size: int, steps: int,
+def reference_run(cfg: TrainConfig, global_batch: int, steps: int,
                   ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One process, no parallelism: the same model, global batches and optimizer for ``steps`` steps."""
+    """One process, no parallelism: the same model, global batches (in micro-batches of ``batch``) and optimizer."""
     from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
 
     model = cfg.build_model()
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     updater = DTensorFastEmaModelUpdater()
-    n = dp_size * cfg.micro_batches
+    n = global_batch // cfg.batch
     curve = []
     for step in range(1, steps + 1):
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        for d in range(dp_size):
-            for m in range(cfg.micro_batches):
-                t, xt, target = make_batch(cfg, step, d, m)
-                loss = F.mse_loss(model(xt, t), target)
-                (loss / n).backward()
-                total += loss.item()
+        for m in range(n):
+            t, xt, target = make_batch(cfg, step, m * cfg.batch, cfg.batch)
+            loss = F.mse_loss(model(xt, t), target)
+            (loss / n).backward()
+            total += loss.item()
         opt.step()
         updater.update_average(model, ema, beta=float(cfg.ema_beta))
         curve.append(total / n)
@@ -529,11 +604,11 @@ def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-def _compare(cfg: TrainConfig, dp_size: int, curve: list[float], weights: dict[str, torch.Tensor],
+def _compare(cfg: TrainConfig, global_batch: int, curve: list[float], weights: dict[str, torch.Tensor],
              ema: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The run against :func:`reference_run`: loss curve and final (EMA) weights, max abs errors."""
     with torch.random.fork_rng(devices=[]):
-        ref_curve, ref_w, ref_e = reference_run(cfg, dp_size, len(curve))
+        ref_curve, ref_w, ref_e = reference_run(cfg, global_batch, len(curve))
     loss_err = max(abs(a - b) for a, b in zip(curve, ref_curve))
     w_err, e_err = _max_err(weights, ref_w), _max_err(ema, ref_e)
     worst = max(loss_err, w_err, e_err)

@@ -24,9 +24,16 @@
    per interruption (from the interruption until rank 0 is back at the step it had
    reached). ``DIR/drill.json`` keeps all of it. Exit code 0 only when identical.
 
+Across a layout change (:mod:`wf_launch.tools.drill_layout`): ``--resume-with OVERRIDES``
+relaunches the interrupted run at another layout after a ``sigterm`` (locally) or a
+``usr2`` (SLURM: the drill cancels the requeued job once the stop was saved and submits
+again), and ``--atol`` (default 1e-4 with ``--resume-with``) compares the loss curve, the
+final loss and the final weights within a tolerance instead of bitwise.
+
 The task must checkpoint with ``ctx.checkpoint``, poll ``ctx.should_stop()``, report
 ``ctx.progress(step, total, ...)`` and return ``weights_sha256`` and ``final_loss``
-from rank 0 (the built-in ``task=train`` does).
+from rank 0 (the built-in ``task=train`` does); a script (``task=script``) does the same
+with ``wf_launch.checkpoint``, ``should_stop``, ``progress`` and ``report_result``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from ..rundir import attempts, files
 from ..rundir.io import atomic_write_json
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
+from . import drill_layout
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -162,13 +170,31 @@ class Drill:
     """The two runs, the injections, the verdict."""
 
     def __init__(self, overrides: list[str], backend: str, directory: Path, timeout_s: float,
-                 poll_s: float = 0.05) -> None:
+                 poll_s: float = 0.05, resume_with: list[str] | None = None, atol: float | None = None) -> None:
         self.overrides = overrides
         self.backend = backend
         self.dir = directory
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self.resume_with = resume_with or []  # overrides of every relaunch: the run continues at another layout
+        self.atol = atol  # compare within this tolerance instead of bitwise
         self._proc: subprocess.Popen[bytes] | None = None
+
+    def _relaunch(self, run: _Run) -> list[str]:
+        """The overrides of a relaunch into the same run directory (at the ``--resume-with`` layout, if given)."""
+        if self.resume_with:
+            return drill_layout.relaunch_overrides(run.overrides, self.resume_with)
+        return [*run.overrides, "launcher.resume=true"]
+
+    def _relaunch_after_saved_stop(self, run: _Run, log: Path, attempt: int, deadline: float) -> None:
+        """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch at the new layout."""
+        proc = self._proc
+        if not drill_layout.wait_for_saved_stop(run.run_dir, attempt, proc, deadline):
+            raise DrillError(f"usr2: the run never recorded its stop (attempt {attempt}); see {log}")
+        _stop(proc)
+        run.exit_codes.append(proc.returncode if proc is not None else -1)
+        self._proc = _cli(self._relaunch(run), run.run_dir, log)
+        run.launches += 1
 
     def _launch_overrides(self, injections: list[Injection]) -> list[str]:
         given = {o.split("=", 1)[0].lstrip("+~") for o in self.overrides}
@@ -236,13 +262,16 @@ class Drill:
                 os.kill(proc.pid, signal.SIGTERM)
                 inj.target = f"launcher pid {proc.pid}"
                 run.exit_codes.append(_finish(proc, deadline))
-                self._proc = _cli([*run.overrides, "launcher.resume=true"], run.run_dir, log)
+                self._proc = _cli(self._relaunch(run), run.run_dir, log)
                 run.launches += 1
             elif inj.kind == "usr2":
                 launcher = get_launcher(self.backend)
+                attempt = attempts.count(run.run_dir) - 1
                 if not launcher.signal_ranks(run.run_dir, signal.SIGUSR2):
                     raise DrillError(f"usr2: {launcher.status_label(run.run_dir)} could not be signalled")
                 inj.target = launcher.status_label(run.run_dir)
+                if self.resume_with:
+                    self._relaunch_after_saved_stop(run, log, attempt, deadline)
             since = inj.at
 
     def _wait_for_step(self, proc: subprocess.Popen[bytes], run_dir: Path, step: int, since: float,
@@ -348,11 +377,16 @@ def verdict(drill: Drill, reference: _Run, interrupted: _Run, injections: list[I
                 "launches": run.launches, "exit_codes": run.exit_codes, "wall_s": round(run.wall_s, 3),
                 **{k: res.get(k) for k in COMPARED}}
 
-    return {"backend": drill.backend, "overrides": drill.overrides, "identical": identical,
-            "compared": list(COMPARED), "missing": missing,
-            "reference": side(reference, ref_rec, ref), "interrupted": side(interrupted, int_rec, got),
-            "injections": [asdict(i) for i in injections], "attempts": attempts,
-            "time_lost_s": round(interrupted.wall_s - reference.wall_s, 3)}
+    summary = {"backend": drill.backend, "overrides": drill.overrides, "identical": identical,
+               "compared": list(COMPARED), "missing": missing,
+               "reference": side(reference, ref_rec, ref), "interrupted": side(interrupted, int_rec, got),
+               "injections": [asdict(i) for i in injections], "attempts": attempts,
+               "time_lost_s": round(interrupted.wall_s - reference.wall_s, 3)}
+    if drill.atol is not None:
+        tolerance = drill_layout.compare_within(ref, got, reference.run_dir, interrupted.run_dir, drill.atol)
+        tolerance["within"] = tolerance["within"] and ok
+        summary.update(resume_with=drill.resume_with, tolerance=tolerance)
+    return summary
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -360,6 +394,9 @@ def render(summary: dict[str, Any]) -> str:
     ref, got = summary["reference"], summary["interrupted"]
     word = "IDENTICAL" if summary["identical"] else "NOT IDENTICAL"
     lines = [f"drill verdict: {word} ({', '.join(summary['compared'])})"]
+    if "tolerance" in summary:
+        lines = drill_layout.render_tolerance(summary["tolerance"])
+        lines.append(f"  bitwise: {word.lower()}; relaunched with {' '.join(summary['resume_with']) or '-'}")
     for name, s in (("reference", ref), ("interrupted", got)):
         lines.append(f"  {name:<11} {s['status']}, {s['launches']} launch(es), {s['wall_s']:.1f} s, "
                      f"weights_sha256={str(s['weights_sha256'])[:16]}..., final_loss={s['final_loss']}")
@@ -398,6 +435,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=sorted(KINDS), default="local", help="where the runs go (default local)")
     p.add_argument("--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
+    p.add_argument("--resume-with", metavar="OVERRIDES", default=None,
+                   help="Hydra overrides every relaunch of the interrupted run adds, e.g. 'engine.dp_size=2 "
+                        "engine.cp_size=2': it resumes at that layout (needs a sigterm@ locally, usr2@ on slurm)")
+    p.add_argument("--atol", type=float, default=None,
+                   help="compare loss curve, final loss and final weights within this absolute tolerance instead "
+                        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})")
     return p
 
 
@@ -417,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_overrides(args.overrides)
         injections = parse_injections(args.inject, args.backend) if args.inject else None
+        resume_with, atol = _layout_options(args, injections)
         if args.random is not None and args.random < 1:
             raise DrillError(f"--random {args.random}: expected an integer >= 1")
         if args.timeout <= 0:
@@ -425,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         if directory.exists() and any(directory.iterdir()):
             raise DrillError(f"--dir {directory}: not empty (a drill directory holds one drill)")
         directory.mkdir(parents=True, exist_ok=True)
-        drill = Drill(list(args.overrides), args.backend, directory.absolute(), args.timeout)
+        drill = Drill(list(args.overrides), args.backend, directory.absolute(), args.timeout,
+                      resume_with=resume_with, atol=atol)
         print(f"drill: reference run in {drill.dir / 'reference'}", flush=True)
         reference = drill.reference()
         if reference.exit_codes[-1] != 0:
@@ -443,7 +488,22 @@ def main(argv: list[str] | None = None) -> int:
     summary = verdict(drill, reference, interrupted, injections)
     atomic_write_json(drill.dir / "drill.json", summary)
     print(render(summary), flush=True)
+    if "tolerance" in summary:
+        return 0 if summary["tolerance"]["within"] else 1
     return 0 if summary["identical"] else 1
+
+
+def _layout_options(args: argparse.Namespace, injections: list[Injection] | None) -> tuple[list[str], float | None]:
+    """``--resume-with`` as overrides (checked like the run's) and the tolerance (``--atol``, or the default)."""
+    try:
+        resume_with = drill_layout.parse_resume_with(args.resume_with, args.backend,
+                                                     None if injections is None else [i.kind for i in injections])
+    except ValueError as exc:
+        raise DrillError(str(exc)) from None
+    _check_overrides(resume_with)
+    if args.atol is not None and not (args.atol > 0 and args.atol != float("inf")):
+        raise DrillError(f"--atol {args.atol}: expected a finite tolerance > 0")
+    return resume_with, args.atol if args.atol is not None else (drill_layout.DEFAULT_ATOL if resume_with else None)
 
 
 def _total_steps(run_dir: Path) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "DYNAMO_MODULE", "PRIVATE_NAMES", "abort_all_process_groups", "check_names", "copy_state_dict", "create_cpu_state_dict",
+    "DCP_METADATA_PRIVATE", "DYNAMO_MODULE", "PRIVATE_NAMES", "abort_all_process_groups", "check_names", "copy_state_dict", "create_cpu_state_dict",
     "foreach_add_", "foreach_copy_", "foreach_lerp_", "foreach_mul_", "hooked_agent_class",
     "release_finished_workers", "store_server_handler_class", "wait_async_collective", "worker_exit_codes",
     "worker_pids",
@@ -50,8 +50,13 @@ PRIVATE_NAMES: tuple[tuple[str, str, str, str], ...] = (
     (_MP_API, "SubprocessContext.subprocess_handlers", "self", "exit codes of command workers"),
     ("multiprocessing.synchronize", "Event._cond", "self", "set the finished event without blocking"),
     (_RDZV, "DynamicRendezvousHandler._create_tcp_store_server", "attr", "the rendezvous store on loopback only"),
+    (_RDZV, "DynamicRendezvousHandler._shared_tcp_store_server", "self", "a fresh worker store for every restart"),
+    (_RDZV, "DynamicRendezvousHandler._bootstrap_store_info", "self", "a fresh worker store for every restart"),
     ("torch.distributed._state_dict_utils", "_copy_state_dict", "attr", "async checkpoints: reuse CPU buffers"),
     ("torch.distributed._state_dict_utils", "_create_cpu_state_dict", "attr", "async checkpoints: CPU buffers"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo", "attr", "checkpoint metadata: admitted class"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "attr", "checkpoint metadata: admitted class"),
+    ("torch.serialization", "_get_layout", "attr", "checkpoint metadata: admitted (a tensor layout by name)"),
     ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", "attr", "a DTensor's pending shard"),
     ("torch.distributed.distributed_c10d", "_abort_process_group", "attr", "abort every group at once"),
     ("torch._dynamo", "", "module", "FSDP2's compiler, imported before the local launcher forks (preload)"),
@@ -165,7 +170,14 @@ def release_finished_workers(pcontext: Any, timeout_s: float = 1.0) -> None:
 
 @lru_cache(maxsize=1)
 def store_server_handler_class() -> type:
-    """torch's ``DynamicRendezvousHandler`` whose store server comes from ``self.store_factory(port)``."""
+    """torch's ``DynamicRendezvousHandler`` whose store server comes from ``self.store_factory(port)``, a new one
+    for every rendezvous round.
+
+    torch shares one store server with the workers across rounds (``TORCHELASTIC_USE_AGENT_STORE``) and keeps
+    its keys: after a restart, ``init_process_group`` of a plain torchrun script reads the previous attempt's
+    gloo addresses when a peer re-joins late, and fails ("connectFullMesh ... Connection refused"; torchrun
+    2.13 itself does). A fresh server per round (a new port in ``MASTER_PORT``) holds only this attempt's keys.
+    """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     class StoreServerHandler(DynamicRendezvousHandler):
@@ -175,6 +187,14 @@ def store_server_handler_class() -> type:
             if self.store_factory is None:
                 return DynamicRendezvousHandler._create_tcp_store_server(self, master_addr, master_port)
             return self.store_factory(master_port)
+
+        def next_rendezvous(self) -> Any:
+            if self.store_factory is not None and getattr(self, "_shared_tcp_store_server", None) is not None:
+                self._retired = getattr(self, "_retired", [])  # kept alive: a late client never hits a dead socket
+                self._retired.append(self._shared_tcp_store_server)
+                self._shared_tcp_store_server = None
+                self._bootstrap_store_info = None
+            return DynamicRendezvousHandler.next_rendezvous(self)
 
     return StoreServerHandler
 
@@ -192,6 +212,16 @@ def copy_state_dict(state_dict: dict[str, Any], into: dict[str, Any]) -> dict[st
     from torch.distributed._state_dict_utils import _copy_state_dict
 
     return _copy_state_dict(state_dict, into)
+
+
+DCP_METADATA_PRIVATE: frozenset[tuple[str, str]] = frozenset({
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.serialization", "_get_layout"),
+})
+"""The private (module, name) pairs a DCP ``.metadata`` pickle refers to: where each saved item lies, a tensor's
+memory format and its layout. The checkpoint reader's restricted unpickler admits these (and DCP's public
+metadata classes), nothing else; :func:`check_names` checks them on every torch upgrade."""
 
 
 def wait_async_collective(tensor: torch.Tensor) -> torch.Tensor:

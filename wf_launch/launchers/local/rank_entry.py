@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
 from ...rank.entrypoint import RankSpec, rank_main
-from ...rank.hardexit import flush_and_exit
+from ...rank.hardexit import exit_status, flush_and_exit
 
 if TYPE_CHECKING:
     from .agent import ForkGate
@@ -57,5 +57,5 @@ def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = 
     os.environ[ATTEMPT_ENV] = str(spec.attempt_base + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
     try:
         return rank_main(spec)
-    except BaseException:
-        flush_and_exit(1)
+    except BaseException as exc:
+        flush_and_exit(exit_status(exc))

@@ -17,7 +17,7 @@ from typing import Any
 from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
-from ...rank.hardexit import exit_after_cleanup, flush_and_exit
+from ...rank.hardexit import exit_after_cleanup, exit_status, flush_and_exit
 from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
 
@@ -105,16 +105,23 @@ def _resv_count(reserved: str) -> int:
     return count
 
 
-def export_rank_env() -> dict[str, str]:
+def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
     """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
     task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster), and
+    the rest of torchrun's contract (GROUP_RANK: the node, ROLE_*, TORCHELASTIC_*: the job id, its
+    requeues so far and ``max_restarts``, the requeues allowed) for code written for torchrun, and
     ``WF_NODE``: the task's SLURM node name (``result.json``'s ``placement``)."""
     job = job_environment()
+    job_id = os.environ.get("SLURM_JOB_ID", job.job_id)
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     env = {
         "RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks), "LOCAL_RANK": str(job.local_rank),
         "LOCAL_WORLD_SIZE": str(job.num_tasks // max(1, job.num_nodes)), "MASTER_ADDR": job.hostnames[0],
-        "MASTER_PORT": str(master_port(os.environ.get("SLURM_JOB_ID", job.job_id),
-                                       int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))),
+        "MASTER_PORT": str(master_port(job_id, restart)),
+        "GROUP_RANK": str(job.node), "GROUP_WORLD_SIZE": str(job.num_nodes), "ROLE_NAME": "default",
+        "ROLE_RANK": str(job.global_rank), "ROLE_WORLD_SIZE": str(job.num_tasks),
+        "TORCHELASTIC_RUN_ID": str(job_id), "TORCHELASTIC_RESTART_COUNT": str(restart),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         NODE_ENV: os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     }
     os.environ.update(env)
@@ -128,14 +135,14 @@ class SlurmRank:
     spec: RankSpec
 
     def __call__(self) -> dict[str, Any]:
-        export_rank_env()
+        export_rank_env(int(getattr(self.spec.preempt, "max_requeues", 0) or 0))
         os.environ[ATTEMPT_ENV] = str(self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
         try:
             value = rank_main(self.spec)
         except Preempted:
             flush_and_exit(0)
-        except BaseException:
-            exit_after_cleanup(1)  # submitit records the error and re-raises; then leave
+        except BaseException as exc:
+            exit_after_cleanup(exit_status(exc))  # submitit records the error and re-raises; then leave
             raise
         exit_after_cleanup(0)  # submitit writes the result; then leave before torch's teardown can abort
         return value

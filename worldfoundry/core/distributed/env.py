@@ -1,8 +1,11 @@
 """The launch environment as the library reads it, without importing torch.
 
-RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (:class:`LaunchEnv`) and the one
+RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (:class:`LaunchEnv`), the one
 neutral variable that tells launch attempts apart (:data:`ATTEMPT_ENV`,
-:func:`launch_attempt`), which every launcher sets.
+:func:`launch_attempt`), which every launcher sets, and the layout a launcher hands
+code that starts its own process group (:data:`ENGINE_ENV`: ``WF_TP_SIZE`` ...,
+written by :func:`engine_environ`, read back by :func:`engine_from_environ`, which
+``dist_init()`` without a config uses).
 """
 
 from __future__ import annotations
@@ -11,10 +14,50 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ATTEMPT_ENV", "LaunchEnv", "env_int", "launch_attempt"]
+__all__ = ["ATTEMPT_ENV", "ENGINE_ENV", "LaunchEnv", "engine_environ", "engine_from_environ", "env_int",
+           "launch_attempt"]
 
 ATTEMPT_ENV = "WF_ATTEMPT"
 """The one environment variable the library reads to tell launch attempts apart."""
+
+
+ENGINE_ENV: dict[str, str] = {
+    "tp_size": "WF_TP_SIZE", "cp_size": "WF_CP_SIZE", "pp_size": "WF_PP_SIZE", "dp_size": "WF_DP_SIZE",
+    "order": "WF_ORDER", "distributed_backend": "WF_DISTRIBUTED_BACKEND",
+    "distributed_timeout_minutes": "WF_DISTRIBUTED_TIMEOUT_MINUTES",
+}
+"""Engine field -> the environment variable that carries it to code that starts its own group."""
+
+
+def engine_environ(engine: Mapping[str, object]) -> dict[str, str]:
+    """The :data:`ENGINE_ENV` variables for ``engine`` (a resolved ``engine`` section; absent fields are left out)."""
+    return {var: str(engine[key]) for key, var in ENGINE_ENV.items() if engine.get(key) is not None}
+
+
+def engine_from_environ(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """An engine config from the :data:`ENGINE_ENV` variables (what a launcher set), for ``dist_init()``.
+
+    Sizes that are absent are 1, except ``dp_size``, which then takes what the world
+    size leaves (plain torchrun: every rank data parallel). ValueError names a variable
+    that is not an integer.
+    """
+    env = os.environ if environ is None else environ
+    engine: dict[str, object] = {}
+    for key, var in ENGINE_ENV.items():
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        if key.endswith("_size"):
+            engine[key] = env_int(var, 1, env)
+        elif key == "distributed_timeout_minutes":
+            try:
+                engine[key] = float(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {var}={raw!r} is not a number (minutes)") from None
+        else:
+            engine[key] = raw
+    engine.setdefault("dp_size", None)
+    return engine
 
 
 def launch_attempt() -> int:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from . import runtime as _rt
 from .backends import BACKENDS, resolve_backend
-from .env import LaunchEnv, env_int, launch_attempt
+from .env import LaunchEnv, engine_from_environ, env_int, launch_attempt
 from .groups import init_distributed_environment, initialize_model_parallel
 from .topology import Layout, engine_value
 
@@ -54,7 +54,7 @@ def start_default_group(requested_backend: str = "auto", timeout: timedelta | No
     return device, started
 
 
-def dist_init(config: Any) -> torch.device:
+def dist_init(config: Any = None) -> torch.device:
     """Initialize torch.distributed and the model-parallel groups from ``config.engine_config``.
 
     Reads ``distributed_backend`` (default ``auto``), ``distributed_timeout_minutes``
@@ -63,7 +63,14 @@ def dist_init(config: Any) -> torch.device:
     environment (absent: a single process). Binds ``cuda:LOCAL_RANK`` for NCCL,
     the CPU for gloo; creates the PP scheduler when ``pp_size > 1``. Every
     configuration error is raised before any group is made. Returns the device.
+
+    Without ``config`` (a script run by ``wf_launch task=script`` or ``torchrun``) the
+    engine comes from the environment (:func:`~.env.engine_from_environ`: ``WF_TP_SIZE``,
+    ``WF_CP_SIZE``, ``WF_PP_SIZE``, ``WF_DP_SIZE``, ``WF_ORDER``, the backend and
+    timeout), and under plain torchrun, where none is set, every rank is data parallel.
     """
+    if config is None:
+        config = {"engine_config": engine_from_environ()}
     engine = engine_value(config, "engine_config", None)
     if engine is None:
         raise ValueError("dist_init(config): config has no 'engine_config' (expected fields "

@@ -1,0 +1,87 @@
+"""torchrun's environment contract, for code that starts its own process group (``task=script``, ``task=call``).
+
+Every rank of such a task sees what ``torchrun`` gives its workers: ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node),
+``GROUP_WORLD_SIZE``, ``ROLE_NAME``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT`` and
+``TORCHELASTIC_MAX_RESTARTS``, plus the run's layout (``WF_TP_SIZE``, ``WF_CP_SIZE``,
+``WF_PP_SIZE``, ``WF_DP_SIZE``, ``WF_ORDER``, the backend and timeout, read back by
+``worldfoundry.core.distributed.dist_init()``) and ``WF_RUN_DIR``.
+
+A launcher sets what its scheduler knows (the local launcher: torch's elastic agent
+sets torchrun's own variables; SLURM: the job's); :func:`torchrun_environ` keeps those
+and fills in the rest from the rank's place and the run, so the contract holds under
+any launcher. Used in the rank (:func:`export`) and by the dry run, which shows the
+command every rank runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from worldfoundry.core.distributed.env import ATTEMPT_ENV, LaunchEnv, engine_environ
+
+from ..config.layout import layout_of
+
+__all__ = ["RUN_DIR_ENV", "TORCHRUN_VARS", "export", "torchrun_environ"]
+
+RUN_DIR_ENV = "WF_RUN_DIR"
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+"""torchrun's variables, in the order the dry run shows them."""
+
+
+def _free_port() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _max_restarts(config: Mapping[str, Any]) -> int:
+    launcher = config.get("launcher") or {}
+    value = launcher.get("max_restarts", launcher.get("max_requeues", 0))
+    return int(value) if isinstance(value, int) else 0
+
+
+def torchrun_environ(config: Mapping[str, Any], run_dir: Path | str,
+                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a rank of ``config`` sees, given what its launcher set in ``environ`` (default: ours).
+
+    A launcher's own values win; the rest follow torchrun: ``GROUP_RANK`` is the node
+    (``RANK // LOCAL_WORLD_SIZE``), ``ROLE_*`` the rank and world, the run id the run
+    directory's name, the restart count the launch attempt. A single rank without a
+    ``MASTER_PORT`` gets a free one on loopback.
+    """
+    env = os.environ if environ is None else environ
+    here = LaunchEnv.from_environ(dict(env))
+    nodes = -(-here.world_size // here.local_world_size)
+    defaults = {
+        "RANK": str(here.rank), "LOCAL_RANK": str(here.local_rank), "WORLD_SIZE": str(here.world_size),
+        "LOCAL_WORLD_SIZE": str(here.local_world_size), "GROUP_RANK": str(here.rank // here.local_world_size),
+        "GROUP_WORLD_SIZE": str(nodes), "ROLE_NAME": "default", "ROLE_RANK": str(here.rank),
+        "ROLE_WORLD_SIZE": str(here.world_size), "MASTER_ADDR": "127.0.0.1",
+        "TORCHELASTIC_RUN_ID": Path(run_dir).name, "TORCHELASTIC_RESTART_COUNT": env.get(ATTEMPT_ENV) or "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(_max_restarts(config)),
+    }
+    out = {k: env.get(k) or v for k, v in defaults.items()}
+    if env.get("MASTER_PORT"):
+        out["MASTER_PORT"] = env["MASTER_PORT"]
+    elif here.world_size == 1:
+        out["MASTER_PORT"] = _free_port()
+    layout = layout_of(config)
+    engine = {**config["engine"], **{f"{d}_size": n for d, n in layout.sizes.items()}, "order": "-".join(layout.dims)}
+    out.update(engine_environ(engine))
+    out[RUN_DIR_ENV] = str(Path(run_dir).absolute())
+    return out
+
+
+def export(config: Mapping[str, Any], run_dir: Path | str) -> dict[str, str]:
+    """Set :func:`torchrun_environ` in this rank's environment; returns what was set."""
+    env = torchrun_environ(config, run_dir)
+    os.environ.update(env)
+    return env
