@@ -158,3 +158,11 @@ def test_dry_run_shows_the_placement_plan(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "launcher      ray, 4 rank(s) on the Ray cluster at 10.0.0.5:6379" in proc.stdout
     assert "2 bundle(s) of {CPU 2}, STRICT_SPREAD, 2 rank(s) each" in proc.stdout
+
+
+def test_a_rank_error_without_a_record_is_named_by_its_exception_line() -> None:
+    from wf_launch.launchers.ray.failure import _error_line
+
+    ray_text = ("\x1b[36mray::WfRayRank.run()\x1b[39m (pid=1, ip=10.0.0.1, actor_id=ab)\n  File \"x.py\", line 3, in run\n"
+                "    rank_main(spec)\nImportError: cannot import name 'thing'")
+    assert _error_line(ray_text) == "ImportError: cannot import name 'thing'"

@@ -81,6 +81,13 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
+def _error_line(text: str) -> str:
+    """The exception line of Ray's error text ('ValueError: ...'), its first line when it has no traceback."""
+    lines = [ln.rstrip() for ln in (text or "").splitlines() if ln.strip()]
+    plain = [ln for ln in lines if not ln[:1].isspace() and not ln.startswith(("Traceback", "\x1b["))]
+    return (plain[-1] if plain else _first_line(text))[:500]
+
+
 def _dead_nodes(ctx: FailureContext, ranks: list[int]) -> list[str]:
     nodes = list(dict.fromkeys(str((ctx.where.get(r) or {}).get("node")) for r in ranks if ctx.where.get(r)))
     return [n for n in nodes if not ctx.node_alive(n)]
@@ -126,8 +133,9 @@ def _recorded(ctx: FailureContext, outcomes: dict[int, Outcome],
               dumps: dict[int, list[Frame]] | None) -> Verdict:
     explained = explain_failure(ctx.run_dir, {}, ctx.label_at, ctx.coords, ctx.world_size, dumps)
     if explained is None:
-        rank, outcome = min((r, o) for r, o in outcomes.items() if o.kind not in ("ok", "preempted"))
-        message = _first_line(outcome.message) or "no rank left a failure record"
+        rank, outcome = min(((r, o) for r, o in outcomes.items() if o.kind not in ("ok", "preempted")),
+                            key=lambda item: item[0])
+        message = _error_line(outcome.message) or "no rank left a failure record"
         cause = {**ctx.base(rank), "cause": "unknown", "type": "Unknown", "message": message}
         return Verdict(cause, f"rank {rank} ({ctx.label_at(rank)}) failed: {message}", f"rank {rank} failed")
     cause, summary = explained

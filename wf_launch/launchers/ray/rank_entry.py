@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,26 +75,15 @@ def _free_port(ip: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _preload() -> None:
-    """Import what every rank imports, while the launcher still gathers where the other ranks are."""
-    try:
-        import torch.distributed  # noqa: F401
-
-        import worldfoundry.core.distributed.init  # noqa: F401
-    except Exception:
-        pass  # the rank imports it again and reports what fails
-
-
 class WfRayRank:
     """One rank of a run (made a Ray actor with ``ray.remote`` by the launcher)."""
 
     def where(self, run_dir: str, want_port: bool) -> dict[str, Any]:
         """Where this rank runs, and (rank 0) a free port on its node for ``MASTER_PORT``.
 
-        It also starts importing torch in the background: a rank that started early uses the time
-        until the last one has started, instead of importing after everyone (``run`` waits for it).
+        Nothing heavy is imported here: importing torch in a second thread while the rank imports it
+        can hand the rank a half-initialised module (Python breaks the import-lock cycle that way).
         """
-        threading.Thread(target=_preload, name="wf-preload", daemon=True).start()
         ip = rt.node_ip()
         info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "node": rt.current_node_id(),
                                 "ip": ip, "gpus": rt.gpu_ids(), "sees_run_dir": files.config_path(run_dir).is_file()}
