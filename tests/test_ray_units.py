@@ -166,3 +166,11 @@ def test_a_rank_error_without_a_record_is_named_by_its_exception_line() -> None:
     ray_text = ("\x1b[36mray::WfRayRank.run()\x1b[39m (pid=1, ip=10.0.0.1, actor_id=ab)\n  File \"x.py\", line 3, in run\n"
                 "    rank_main(spec)\nImportError: cannot import name 'thing'")
     assert _error_line(ray_text) == "ImportError: cannot import name 'thing'"
+
+
+def test_a_rank_whose_node_does_not_see_the_run_directory_refuses_to_start(tmp_path: Path) -> None:
+    from wf_launch.launchers.ray.rank_entry import RunDirNotShared, WfRayRank
+    from wf_launch.rank.entrypoint import RankSpec
+
+    with pytest.raises(RunDirNotShared, match="is not visible on this node"):
+        WfRayRank().run(RankSpec(config={}, run_dir=str(tmp_path / "elsewhere")), {"RANK": "0"}, [])

@@ -30,7 +30,7 @@ from . import ray_adapter as rt
 from . import state
 from .failure import FailureContext, Outcome, Verdict, explain
 from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
-from .rank_entry import RayPreempt, RayStackDump, WfRayRank
+from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank
 
 __all__ = ["Attempt", "Ended", "Stopped"]
 
@@ -75,6 +75,7 @@ class Attempt:
     where: dict[int, dict[str, Any]] = field(default_factory=dict)
     refs: dict[Any, int] = field(default_factory=dict)
     outcomes: dict[int, Outcome] = field(default_factory=dict)
+    asked: dict[Any, int] = field(default_factory=dict)
     startup: Any = None
 
     @property
@@ -108,7 +109,9 @@ class Attempt:
 
     # ------------------------------------------------------------ 2. the actors
     def start_actors(self) -> Ended | None:
-        """One actor per rank in its bundle; where each is. An :class:`Ended` when they could not start."""
+        """One actor per rank in its bundle, each asked where it is. The ranks start as soon as rank 0 has
+        answered (its address and port are everyone's rendezvous; with GPUs, once every rank has: their
+        order on a node needs them all), so ranks start while later actors still come up."""
         lc = self.run.lc
         cls = _rank_class()
         options: dict[str, Any] = {"num_cpus": float(lc.cpus_per_rank), "num_gpus": float(lc.gpus_per_rank),
@@ -119,18 +122,15 @@ class Attempt:
             self.actors[slot.rank] = cls.options(scheduling_strategy=rt.in_bundle(self.pg, slot.bundle),
                                                  **options).remote()
         state.update(self.run_dir, state="starting")
-        refs = {self.actors[r].where.remote(str(self.run_dir), r == 0): r for r in self.actors}
+        self.asked = {self.actors[r].where.remote(str(self.run_dir), r == 0): r for r in self.actors}
+        needed = [ref for ref, r in self.asked.items() if r == 0 or lc.gpus_per_rank]
         timeout = float(self.run.plan.config["engine"]["init_timeout_s"])
-        ready, pending = rt.wait_all(list(refs), timeout)
-        for ref in ready:
-            try:
-                self.where[refs[ref]] = rt.get(ref)
-            except Exception as exc:
-                self.outcomes[refs[ref]] = Outcome(rt.classify_error(exc), str(exc))
+        ready, pending = rt.wait_all(needed, timeout)
+        self._answers(ready)
         if self.outcomes:
             return self.failed([])
         if pending:
-            late = sorted(refs[p] for p in pending)
+            late = sorted(self.asked[p] for p in pending)
             message = (f"rank actor(s) {rank_ranges(late)} did not start within {timeout:g} s (engine.init_timeout_s): "
                        "the cluster could not start their processes (see Ray's logs on their nodes)")
             cause = {"rank": late[0], "cause": "init_timeout", "type": "ActorStartTimeout", "message": message,
@@ -138,13 +138,25 @@ class Attempt:
             return Ended("failed", Verdict(cause, message, "rank actors did not start"))
         return self._check_run_dir()
 
+    def _answers(self, refs: list[Any]) -> None:
+        """Take the actors' answers to ``where`` (a failed one is that rank's outcome)."""
+        for ref in refs:
+            rank = self.asked.pop(ref)
+            try:
+                self.where[rank] = {**rt.get(ref), "node": self.slots[rank].node}
+            except Exception as exc:
+                self.outcomes[rank] = _outcome_of_error(exc)
+        if refs and not self.asked and self.refs:
+            state.update(self.run_dir, placement=state.record_placement(self.where))
+
     def _check_run_dir(self) -> Ended | None:
-        blind = sorted(r for r, w in self.where.items() if not w.get("sees_run_dir"))
+        blind = sorted({*(r for r, w in self.where.items() if not w.get("sees_run_dir")),
+                        *(r for r, o in self.outcomes.items() if o.kind == "unshared")})
         if not blind:
             return None
         from .failure import node_text
 
-        w = self.where[blind[0]]
+        w = self.where.get(blind[0]) or {"node": self.slots[blind[0]].node}
         message = (f"hydra.run.dir={str(self.run_dir)!r} is not allowed: rank(s) {rank_ranges(blind)} on "
                    f"{node_text(w)} do not see it (no {files.CONFIG} there); launcher=ray needs the run "
                    "directory on storage every node sees (a shared file system; a single host is fine)")
@@ -157,11 +169,10 @@ class Attempt:
     def spec(self) -> RankSpec:
         """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and preemption policy."""
         lc = self.run.lc
-        where = {r: (str(w["node"]), int(w["pid"])) for r, w in self.where.items()}
         return RankSpec(config=self.run.plan.config, run_dir=str(self.run_dir),
                         threads_per_rank=max(1, int(float(lc.cpus_per_rank))), console_ranks=lc.console_ranks,
                         launch_time=self.run.launch_time, max_log_mb=float(lc.max_log_mb or 0),
-                        on_timeout=RayStackDump(where), attempt_base=self.number,
+                        on_timeout=RayStackDump(str(self.run_dir)), attempt_base=self.number,
                         preempt=RayPreempt("TERM", 20.0, self.restart, int(lc.max_restarts)))
 
     def start_ranks(self, write: Callable[[str], None]) -> None:
@@ -170,8 +181,6 @@ class Attempt:
         master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
         local = local_ranks(self.slots)
         cuda = cuda_orders(self.slots, {r: list(w.get("gpus") or []) for r, w in self.where.items()})
-        for slot in self.slots:
-            self.where[slot.rank]["node"] = slot.node
         spec = self.spec()
         forward, path = self.run.forward_env()
         for slot in self.slots:
@@ -181,12 +190,17 @@ class Attempt:
         state.update(self.run_dir, state="running", placement=state.record_placement(self.where))
 
     def watch(self) -> Ended:
-        """Poll the ranks until all ended or one failed (then :meth:`failed`)."""
+        """Poll the ranks until all ended or one failed (then :meth:`failed`); take the later actors' answers."""
         watch = self.startup
         while self.refs:
             ready, _ = rt.wait(list(self.refs), POLL_S)
             for ref in ready:
                 self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+            if self.asked:
+                self._answers(rt.wait_all(list(self.asked), 0)[0])
+                blind = self._check_run_dir()
+                if blind is not None:
+                    return blind
             self.run.tick()
             try:
                 watch.tick(self.pids(self.refs.values()))
@@ -194,7 +208,7 @@ class Attempt:
                 return self._startup_timeout(exc)
             self.run.check_cancel()
             if any(o.kind not in ("ok", "preempted") for o in self.outcomes.values()):
-                return self.failed(sorted(self.refs.values()))
+                return self._check_run_dir() or self.failed(sorted(self.refs.values()))
             if any(o.kind == "preempted" for o in self.outcomes.values()):
                 return self._preempted()
         return self._all_returned()
@@ -282,11 +296,18 @@ class Attempt:
         self.refs.clear()
 
 
+def _outcome_of_error(exc: Exception) -> Outcome:
+    kind = rt.classify_error(exc)
+    if kind == "raised" and RunDirNotShared.__name__ in str(exc):
+        kind = "unshared"
+    return Outcome(kind, str(exc))
+
+
 def _outcome(ref: Any) -> Outcome:
     try:
         value = rt.get(ref)
     except Exception as exc:
-        return Outcome(rt.classify_error(exc), str(exc))
+        return _outcome_of_error(exc)
     return Outcome("preempted" if isinstance(value, dict) and value.get("preempted") else "ok")
 
 

@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
@@ -29,7 +29,7 @@ from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import files
 from . import ray_adapter as rt
 
-__all__ = ["RayPreempt", "RayStackDump", "WfRayRank"]
+__all__ = ["RayPreempt", "RayStackDump", "RunDirNotShared", "WfRayRank"]
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,24 @@ class RayPreempt:
 class RayStackDump:
     """``RankSpec.on_timeout`` under Ray: every rank of the run dumps its stacks, on whichever node it is.
 
-    ``where`` maps each rank to its (node id, pid); the rank that timed out sends the dump signal
-    through one small task per node, then waits ``settle_s`` so the dumps land before it leaves.
+    Where the ranks are (node, pid) is read from the run's ``ray_run.json`` when it is needed; the
+    rank that timed out sends the dump signal through one small task per node, then waits
+    ``settle_s`` so the dumps land before it leaves.
     """
 
-    where: dict[int, tuple[str, int]] = field(default_factory=dict)
+    run_dir: str
     settle_s: float = 1.5
 
     def __call__(self) -> None:
+        from . import state
         from .reach import signal_ranks
 
-        signal_ranks(self.where, int(DUMP_SIGNAL), timeout_s=10.0)
+        signal_ranks(state.where_of(self.run_dir), int(DUMP_SIGNAL), timeout_s=10.0)
         time.sleep(self.settle_s)
+
+
+class RunDirNotShared(RuntimeError):
+    """This rank's node does not see the run directory (it is not on storage every node sees)."""
 
 
 def _free_port(ip: str) -> int:
@@ -99,6 +105,8 @@ class WfRayRank:
 
         ``path``: entries of the launching shell's ``PYTHONPATH`` (user task modules), put first on sys.path.
         """
+        if not files.config_path(spec.run_dir).is_file():
+            raise RunDirNotShared(f"{spec.run_dir} is not visible on this node (no {files.CONFIG} there)")
         os.environ.update(env)
         sys.path[:0] = [p for p in path if p not in sys.path]
         try:
