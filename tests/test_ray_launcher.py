@@ -110,8 +110,11 @@ def test_drill_kill9_and_a_dead_node_end_identical(ray_cluster: RayCluster, tmp_
     directory = tmp_path / "drill"
     try:
         proc = subprocess.run([sys.executable, "-m", "wf_launch.drill", "task=train", f"launcher.address={ray_cluster.address}",
-                               "launcher.nodes=2", "engine.dp_size=4", "task.steps=10", "task.checkpoint_every=2",
-                               "launcher.console_ranks=[]", "--backend", "ray", "--inject", "kill9@3,nodekill@6",
+                               "launcher.nodes=2", "engine.dp_size=4", "task.steps=14", "task.checkpoint_every=2",
+                               # steps of 0.5 s: after the nodekill the run has seconds of work left, so the
+                               # ranks on the dead node end before it could finish without them
+                               "task.step_sleep_s=0.5", "launcher.console_ranks=[]", "--backend", "ray",
+                               "--inject", "kill9@3,nodekill@6",
                                "--dir", str(directory), "--timeout", "400"],
                               capture_output=True, text=True, timeout=900, env=ray_cluster.env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
