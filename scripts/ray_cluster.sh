@@ -8,9 +8,9 @@
 #   scripts/ray_cluster.sh status [--dir DIR]
 #   scripts/ray_cluster.sh start-node [I] [--dir DIR]  (start node I, or every dead node, again)
 #
-# Every process the cluster runs carries WF_RAY_CLUSTER=DIR in its environment (the raylets
-# pass it on to their agents and workers); `stop` ends exactly those processes, by pid, TERM
-# then KILL. It never runs `ray stop`, which would end every Ray process of the user.
+# Every process the cluster runs carries WF_RAY_CLUSTER=DIR in its environment or has a file open
+# in its own Ray temp dir; `stop` ends exactly those processes, by pid, TERM then KILL. It never
+# runs `ray stop`, which would end every Ray process of the user.
 # Authentication: Ray's token (RAY_AUTH_MODE=token, the user's ~/.ray/auth_token, made if
 # missing), which drivers of the same user find; RAY_AUTH_MODE=disabled turns it off.
 set -euo pipefail
@@ -63,7 +63,12 @@ set_paths() {
 }
 
 # ----------------------------------------------------------------------------- our processes
-cluster_pids() {  # pids whose environment carries WF_RAY_CLUSTER=$DIR (never this script or its parents)
+cluster_pids() {  # this cluster's processes (never this script or its parents): those whose environment
+    # carries WF_RAY_CLUSTER=$DIR, and those with a file open in its Ray temp dir that are not drivers.
+    # Ray rewrites the command line (and with it the environment block) of its agents and workers
+    # (ray::...), and an agent whose raylet was killed (a drill's nodekill) can outlive it for minutes:
+    # its open log files in the temp dir still say whose it is. A driver that joined the cluster (a
+    # launcher, a user's script) has its own log open there too (python-core-driver-*): it is not ours.
     local f pid self=$$ parents=" "
     local p=$$
     while [[ $p -gt 1 ]]; do
@@ -73,10 +78,17 @@ cluster_pids() {  # pids whose environment carries WF_RAY_CLUSTER=$DIR (never th
     for f in /proc/[0-9]*/environ; do
         pid=${f#/proc/}; pid=${pid%/environ}
         [[ $parents == *" $pid "* || $pid == "$self" ]] && continue
-        if { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qxF "WF_RAY_CLUSTER=$DIR"; then
+        if { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qxF "WF_RAY_CLUSTER=$DIR" \
+                || { [[ -n ${TEMP:-} ]] && opened_here "$pid"; }; then
             alive "$pid" && echo "$pid"
         fi
     done
+}
+
+opened_here() {  # opened_here PID: the process has a file open in the cluster's Ray temp dir and is no driver
+    local open
+    open=$(ls -l "/proc/$1/fd" 2>/dev/null | grep -F -- " $TEMP/") || return 1
+    [[ $open != *python-core-driver-* ]]
 }
 
 alive() {  # a process that exists and is not a zombie
@@ -180,7 +192,12 @@ cmd_start() {
         [[ -z $(ls -A "$DIR") || -e $DIR/$MARKER ]] || die "$DIR exists and was not made by $PROG; choose another --dir"
         DIR=$(cd "$DIR" && pwd)
         set_paths
+        local old_port=$PORT old_nodes=$NODES old_cpus=$CPUS old_gpus=$GPUS old_mb=$OBJECT_STORE_MB
+        # shellcheck disable=SC1090
+        [[ -f $STATE ]] && source "$STATE"  # the old cluster's TEMP, to find all of its processes
         kill_cluster
+        [[ -n ${TEMP:-} && -e $TEMP/$MARKER ]] && rm -rf "$TEMP"
+        PORT=$old_port NODES=$old_nodes CPUS=$old_cpus GPUS=$old_gpus OBJECT_STORE_MB=$old_mb TEMP=""
         rm -rf "$DIR"
     fi
     mkdir -p "$DIR"

@@ -5,7 +5,13 @@ exports and lists a run's checkpoints (:mod:`wf_launch.tools.checkpoint`)."""
 
 import sys
 
-from wf_launch.rank.checkpoint import COMMIT_FILE, Checkpointer, CheckpointRefused, Scope, complete_checkpoints
+from wf_launch.rank.checkpoint import (
+    COMMIT_FILE,
+    Checkpointer,
+    CheckpointRefused,
+    Scope,
+    complete_checkpoints,
+)
 from wf_launch.rank.script_api import latest_step, load, save, wait
 from wf_launch.tools.checkpoint import main
 
