@@ -8,4 +8,4 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytest_plugins = ["slurm_fixture"]
+pytest_plugins = ["slurm_fixture", "ray_fixture"]

@@ -143,10 +143,10 @@ def test_result_json_is_written_and_read_by_the_run_record_only() -> None:
 
 RUN_DIR_NAMES = {"result.json", "config.yaml", "overrides.yaml", "environment.json", "launcher.log",
                  ".wf_launch.lock", "logs", "metrics.jsonl", "metrics.png", "checkpoints", "code", "SNAPSHOT.json",
-                 "slurm_job.json", "multirun.yaml", "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png",
+                 "slurm_job.json", "ray_run.json", "multirun.yaml", "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png",
                  "sweep_scaling.png", "sweep_steps.png", ".hydra", ".elastic", "hydra.yaml"}
 _RANK_FILE = re.compile(r"rank\{[^}]*\}\.(log|error\.json|progress\.json|stacks|pid|preempt\.json|arrived|joined)|"
-                        r"attempt\{[^}]*\}\.json|(?<![\w.])(result|config|environment|metrics|slurm_job)"
+                        r"attempt\{[^}]*\}\.json|(?<![\w.])(result|config|environment|metrics|slurm_job|ray_run)"
                         r"\.(json|yaml|jsonl)\b")
 RUN_DIR_OWNER = "wf_launch/rundir/files.py"
 

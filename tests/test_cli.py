@@ -141,6 +141,9 @@ def test_rank_killed_by_signal_is_named_with_the_signal(tmp_path: Path) -> None:
     assert "rank 1 (r1 tp0 cp1 pp0 dp0) was killed by SIGKILL" in proc.stderr
     res = result(run_dir)
     assert res["failure"]["rank"] == 1 and res["failure"]["signal"] == "SIGKILL"
+    placement = res["placement"]  # where each rank ran, recorded for a failed run too (the host is the node)
+    assert sorted(placement) == ["0", "1", "2", "3"] and placement["1"]["node"] == placement["1"]["host"]
+    assert all(isinstance(p["pid"], int) for p in placement.values())
     _no_leftovers(run_dir)
 
 

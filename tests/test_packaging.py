@@ -51,7 +51,9 @@ def test_cli_runs_from_the_built_wheel(tmp_path: Path) -> None:
         assert f"wf_launch/conf/{cfg}" in names
     assert "wf_launch/__main__.py" in names and "worldfoundry/core/distributed/groups.py" in names
     for mod in ("hydra_plugins/wf_launch_slurm/config.py", "hydra_plugins/wf_launch_slurm/wf_slurm_launcher.py",
-                "wf_launch/launchers/slurm/submitit_adapter.py", "wf_launch/launchers/slurm/poll.py"):
+                "wf_launch/launchers/slurm/submitit_adapter.py", "wf_launch/launchers/slurm/poll.py",
+                "hydra_plugins/wf_launch_ray/wf_ray_launcher.py", "wf_launch/launchers/ray/ray_adapter.py",
+                "wf_launch/conf/launcher/ray.yaml"):
         assert mod in names
     assert "hydra_plugins/__init__.py" not in names  # a namespace package, shared with other plugins
     site = tmp_path / "site"
@@ -100,4 +102,4 @@ def test_help_lists_only_what_a_user_picks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     groups = proc.stdout.split("== Config groups ==", 1)[1].split("== Config ==", 1)[0]
     assert "_schema" not in groups, groups
-    assert "engine: default\n" in groups and "launcher: local, slurm\n" in groups
+    assert "engine: default\n" in groups and "launcher: local, ray, slurm\n" in groups

@@ -112,6 +112,8 @@ def test_two_nodes_two_ranks_each_with_cp_and_pp(slurm_cluster: SlurmCluster, tm
     nodes = slurm_cluster.run(["sacct", "-j", _job(run_dir)["job_id"], "-X", "-n", "-P", "-o", "NNodes"])
     assert nodes.stdout.split() == ["2"]
     assert "[r3 tp0 cp1 pp1 dp0]" in (run_dir / "logs" / "rank3.log").read_text()
+    placement = res["placement"]  # SLURM's node names: ranks 0,1 on the first node, 2,3 on the second
+    assert placement["0"]["node"] == placement["1"]["node"] != placement["2"]["node"] == placement["3"]["node"]
 
 
 def test_failing_rank_is_reported_failed_with_its_root_cause(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

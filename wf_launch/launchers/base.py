@@ -174,6 +174,20 @@ class LauncherHooks:
 
         return launch_alive(run_dir)
 
+    def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
+        """Send ``signum`` to one rank (the drill's ``kill9:RANK``); whether it was reached.
+
+        By default: the rank's recorded process (``logs/rank{r}.pid``), if it lives on this host.
+        """
+        from ..observe.stacks import local_pids, trigger
+
+        pid = local_pids(run_dir, rank + 1).get(rank)
+        return bool(pid) and rank in trigger({rank: pid}, signum=signum)
+
+    def kill_node(self, run_dir: Path, rank: int) -> str:
+        """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by default."""
+        raise NotImplementedError(f"launcher={self.name} has no nodes to kill (nodekill needs launcher=ray)")
+
 
 def with_hooks(cls: type) -> type:
     """``cls`` itself when it subclasses :class:`LauncherHooks`, else a subclass with the hooks' defaults mixed in."""

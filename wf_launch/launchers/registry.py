@@ -18,7 +18,7 @@ from .base import LauncherConfig, with_hooks
 __all__ = ["ENTRY_POINT_GROUP", "get_launcher", "load_launchers", "register_launcher", "registered_launchers"]
 
 ENTRY_POINT_GROUP = "wf_launch.launchers"
-_BUILTINS = {"local": "wf_launch.launchers.local", "slurm": "wf_launch.launchers.slurm"}
+_BUILTINS = {"local": "wf_launch.launchers.local", "slurm": "wf_launch.launchers.slurm", "ray": "wf_launch.launchers.ray"}
 _REGISTRY: dict[str, type] = {}
 _LOADED = False
 

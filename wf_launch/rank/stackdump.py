@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
-from ..rundir.pids import write_pid_file
+from ..rundir.pids import NODE_ENV, write_pid_file
 
-__all__ = ["DUMP_SIGNAL", "install"]
+__all__ = ["DUMP_SIGNAL", "NODE_ENV", "install"]
 
 DUMP_SIGNAL = signal.SIGURG
 

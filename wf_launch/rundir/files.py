@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = [
     "CHECKPOINTS", "CODE", "CONFIG", "ELASTIC_LOGS", "ENVIRONMENT", "FORMAT_VERSION", "HYDRA", "LAUNCHER_LOG", "LOCK", "LOGS",
-    "MARKERS", "METRICS", "OVERRIDES", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
+    "MARKERS", "METRICS", "OVERRIDES", "RAY_RUN", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
     "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS", "TUNE_ASIDE", "TUNE_BEST", "TUNE_CHART",
     "TUNE_CONF", "TUNE_CSV", "TUNE_MD", "TUNE_ROUNDS", "TUNE_STATE",
     "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "launcher_name",
@@ -38,6 +38,7 @@ CHECKPOINTS = "checkpoints"
 CODE = "code"
 SNAPSHOT_MANIFEST = "SNAPSHOT.json"
 SLURM_JOB = "slurm_job.json"
+RAY_RUN = "ray_run.json"
 SUBMITIT = "submitit"
 HYDRA = ".hydra"
 ELASTIC_LOGS = ".elastic"

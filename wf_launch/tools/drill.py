@@ -1,6 +1,6 @@
 """The preemption drill: run a task twice, once interrupted, and check that the results are identical.
 
-``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend local|slurm]``
+``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend local|slurm|ray]``
 
 1. The *reference* run: the task with ``OVERRIDES``, uninterrupted, in ``DIR/reference``.
 2. The *interrupted* run: the same, in ``DIR/interrupted``, with interruptions injected
@@ -13,7 +13,11 @@
      the task saves and returns, the launcher exits 143; the drill then relaunches the
      same run directory with ``launcher.resume=true``;
    - ``usr2@STEP`` (slurm): ``scancel --signal=USR2`` to the job (the preemption
-     warning): the task saves at the agreed step and the job requeues itself.
+     warning): the task saves at the agreed step and the job requeues itself;
+   - ``kill9[:RANK]@STEP`` (ray): ``kill -9`` one rank on whichever node it runs;
+     ``nodekill[:RANK]@STEP`` (ray): kill the raylet of a node that runs ranks (of RANK, or
+     of the last rank not on the head node): every rank on it ends, the run restarts on
+     the nodes still alive (``launcher.max_restarts`` is set to the number of both).
 
 3. The verdict: identical or not (rank 0's ``weights_sha256`` and ``final_loss``),
    attempts made, steps lost per attempt (``result.json``'s ``attempts``) and time lost
@@ -63,7 +67,9 @@ from .plot import metric_lines
 
 __all__ = ["Injection", "main", "parse_injections"]
 
-KINDS = {"local": ("kill9", "sigterm"), "slurm": ("usr2",)}
+KINDS = {"local": ("kill9", "sigterm"), "slurm": ("usr2",), "ray": ("kill9", "nodekill")}
+RANKED = ("kill9", "nodekill")
+"""Kinds that take a rank (``kill9:RANK@STEP``; ``nodekill:RANK@STEP``: the node that runs RANK)."""
 COMPARED = ("weights_sha256", "final_loss")
 OWNED = ("hydra.run.dir", "hydra.sweep.dir", "launcher.resume", "launcher.overwrite", "launcher.wait", "launcher")
 _SPEC = re.compile(r"(?P<kind>[a-z0-9]+)(?::(?P<rank>\d+))?@(?P<step>\d+)")
@@ -97,8 +103,8 @@ def parse_injections(text: str, backend: str) -> list[Injection]:
         if kind not in KINDS[backend]:
             raise DrillError(f"--inject {item!r}: {kind!r} is not an interruption of the {backend} backend; "
                              f"choose from {list(KINDS[backend])}")
-        if m["rank"] is not None and kind != "kill9":
-            raise DrillError(f"--inject {item!r}: only kill9 takes a rank")
+        if m["rank"] is not None and kind not in RANKED:
+            raise DrillError(f"--inject {item!r}: only {' and '.join(RANKED)} take a rank")
         if step < 1:
             raise DrillError(f"--inject {item!r}: the step must be >= 1")
         out.append(Injection(kind, step, None if m["rank"] is None else int(m["rank"])))
@@ -199,7 +205,7 @@ class Drill:
         extra = [f"launcher={self.backend}"]
         if self.backend == "slurm":
             extra.append("launcher.wait=true")
-        kills = sum(i.kind == "kill9" for i in injections)
+        kills = sum(i.kind in RANKED for i in injections)
         if kills and "launcher.max_restarts" not in given:
             extra.append(f"launcher.max_restarts={kills}")
         if self.backend == "local" and "launcher.shutdown_timeout_s" not in given:
@@ -248,7 +254,9 @@ class Drill:
             inj.reached_step = max(s["step"] for s in state.values())
             seen_pids |= {int(s["pid"]) for s in state.values() if s.get("pid")}
             inj.at = time.time()
-            if inj.kind == "kill9":
+            if self.backend == "ray":
+                _inject_ray(run.run_dir, inj, state)
+            elif inj.kind == "kill9":
                 rank = max(state) if inj.rank is None else inj.rank
                 if rank not in state:
                     raise DrillError(f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(state)})")
@@ -290,6 +298,31 @@ class Drill:
                 return None
             time.sleep(self.poll_s)
         raise DrillError(f"step {step} not reached within --timeout")
+
+
+def _inject_ray(run_dir: Path, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
+    """``kill9[:RANK]`` and ``nodekill[:RANK]`` on a Ray run, on whichever node the rank runs (through the
+    launcher's hooks): SIGKILL to the rank's process, or the end of its node's raylet (every rank on it ends).
+
+    ``nodekill`` without a rank picks the last rank that is not on the cluster's head node.
+    """
+    launcher = get_launcher("ray")
+    if inj.kind == "kill9":
+        rank = max(state) if inj.rank is None else inj.rank
+        if not launcher.signal_rank(run_dir, rank, signal.SIGKILL):
+            raise DrillError(f"kill9:{rank}: rank {rank} of {run_dir} could not be reached")
+        inj.rank, inj.target = rank, f"pid {state.get(rank, {}).get('pid')} (rank {rank})"
+        return
+    ranks = [inj.rank] if inj.rank is not None else sorted(state, reverse=True)
+    errors = []
+    for rank in ranks:
+        try:
+            inj.target = launcher.kill_node(run_dir, rank)
+            inj.rank = rank
+            return
+        except (ValueError, RuntimeError) as exc:
+            errors.append(str(exc))
+    raise DrillError(f"nodekill: no node could be killed ({'; '.join(errors[:3])})")
 
 
 def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
@@ -392,14 +425,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a task twice (uninterrupted, then with injected preemptions or rank kills) and check "
                     "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
         epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 "
-               "--inject kill9@8,sigterm@16\n  python -m wf_launch.drill task=train launcher.nodes=2 "
+               "--inject kill9@8,sigterm@16\n  python -m wf_launch.drill task=train launcher.address=HEAD:6379 "
+               "launcher.nodes=2 engine.dp_size=4 --backend ray --inject kill9@4,nodekill@8"
+               "\n  python -m wf_launch.drill task=train launcher.nodes=2 "
                "engine.dp_size=2 --backend slurm --inject usr2@10",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the run (not hydra.run.dir, launcher=, "
                    "launcher.resume / overwrite / wait: the drill sets those)")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--inject", metavar="SPEC", help="comma-separated KIND@STEP: kill9[:RANK]@STEP and "
-                     "sigterm@STEP (local), usr2@STEP (slurm)")
+                     "sigterm@STEP (local), usr2@STEP (slurm), kill9[:RANK]@STEP and nodekill[:RANK]@STEP (ray)")
     how.add_argument("--random", metavar="N", type=int, help="N interruptions of the backend's kinds at random "
                      "steps (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")

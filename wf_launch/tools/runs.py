@@ -116,14 +116,18 @@ def _launcher_column(name: str, run_dir: Path, record: RunRecord | None) -> str:
 
 
 def _gone(name: str, run_dir: Path) -> bool:
-    """Whether a run with no record has lost its launcher (a detached run has no launcher process to check)."""
-    from ..launchers import DetachedLauncher, get_launcher
+    """Whether a run with no record has lost its launcher (its ``is_live`` hook: a SLURM job is left to the
+    scheduler, a Ray run to whatever monitors it)."""
+    from ..launchers import get_launcher
 
     try:
         launcher = get_launcher(name)
     except Exception:
         return False
-    return not isinstance(launcher, DetachedLauncher) and not launcher.is_live(run_dir)
+    try:
+        return not launcher.is_live(run_dir)
+    except Exception:
+        return False
 
 
 def _row(run_dir: Path) -> RunRow:

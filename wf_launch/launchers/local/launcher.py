@@ -29,6 +29,7 @@ from ...rank.entrypoint import RankSpec
 from ...rundir import attempts, files
 from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
+from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
 from ...tasks.registry import task_preload
 from ..base import LauncherConfig, LauncherHooks
@@ -221,16 +222,18 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         finally:
             monitor.stop()
     except StartupTimeout as exc:
-        info["attempts"] = tracker.close("start-up timeout")
+        info["attempts"], info["placement"] = tracker.close("start-up timeout"), read_placement(plan.run_dir, plan.world_size)
         return _startup_timeout(plan, info, exc, time.time() - t0)
     except PortInUse as exc:
         return _port_in_use(plan, info, exc)
     except RanksFailed as exc:
         info["attempts"] = tracker.close(attempts.cause_of_exits(exc.exit_codes))
+        info["placement"] = read_placement(plan.run_dir, plan.world_size)
         return _failed(plan, info, exc.exit_codes, time.time() - t0, exc.dumps)
     except (SignalException, KeyboardInterrupt) as exc:
+        info["placement"] = read_placement(plan.run_dir, plan.world_size)
         return _interrupted(plan, info, tracker, signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name, t0)
-    info["attempts"] = tracker.close("completed")
+    info["attempts"], info["placement"] = tracker.close("completed"), read_placement(plan.run_dir, plan.world_size)
     record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(time.time() - t0, 4)})
     return RunOutcome.of(record, plan.run_dir)
 

@@ -15,6 +15,7 @@ from ...rundir import attempts, files
 from ...rundir.failures import load_failure_records
 from ...rundir.io import read_json
 from ...rundir.outcome import RunOutcome
+from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
 
 __all__ = ["JOB_FILE", "JOB_ID", "checked_job_id", "finalize", "rank_outcomes", "read_job"]
@@ -91,6 +92,7 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
         attempts.close(run_dir, last, int(job.get("world_size") or 1),
                        "completed" if word == "COMPLETED" else f"SLURM {state}")
     info["attempts"] = attempts.collect(run_dir)
+    info["placement"] = read_placement(run_dir, int(job.get("world_size") or 0))
     job_id = job.get("job_id")
     if word == "COMPLETED" and record is not None and record.status is Status.OK:
         return RunOutcome.of(RunRecord.finalize(run_dir, Status.OK, **info), run_dir)

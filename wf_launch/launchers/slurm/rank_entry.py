@@ -8,6 +8,7 @@ the task's ``on_preempt(ctx)`` hook on every rank before rank 0 requeues the job
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import zlib
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
 from ...rank.hardexit import exit_after_cleanup, exit_status, flush_and_exit
-from ...rank.stackdump import DUMP_SIGNAL
+from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
 
 __all__ = ["SlurmRank", "SlurmRequeue", "SlurmStackDump", "export_rank_env", "master_port", "requeue_target"]
@@ -108,7 +109,8 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
     """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
     task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster), and
     the rest of torchrun's contract (GROUP_RANK: the node, ROLE_*, TORCHELASTIC_*: the job id, its
-    requeues so far and ``max_restarts``, the requeues allowed) for code written for torchrun.
+    requeues so far and ``max_restarts``, the requeues allowed) for code written for torchrun, and
+    ``WF_NODE``: the task's SLURM node name (``result.json``'s ``placement``).
 
     A job on one node needs no network: its store listens on 127.0.0.1 only (MASTER_ADDR) and gloo on
     the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set); a job across nodes listens on the
@@ -127,6 +129,7 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
         "ROLE_RANK": str(job.global_rank), "ROLE_WORLD_SIZE": str(job.num_tasks),
         "TORCHELASTIC_RUN_ID": str(job_id), "TORCHELASTIC_RESTART_COUNT": str(restart),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        NODE_ENV: os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     }
     if one_node:
         env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME") or "lo"

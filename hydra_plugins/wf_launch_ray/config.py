@@ -1,0 +1,15 @@
+# No ``from __future__ import annotations`` here: Hydra's plugin scanner executes this module
+# before registering it in sys.modules, and a dataclass with string annotations then fails.
+"""The ``hydra/launcher=wf_ray`` config node (the only thing done at import)."""
+
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class WfRayLauncherConf:
+    _target_: str = "hydra_plugins.wf_launch_ray.wf_ray_launcher.WfRayLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="wf_ray", node=WfRayLauncherConf, provider="wf_launch")

@@ -1,0 +1,215 @@
+"""``launcher=ray``: one Ray actor per rank in one placement group per attempt (docs/ray.md).
+
+``python -m wf_launch launcher=ray launcher.address=HEAD:6379 launcher.nodes=2 engine.cp_size=4``
+
+By role: :mod:`.cluster` (the address, connecting, whether the run fits), :mod:`.placement`
+(bundles, each rank's node and environment), :mod:`.rank_entry` (the rank actor, inside the
+rank), :mod:`.attempt` (one attempt: place, start, watch, teardown), :mod:`.failure` (the root
+cause), :mod:`.monitor` (attempts, restarts, the record), :mod:`.supervisor` (the run inside
+the cluster: ``wait=false``, sweeps), :mod:`.submit` (the launching command, a sweep's batch),
+:mod:`.poll` (what ``status`` / ``runs`` / the drill ask), :mod:`.reach` (signals to ranks on
+any node), :mod:`.state` (``ray_run.json``), :mod:`.ray_adapter` (every Ray name we use).
+This module holds the config and the launcher class; it never imports Ray itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ...config.engine import NCCL_BACKENDS
+from ...config.fields import check_bool, check_int, check_number, config_error, positive_int
+from ..base import LauncherConfig, LauncherHooks
+from ..registry import register_launcher
+from .cluster import parse_address
+from .placement import LAUNCHER_VARS, shape
+from .ray_adapter import INSTALL_HINT
+
+if TYPE_CHECKING:
+    from worldfoundry.core.distributed.topology import Layout
+
+    from ...config.engine import EngineConfig
+    from ...rundir.outcome import RunOutcome
+    from ...rundir.record import RunRecord
+    from ..launch_plan import LaunchPlan
+
+__all__ = ["RUNTIME_ENV_KEYS", "RayLauncher", "RayLauncherConfig", "validate_ray_launcher"]
+
+RUNTIME_ENV_KEYS = ("env_vars", "pip", "working_dir", "excludes")
+"""What ``launcher.runtime_env`` may hold (Ray's runtime environment fields of those names)."""
+WEEK_S = 7 * 24 * 3600
+
+
+@dataclass
+class RayLauncherConfig(LauncherConfig):
+    """One Ray actor per rank, in one placement group (docs/ray.md)."""
+
+    name: str = "ray"
+    address: str | None = None
+    nodes: int | None = None
+    cpus_per_rank: float = 1.0
+    gpus_per_rank: float = 0.0
+    placement_timeout_s: float = 60.0
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    wait: bool = True
+    max_restarts: int = 0
+    shutdown_timeout_s: float = 10.0
+
+
+def _validate_runtime_env(env: Any) -> None:
+    allowed = f"a mapping with any of {list(RUNTIME_ENV_KEYS)} (Ray's runtime environment fields)"
+    if not isinstance(env, dict):
+        raise config_error("launcher.runtime_env", env, allowed)
+    unknown = sorted(str(k) for k in env if k not in RUNTIME_ENV_KEYS)
+    if unknown:
+        raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
+    env_vars = env.get("env_vars") or {}
+    if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in env_vars.items()):
+        raise config_error("launcher.runtime_env.env_vars", env_vars, "a mapping of names to strings")
+    owned = sorted(k for k in env_vars if k in LAUNCHER_VARS)
+    if owned:
+        raise config_error(f"launcher.runtime_env.env_vars.{owned[0]}", env_vars[owned[0]],
+                           f"set by the launcher for every rank ({', '.join(LAUNCHER_VARS)})")
+    pip = env.get("pip")
+    if pip is not None and not (isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip))):
+        raise config_error("launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path")
+    for key in ("working_dir",):
+        if env.get(key) is not None and not isinstance(env[key], str):
+            raise config_error(f"launcher.runtime_env.{key}", env[key], "a directory or a URI (a string)")
+
+
+def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_size: int) -> None:
+    """The Ray launcher's own fields, before the cluster is asked (:func:`~.cluster.check_fits` asks it)."""
+    if importlib.util.find_spec("ray") is None:
+        raise config_error("launcher", "ray", f"Ray is not installed in this environment; install it with: "
+                           f"{INSTALL_HINT}")
+    parse_address(lc.address)
+    if lc.nodes is not None:
+        positive_int("launcher.nodes", lc.nodes, note="(null: anywhere)")
+        if world_size % lc.nodes:
+            raise config_error("launcher.nodes", lc.nodes, f"the layout's {world_size} rank(s) must split evenly "
+                               "over the nodes (consecutive ranks on one node); or null (anywhere)")
+        if lc.nodes > 1 and lc.address is None:
+            raise config_error("launcher.nodes", lc.nodes, "launcher.address=null runs a private Ray instance on "
+                               "this one machine; join a cluster of that many nodes with launcher.address=HOST:PORT")
+    check_number("launcher.cpus_per_rank", lc.cpus_per_rank, 0, 1024, low_open=True, unit="CPUs",
+                 note="per rank (fractions allowed)")
+    check_number("launcher.gpus_per_rank", lc.gpus_per_rank, 0, 64, unit="GPUs", note="per rank")
+    if engine.backend in NCCL_BACKENDS and lc.gpus_per_rank < 1:
+        raise config_error("launcher.gpus_per_rank", lc.gpus_per_rank,
+                           f"engine.distributed_backend={engine.distributed_backend!r} needs a GPU per rank: at "
+                           "least 1; or use gloo")
+    check_number("launcher.placement_timeout_s", lc.placement_timeout_s, 0, WEEK_S, low_open=True, unit="seconds")
+    check_number("launcher.shutdown_timeout_s", lc.shutdown_timeout_s, 0, 3600, unit="seconds")
+    check_int("launcher.max_restarts", lc.max_restarts, low=0)
+    check_bool("launcher.wait", lc.wait)
+    if not lc.wait and lc.address is None:
+        raise config_error("launcher.wait", False, "a detached run needs a cluster that outlives this command: "
+                           "set launcher.address (a private instance ends with the command)")
+    _validate_runtime_env(lc.runtime_env)
+
+
+def describe(plan: LaunchPlan) -> str:
+    """The launch plan as text (``launcher.dry_run``): where, the placement group, what each rank gets."""
+    lc: RayLauncherConfig = plan.launcher_config
+    where = "a private Ray instance on this machine (started for the run, stopped after)" if lc.address is None \
+        else f"the Ray cluster at {lc.address}"
+    plan_shape = shape(plan.world_size, lc.nodes, lc.cpus_per_rank, lc.gpus_per_rank)
+    per = plan_shape.ranks_per_bundle
+    ranks = (f"{lc.nodes} node(s), ranks k*{per} .. k*{per}+{per - 1} on node k (rank 0 on the first)"
+             if lc.nodes is not None else "anywhere, consecutive ranks together (rank 0 on the first node)")
+    return "\n".join([
+        f"launcher      ray, {plan.world_size} rank(s) on {where}",
+        f"layout        {plan.layout.describe()}",
+        f"task          {plan.task}",
+        f"placement     one group per attempt: {plan_shape.describe()}; {ranks}",
+        f"per rank      {lc.cpus_per_rank:g} CPU(s), {lc.gpus_per_rank:g} GPU(s); MASTER_ADDR/PORT on rank 0's node",
+        f"runtime env   {dict(lc.runtime_env) or 'none (the cluster nodes environment)'}",
+        f"placement timeout {lc.placement_timeout_s:g} s; max restarts {lc.max_restarts}; wait {lc.wait}",
+        f"run dir       {plan.run_dir} (every node must see it)",
+    ])
+
+
+@register_launcher
+class RayLauncher(LauncherHooks):
+    """Ranks as Ray actors in a placement group (``launcher=ray``); a detached launcher (``wait=false``)."""
+
+    name: ClassVar[str] = "ray"
+    config_class: ClassVar[type[LauncherConfig]] = RayLauncherConfig
+
+    def validate(self, cfg: RayLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
+        validate_ray_launcher(cfg, engine, layout.world_size)
+
+    def describe(self, plan: LaunchPlan) -> str:
+        return describe(plan)
+
+    def launch(self, plan: LaunchPlan) -> RunOutcome:
+        from .submit import launch
+
+        return launch(plan)
+
+    def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
+        from .poll import status
+
+        return status(Path(run_dir))
+
+    def cancel(self, run_dir: Path) -> str | None:
+        from .poll import cancel
+
+        return cancel(Path(run_dir))
+
+    def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
+        """Every rank of the current attempt, on whichever node, through one small Ray task per node."""
+        from .poll import signal_ranks
+
+        return signal_ranks(Path(run_dir), signum)
+
+    def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
+        from .poll import signal_rank
+
+        return signal_rank(Path(run_dir), rank, signum)
+
+    def kill_node(self, run_dir: Path, rank: int) -> str:
+        from .poll import kill_node
+
+        return kill_node(Path(run_dir), rank)
+
+    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
+        from .poll import live_state
+
+        return live_state(Path(run_dir))
+
+    def status_label(self, run_dir: Path) -> str:
+        from . import state
+
+        info = state.read(run_dir) or {}
+        return f"Ray run {info.get('supervisor') or Path(run_dir).name}" + \
+            (f" on {info['address']}" if info.get("address") and not info.get("private") else "")
+
+    def status_details(self, run_dir: Path) -> list[str]:
+        """Where each node's ranks ran (the current or last attempt)."""
+        from . import state
+
+        by_node: dict[str, list[int]] = {}
+        placement = state.placement_of(run_dir)
+        for rank, p in sorted(placement.items()):
+            by_node.setdefault(f"node {str(p.get('node'))[:12]} (host {p.get('host')})", []).append(rank)
+        from ...observe.stacks import rank_ranges
+
+        return [f"ranks {rank_ranges(r)} on {where}" for where, r in by_node.items()]
+
+    def run_label(self, run_dir: Path, record: RunRecord | None) -> str:
+        from . import state
+
+        info = state.read(run_dir) or {}
+        where = "private" if info.get("private") else info.get("address") or ""
+        return f"ray {where}".strip() + (" detached" if info.get("detached") else "")
+
+    def is_live(self, run_dir: Path) -> bool:
+        from . import state
+        from .poll import monitor_alive
+
+        return bool(state.read(run_dir)) and monitor_alive(Path(run_dir))

@@ -1,0 +1,329 @@
+"""One attempt of a Ray run: place it, start one actor per rank, watch them, and take everything down.
+
+1. A placement group for the run (:mod:`.placement`), waited for up to
+   ``launcher.placement_timeout_s`` (in a sweep, longer while another point of the sweep runs:
+   the points queue for room).
+2. One :class:`~.rank_entry.WfRayRank` actor per rank in its bundle; each says where it is
+   (within ``engine.init_timeout_s``), rank 0 gives a free port on its node; a node that does not
+   see the run directory ends the run (exit 2: it must be on storage every node sees).
+3. Every rank's ``run``, watched: the live view, the start-up heartbeat and bound, and on the
+   first failure the stacks of the ranks still running (through :mod:`.reach`, on any node),
+   then the root cause (:mod:`.failure`).
+4. Always: every actor killed and the placement group removed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...observe.stacks import collect_dumps, rank_ranges, stack_offsets
+from ...observe.watch import RankWatch, StartupTimeout
+from ...rank.entrypoint import RankSpec
+from ...rank.stackdump import DUMP_SIGNAL
+from ...rundir import attempts, files
+from ...rundir.record import Status
+from . import ray_adapter as rt
+from . import state
+from .failure import FailureContext, Outcome, Verdict, explain
+from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
+from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank
+
+__all__ = ["Attempt", "Ended", "Stopped"]
+
+POLL_S = 0.2
+_RANK_ACTOR: dict[str, Any] = {}
+
+
+class Stopped(Exception):
+    """The launching command got SIGTERM or SIGHUP (SIGINT arrives as KeyboardInterrupt)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass
+class Ended:
+    """How an attempt ended: ``ok``, ``failed``, ``invalid``, ``preempted``, ``interrupted`` or ``cancelled``."""
+
+    kind: str
+    verdict: Verdict | None = None
+    signal: str | None = None
+    ended_by: str = ""
+
+
+def _rank_class() -> Any:
+    if "cls" not in _RANK_ACTOR:
+        _RANK_ACTOR["cls"] = rt.remote(WfRayRank)
+    return _RANK_ACTOR["cls"]
+
+
+@dataclass
+class Attempt:
+    """One attempt: its placement group, actors, where each rank is, and how each rank's run ended."""
+
+    run: Any  # the RayRun this attempt belongs to (plan, options, cancel flag, live view)
+    number: int
+    restart: int
+    pg: Any = None
+    slots: list[Slot] = field(default_factory=list)
+    actors: dict[int, Any] = field(default_factory=dict)
+    where: dict[int, dict[str, Any]] = field(default_factory=dict)
+    refs: dict[Any, int] = field(default_factory=dict)
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    asked: dict[Any, int] = field(default_factory=dict)
+    startup: Any = None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.plan.run_dir)
+
+    @property
+    def world(self) -> int:
+        return int(self.run.plan.world_size)
+
+    # ------------------------------------------------------------ 1. placement
+    def place(self) -> Ended | None:
+        """Create the placement group and wait for it; an :class:`Ended` when it was not placed."""
+        lc = self.run.lc
+        plan_shape = shape(self.world, lc.nodes, lc.cpus_per_rank, lc.gpus_per_rank)
+        state.update(self.run_dir, state="placing", attempt=self.number, placement={})
+        self.pg = rt.placement_group(plan_shape.bundles, plan_shape.strategy, name=f"wf_launch {self.run_dir}")
+        deadline = time.monotonic() + float(lc.placement_timeout_s)
+        while not rt.pg_ready(self.pg, POLL_S * 2):
+            self.run.check_cancel()
+            if time.monotonic() > deadline and not self.run.queue_busy():
+                from .cluster import alive_nodes, describe_nodes
+
+                message = (f"the placement group ({plan_shape.describe()}) was not placed within "
+                           f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the cluster is busy; "
+                           f"its nodes: {describe_nodes(alive_nodes())}")
+                cause = {"rank": -1, "cause": "placement_timeout", "type": "PlacementTimeout", "message": message}
+                return Ended("failed", Verdict(cause, message, "placement timed out"))
+        self.slots = assign(self.world, plan_shape, rt.bundle_nodes(self.pg))
+        return None
+
+    # ------------------------------------------------------------ 2. the actors
+    def start_actors(self) -> Ended | None:
+        """One actor per rank in its bundle, each asked where it is. The ranks start as soon as rank 0 has
+        answered (its address and port are everyone's rendezvous; with GPUs, once every rank has: their
+        order on a node needs them all), so ranks start while later actors still come up."""
+        lc = self.run.lc
+        cls = _rank_class()
+        options: dict[str, Any] = {"num_cpus": float(lc.cpus_per_rank), "num_gpus": float(lc.gpus_per_rank),
+                                   "max_restarts": 0, "max_task_retries": 0}
+        if lc.runtime_env:
+            options["runtime_env"] = dict(lc.runtime_env)
+        for slot in self.slots:
+            self.actors[slot.rank] = cls.options(scheduling_strategy=rt.in_bundle(self.pg, slot.bundle),
+                                                 **options).remote()
+        state.update(self.run_dir, state="starting")
+        self.asked = {self.actors[r].where.remote(str(self.run_dir), r == 0): r for r in self.actors}
+        needed = [ref for ref, r in self.asked.items() if r == 0 or lc.gpus_per_rank]
+        timeout = float(self.run.plan.config["engine"]["init_timeout_s"])
+        ready, pending = rt.wait_all(needed, timeout)
+        self._answers(ready)
+        if self.outcomes:
+            return self.failed([])
+        if pending:
+            late = sorted(self.asked[p] for p in pending)
+            message = (f"rank actor(s) {rank_ranges(late)} did not start within {timeout:g} s (engine.init_timeout_s): "
+                       "the cluster could not start their processes (see Ray's logs on their nodes)")
+            cause = {"rank": late[0], "cause": "init_timeout", "type": "ActorStartTimeout", "message": message,
+                     "missing_ranks": late, "coords": self.run.plan.layout.coords(late[0])}
+            return Ended("failed", Verdict(cause, message, "rank actors did not start"))
+        return self._check_run_dir()
+
+    def _answers(self, refs: list[Any]) -> None:
+        """Take the actors' answers to ``where`` (a failed one is that rank's outcome)."""
+        for ref in refs:
+            rank = self.asked.pop(ref)
+            try:
+                self.where[rank] = {**rt.get(ref), "node": self.slots[rank].node}
+            except Exception as exc:
+                self.outcomes[rank] = _outcome_of_error(exc)
+        if refs and not self.asked and self.refs:
+            state.update(self.run_dir, placement=state.record_placement(self.where))
+
+    def _check_run_dir(self) -> Ended | None:
+        blind = sorted({*(r for r, w in self.where.items() if not w.get("sees_run_dir")),
+                        *(r for r, o in self.outcomes.items() if o.kind == "unshared")})
+        if not blind:
+            return None
+        from .failure import node_text
+
+        w = self.where.get(blind[0]) or {"node": self.slots[blind[0]].node}
+        message = (f"hydra.run.dir={str(self.run_dir)!r} is not allowed: rank(s) {rank_ranges(blind)} on "
+                   f"{node_text(w)} do not see it (no {files.CONFIG} there); launcher=ray needs the run "
+                   "directory on storage every node sees (a shared file system; a single host is fine)")
+        cause = {"rank": blind[0], "cause": "invalid_config", "type": "RunDirNotShared", "message": message,
+                 "node": w.get("node"), "host": w.get("host")}
+        return Ended("invalid", Verdict(cause, f"wf_launch: config error: {message}", "run directory not shared",
+                                        Status.INVALID))
+
+    # ------------------------------------------------------------ 3. the ranks
+    def spec(self) -> RankSpec:
+        """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and preemption policy."""
+        lc = self.run.lc
+        return RankSpec(config=self.run.plan.config, run_dir=str(self.run_dir),
+                        threads_per_rank=max(1, int(float(lc.cpus_per_rank))), console_ranks=lc.console_ranks,
+                        launch_time=self.run.launch_time, max_log_mb=float(lc.max_log_mb or 0),
+                        on_timeout=RayStackDump(str(self.run_dir)), attempt_base=self.number,
+                        preempt=RayPreempt("TERM", 20.0, self.restart, int(lc.max_restarts)))
+
+    def start_ranks(self, write: Callable[[str], None]) -> None:
+        """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch begins first."""
+        self.startup = _RayRankWatch(self, write)  # forgets earlier attempts' start-up markers
+        master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
+        local = local_ranks(self.slots)
+        cuda = cuda_orders(self.slots, {r: list(w.get("gpus") or []) for r, w in self.where.items()})
+        spec = self.spec()
+        forward, path = self.run.forward_env()
+        for slot in self.slots:
+            env = {**forward, **rank_env(slot, self.world, local[slot.rank], master, self.number,
+                                         cuda.get(slot.rank))}
+            self.refs[self.actors[slot.rank].run.remote(spec, env, path)] = slot.rank
+        state.update(self.run_dir, state="running", placement=state.record_placement(self.where))
+
+    def watch(self) -> Ended:
+        """Poll the ranks until all ended or one failed (then :meth:`failed`); take the later actors' answers."""
+        watch = self.startup
+        while self.refs:
+            ready, _ = rt.wait(list(self.refs), POLL_S)
+            for ref in ready:
+                self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+            if self.asked:
+                self._answers(rt.wait_all(list(self.asked), 0)[0])
+                blind = self._check_run_dir()
+                if blind is not None:
+                    return blind
+            self.run.tick()
+            try:
+                watch.tick(self.pids(self.refs.values()))
+            except StartupTimeout as exc:
+                return self._startup_timeout(exc)
+            self.run.check_cancel()
+            if any(o.kind not in ("ok", "preempted") for o in self.outcomes.values()):
+                return self._check_run_dir() or self.failed(sorted(self.refs.values()))
+            if any(o.kind == "preempted" for o in self.outcomes.values()):
+                return self._preempted()
+        return self._all_returned()
+
+    def pids(self, ranks: Any) -> dict[int, int]:
+        """rank -> pid of ``ranks`` (as their actors reported)."""
+        return {r: int(self.where[r]["pid"]) for r in ranks if r in self.where}
+
+    def reach(self, ranks: Any, signum: int, timeout_s: float = 10.0) -> set[int]:
+        """Signal ``ranks`` wherever they run (nodes whose raylet does not answer are skipped)."""
+        from .reach import signal_ranks
+
+        alive = self.run.node_alive
+        where = {r: (str(self.where[r]["node"]), int(self.where[r]["pid"])) for r in ranks
+                 if r in self.where and alive(str(self.where[r]["node"]))}
+        return signal_ranks(where, signum, timeout_s) if where else set()
+
+    def _all_returned(self) -> Ended:
+        marker = attempts.read(self.run_dir, self.number) or {}
+        ended_by = str(marker.get("ended_by") or "completed")
+        if ended_by.startswith("stop flag"):
+            name = ended_by.partition(":")[2].strip()
+            return Ended("interrupted", None, name if name.startswith("SIG") else "SIGTERM", ended_by)
+        return Ended("ok", ended_by="completed")
+
+    def _preempted(self) -> Ended:
+        grace = float(self.run.lc.shutdown_timeout_s)
+        ready, _ = rt.wait_all(list(self.refs), grace)
+        for ref in ready:
+            self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+        marker = attempts.read(self.run_dir, self.number) or {}
+        return Ended("preempted", ended_by=str(marker.get("ended_by") or "preempted: SIGTERM"))
+
+    def failed(self, pending: list[int]) -> Ended:
+        """The first failure: the stacks of the ranks still running, late outcomes, then the root cause."""
+        dumps = None
+        if pending:
+            offsets = stack_offsets(self.run_dir, pending)
+            sent = self.reach(pending, int(DUMP_SIGNAL), timeout_s=3.0)
+            dumps = collect_dumps(self.run_dir, sent, offsets, wait_s=2.0)
+            ready, _ = rt.wait_all(list(self.refs), 0.5)
+            for ref in ready:
+                self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+        ctx = FailureContext(self.run_dir, self.world, self.run.plan.label, self.run.plan.layout.coords, self.where,
+                             self.run.node_alive, self.number)
+        verdict = explain(ctx, self.outcomes, sorted(self.refs.values()), dumps)
+        return Ended("invalid" if verdict.status is Status.INVALID else "failed", verdict, ended_by=verdict.ended_by)
+
+    def _startup_timeout(self, exc: StartupTimeout) -> Ended:
+        from ...observe.stacks import describe_groups, group_spots, spot_of
+
+        spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
+        lines = [str(exc), *describe_groups(group_spots(spots), self.run.plan.label)]
+        stuck = {str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(self.run_dir, r))} if r in spots
+                 else {"frame": None, "note": "no stack dump"} for r in exc.missing}
+        first = exc.missing[0]
+        cause = {"rank": first, "cause": "init_timeout", "type": "StartupTimeout", "message": str(exc),
+                 "missing_ranks": exc.missing, "stuck": stuck, "coords": self.run.plan.layout.coords(first),
+                 "node": (self.where.get(first) or {}).get("node"), "log": str(files.rank_log(self.run_dir, first))}
+        return Ended("failed", Verdict(cause, "\n".join(lines), "start-up timeout"), ended_by="start-up timeout")
+
+    def stop(self, kind: str, name: str) -> Ended:
+        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait, then end."""
+        import signal as _signal
+
+        state.update(self.run_dir, state="stopping")
+        pending = sorted(self.refs.values())
+        if pending:
+            self.reach(pending, int(_signal.SIGTERM))
+            try:
+                ready, _ = rt.wait_all(list(self.refs), float(self.run.lc.shutdown_timeout_s))
+                for ref in ready:
+                    self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+            except (KeyboardInterrupt, Stopped):
+                pass  # asked again: stop waiting
+        return Ended(kind, signal=name, ended_by=name)
+
+    # ------------------------------------------------------------ 4. teardown
+    def teardown(self) -> None:
+        """Kill every actor of the attempt and remove its placement group (nothing of it stays in the cluster)."""
+        for actor in self.actors.values():
+            rt.kill(actor)
+        if self.pg is not None:
+            rt.remove_placement_group(self.pg)
+        self.refs.clear()
+
+
+def _outcome_of_error(exc: Exception) -> Outcome:
+    kind = rt.classify_error(exc)
+    if kind == "raised" and RunDirNotShared.__name__ in str(exc):
+        kind = "unshared"
+    return Outcome(kind, str(exc))
+
+
+def _outcome(ref: Any) -> Outcome:
+    try:
+        value = rt.get(ref)
+    except Exception as exc:
+        return _outcome_of_error(exc)
+    return Outcome("preempted" if isinstance(value, dict) and value.get("preempted") else "ok")
+
+
+class _RayRankWatch(RankWatch):
+    """The start-up heartbeat and bound, with stack dumps requested through Ray (ranks on any node)."""
+
+    def __init__(self, attempt: Attempt, write: Callable[[str], None]) -> None:
+        plan = attempt.run.plan
+        super().__init__(attempt.run_dir, attempt.world, plan.label, float(plan.config["engine"]["init_timeout_s"]),
+                         write=write)
+        self.attempt = attempt
+
+    def autopsy(self, pids: dict[int, int], wait_s: float = 2.0,
+                alive: Callable[[int], bool] | None = None) -> dict[int, Any]:
+        if not pids:
+            return {}
+        offsets = stack_offsets(self.run_dir, pids)
+        sent = self.attempt.reach(set(pids), int(DUMP_SIGNAL))
+        return collect_dumps(self.run_dir, sent, offsets, wait_s=wait_s, alive=alive)

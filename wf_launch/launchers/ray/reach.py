@@ -1,0 +1,78 @@
+"""Reaching ranks on any node of the cluster: a signal to their processes, or the end of a node's raylet.
+
+A rank actor's main thread runs the rank (signal handlers can only be installed there), so the
+launcher never calls into it while it runs. To signal ranks it starts one tiny task on each node
+that holds some of them (``NodeAffinitySchedulingStrategy``, no CPU), which sends the signal to
+their pids on that node: the stack-dump signal for the hang autopsy and ``status --stacks``,
+SIGTERM for a stop, SIGKILL for the drill. The drill's ``nodekill`` is such a task too: it
+kills its own node's raylet (whose processes then all end).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from . import ray_adapter as rt
+
+__all__ = ["kill_raylet", "signal_ranks"]
+
+_REMOTE: dict[str, Any] = {}
+
+
+def _signal_here(pids: list[int], signum: int) -> list[int]:
+    """On a node: send ``signum`` to each of ``pids``; the pids reached."""
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+            sent.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sent
+
+
+def _kill_own_raylet() -> int:
+    """On a node: SIGKILL this node's raylet (checked to be one); its pid."""
+    pid = rt.raylet_pid()
+    if pid is None:
+        raise RuntimeError("this process was not started by a raylet")
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"raylet" not in f.read():
+            raise RuntimeError(f"pid {pid} is not a raylet")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _remote(fn: Any) -> Any:
+    if fn.__name__ not in _REMOTE:
+        _REMOTE[fn.__name__] = rt.remote(fn, num_cpus=0, max_retries=0)
+    return _REMOTE[fn.__name__]
+
+
+def signal_ranks(where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0) -> set[int]:
+    """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); the ranks reached.
+
+    Nodes that do not answer within ``timeout_s`` (dead, or too busy to start a task) are left out.
+    """
+    by_node: dict[str, dict[int, int]] = {}
+    for rank, (node, pid) in where.items():
+        by_node.setdefault(node, {})[int(pid)] = rank
+    fn = _remote(_signal_here)
+    refs = {fn.options(scheduling_strategy=rt.on_node(node)).remote(list(pids), int(signum)): pids
+            for node, pids in by_node.items()}
+    ready, _ = rt.wait_all(list(refs), timeout_s)
+    reached: set[int] = set()
+    for ref in ready:
+        try:
+            reached |= {refs[ref][pid] for pid in rt.get(ref)}
+        except Exception:
+            continue
+    return reached
+
+
+def kill_raylet(node: str, timeout_s: float = 30.0) -> int:
+    """SIGKILL the raylet of ``node`` (every rank on it ends with it); the raylet's pid."""
+    return int(rt.get(_remote(_kill_own_raylet).options(scheduling_strategy=rt.on_node(node)).remote(),
+                      timeout_s))
