@@ -42,8 +42,9 @@ def publish_interval(default: float = 0.5) -> float:
 class ProgressReporter:
     """One rank's progress: cheap to call at every step."""
 
-    def __init__(self, run_dir: Path | str, rank: int, publish_s: float = 0.5) -> None:
+    def __init__(self, run_dir: Path | str, rank: int, publish_s: float = 0.5, sink: Any = None) -> None:
         self.run_dir = Path(run_dir)
+        self.sink = sink  # the rank's experiment trackers (a TrackerHub: ``log(step, metrics)``, ``close(status)``)
         self.rank = rank
         self.publish_s = publish_s
         self.step: int | None = None
@@ -61,6 +62,8 @@ class ProgressReporter:
         if metrics:
             self.metrics = metrics
             self._append(now, metrics)
+            if self.sink is not None:
+                self.sink.log(self.step, metrics)
         if now - self._last_publish >= self.publish_s or (self.total is not None and self.step >= self.total):
             self.publish(now)
 
@@ -88,7 +91,9 @@ class ProgressReporter:
         with self._lock:
             publish_state(self.run_dir, self.rank, state)
 
-    def close(self) -> None:
+    def close(self, status: str = "ok") -> None:
+        """Publish the last state, close ``metrics.jsonl``, then the trackers with how the attempt ended
+        (``ok``, ``interrupted``, ``failed``). Closing twice does nothing more."""
         if self.step is not None:
             self.publish()
         if self._metrics_file is not None:
@@ -96,3 +101,7 @@ class ProgressReporter:
                 self._metrics_file.close()
             except OSError:
                 pass
+            self._metrics_file = None
+        if self.sink is not None:
+            sink, self.sink = self.sink, None
+            sink.close(status)

@@ -84,7 +84,8 @@ def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDi
             _resumable(run_dir)
         elif held and not overwrite:
             raise RunDirInUse(f"run directory {run_dir} already holds a run ({held}); choose another "
-                              "hydra.run.dir, or pass launcher.overwrite=true to move that run aside")
+                              "hydra.run.dir, or pass launcher.overwrite=true to move that run aside"
+                              + _or_resume(run_dir))
         elif held:
             _move_aside(run_dir)
     except BaseException:
@@ -93,6 +94,14 @@ def claim(run_dir: Path, overwrite: bool = False, resume: bool = False) -> RunDi
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunDirClaim(run_dir, fd)
+
+
+def _or_resume(run_dir: Path) -> str:
+    """'; or continue it ...: python -m wf_launch ... launcher.resume=true ...' when the run can go on."""
+    from .resume import resume_hint
+
+    hint = resume_hint(run_dir)
+    return f"; or {hint}" if hint else ""
 
 
 def _move_aside(run_dir: Path) -> None:

@@ -83,6 +83,16 @@ def exit_code_of(status: Status | str, signal_name: str | None = None) -> int:
     return EXIT_CODES[status]
 
 
+def _run_id_of(run_dir: Path | str) -> str | None:
+    """The run's stable id for its record (None when it has none or it is unreadable)."""
+    from .identity import RunIdError, read_run_id
+
+    try:
+        return read_run_id(run_dir)
+    except RunIdError:
+        return None
+
+
 class RecordError(ValueError):
     """A ``result.json`` that cannot be read as a run record (truncated, not JSON, foreign)."""
 
@@ -107,6 +117,7 @@ class RunRecord:
 
     status: Status
     run_dir: str = ""
+    run_id: str | None = None
     task: str | None = None
     launcher: str | None = None
     overrides: list[str] = field(default_factory=list)
@@ -238,6 +249,8 @@ class RunRecord:
                 record.extra[key] = value
         if record.finished_at is None:
             record.finished_at = time.time()
+        if record.run_id is None:
+            record.run_id = _run_id_of(run_dir)
         record.final = True
         record.write(run_dir)
         return record
