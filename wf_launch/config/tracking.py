@@ -108,7 +108,7 @@ class TrackingConfig:
             if not isinstance(self.wandb.project, str) or not self.wandb.project.strip():
                 raise config_error("tracking.wandb.project", self.wandb.project, "a non-empty string")
         for name in enabled_trackers(self):
-            if importlib.util.find_spec(TRACKERS[name]) is None:
+            if not _installed(TRACKERS[name]):
                 raise config_error("tracking", name, f"the {TRACKERS[name]} library is not installed in this "
                                    f"environment; install it with: pip install '{PACKAGE}[{name}]'")
 
@@ -120,6 +120,13 @@ def enabled_trackers(cfg: TrackingConfig | Mapping[str, Any] | None) -> list[str
     if isinstance(cfg, Mapping):
         return [name for name in TRACKERS if isinstance(cfg.get(name), Mapping) and cfg[name].get("enabled") is True]
     return [name for name in TRACKERS if getattr(cfg, name).enabled]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _check_keys(where: str, section: Mapping[str, Any], kind: type) -> None:

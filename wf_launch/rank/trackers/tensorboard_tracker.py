@@ -4,8 +4,9 @@ A resumed attempt opens its writer with ``purge_step`` one past the last step th
 as flushed: TensorBoard then hides whatever a killed attempt wrote after that step, and the hub
 writes those steps again (from ``metrics.jsonl``, then live), so each curve goes on without a
 duplicate or a step back. The config goes in as hyper-parameters (the HParams dashboard) and as
-text; the attempt's end as the HParams session status (``ok`` -> success, else failure) and as
-text ``wf_launch/status``.
+text; each attempt's end as text ``wf_launch/status`` (``ok``, ``interrupted``, ``failed``) and the
+run's completion as the HParams session's end (success; an attempt that failed or stopped leaves the
+session open, since TensorBoard keeps only the first end of a session and a later attempt may complete it).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class TensorBoardTracker(Tracker):
     def close(self, status: str) -> None:
         if self.writer is None:
             return
-        self.writer.file_writer.add_summary(_session_end(status))
+        if status == "ok":  # TensorBoard keeps the first end of a session: only the run's own end is one
+            self.writer.file_writer.add_summary(_session_end(status))
         self.writer.add_text("wf_launch/status", status, self.last or 0)
         self.writer.close()
         self.writer = None

@@ -51,7 +51,10 @@ class WandbTracker(Tracker):
                               dir=str(s.run_dir), config=s.config, allow_val_change=True, settings=quiet)
         if self.run.settings.mode == "offline":
             current = Path(self.run.dir).parent
-            return offline_last_step(files.wandb_dir(s.run_dir), self.wandb_id, exclude=current)
+            try:
+                return offline_last_step(files.wandb_dir(s.run_dir), self.wandb_id, exclude=current)
+            except (OSError, ValueError, RuntimeError, subprocess.SubprocessError):
+                return s.last_step  # a W&B without `leet inspect`: the step recorded after the last log
         return self.run.step - 1 if getattr(self.run, "resumed", False) and self.run.step > 0 else None
 
     def log(self, points: list[tuple[int, dict[str, float]]]) -> None:
