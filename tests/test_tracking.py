@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import cli_env, result, run_cli, start_cli
+from cli_helpers import cli_env, result
 
 from wf_launch.config import ConfigError
 from wf_launch.config.tracking import TrackingConfig, enabled_trackers
