@@ -65,3 +65,22 @@ def chatty(ctx: TaskContext) -> dict[str, Any]:
             ctx.log.info(f"chatty step {step}")
     ctx.groups["world"].barrier()
     return {"steps": cfg.steps}
+
+
+@dataclass
+class SlowStepsConfig(TaskConfig):
+    """``steps`` steps of ``step_sleep_s``, polling the stop flag after each (a task slow to reach its next boundary)."""
+
+    steps: int = 5
+    step_sleep_s: float = 20.0
+
+
+@register_task("slow_steps", config=SlowStepsConfig)
+def slow_steps(ctx: TaskContext) -> dict[str, Any]:
+    ctx.stop.every = 1
+    for step in range(1, ctx.cfg.steps + 1):
+        ctx.progress(step, ctx.cfg.steps)
+        if ctx.should_stop():
+            return {"stopped_at": step}
+        time.sleep(ctx.cfg.step_sleep_s)
+    return {"stopped_at": None}
