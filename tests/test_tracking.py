@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import cli_env, result
+from cli_helpers import cli_env, result, run_cli, start_cli
 
 from wf_launch.config import ConfigError
 from wf_launch.config.tracking import TrackingConfig, enabled_trackers
@@ -237,3 +237,54 @@ def test_every_tracker_continues_one_run_across_a_kill9_restart_and_a_sigterm_re
     assert [s for s, _ in rows] == steps and [v for _, v in rows] == pytest.approx(curve, rel=1e-9)
     summary = {k: v for r in last if r["type"] == "summary" for k, v in r["summary"].get("update", {}).items()}
     assert summary["wf_launch/status"] == "ok" and [r["exit"].get("exit_code") for r in last if r["type"] == "exit"] == [0]
+
+
+def _mlflow_run(store: Path, run_dir: Path) -> tuple[Any, Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store.as_uri())
+    return client, client.get_run((run_dir / "tracking" / "mlflow.run").read_text().strip())
+
+
+@pytest.mark.slow
+def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_and_metrics_jsonl_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    proc = start_cli(["task=chatty", TASKS, "task.steps=40", "task.step_sleep_s=0.1", "task.say_every=100",
+                      "tracking=[tensorboard,mlflow]", f"tracking.mlflow.uri={store.as_uri()}", "tracking.flush_s=0.2"],
+                     run_dir)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state = read_state(run_dir, "mlflow", 0)
+            if (state.get("last_step") or 0) >= 5:
+                break
+            time.sleep(0.05)
+        import shutil
+
+        shutil.rmtree(store)
+        store.write_text("the disk that held the store is gone\n")  # every later write to the store fails
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert err.count("tracker mlflow failed to log") == 1 and "the run goes on" in err, err
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert [e.step for e in _tensorboard(run_dir / "tensorboard").Scalars("loss")] == list(range(1, 41))
+
+
+@pytest.mark.slow
+def test_with_all_ranks_every_rank_tracks_under_its_own_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(["task=chatty", TASKS, "engine.dp_size=2", "task.steps=12", "task.step_sleep_s=0.02",
+                    "tracking=[tensorboard,mlflow]", "tracking.all_ranks=true"], run_dir, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        assert [e.step for e in _tensorboard(run_dir / "tensorboard" / f"rank{rank}").Scalars("loss")] == list(range(1, 13))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client, run = _mlflow_run(tmp_path / "mlruns", run_dir)
+    assert sorted(k for k in run.data.metrics) == ["rank0/loss", "rank1/loss"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "rank1/loss")] == list(range(1, 13))
+    assert run.info.status == "FINISHED" and run.data.tags["wf_launch.run_id"] == (run_dir / "run_id").read_text().strip()
