@@ -89,7 +89,7 @@ def environment_info(cwd: Path | str | None = None, config: dict[str, Any] | Non
         "cpu_count": os.cpu_count(),
         "argv": sys.argv,
         "cwd": str(cwd),
-        "code": code,
+        "sources": code,
     }
     ordered = [v for k, v in code.items() if k != "wf_launch"] + [code["wf_launch"], _checkout(cwd) or {}]
     source = next((c for c in ordered if c.get("git_commit")), None)
@@ -122,5 +122,5 @@ def record_environment(run_dir: Path | str, cwd: Path | str | None = None) -> di
         full["git_diff"] = data[:MAX_DIFF_BYTES].decode(errors="replace")
         full["git_diff_truncated"] = len(data) > MAX_DIFF_BYTES
     atomic_write_json(Path(run_dir) / files.ENVIRONMENT, full)
-    summary = {k: v for k, v in info.items() if k != "code"}
+    summary = {k: v for k, v in info.items() if k != "sources"}
     return {**summary, "details": files.ENVIRONMENT}
