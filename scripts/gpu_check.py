@@ -88,12 +88,12 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 
 
 def check_env(env: Env) -> Result:
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import json, torch
-        out = {{"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
-               "devices": torch.cuda.device_count()}}
+        out = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
+               "devices": torch.cuda.device_count()}
         if out["available"]:
-            out["names"] = sorted({{torch.cuda.get_device_name(i) for i in range(out["devices"])}})
+            out["names"] = sorted({torch.cuda.get_device_name(i) for i in range(out["devices"])})
             out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         print(json.dumps(out))
         """)
