@@ -5,8 +5,10 @@ launch or a real multi-process program on the GPUs, with its own time limit, ins
 budget (``--budget-s``, 480 s: the 8 minutes a borrowed GPU machine gives). With one GPU it runs
 what one device allows (NCCL refuses two ranks on one device) and names what it could not cover.
 ``--dry-run`` lists the checks and exits 0; ``--rehearse-on-cpu`` runs them on CPU ranks over gloo
-(NCCL -> gloo, CUDA -> CPU, 2 pretend devices), which tests this script where there is no GPU and
-proves nothing about CUDA.
+(NCCL -> gloo, CUDA -> CPU, ``--pretend-gpus`` devices, 2 by default), which tests this script where
+there is no GPU and proves nothing about CUDA. ``--missing`` and ``--requirements`` serve the set-up
+(``gpu_check.sh``): what this interpreter lacks, and the pure-Python wheels to carry to a machine
+that reaches no package index. Only the standard library is imported before a check runs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_DEVICE = "NCCL forbids two ranks on one device"
+
+DEPENDENCIES: tuple[tuple[str, str, bool], ...] = (
+    ("hydra", "hydra-core", True), ("omegaconf", "omegaconf", True), ("antlr4", "antlr4-python3-runtime", True),
+    ("loguru", "loguru", True), ("submitit", "submitit", True), ("cloudpickle", "cloudpickle", True),
+    ("typing_extensions", "typing-extensions", True), ("tqdm", "tqdm", True), ("packaging", "packaging", True),
+    ("yaml", "pyyaml", False), ("numpy", "numpy", False), ("matplotlib", "matplotlib", False),
+)
+"""(module, distribution, pure Python) for what the project imports besides torch: the pyproject's dependencies
+and theirs. A CUDA image usually has the binary ones; the pure-Python ones travel as wheels (``--requirements``)."""
 
 
 @dataclass
@@ -106,6 +117,23 @@ def check_env(env: Env) -> Result:
                 f"{info.get('names', [])}, NCCL {info.get('nccl', '-')}")
 
 
+_NAMES = """
+import json, torch, submitit
+from worldfoundry.core import torch_private
+from wf_launch.launchers.slurm import submitit_adapter
+print(json.dumps(torch_private.check_names() + submitit_adapter.check_names()))
+"""
+
+
+def check_names(env: Env) -> Result:
+    proc = _run([sys.executable, "-c", _NAMES], env, 120)
+    if proc.returncode:
+        return False, _tail(proc)
+    problems = json.loads(proc.stdout.strip().splitlines()[-1])
+    return (not problems), ("every private torch and submitit name the project relies on is there"
+                            if not problems else "; ".join(problems)[:400])
+
+
 def check_startup(env: Env) -> Result:
     proc, record = _launch(env, "startup", ["task=layout", f"engine.distributed_backend={env.mixed}",
                                             f"engine.dp_size={env.world}"], 240)
@@ -176,7 +204,8 @@ def check_run_control(env: Env) -> Result:
     script = env.scratch / "run_control.py"
     script.write_text(_RUN_CONTROL)
     proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={env.world}",
-                 str(script), env.device], env, 240, extra_env={"PYTHONPATH": str(ROOT)})
+                 str(script), env.device], env, 240,
+                extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
     return (proc.returncode == 0 and line is not None), (line[7:] if line else _tail(proc))
 
@@ -199,6 +228,8 @@ def check_demo(env: Env) -> Result:
 
 CHECKS = [
     Check("environment", "torch, CUDA, the GPUs, NCCL's version", 1, 60, check_env),
+    Check("upstream-names", "the private torch and submitit names the project relies on, in this machine's torch",
+          1, 120, check_names),
     Check("startup-mixed", "cpu:gloo,cuda:nccl start-up; ctx.device is cuda:LOCAL_RANK on every rank", 1, 240,
           check_startup),
     Check("device-groups", "every group object's device group (NCCL) checked with real collectives", 1, 240,
@@ -213,21 +244,58 @@ CHECKS = [
 ]
 
 
-def gpu_count(rehearse: bool) -> int:
+def gpu_count(rehearse: bool, pretend: int) -> int:
     if rehearse:
-        return 2
+        return pretend
     proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                           capture_output=True, text=True, timeout=120)
     return int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def missing() -> list[str]:
+    """The distributions of :data:`DEPENDENCIES` this interpreter cannot import (for the set-up to install)."""
+    from importlib.util import find_spec
+
+    return [dist for module, dist, _ in DEPENDENCIES if find_spec(module) is None]
+
+
+def requirements() -> list[str]:
+    """The pure-Python dependencies as requirements, pinned to this interpreter's versions where it has them."""
+    from importlib import metadata
+
+    out = []
+    for _, dist, pure in DEPENDENCIES:
+        if pure:
+            try:
+                out.append(f"{dist}=={metadata.version(dist)}")
+            except metadata.PackageNotFoundError:
+                out.append(dist)
+    return out
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="list the checks, run nothing")
     ap.add_argument("--budget-s", type=float, default=480.0, help="the whole run's time limit (default 480)")
     ap.add_argument("--rehearse-on-cpu", action="store_true", help="run the checks on CPU/gloo (tests this script)")
+    ap.add_argument("--pretend-gpus", type=int, default=2, choices=range(1, 9), metavar="1..8",
+                    help="devices a rehearsal pretends to have (default 2; 1 rehearses a one-GPU machine)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these checks")
+    ap.add_argument("--missing", action="store_true", help="print the dependencies this interpreter lacks")
+    ap.add_argument("--requirements", action="store_true", help="print the pure-Python dependencies, pinned")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - {c.name for c in CHECKS})
+    if unknown:
+        ap.error(f"--only {' '.join(unknown)}: no such check; the checks: {' '.join(c.name for c in CHECKS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    if args.missing or args.requirements:
+        for line in missing() if args.missing else requirements():
+            print(line)
+        return 0
     chosen = [c for c in CHECKS if args.only is None or c.name in args.only]
     if args.dry_run:
         for c in chosen:
@@ -236,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({ONE_DEVICE}) and named")
         return 0
     start = time.monotonic()
-    gpus = gpu_count(args.rehearse_on_cpu)
+    gpus = gpu_count(args.rehearse_on_cpu, args.pretend_gpus)
     if gpus == 0:
         print("gpu_check: no CUDA device here (torch.cuda.device_count() == 0); nothing to check. "
               "--rehearse-on-cpu runs the checks on CPU ranks to test this script.")
@@ -270,10 +338,11 @@ def _one(check: Check, env: Env) -> str:
 
 def _summary(results: list[tuple[str, str]], gpus: int, rehearse: bool, wall: float) -> int:
     counts = {k: sum(1 for _, r in results if r == k) for k in ("pass", "fail", "skip")}
-    where = "CPU rehearsal (gloo; proves nothing about CUDA)" if rehearse else f"{gpus} GPU(s)"
+    where = (f"a CPU rehearsal of {gpus} GPU(s) (gloo; proves nothing about CUDA)" if rehearse
+             else f"{gpus} GPU(s)")
     print(f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped on {where} "
           f"in {wall:.0f} s")
-    if gpus == 1 and not rehearse:
+    if gpus == 1:
         print(f"not covered with one GPU ({ONE_DEVICE}): every multi-rank NCCL collective, the PP scheduler across "
               "devices, CP over more than one rank, FSDP2 sharding over ranks; run on a machine with 2+ GPUs")
     return 1 if counts["fail"] else 0

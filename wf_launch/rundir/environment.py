@@ -73,6 +73,17 @@ def code_provenance(config: dict[str, Any] | None = None) -> dict[str, dict[str,
     return out
 
 
+def _cuda_available(torch: Any) -> bool:
+    """Whether this process sees a CUDA device, asked without poisoning a later fork.
+
+    ``torch.cuda.is_available()`` asks the CUDA runtime, which initializes the driver, and a process
+    forked after that cannot use CUDA ("initialization error"): the local launcher records the
+    environment before it forks the ranks. ``device_count()`` asks NVML, which is fork-safe (it falls
+    back to the runtime only where NVML is missing).
+    """
+    return torch.cuda.device_count() > 0
+
+
 def environment_info(cwd: Path | str | None = None, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions, host, the code's provenance, and ``git_commit`` / ``git_dirty``: those of the task's own code
     when it lives in a git checkout, else of wf_launch's checkout, else of the working directory's."""
@@ -83,7 +94,7 @@ def environment_info(cwd: Path | str | None = None, config: dict[str, Any] | Non
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "cuda_available": torch.cuda.is_available(),
+        "cuda_available": _cuda_available(torch),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
