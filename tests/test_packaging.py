@@ -47,13 +47,14 @@ def _wheel(tmp_path: Path) -> Path:
 def test_cli_runs_from_the_built_wheel(tmp_path: Path) -> None:
     wheel = _wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    for cfg in ("config.yaml", "engine/default.yaml", "launcher/local.yaml", "hydra/help/wf_launch.yaml"):
+    for cfg in ("config.yaml", "engine/default.yaml", "launcher/local.yaml", "hydra/help/wf_launch.yaml",
+                "tracking/none.yaml", "tracking/wandb.yaml"):
         assert f"wf_launch/conf/{cfg}" in names
     assert "wf_launch/__main__.py" in names and "worldfoundry/core/distributed/groups.py" in names
     for mod in ("hydra_plugins/wf_launch_slurm/config.py", "hydra_plugins/wf_launch_slurm/wf_slurm_launcher.py",
                 "wf_launch/launchers/slurm/submitit_adapter.py", "wf_launch/launchers/slurm/poll.py",
                 "hydra_plugins/wf_launch_ray/wf_ray_launcher.py", "wf_launch/launchers/ray/ray_adapter.py",
-                "wf_launch/conf/launcher/ray.yaml"):
+                "wf_launch/conf/launcher/ray.yaml", "wf_launch/rank/trackers/hub.py"):
         assert mod in names
     assert "hydra_plugins/__init__.py" not in names  # a namespace package, shared with other plugins
     site = tmp_path / "site"

@@ -10,6 +10,7 @@ from typing import Any
 
 from loguru import logger
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from .config.fields import ConfigError
 from .config.run import validate_run_config
@@ -20,9 +21,10 @@ from .observe.console import setup_launcher_logging
 from .observe.live import final_line
 from .rundir import claim as rundir_claim
 from .rundir import files
+from .rundir.identity import ensure_run_id
 from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
-from .rundir.record import RunRecord, Status
+from .rundir.record import RecordError, RunRecord, Status
 from .rundir.text import printable
 from .tasks.registry import task_config_class
 
@@ -35,6 +37,16 @@ _HYDRA_FILES = {"config": files.hydra_config, "hydra": files.hydra_job, "overrid
 def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data, every interpolation (``${now:}`` included) frozen once."""
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+def _resolved(cfg: DictConfig) -> dict[str, Any]:
+    """:func:`resolve`, with an interpolation or a missing value that cannot be resolved as a config error."""
+    try:
+        return resolve(cfg)
+    except OmegaConfBaseException as exc:
+        where = getattr(exc, "full_key", None)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{where}: {text}" if where else text) from None
 
 
 def _record_invalid(run_dir: Path, overrides: list[str], message: str, cfg: DictConfig) -> None:
@@ -73,6 +85,10 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str],
             atomic_write_text(_HYDRA_FILES[name](run_dir), text)
     try:
         return _validate_and_launch(cfg, run_dir, overrides, dry_run)
+    except KeyboardInterrupt:
+        if claim is None:
+            raise
+        return _interrupted_at_start(run_dir, overrides, cfg)
     finally:
         if claim is not None:
             claim.release()
@@ -90,9 +106,35 @@ def _existing_run_live(run_dir: Path) -> bool:
     return bool(launcher.is_live(run_dir))
 
 
+def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) -> RunOutcome:
+    """Ctrl-C while the launch was setting up (before its launcher took over): a record, the final line, and how
+    to resume, never a traceback. A record the launcher already finalized stays as it is."""
+    from .rundir.resume import resume_hint
+
+    try:
+        record = RunRecord.read(run_dir)
+    except RecordError:
+        record = None
+    if record is None or not record.final:
+        message = "interrupted by SIGINT (Ctrl-C) while the run was starting: no rank had started"
+        task = OmegaConf.select(cfg, "task.name", default=None, throw_on_resolution_failure=False)
+        record = RunRecord.finalize(run_dir, Status.INTERRUPTED, signal_name="SIGINT", overrides=list(overrides),
+                                    task=task if isinstance(task, str) else None,
+                                    failure={"cause": "interrupt", "signal": "SIGINT", "message": message})
+        hint = resume_hint(run_dir, overrides)
+        record_summary = f"{message}\n  {hint}" if hint else message
+    else:
+        record_summary = ""
+    outcome = RunOutcome.of(record, run_dir, record_summary)
+    logger.info(final_line(outcome))
+    if outcome.summary:
+        print(outcome.summary, file=sys.stderr, flush=True)
+    return outcome
+
+
 def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], dry_run: bool) -> RunOutcome:
     try:
-        config = resolve(cfg)
+        config = _resolved(cfg)
         layout = validate_run_config(config)
     except (ConfigError, ValueError) as exc:
         print(printable(f"wf_launch: config error: {exc}", multiline=True), file=sys.stderr)
@@ -110,6 +152,7 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
     setup_launcher_logging(run_dir / files.LAUNCHER_LOG)
     atomic_write_text(files.config_path(run_dir), OmegaConf.to_yaml(OmegaConf.create(config)))
     atomic_write_text(run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    logger.debug(f"run id {ensure_run_id(run_dir)}")  # written once: every attempt, requeue and resume reads it
     outcome = launcher.launch(plan)
     if outcome.status not in (Status.SUBMITTED, Status.INVALID):
         logger.info(final_line(outcome))  # every launcher's run ends with it; the root cause follows

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
+import traceback
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -13,8 +17,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .config.fields import ConfigError
+from .config.overrides import hydra_config_error, refuse_schemas
 from .config.run import register_configs
 from .rundir.claim import remove_made_folders
+from .rundir.record import EXIT_CONFIG
 from .tasks.registry import load_task_modules
 
 __all__ = ["main"]
@@ -58,7 +65,12 @@ def _app(cfg: DictConfig) -> object:
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:
             return kept
-    outcome = run(cfg, run_dir, list(hc.overrides.task), _hydra_record(cfg))
+    _restore_full_error()
+    try:
+        overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # as typed: ${...} unresolved
+        outcome = run(cfg, run_dir, [str(o) for o in overrides], _hydra_record(cfg))
+    finally:
+        os.environ[_FULL_ERROR] = "1"  # the next sweep point's composition errors reach _main too
     if OmegaConf.select(cfg, "launcher.dry_run", default=False) is True:
         remove_made_folders(run_dir, _STARTED)  # Hydra made it; a dry run leaves nothing
     if hc.mode == RunMode.MULTIRUN:
@@ -113,25 +125,76 @@ def config_groups_help() -> str:
 def main() -> None:
     """Console entry point.
 
-    Once Hydra is done, the process leaves through ``os._exit`` after flushing:
-    every file is written and every rank has ended by then, and skipping the
-    interpreter's teardown of torch's C++ state saves about a second per launch.
+    Every config mistake exits 2 with one line naming the override and what is allowed,
+    whether our validation or Hydra's composition caught it (:mod:`wf_launch.config.overrides`).
+    Ctrl-C before the run directory is claimed ends with exit 130 and one line. Once Hydra is
+    done, the process leaves through ``os._exit`` after flushing: every file is written and every
+    rank has ended by then, and skipping the interpreter's teardown of torch's C++ state saves
+    about a second per launch.
     """
+    argv = sys.argv[1:]
     code = 0
     try:
-        load_task_modules(_task_modules_from_argv(sys.argv[1:]))
-        register_configs()
-        OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
-        OmegaConf.register_new_resolver("wf_config_groups", config_groups_help if _shows_hydra_config(sys.argv[1:])
-                                        else str, replace=True)
-        hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
+        code = _main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        print("wf_launch: interrupted (Ctrl-C) before the run started; nothing was launched", file=sys.stderr)
+        code = 128 + signal.SIGINT
     from loguru import logger
 
     logger.complete()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _main(argv: list[str]) -> int:
+    """Compose and run; returns the exit code (config errors: 2, with one line on stderr)."""
+    try:
+        try:
+            load_task_modules(_task_modules_from_argv(argv))
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from exc
+        register_configs()
+        refuse_schemas(argv)
+        OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
+        OmegaConf.register_new_resolver("wf_config_groups", config_groups_help if _shows_hydra_config(argv)
+                                        else str, replace=True)
+        with _hydra_raises():
+            hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
+    except Exception as exc:
+        error = hydra_config_error(exc, argv)
+        if error is None:
+            raise
+        if _USER_FULL_ERROR[0] == "1":
+            traceback.print_exception(exc)
+        print(f"wf_launch: config error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+_FULL_ERROR = "HYDRA_FULL_ERROR"
+_USER_FULL_ERROR: list[str | None] = [None]
+
+
+@contextmanager
+def _hydra_raises() -> Iterator[None]:
+    """Let Hydra's composition errors reach us as exceptions (``HYDRA_FULL_ERROR=1``) instead of its own
+    print-and-exit-1, so that they become config errors (exit 2); the user's setting is back in force while
+    the app runs (the ranks inherit it) and afterwards."""
+    _USER_FULL_ERROR[0] = os.environ.get(_FULL_ERROR)
+    os.environ[_FULL_ERROR] = "1"
+    try:
+        yield
+    finally:
+        _restore_full_error()
+
+
+def _restore_full_error() -> None:
+    if _USER_FULL_ERROR[0] is None:
+        os.environ.pop(_FULL_ERROR, None)
+    else:
+        os.environ[_FULL_ERROR] = _USER_FULL_ERROR[0]

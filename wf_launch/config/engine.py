@@ -15,7 +15,7 @@ from typing import Any
 from worldfoundry.core.distributed.backends import BACKENDS
 from worldfoundry.core.distributed.topology import DIMS, Layout, parse_order
 
-from .fields import check_choice, check_number, config_error, positive_int
+from .fields import check_choice, check_number, config_error, positive_int, unknown_field
 
 __all__ = ["BACKENDS", "MAX_TIMEOUT_MINUTES", "MAX_WORLD_SIZE", "MIN_TIMEOUT_MINUTES", "NCCL_BACKENDS",
            "EngineConfig", "normalize_backend"]
@@ -54,7 +54,7 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in engine if k not in known)
         if unknown:
-            raise config_error(f"engine.{unknown[0]}", engine[unknown[0]], f"no such field; allowed: {sorted(known)}")
+            raise unknown_field(f"engine.{unknown[0]}", engine[unknown[0]], known)
         cfg = cls(**{k: engine[k] for k in known if k in engine})
         cfg.validate()
         return cfg

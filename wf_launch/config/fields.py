@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from worldfoundry.core.validation import is_finite_number, is_int, is_number
 
 __all__ = ["ConfigError", "check_bool", "check_choice", "check_int", "check_number", "check_single_line",
-           "config_error", "is_finite_number", "is_int", "is_number", "positive_int"]
+           "closest", "config_error", "is_finite_number", "is_int", "is_number", "positive_int", "unknown_field"]
 
 T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -28,6 +28,27 @@ class ConfigError(ValueError):
 def config_error(field_name: str, value: Any, allowed: str) -> ConfigError:
     """'FIELD=VALUE is not allowed: ALLOWED', the one shape of every config error."""
     return ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name ``name`` most likely misspells (``cp_sise`` -> ``cp_size``), or None."""
+    import difflib
+
+    found = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_field(field_name: str, value: Any, known: Iterable[str], owner: str = "") -> ConfigError:
+    """'engine.cp_sise=2 is not allowed: no such field (did you mean engine.cp_size?); allowed fields: [...]'.
+
+    ``owner`` names what lacks the field ('train' -> 'train has no such field; ...').
+    """
+    known = sorted(str(k) for k in known)
+    parent, _, leaf = field_name.rpartition(".")
+    guess = closest(leaf, known)
+    meant = f" (did you mean {parent + '.' if parent else ''}{guess}?)" if guess else ""
+    return config_error(field_name, value, f"{owner + ' has ' if owner else ''}no such field{meant}; "
+                                           f"allowed fields: {known}")
 
 
 def _with(text: str, note: str) -> str:

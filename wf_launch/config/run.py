@@ -21,25 +21,26 @@ from ..launchers import get_launcher, registered_launchers
 from ..tasks.registry import get_task, registered_configs, task_config_class
 from .engine import EngineConfig
 from .fields import ConfigError, config_error
-from .task import TaskConfig
+from .tracking import TrackingConfig
 
 __all__ = ["RunConfig", "register_configs", "validate_run_config"]
 
 
 @dataclass
 class RunConfig:
-    """The whole run: ``engine``, ``launcher`` and ``task``."""
+    """The whole run: ``engine``, ``launcher``, ``task`` and ``tracking``."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     launcher: Any = MISSING
     task: Any = MISSING
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 def validate_run_config(cfg: dict[str, Any]) -> Layout:
     """Check a resolved run config (engine, launcher, task); returns the layout. Raises :class:`ConfigError`.
 
     Each section is checked through its typed dataclass: the engine's, the chosen
-    launcher's (common fields, then the launcher's own ``validate``) and the task's.
+    launcher's (common fields, then the launcher's own ``validate``), the task's and the trackers'.
     """
     engine = EngineConfig.from_dict(cfg["engine"])
     layout = engine.layout()
@@ -56,6 +57,7 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     task_config_class(task["name"]).from_task_config(task, engine)
+    TrackingConfig.from_dict(cfg.get("tracking"))
     return layout
 
 
@@ -84,6 +86,5 @@ def register_configs() -> None:
         cs.store(group="launcher", name=f"{name}_schema", node=cls.config_class)
         if not _has_yaml("launcher", name):
             cs.store(group="launcher", name=name, node=cls.config_class(name=name))
-    cs.store(group="task", name="task_schema", node=TaskConfig)
     for name, node in registered_configs().items():
         cs.store(group="task", name=name, node=node)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import MISSING
 
-from .fields import config_error
+from .fields import unknown_field
 
 if TYPE_CHECKING:
     from ..launchers.launch_plan import LaunchPlan
@@ -50,8 +50,7 @@ class TaskConfig:
         unknown = sorted(str(k) for k in task if k not in known)
         if unknown:
             task_name = task.get("name", cls.__name__)
-            raise config_error(f"task.{unknown[0]}", task[unknown[0]],
-                               f"{task_name} has no such field; allowed fields: {sorted(known - {'name', 'modules'})}")
+            raise unknown_field(f"task.{unknown[0]}", task[unknown[0]], known - {"name", "modules"}, owner=task_name)
         values = {k: task[k] for k in known if k in task}
         for key, value in values.items():
             if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):

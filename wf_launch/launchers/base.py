@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_chec
 
 from omegaconf import MISSING
 
-from ..config.fields import check_bool, check_number, config_error, is_int
+from ..config.fields import check_bool, check_number, config_error, is_int, unknown_field
 from ..rundir import files
 
 if TYPE_CHECKING:
@@ -76,8 +76,8 @@ class LauncherConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in launcher if k not in known)
         if unknown:
-            raise config_error(f"launcher.{unknown[0]}", launcher[unknown[0]],
-                               f"launcher={launcher.get('name')} has no such field; its fields: {sorted(known)}")
+            raise unknown_field(f"launcher.{unknown[0]}", launcher[unknown[0]], known,
+                                owner=f"launcher={launcher.get('name')}")
         return cls(**{k: launcher[k] for k in known if k in launcher})
 
     def validate(self, world_size: int) -> None:

@@ -8,17 +8,32 @@ from typing import Any
 
 from loguru import logger
 
-from ..rank.ranklog import FILE_FORMAT
+from ..rank.ranklog import CLEAR_LINE, FILE_FORMAT
 
 __all__ = ["setup_launcher_logging"]
+
+
+def _on_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _console(message: str) -> None:
+    """A launcher line on a terminal: it clears the line first (a progress bar, redrawn below it at the next tick),
+    so that no line sticks to the bar."""
+    sys.stderr.write(CLEAR_LINE + message)
+    sys.stderr.flush()
 
 
 def setup_launcher_logging(log_file: Path | None) -> Any:
     """Launcher-side loguru: the console, plus ``launcher.log`` in the run directory."""
     logger.remove()
     logger.configure(extra={"label": "launcher", "rank": -1})
-    logger.add(sys.stderr, format=("<green>{time:HH:mm:ss.SSS}</green> <magenta>[wf_launch]</magenta> "
-                                   "<level>{level: <7}</level> {message}"), level="INFO")
+    tty = _on_terminal()
+    logger.add(_console if tty else sys.stderr, colorize=tty, level="INFO",
+               format="<green>{time:HH:mm:ss.SSS}</green> <magenta>[wf_launch]</magenta> <level>{level: <7}</level> {message}")
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         logger.add(str(log_file), format=FILE_FORMAT, level="DEBUG", buffering=1)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..rundir import files
 from ..rundir.failures import PEER_LOSS, load_failure_records
-from .stacks import Frame, describe_groups, group_spots, parse_traceback, read_last_dumps, spot_of
+from .stacks import (
+    Frame,
+    describe_groups,
+    group_spots,
+    parse_traceback,
+    rank_ranges,
+    read_last_dumps,
+    spot_of,
+)
 
-__all__ = ["explain_failure", "failure_summary", "root_cause", "signal_name"]
+__all__ = ["FailureGroup", "explain_failure", "failure_summary", "group_failures", "root_cause", "signal_name"]
 
 def signal_name(signum: int) -> str:
     """'SIGKILL' for 9, or 'signal 77' for a number without a name."""
@@ -96,10 +106,11 @@ def explain_failure(run_dir: Path, exits: dict[int, int], label_of: Any, coords_
     """
     if dumps is None and world_size:
         dumps = read_last_dumps(run_dir, [r for r in files.rank_files(run_dir, "stacks") if r < world_size])
-    cause = root_cause(load_failure_records(run_dir), exits, world_size, dumps)
+    records = load_failure_records(run_dir)
+    cause = root_cause(records, exits, world_size, dumps)
     if cause is None:
         return None
-    summary = failure_summary(cause, label_of, run_dir)
+    summary = failure_summary(cause, label_of, run_dir, records)
     cause.pop("traceback", None)
     cause.pop("_spots", None)
     for rank, entry in (cause.get("stuck") or {}).items():
@@ -110,29 +121,101 @@ def explain_failure(run_dir: Path, exits: dict[int, int], label_of: Any, coords_
     return cause, summary
 
 
-def failure_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:
-    """One human summary naming the rank, its coordinates, what happened and its log file."""
+def failure_summary(cause: dict[str, Any], label_of: Any, run_dir: Path,
+                    records: list[dict[str, Any]] | None = None) -> str:
+    """One human summary: the root cause (rank, coordinates, what happened, log), then every other failure once.
+
+    Ranks that failed with the same exception at the same place are one entry, with one traceback
+    (:func:`group_failures`); ranks that only lost a peer are one line per kind. The rank logs keep everything.
+    """
     rank = cause["rank"]
     log = files.rank_log(run_dir, rank)
+    groups = group_failures(records or [])
     if cause["cause"] == "stuck":
-        missing = cause["missing_ranks"]
-        who = ", ".join(f"rank {m} ({label_of(m)})" for m in missing)
-        lines = [f"collective timed out: {who} never arrived"]
-        spots = cause.get("_spots")
-        if spots:
-            lines += describe_groups(group_spots(spots), label_of)
-        else:
-            lines.append(f"  rank {rank} ({label_of(rank)}) gave up waiting: {cause['type']}: "
-                         f"{_first_line(cause['message'])}")
-        lines.append(f"  logs: {', '.join(str(files.rank_log(run_dir, m)) for m in missing)}")
-        dumped = [str(files.rank_stacks(run_dir, m)) for m in missing if (cause.get("stuck") or {}).get(str(m), {}).get("frame")]
-        if dumped:
-            lines.append(f"  stacks: {', '.join(dumped)}")
-        return "\n".join(lines)
+        return _stuck_summary(cause, label_of, run_dir)
     if cause["cause"] == "signal":
-        return f"rank {rank} ({label_of(rank)}) was killed by {cause['signal']}\n  log: {log}"
-    return (f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: "
-            f"{_first_line(cause['message'])}\n  log: {log}")
+        lines = [f"rank {rank} ({label_of(rank)}) was killed by {cause['signal']}", f"  log: {log}"]
+        return "\n".join(lines + [line for g in groups for line in g.describe(label_of, run_dir)])
+    first = next((g for g in groups if rank in g.ranks), None)
+    if first is None or len(first.ranks) == 1:
+        lines = [f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: {_first_line(cause['message'])}",
+                 f"  log: {log}", *(first.traceback_lines() if first is not None else [])]
+    else:
+        lines = first.describe(label_of, run_dir)
+    return "\n".join(lines + [line for g in groups if g is not first for line in g.describe(label_of, run_dir)])
+
+
+def _stuck_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:
+    rank, missing = cause["rank"], cause["missing_ranks"]
+    who = ", ".join(f"rank {m} ({label_of(m)})" for m in missing)
+    lines = [f"collective timed out: {who} never arrived"]
+    spots = cause.get("_spots")
+    if spots:
+        lines += describe_groups(group_spots(spots), label_of)
+    else:
+        lines.append(f"  rank {rank} ({label_of(rank)}) gave up waiting: {cause['type']}: "
+                     f"{_first_line(cause['message'])}")
+    lines.append(f"  logs: {', '.join(str(files.rank_log(run_dir, m)) for m in missing)}")
+    dumped = [str(files.rank_stacks(run_dir, m)) for m in missing if (cause.get("stuck") or {}).get(str(m), {}).get("frame")]
+    if dumped:
+        lines.append(f"  stacks: {', '.join(dumped)}")
+    return "\n".join(lines)
+
+
+@dataclass
+class FailureGroup:
+    """Ranks that failed alike: the same exception type at the same place, messages equal but for numbers."""
+
+    ranks: list[int]
+    type: str
+    messages: list[str]
+    where: str | None
+    traceback: str
+    peer_loss: bool
+
+    def traceback_lines(self) -> list[str]:
+        """The group's one traceback (its first rank's), indented."""
+        return [f"  {line}" for line in self.traceback.rstrip().splitlines()] if self.traceback else []
+
+    def describe(self, label_of: Any, run_dir: Path) -> list[str]:
+        """'ranks 0-7 (8 ranks) failed alike: ValueError: bad shape', their logs and one traceback."""
+        first = self.ranks[0]
+        who = (f"rank {first} ({label_of(first)})" if len(self.ranks) == 1
+               else f"ranks {rank_ranges(self.ranks)} ({len(self.ranks)} ranks)")
+        message = _first_line(self.messages[0])
+        if len(set(self.messages)) > 1:
+            message += f" (the message varies by rank; rank {first}'s)"
+        if self.peer_loss:
+            return [f"{who} lost a peer (a consequence): {self.type}: {message}"]
+        verb = "failed" if len(self.ranks) == 1 else "failed alike"
+        logs = (str(files.rank_log(run_dir, first)) if len(self.ranks) == 1
+                else f"{files.rank_log(run_dir, first)} (and each rank's logs/rank{{r}}.log)")
+        return [f"{who} {verb}: {self.type}: {message}", f"  log: {logs}", *self.traceback_lines()]
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def group_failures(records: list[dict[str, Any]]) -> list[FailureGroup]:
+    """The failure records grouped by (type, innermost frame, message with its numbers blanked), first failure
+    first; ranks that only lost a peer are grouped apart from the ranks that raised."""
+    groups: dict[tuple[Any, ...], FailureGroup] = {}
+    for record in sorted(records, key=lambda r: (r.get("time", 0.0), r.get("rank", 0))):
+        frames = parse_traceback(record.get("traceback", ""))
+        where = frames[0].where() if frames else None
+        message = str(record.get("message", ""))
+        peer = bool(PEER_LOSS.search(message))
+        key = (peer, record.get("type"), None if peer else where, _NUMBER.sub("#", _first_line(message)))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = FailureGroup([], str(record.get("type")), [], where, str(record.get("traceback") or ""), peer)
+            group = groups[key]
+        group.ranks.append(int(record.get("rank", -1)))
+        group.messages.append(message)
+    for group in groups.values():
+        order = sorted(range(len(group.ranks)), key=lambda i: group.ranks[i])
+        group.ranks, group.messages = [group.ranks[i] for i in order], [group.messages[i] for i in order]
+    return sorted(groups.values(), key=lambda g: g.peer_loss)
 
 
 def _first_line(text: str, limit: int = 500) -> str:

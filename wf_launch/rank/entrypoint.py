@@ -27,10 +27,11 @@ from typing import Any
 
 from ..config.layout import layout_of, rank_label
 from ..rundir import attempts, files
+from ..rundir.identity import RUN_ID_ENV, ensure_run_id
 from . import fresh, stackdump
 from .failure import current_attempt, is_peer_loss, is_timeout_error, record_failure
 from .preempt import Preempted, PreemptHandler, requeue_after_stop, stop_on_sigterm
-from .ranklog import setup_rank_logging
+from .ranklog import FILE_ONLY, setup_rank_logging
 
 __all__ = ["Preempted", "RankSpec", "rank_main"]
 
@@ -88,6 +89,7 @@ def _setup(spec: RankSpec) -> _Rank:
     env = LaunchEnv.from_environ()
     run_dir = Path(spec.run_dir)
     coords = layout_of(spec.config).coords(env.rank)
+    os.environ[RUN_ID_ENV] = ensure_run_id(run_dir)  # ctx.run_id; scripts and child processes inherit it
     console = spec.console_ranks is None or env.rank in spec.console_ranks
     log_path = files.rank_log(run_dir, env.rank)
     log = setup_rank_logging(log_path, env.rank, rank_label(env.rank, coords), console, max_log_mb=spec.max_log_mb)
@@ -162,8 +164,16 @@ def _finish_task(r: _Rank, barrier: Any = None) -> None:
             requeue_after_stop(spec.preempt, r.run_dir, ctx, r.rank, r.log, barrier)
     stopped = ctx.stop is not None and ctx.stop.agreed
     _end_attempt(r, f"stop flag: {ctx.stop.requested or 'another rank'}" if stopped else "completed")
-    if ctx.reporter is not None:
-        ctx.reporter.close()
+    _close_reporter(r, "interrupted" if stopped else "ok")
+
+
+def _close_reporter(r: _Rank, status: str) -> None:
+    """Flush ``metrics.jsonl`` and tell the trackers how this attempt ended ('ok', 'interrupted', 'failed')."""
+    if r.ctx is not None and r.ctx.reporter is not None:
+        try:
+            r.ctx.reporter.close(status)
+        except Exception as exc:  # the record of the run matters more than its trackers
+            r.log.warning(f"closing the progress reporter failed: {type(exc).__name__}: {exc}")
 
 
 def rank_main(spec: RankSpec) -> dict[str, Any]:
@@ -196,6 +206,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     except Preempted:
         if r.ctx is not None and not (attempts.read(r.run_dir, current_attempt()) or {}).get("ended_by"):
             _end_attempt(r, f"preempted: {spec.preempt.signal}")
+        _close_reporter(r, "interrupted")
         r.log.warning(f"rank {r.rank} leaves for the requeue")
         raise
     except BaseException as exc:
@@ -251,20 +262,22 @@ def _record(r: _Rank, exc: BaseException) -> None:
             r.spec.on_timeout()  # e.g. SLURM: every rank of the job dumps its stacks, before srun ends them
         except Exception as hook_exc:
             r.log.warning(f"stack dump request failed: {type(hook_exc).__name__}: {hook_exc}")
+    log = r.log.bind(**{FILE_ONLY: True})  # the launcher shows ranks that failed alike once, with one traceback
     if is_peer_loss(exc):
-        r.log.warning(f"rank {r.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
-        r.log.opt(exception=exc).debug("traceback")
+        log.warning(f"rank {r.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
+        log.opt(exception=exc).debug("traceback")
     elif getattr(exc, "exit_code", None) is not None:  # a script's sys.exit(n): where it was called is in the message
-        r.log.error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
-        r.log.opt(exception=exc).debug("traceback")
+        log.error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
+        log.opt(exception=exc).debug("traceback")
     else:
-        r.log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
+        log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
     try:
         record_failure(r.run_dir, r.rank, r.coords, exc)
     except OSError as write_exc:
         r.log.error(f"rank {r.rank} could not write its failure record {files.rank_error(r.run_dir, r.rank)} "
                     f"({type(write_exc).__name__}: {write_exc}); its failure is the "
                     f"{type(exc).__name__} above")
+    _close_reporter(r, "failed")
 
 
 def _end_attempt(r: _Rank, ended_by: str | None) -> None:

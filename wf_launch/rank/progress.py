@@ -49,8 +49,9 @@ class ProgressReporter:
     """One rank's progress: cheap to call at every step."""
 
     def __init__(self, run_dir: Path | str, rank: int, publish_s: float = 0.5, max_metrics_bytes: int = 0,
-                 warn: Any = None) -> None:
+                 warn: Any = None, sink: Any = None) -> None:
         self.run_dir = Path(run_dir)
+        self.sink = sink  # the rank's experiment trackers (a TrackerHub: ``log(step, metrics)``, ``close(status)``)
         self.rank = rank
         self.publish_s = publish_s
         self.max_metrics_bytes = max_metrics_bytes
@@ -78,6 +79,8 @@ class ProgressReporter:
             self.metrics = metrics
         if metrics or self.log_steps:
             self._append(now, metrics)
+            if self.sink is not None:
+                self.sink.log(self.step, metrics)
         if now - self._last_publish >= self.publish_s or (self.total is not None and self.step >= self.total):
             self.publish(now)
 
@@ -118,7 +121,9 @@ class ProgressReporter:
                        f"({self.max_metrics_bytes / 2**20:g} MB): rank {self.rank} writes no more metrics to it "
                        "(its progress is still published)")
 
-    def close(self) -> None:
+    def close(self, status: str = "ok") -> None:
+        """Publish the last state, close ``metrics.jsonl``, then the trackers with how the attempt ended
+        (``ok``, ``interrupted``, ``failed``). Closing twice does nothing more."""
         if self.step is not None:
             self.publish()
         if self._metrics_file is not None:
@@ -126,3 +131,7 @@ class ProgressReporter:
                 self._metrics_file.close()
             except OSError:
                 pass
+            self._metrics_file = None
+        if self.sink is not None:
+            sink, self.sink = self.sink, None
+            sink.close(status)

@@ -16,7 +16,7 @@ from loguru import logger
 
 from ..rundir import files
 
-__all__ = ["CONSOLE_FORMAT", "FILE_FORMAT", "RankLogSink", "setup_rank_logging"]
+__all__ = ["CLEAR_LINE", "CONSOLE_FORMAT", "FILE_FORMAT", "FILE_ONLY", "RankLogSink", "setup_rank_logging"]
 
 CONSOLE_FORMAT = ("<green>{time:HH:mm:ss.SSS}</green> <cyan>[{extra[label]}]</cyan> "
                   "<level>{level: <7}</level> {message}")
@@ -84,11 +84,32 @@ class RankLogSink:
 
 
 def _console_sink(message: str) -> None:
+    """A rank's line on the launcher's terminal. On a terminal it first clears the line the cursor is on (the
+    launcher's progress bar, redrawn under it at the launcher's next tick), so a log line never sticks to the bar."""
     try:
-        sys.__stderr__.write(message)
-        sys.__stderr__.flush()
+        stream = sys.__stderr__
+        stream.write(f"{CLEAR_LINE}{message}" if _on_terminal(stream) else message)
+        stream.flush()
     except (OSError, ValueError, AttributeError):
         pass
+
+
+CLEAR_LINE = "\r\x1b[K"
+"""Carriage return, then erase to the end of the line: what a line written under a progress bar starts with."""
+FILE_ONLY = "file_only"
+"""``log.bind(file_only=True)``: a record for the rank's log file, never the console (its failure, which the
+launcher summarizes once for all ranks that failed alike)."""
+
+
+def _on_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _for_console(record: Any) -> bool:
+    return not record["extra"].get(FILE_ONLY)
 
 
 class _LogStream(io.TextIOBase):
@@ -174,7 +195,7 @@ def setup_rank_logging(log_file: Path, rank: int, label: str, console: bool,
     if console:
         colorize = bool(getattr(sys.__stderr__, "isatty", lambda: False)())
         logger.add(_console_sink, format=CONSOLE_FORMAT, level="INFO", colorize=colorize,
-                   backtrace=False, diagnose=False, catch=False)
+                   backtrace=False, diagnose=False, catch=False, filter=_for_console)
     if capture_prints:
         sys.stdout = _LogStream("stdout", sys.__stdout__)
         sys.stderr = _LogStream("stderr", sys.__stderr__)

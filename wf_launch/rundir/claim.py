@@ -134,7 +134,8 @@ def claim(run_dir: Path, overwrite: bool = False, resume: bool = False,
             _resumable(run_dir)
         elif held and not overwrite:
             raise RunDirInUse(f"run directory {run_dir} already holds a run ({held}); choose another "
-                              "hydra.run.dir, or pass launcher.overwrite=true to move that run aside")
+                              "hydra.run.dir, or pass launcher.overwrite=true to move that run aside"
+                              + _or_resume(run_dir))
         elif held:
             _move_aside(run_dir)
         os.chmod(run_dir, OWNER_ONLY)
@@ -155,6 +156,14 @@ def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -
         raise RunDirInUse(f"run directory {run_dir} holds a run that is still going; {what} would move or write "
                           "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
                           f"--cancel {run_dir})")
+
+
+def _or_resume(run_dir: Path) -> str:
+    """'; or continue it ...: python -m wf_launch ... launcher.resume=true ...' when the run can go on."""
+    from .resume import resume_hint
+
+    hint = resume_hint(run_dir)
+    return f"; or {hint}" if hint else ""
 
 
 def _move_aside(run_dir: Path) -> None:

@@ -14,13 +14,15 @@ from typing import Any
 
 __all__ = [
     "CHECKPOINTS", "CODE", "CONFIG", "ELASTIC_LOGS", "ENVIRONMENT", "FORMAT_VERSION", "HYDRA", "LAUNCHER_LOG", "LOCK", "LOGS",
-    "MARKERS", "METRICS", "OVERRIDES", "RAY_RUN", "RESULT", "SLURM_JOB", "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART",
-    "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING", "SWEEP_STEPS", "TUNE_ASIDE", "TUNE_BEST", "TUNE_CHART",
-    "TUNE_CONF", "TUNE_CSV", "TUNE_MD", "TUNE_ROUNDS", "TUNE_STATE",
-    "attempt_file", "attempt_number", "config_path", "hydra_config", "hydra_job", "hydra_overrides", "launcher_name",
-    "metrics_chart", "metrics_file", "rank_error", "rank_errors", "rank_exit", "rank_files", "rank_log", "rank_marker",
-    "rank_pid", "rank_preempt", "rank_progress", "rank_stacks",
-    "rank_tail_log", "read_config", "result_before_attempt", "stacks_glob", "tune_round_dir", "tune_round_log",
+    "MARKERS", "METRICS", "MLFLOW_STORE", "OVERRIDES", "RAY_RUN", "RESULT", "RUN_ID", "SLURM_JOB",
+    "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART", "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING",
+    "SWEEP_STEPS", "TENSORBOARD", "TRACKING", "TUNE_ASIDE", "TUNE_BEST", "TUNE_CHART", "TUNE_CONF", "TUNE_CSV",
+    "TUNE_MD", "TUNE_ROUNDS", "TUNE_STATE", "WANDB", "attempt_file", "attempt_number", "config_path", "hydra_config",
+    "hydra_job", "hydra_overrides", "launcher_name", "metrics_chart", "metrics_file", "mlflow_store", "rank_error",
+    "rank_errors", "rank_exit", "rank_files", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress",
+    "rank_stacks", "rank_tail_log", "read_config", "result_before_attempt", "run_id_file", "stacks_glob",
+    "tensorboard_dir", "tracker_lock", "tracker_run_file", "tracker_state", "tune_round_dir", "tune_round_log",
+    "wandb_dir",
 ]
 
 FORMAT_VERSION = 1
@@ -42,6 +44,14 @@ RAY_RUN = "ray_run.json"
 SUBMITIT = "submitit"
 HYDRA = ".hydra"
 ELASTIC_LOGS = ".elastic"
+RUN_ID = "run_id"
+"""The run's stable id (one line), written once when the run directory is first set up (:mod:`.identity`)."""
+TRACKING = "tracking"
+"""Each experiment tracker's state across attempts (``tracking/NAME.json``: the last step it holds, its run id)."""
+TENSORBOARD = "tensorboard"
+WANDB = "wandb"
+MLFLOW_STORE = "mlruns"
+"""The default MLflow file store, beside the run directory (``RUN_DIR/../mlruns``): a sweep's points share one."""
 
 SWEEP_PLAN = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_CHART = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
@@ -160,6 +170,42 @@ def result_before_attempt(run_dir: Path | str, attempt: int) -> Path:
 def metrics_file(run_dir: Path | str) -> Path:
     """``metrics.jsonl``: one line per ``ctx.progress`` call with metrics, every rank."""
     return Path(run_dir) / METRICS
+
+
+def run_id_file(run_dir: Path | str) -> Path:
+    """Where the run's stable id lives (the same for every attempt, restart, requeue and resume)."""
+    return Path(run_dir) / RUN_ID
+
+
+def tracker_state(run_dir: Path | str, tracker: str, rank: int = 0) -> Path:
+    """Tracker ``tracker``'s state on ``rank`` (``tracking/NAME.json``; ``NAME.rankR.json`` for other ranks)."""
+    return Path(run_dir) / TRACKING / (f"{tracker}.json" if rank == 0 else f"{tracker}.rank{rank}.json")
+
+
+def tracker_run_file(run_dir: Path | str, tracker: str) -> Path:
+    """The id of the run a tracker keeps for this run across attempts (``tracking/NAME.run``)."""
+    return Path(run_dir) / TRACKING / f"{tracker}.run"
+
+
+def tracker_lock(run_dir: Path | str, tracker: str) -> Path:
+    """The lock under which a tracker's run is created once for every rank and attempt (``tracking/NAME.lock``)."""
+    return Path(run_dir) / TRACKING / f"{tracker}.lock"
+
+
+def tensorboard_dir(run_dir: Path | str, rank: int | None = None) -> Path:
+    """TensorBoard's event files: ``tensorboard/`` (rank 0), or ``tensorboard/rank{r}/`` with every rank tracked."""
+    base = Path(run_dir) / TENSORBOARD
+    return base if rank is None else base / f"rank{rank}"
+
+
+def wandb_dir(run_dir: Path | str) -> Path:
+    """Where W&B keeps its local run files (``wandb/``, offline runs included)."""
+    return Path(run_dir) / WANDB
+
+
+def mlflow_store(run_dir: Path | str) -> Path:
+    """The default MLflow file store of a run: ``mlruns/`` beside the run directory."""
+    return Path(run_dir).absolute().parent / MLFLOW_STORE
 
 
 def metrics_chart(run_dir: Path | str) -> Path:

@@ -86,7 +86,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "run_dir": (str,), "task": (str, type(None)), "launcher": (str, type(None)), "overrides": (list,),
     "layout": (dict, type(None)), "results": (dict,), "timings": (dict,), "hosts": (list,),
     "failure": (dict, type(None)), "exits": (dict, type(None)), "attempts": (list,),
-    "environment": (dict, type(None)), "signal": (str, type(None)), "finished_at": (int, float, type(None)),
+    "environment": (dict, type(None)), "signal": (str, type(None)), "run_id": (str, type(None)), "finished_at": (int, float, type(None)),
 }
 """The JSON type each record field must have (a reader relies on it)."""
 
@@ -104,6 +104,16 @@ def _field_problem(values: dict[str, Any]) -> str | None:
     if wall is not None and not is_number(wall):
         return f"field 'timings.wall_s' is {wall!r:.60}, expected a number of seconds"
     return None
+
+
+def _run_id_of(run_dir: Path | str) -> str | None:
+    """The run's stable id for its record (None when it has none or it is unreadable)."""
+    from .identity import RunIdError, read_run_id
+
+    try:
+        return read_run_id(run_dir)
+    except RunIdError:
+        return None
 
 
 class RecordError(ValueError):
@@ -130,6 +140,7 @@ class RunRecord:
 
     status: Status
     run_dir: str = ""
+    run_id: str | None = None
     task: str | None = None
     launcher: str | None = None
     overrides: list[str] = field(default_factory=list)
@@ -259,6 +270,8 @@ class RunRecord:
                 record.extra[key] = value
         if record.finished_at is None:
             record.finished_at = time.time()
+        if record.run_id is None:
+            record.run_id = _run_id_of(run_dir)
         record.final = True
         record.write(run_dir)
         return record

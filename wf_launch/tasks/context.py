@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,9 @@ class TaskContext:
     ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp', 'tp-pp' to
     :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects;
     ``pp`` is the PP scheduler when pp_size > 1, else None. ``run_dir`` is the run
-    directory shared by all ranks; ``log`` a loguru logger bound to this rank.
+    directory shared by all ranks; ``log`` a loguru logger bound to this rank. ``run_id`` is the
+    run's stable id (``RUN_DIR/run_id``, also ``$WF_RUN_ID``): the same in every attempt, restart,
+    requeue and resume of the run, e.g. to name the run in your own tracker.
     """
 
     cfg: TaskConfig
@@ -49,6 +52,7 @@ class TaskContext:
     pp: PPScheduler | None
     run_dir: Path
     log: Logger
+    run_id: str = ""
     reporter: ProgressReporter | None = None
     stop: StopFlag | None = None
     _checkpointer: Checkpointer | None = field(default=None, repr=False)
@@ -107,6 +111,15 @@ def _metrics_cap(config: dict[str, Any]) -> int:
     return int(float(mb) * 2**20)
 
 
+def _attempt() -> int:
+    from worldfoundry.core.distributed.env import launch_attempt
+
+    try:
+        return launch_attempt()
+    except ValueError:
+        return 0
+
+
 def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) -> TaskContext:
     """Assemble the context from the live groups (after ``dist_init``)."""
     from worldfoundry.core.distributed import groups as g
@@ -122,17 +135,16 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         pp = pp_scheduler()
     from worldfoundry.core.distributed.init import LaunchEnv
 
-    from ..rank.progress import ProgressReporter, publish_interval
     from ..rank.stop import StopFlag
     from .registry import task_config_class
 
     task = dict(config.get("task", {}))
+    run_id, reporter = _reporter(config, run_dir, world.rank, log)
     return TaskContext(
         cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=world.rank,
         world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
         device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
-        run_dir=Path(run_dir), log=log, reporter=ProgressReporter(run_dir, world.rank, publish_interval(),
-                                                                  _metrics_cap(config), warn=log.warning),
+        run_dir=Path(run_dir), log=log, run_id=run_id, reporter=reporter,
         stop=StopFlag(world.cpu_group),
     )
 
@@ -149,15 +161,27 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
     from worldfoundry.core.distributed.env import LaunchEnv
 
     from ..config.layout import layout_of
-    from ..rank.progress import ProgressReporter, publish_interval
     from ..rank.stop import StopFlag
     from .registry import task_config_class
 
     env = LaunchEnv.from_environ()
     task = dict(config.get("task", {}))
+    run_id, reporter = _reporter(config, run_dir, env.rank, log)
     return TaskContext(
         cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=env.rank,
         world_size=env.world_size, local_rank=env.local_rank, device=None, coords=layout_of(config).coords(env.rank),
-        groups={}, pp=None, run_dir=Path(run_dir), log=log,
-        reporter=ProgressReporter(run_dir, env.rank, publish_interval()), stop=StopFlag(None, every=1),
+        groups={}, pp=None, run_dir=Path(run_dir), log=log, run_id=run_id, reporter=reporter,
+        stop=StopFlag(None, every=1),
     )
+
+
+def _reporter(config: dict[str, Any], run_dir: Path, rank: int, log: Any) -> tuple[str, Any]:
+    """The run's id and this rank's progress reporter (``metrics.jsonl`` within ``launcher.max_metrics_mb``,
+    the experiment trackers of ``tracking``)."""
+    from ..rank.progress import ProgressReporter, publish_interval
+    from ..rank.trackers import open_trackers
+    from ..rundir.identity import RUN_ID_ENV, read_run_id
+
+    run_id = os.environ.get(RUN_ID_ENV) or read_run_id(run_dir) or ""
+    sink = open_trackers(config, run_dir, rank, run_id, _attempt(), log)
+    return run_id, ProgressReporter(run_dir, rank, publish_interval(), _metrics_cap(config), warn=log.warning, sink=sink)

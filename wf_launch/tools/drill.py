@@ -117,12 +117,84 @@ def parse_injections(text: str, backend: str) -> list[Injection]:
 
 
 def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injection]:
-    """``n`` interruptions of the backend's kinds at distinct random steps in ``[1, total - 1]``."""
-    if not 1 <= n < total:
-        raise DrillError(f"--random {n}: expected 1 .. {total - 1} (the task runs {total} steps)")
+    """``n`` interruptions of the backend's kinds at distinct random steps in ``[2, total - 2]`` (a stop is agreed
+    a step after it is asked, and a kill must come after a checkpoint)."""
+    if not 1 <= n <= total - 3:
+        raise DrillError(f"--random {n}: expected 1 .. {max(total - 3, 0)} (the task runs {total} steps; "
+                         "interruptions land between step 2 and step total - 2)")
     rng = random.Random(seed)
-    steps = sorted(rng.sample(range(1, total), n))
+    steps = sorted(rng.sample(range(2, total - 1), n))
     return [Injection(rng.choice(KINDS[backend]), s) for s in steps]
+
+
+STOP_KINDS = ("sigterm", "usr2")
+"""Interruptions that go through the stop flag: agreed a step after they are asked, then the task saves."""
+
+
+def composed_task(overrides: list[str]) -> dict[str, Any]:
+    """The run's ``task`` section as ``python -m wf_launch OVERRIDES`` would compose it (Hydra's compose API), so
+    the drill can check its injections before anything runs; :class:`DrillError` for a config mistake."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from ..config.overrides import hydra_config_error, refuse_schemas
+    from ..config.run import register_configs
+    from ..tasks.registry import load_task_modules
+
+    mods = [m.strip().strip("'\"") for o in overrides if o.lstrip("+~").startswith("task.modules=")
+            for m in o.split("=", 1)[1].strip("[]").split(",") if m.strip()]
+    plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
+    try:
+        load_task_modules(mods)
+        register_configs()
+        refuse_schemas(plain)
+        for name in ("wf_uid", "wf_config_groups"):
+            OmegaConf.register_new_resolver(name, str, replace=True)
+        with initialize_config_module(config_module="wf_launch.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=plain)
+        task = OmegaConf.to_container(cfg.task, resolve=True)
+    except Exception as exc:
+        error = hydra_config_error(exc, plain)
+        if error is None and not isinstance(exc, ImportError):
+            raise
+        raise DrillError(f"config error: {error or exc}") from None
+    return task if isinstance(task, dict) else {}
+
+
+def check_injections(injections: list[Injection], task: dict[str, Any], given: set[str]) -> tuple[list[str], list[str]]:
+    """Refuse an injection that proves nothing; returns (overrides the drill adds, what it says about them).
+
+    An injection at or past the task's last step lands when there is nothing left to interrupt, and a stop
+    (``sigterm``, ``usr2``) is agreed one step after it is asked, so it must come two steps before the end. A
+    ``kill9`` with no checkpoint before it only proves that a fresh start is deterministic: unless a stop saved
+    one earlier, the drill sets ``task.checkpoint_every`` itself when the command left it at 0 (saying so) and
+    refuses an explicit value that saves nothing before the kill.
+    """
+    steps, every = task.get("steps"), task.get("checkpoint_every")
+    for inj in injections:
+        last = steps - (2 if inj.kind in STOP_KINDS else 1) if isinstance(steps, int) else None
+        if last is not None and inj.step > last:
+            why = "its stop is agreed a step later, " if inj.kind in STOP_KINDS else ""
+            raise DrillError(f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and {why}an "
+                             f"interruption there leaves nothing to resume: choose a step <= {max(last, 0)}, or raise "
+                             "task.steps")
+    if not isinstance(every, int):
+        return [], []
+    uncovered = [i for i in injections if i.kind in RANKED and not any(
+        s.kind in STOP_KINDS and s.step < i.step for s in injections) and not (0 < every < i.step)]
+    if not uncovered:
+        return [], []
+    kind, first = min((i.step, i.kind) for i in uncovered)[::-1]
+    if "task.checkpoint_every" in given:
+        raise DrillError(f"--inject {kind}@{first}: no checkpoint precedes it (task.checkpoint_every={every}), so the "
+                         f"restart starts from scratch and proves nothing about resuming; choose "
+                         f"task.checkpoint_every between 1 and {first - 1}, or a later step")
+    if first < 2:
+        raise DrillError(f"--inject {kind}@{first}: no checkpoint can precede step {first}; choose a step >= 2")
+    chosen = max(1, (first - 1) // 2)
+    return [f"task.checkpoint_every={chosen}"], [
+        f"{kind}@{first} needs a checkpoint before it and task.checkpoint_every was {every} (0: save only on a stop), "
+        f"so the drill sets task.checkpoint_every={chosen} (for both runs)"]
 
 
 # ------------------------------------------------------------------ running the CLI
@@ -441,12 +513,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=sorted(KINDS), default="local", help="where the runs go (default local)")
     p.add_argument("--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
-    p.add_argument("--resume-with", metavar="OVERRIDES", default=None,
-                   help="Hydra overrides every relaunch of the interrupted run adds, e.g. 'engine.dp_size=2 "
-                        "engine.cp_size=2': it resumes at that layout (needs a sigterm@ locally, usr2@ on slurm)")
-    p.add_argument("--atol", type=float, default=None,
-                   help="compare loss curve, final loss and final weights within this absolute tolerance instead "
-                        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})")
+    p.add_argument("--dry-run", action="store_true", help="check the arguments and the injections against the "
+                   "task's config, print the plan, run nothing")
     return p
 
 
@@ -461,22 +529,41 @@ def _check_overrides(overrides: list[str]) -> None:
             raise DrillError(f"{o!r}: the drill sets {key} itself (use --backend / --dir)")
 
 
+def _plan(args: argparse.Namespace) -> tuple[list[str], list[Injection] | None]:
+    """The checked overrides (with what the drill adds) and injections (None: random, after the reference run)."""
+    _check_overrides(args.overrides)
+    injections = parse_injections(args.inject, args.backend) if args.inject else None
+    if args.random is not None and args.random < 1:
+        raise DrillError(f"--random {args.random}: expected an integer >= 1")
+    if args.timeout <= 0:
+        raise DrillError(f"--timeout {args.timeout}: expected seconds > 0")
+    task = composed_task([f"launcher={args.backend}", *args.overrides])
+    if injections is None and isinstance(task.get("steps"), int):
+        injections = random_injections(args.random or 2, task["steps"], args.backend, args.seed)
+    given = {o.split("=", 1)[0].lstrip("+~") for o in args.overrides}
+    extra, notes = check_injections(injections, task, given) if injections else ([], [])
+    for note in notes:
+        print(f"drill: {note}", flush=True)
+    return [*args.overrides, *extra], injections
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        _check_overrides(args.overrides)
-        injections = parse_injections(args.inject, args.backend) if args.inject else None
+        overrides, injections = _plan(args)
         resume_with, atol = _layout_options(args, injections)
-        if args.random is not None and args.random < 1:
-            raise DrillError(f"--random {args.random}: expected an integer >= 1")
-        if args.timeout <= 0:
-            raise DrillError(f"--timeout {args.timeout}: expected seconds > 0")
+        if args.dry_run:
+            planned = "random, after the reference run" if injections is None else \
+                ", ".join(f"{i.kind}@{i.step}" for i in injections)
+            relaunch = f"; relaunches add {' '.join(resume_with)}" if resume_with else ""
+            print(f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={args.backend}, twice; "
+                  f"interruptions: {planned}{relaunch}")
+            return 0
         directory = args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")
         if directory.exists() and any(directory.iterdir()):
             raise DrillError(f"--dir {directory}: not empty (a drill directory holds one drill)")
         directory.mkdir(parents=True, exist_ok=True)
-        drill = Drill(list(args.overrides), args.backend, directory.absolute(), args.timeout,
-                      resume_with=resume_with, atol=atol)
+        drill = Drill(overrides, args.backend, directory.absolute(), args.timeout, resume_with=resume_with, atol=atol)
         print(f"drill: reference run in {drill.dir / 'reference'}", flush=True)
         reference = drill.reference()
         if reference.exit_codes[-1] != 0:

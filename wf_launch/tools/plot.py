@@ -1,9 +1,12 @@
-"""``python -m wf_launch.plot RUN_DIR [METRIC ...]``: a run's metrics over steps, as a PNG.
+"""``python -m wf_launch.plot PATH [PATH ...] [METRIC ...]``: runs' metrics over steps, as one PNG.
 
-Reads ``RUN_DIR/metrics.jsonl`` (what ``ctx.progress(step, **metrics)`` appends
-on every rank) and draws each metric against the step, one panel per metric,
-one line per reporting rank (rank 0 alone unless ``--all-ranks``). Writes
-``RUN_DIR/metrics.png`` unless ``--out`` says where.
+Each ``PATH`` is a run directory or a sweep directory (standing for each of its points); the
+other arguments name metrics. It reads each run's ``metrics.jsonl`` (what
+``ctx.progress(step, **metrics)`` appends on every rank) and draws each metric against the step,
+one panel per metric: one line per reporting rank for one run (rank 0 alone unless
+``--all-ranks``), one line per run for several (a sweep's points on one chart, each named by the
+overrides that set it apart). Writes ``RUN_DIR/metrics.png`` (a sweep's: ``SWEEP_DIR/metrics.png``;
+several runs: their common parent's) unless ``--out`` says where.
 """
 
 from __future__ import annotations
@@ -11,19 +14,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from worldfoundry.core.validation import is_int, is_number
 
 from ..rundir import files
-from ..rundir.io import open_regular
+from ..rundir.io import open_regular, read_bytes
 from ..rundir.text import printable
 
-__all__ = ["MAX_POINTS", "load_metrics", "main", "metric_lines", "render"]
+__all__ = ["MAX_POINTS", "Series", "expand_runs", "load_metrics", "main", "metric_lines", "render", "run_labels"]
+
+Series = dict[str, dict[str, list[tuple[int, float]]]]
+"""metric -> line label -> [(step, value)]."""
 
 
 MAX_POINTS = 20_000
@@ -91,10 +97,66 @@ def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, flo
                 out[name][rank].add((row["step"], float(value)))
     return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
 
+def _is_run(path: Path) -> bool:
+    return files.metrics_file(path).is_file() or files.config_path(path).is_file()
 
-def render(series: dict[str, dict[int, list[tuple[int, float]]]], path: Path, title: str,
+
+def expand_runs(paths: list[Path]) -> list[Path]:
+    """Run directories: each path itself, or a sweep directory's points (its sub-directories that hold a run)."""
+    runs: list[Path] = []
+    for path in paths:
+        if _is_run(path):
+            runs.append(path)
+            continue
+        points = [p for p in path.iterdir() if p.is_dir() and _is_run(p)] if path.is_dir() else []
+        runs += sorted(points, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    return runs
+
+
+def _overrides(run_dir: Path) -> list[str]:
+    import yaml
+
+    for path in (run_dir / files.OVERRIDES, files.hydra_overrides(run_dir)):
+        try:
+            data = yaml.safe_load(read_bytes(path, 1 << 20).decode(errors="replace"))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(data, list):
+            return [str(o) for o in data]
+    return []
+
+
+def run_labels(runs: list[Path]) -> dict[Path, str]:
+    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its directory."""
+    if len(runs) == 1:
+        return {runs[0]: runs[0].name}
+    given = {run: _overrides(run) for run in runs}
+    common = set.intersection(*(set(o) for o in given.values())) if given else set()
+    labels = {}
+    for run in runs:
+        own = [o for o in given[run] if o not in common and not o.startswith("hydra.")]
+        labels[run] = " ".join(own) if own else run.name
+    if len(set(labels.values())) < len(labels):
+        labels = {run: f"{run.name}: {label}" if label != run.name else label for run, label in labels.items()}
+    return labels
+
+
+def collect(runs: list[Path], all_ranks: bool) -> Series:
+    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the chart."""
+    labels = run_labels(runs)
+    out: Series = defaultdict(dict)
+    for run in runs:
+        for metric, by_rank in load_metrics(run).items():
+            ranks = sorted(by_rank) if all_ranks else sorted(by_rank)[:1]
+            for rank in ranks:
+                name = (f"rank {rank}" if len(runs) == 1 else f"{labels[run]}" + (f" r{rank}" if all_ranks else ""))
+                out[metric][name] = sorted(by_rank[rank])
+    return dict(out)
+
+
+def render(series: Series | dict[str, dict[int, list[tuple[int, float]]]], path: Path, title: str,
            all_ranks: bool = False) -> Path:
-    """Draw ``series`` into ``path`` (one panel per metric)."""
+    """Draw ``series`` into ``path``: one panel per metric, one line per entry (a rank or a run)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,14 +167,15 @@ def render(series: dict[str, dict[int, list[tuple[int, float]]]], path: Path, ti
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.6 * rows), squeeze=False)
     for ax, name in zip(axes.flat, names):
-        by_rank: dict[int, Any] = series[name]
-        ranks = sorted(by_rank) if all_ranks else sorted(by_rank)[:1]
-        for rank in ranks:
-            points = sorted(by_rank[rank])
-            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.4, label=f"rank {rank}")
+        lines = series[name]
+        keys = list(lines) if all_ranks or any(isinstance(k, str) for k in lines) else sorted(lines)[:1]
+        for key in keys:
+            points = sorted(lines[key])
+            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.4,
+                    label=key if isinstance(key, str) else f"rank {key}")
         ax.set(title=name, xlabel="step", ylabel=name)
         ax.grid(alpha=0.3)
-        if len(ranks) > 1:
+        if len(keys) > 1:
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
@@ -123,26 +186,40 @@ def render(series: dict[str, dict[int, list[tuple[int, float]]]], path: Path, ti
     return path
 
 
+def _default_out(paths: list[Path], runs: list[Path]) -> Path:
+    if len(paths) == 1:
+        return files.metrics_chart(paths[0])
+    return files.metrics_chart(Path(os.path.commonpath([str(r.absolute()) for r in runs])))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Plot a run's metrics."""
+    """Plot runs' metrics."""
     ap = argparse.ArgumentParser(prog="python -m wf_launch.plot", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("metrics", nargs="*", help="metrics to draw (default: every numeric one)")
+    ap.add_argument("paths", nargs="+", metavar="PATH_OR_METRIC",
+                    help="run or sweep directories, then the metrics to draw (default: every numeric one)")
     ap.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/metrics.png)")
     ap.add_argument("--all-ranks", action="store_true", help="one line per rank, not rank 0 alone")
     args = ap.parse_args(argv)
-    series = load_metrics(args.run_dir)
+    paths = [Path(p) for p in args.paths if Path(p).is_dir()]
+    wanted = [p for p in args.paths if not Path(p).is_dir()]
+    if not paths:
+        print(printable(f"wf_launch.plot: no run directory among {args.paths}"), file=sys.stderr)
+        return 2
+    runs = expand_runs(paths)
+    series = collect(runs, args.all_ranks)
     if not series:
-        print(f"wf_launch.plot: no metrics in {files.metrics_file(args.run_dir)} (tasks report them with "
-              "ctx.progress(step, name=value))", file=sys.stderr)
+        where = files.metrics_file(paths[0]) if len(runs) <= 1 else f"the {files.METRICS} of {len(runs)} runs"
+        print(f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
+              file=sys.stderr)
         return 2
-    unknown = [m for m in args.metrics if m not in series]
+    unknown = [m for m in wanted if m not in series]
     if unknown:
-        print(printable(f"wf_launch.plot: no metric {unknown[0]!r} in {files.metrics_file(args.run_dir)}; it has "
-                        f"{sorted(series)}"), file=sys.stderr)
+        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+        print(printable(f"wf_launch.plot: no metric {unknown[0]!r} in {where}; it has {sorted(series)}"), file=sys.stderr)
         return 2
-    chosen = {m: series[m] for m in (args.metrics or series)}
-    out = render(chosen, args.out or files.metrics_chart(args.run_dir), str(args.run_dir), args.all_ranks)
+    chosen = {m: series[m] for m in (wanted or series)}
+    title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
+    out = render(chosen, args.out or _default_out(paths, runs), title, all_ranks=True)
     print(out)
     return 0
 

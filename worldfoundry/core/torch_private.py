@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import signal
 import sys
 from collections.abc import Callable
 from functools import lru_cache
@@ -100,8 +101,10 @@ def hooked_agent_class() -> type:
     """torch's ``LocalElasticAgent`` with public hooks where wf_launch needs its private methods.
 
     Subclasses override :meth:`start_workers` (wraps one start of the workers; call
-    ``start()`` to start them), :meth:`on_shutdown` (before the agent stops its workers)
+    ``start()`` to start them), :meth:`on_shutdown` (before the agent stops its workers),
+    :meth:`stop_signal` (the signal the workers are stopped with, given the one the agent got)
     and :meth:`after_monitor` (sees each check of the workers and may replace its result).
+    A second signal while the workers stop kills them at once.
     """
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -121,9 +124,19 @@ def hooked_agent_class() -> type:
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
             return self.start_workers(worker_group, lambda: LocalElasticAgent._start_workers(self, worker_group))
 
-        def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+        def stop_signal(self, death_sig: Any) -> Any:
+            return death_sig
+
+        def _shutdown(self, death_sig: Any = None, *args: Any, **kwargs: Any) -> None:
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
             self.on_shutdown()
-            LocalElasticAgent._shutdown(self, *args, **kwargs)
+            death_sig = self.stop_signal(signal.SIGTERM if death_sig is None else death_sig)
+            try:
+                LocalElasticAgent._shutdown(self, death_sig, *args, **kwargs)
+            except SignalException:  # signalled again while the workers stop: stop them at once
+                LocalElasticAgent._shutdown(self, signal.SIGKILL, timeout=5)
+                raise
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             self.before_monitor(worker_group)

@@ -13,6 +13,7 @@ agent has forked them all (see there).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+from loguru import logger
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -42,6 +44,8 @@ from worldfoundry.core.torch_private import (
 __all__ = ["LOOPBACK", "ForkGate", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
 
 LOOPBACK = "127.0.0.1"
+_AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""The signals torch's worker context handles while the ranks run (``TORCHELASTIC_SIGNALS_TO_HANDLE``)."""
 
 
 class PortInUse(OSError):
@@ -156,6 +160,15 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         finally:
             self.gate.release(len(worker_group.workers))
 
+    def stop_signal(self, death_sig: Any) -> Any:
+        """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag, so a task
+        that polls ``ctx.should_stop()`` saves and returns; a second Ctrl-C stops them at once."""
+        if death_sig == signal.SIGINT:
+            logger.warning("Ctrl-C: every rank stops at its next step boundary (a task that polls "
+                           "ctx.should_stop() saves first); press Ctrl-C again to stop at once")
+            return signal.SIGTERM
+        return death_sig
+
     def on_shutdown(self) -> None:
         # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag saves
         # and returns, and its rank then waits for the agent to collect its return value, which a stopping
@@ -234,6 +247,7 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
     agent.gate = gate
     agent.watch = watch
     agent.on_start = on_start
+    handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     try:
         result = agent.run()
     except SignalException:
@@ -241,6 +255,9 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
     except BaseException:
         spec.rdzv_handler.shutdown()
         raise
+    finally:
+        for signum, handler in handlers.items():  # torch's handlers raise; after the ranks, Ctrl-C is ours again
+            signal.signal(signum, handler)
     spec.rdzv_handler.shutdown()
     if result.is_failed():
         error = ChildFailedError(name=getattr(entrypoint, "__name__", "rank"), failures=result.failures)

@@ -58,7 +58,7 @@ class LocalLauncherConfig(LauncherConfig):
     threads_per_rank: int = 0
     rdzv_port: int = 0
     monitor_interval_s: float = 0.1
-    shutdown_timeout_s: int = 5
+    shutdown_timeout_s: int = 30
     loopback_only: bool = True
     oversubscribe: bool = False
 
@@ -194,48 +194,61 @@ def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Start every rank, wait for them, and record the outcome in the run directory."""
+    """Start every rank, wait for them, and record the outcome in the run directory.
+
+    Ctrl-C or SIGTERM at any point (the task's modules still importing, the ranks starting or
+    running) ends with an ``interrupted`` record that says how to resume.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from ...observe.live import progress_monitor
-    from ...observe.watch import RankWatch, StartupTimeout
-    from .agent import ForkGate, PortInUse, RanksFailed, run_agent
-    from .rank_entry import local_rank_entry
+    from ...observe.watch import StartupTimeout
+    from .agent import PortInUse, RanksFailed
 
-    config, spec, method = _prepare(plan)
-    tracker = _AttemptTracker(plan.run_dir, plan.world_size, spec.attempt_base)
-    logger.info(f"launching {plan.world_size} rank(s): {plan.layout.describe()}, task={plan.task}, "
-                f"start method {method}, run dir {plan.run_dir}")
-    info = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,
-            "run_dir": str(plan.run_dir), "environment": record_environment(plan.run_dir)}
+    tracker = _AttemptTracker(plan.run_dir, plan.world_size, attempts.count(plan.run_dir))
+    info: dict[str, Any] = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,
+                            "run_dir": str(plan.run_dir)}
     t0 = time.time()
     try:
-        gate = ForkGate()
-        # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
-        # launcher forks the ranks, and a forking process should run no threads of its own.
-        monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
-        watch = RankWatch(plan.run_dir, plan.world_size, plan.label, float(plan.config["engine"]["init_timeout_s"]),
-                          write=logger.info, progress=monitor)
-        try:
-            run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
-                      loopback_only=plan.launcher_config.loopback_only, watch=watch, on_start=tracker.on_start)
-        finally:
-            monitor.stop()
-    except StartupTimeout as exc:
-        info["attempts"], info["placement"] = tracker.close("start-up timeout"), read_placement(plan.run_dir, plan.world_size)
-        return _startup_timeout(plan, info, exc, time.time() - t0)
+        _start_and_wait(plan, info, tracker)
     except PortInUse as exc:
         return _port_in_use(plan, info, exc)
     except RanksFailed as exc:
         info["attempts"] = tracker.close(attempts.cause_of_exits(exc.exit_codes))
         info["placement"] = read_placement(plan.run_dir, plan.world_size)
         return _failed(plan, info, exc.exit_codes, time.time() - t0, exc.dumps)
+    except StartupTimeout as exc:
+        info["attempts"], info["placement"] = tracker.close("start-up timeout"), read_placement(plan.run_dir, plan.world_size)
+        return _startup_timeout(plan, info, exc, time.time() - t0)
     except (SignalException, KeyboardInterrupt) as exc:
         info["placement"] = read_placement(plan.run_dir, plan.world_size)
         return _interrupted(plan, info, tracker, signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name, t0)
     info["attempts"], info["placement"] = tracker.close("completed"), read_placement(plan.run_dir, plan.world_size)
     record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(time.time() - t0, 4)})
     return RunOutcome.of(record, plan.run_dir)
+
+
+def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker) -> None:
+    """Preload, record the environment, start the ranks on the agent and wait for them (raises how it ended)."""
+    from ...observe.live import progress_monitor
+    from ...observe.watch import RankWatch
+    from .agent import ForkGate, run_agent
+    from .rank_entry import local_rank_entry
+
+    config, spec, method = _prepare(plan)
+    logger.info(f"launching {plan.world_size} rank(s): {plan.layout.describe()}, task={plan.task}, "
+                f"start method {method}, run dir {plan.run_dir}")
+    info["environment"] = record_environment(plan.run_dir)
+    gate = ForkGate()
+    # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
+    # launcher forks the ranks, and a forking process should run no threads of its own.
+    monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
+    watch = RankWatch(plan.run_dir, plan.world_size, plan.label, float(plan.config["engine"]["init_timeout_s"]),
+                      write=logger.info, progress=monitor)
+    try:
+        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
+                  loopback_only=plan.launcher_config.loopback_only, watch=watch, on_start=tracker.on_start)
+    finally:
+        monitor.stop()
 
 
 class _AttemptTracker:
@@ -268,13 +281,18 @@ def _port_in_use(plan: LaunchPlan, info: dict[str, Any], exc: Exception) -> RunO
 
 def _interrupted(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker, name: str,
                  t0: float) -> RunOutcome:
-    summary = f"interrupted by {name}: every rank was stopped"
+    from ...rundir.resume import resume_hint
+
+    started = tracker.current is not None
+    summary = (f"interrupted by {name}: every rank was stopped" if started
+               else f"interrupted by {name} while the run was starting: no rank had started")
     logger.debug(summary)
     info["attempts"] = tracker.close(name)
     record = RunRecord.finalize(plan.run_dir, Status.INTERRUPTED, signal_name=name, **info,
                                 failure={"cause": "interrupt", "signal": name, "message": summary},
                                 timings={"wall_s": round(time.time() - t0, 4)})
-    return RunOutcome.of(record, plan.run_dir, summary)
+    hint = resume_hint(plan.run_dir, plan.overrides)
+    return RunOutcome.of(record, plan.run_dir, f"{summary}\n  {hint}" if hint else summary)
 
 
 def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:
