@@ -11,10 +11,18 @@ failed run: 1, a Ctrl-C: 130, pressed once the ranks report progress), as its ex
 take minutes; tests/test_drill.py runs real drills). Python blocks that open with ``# PATH.py`` are
 written out, so the commands that use the docs' own example tasks run them.
 
+Tunes run as ``--dry-run`` too (the space, the pruning and the rounds are checked; tests/test_tune*.py
+run real tunes). The docs' stand-ins for a user's code (``train.py``, ``my_pkg.train``, ``cfg.yaml``)
+are written into the scratch directory as small torchrun-style programs; ``checkpoint`` commands get a
+run that saved one.
+
 Skipped, and named in the output: commands that need a SLURM cluster (``launcher=slurm``,
 ``--backend slurm``, ``status --wait/--cancel``, the SLURM samples' run directories, the test
-cluster's script) unless one answers ``sinfo``, and the set-up lines that create a venv and run the
-whole suite (what ``.ci/run`` does).
+cluster's script) unless one answers ``sinfo``; commands that name a Ray cluster (``launcher.address``,
+``--backend ray``, ``ray_cluster.sh``: tests/test_ray_*.py run those paths on the test cluster;
+``launcher=ray`` alone starts a private instance and runs here); a ``tune --resume`` of the docs'
+example directory; and the set-up lines that create a venv and run the whole suite (what ``.ci/run``
+does).
 """
 
 from __future__ import annotations
@@ -112,6 +120,11 @@ def skip_reason(shown: Shown) -> str | None:
                    or {"--wait", "--cancel"} & set(words) or {"run1", "run2"} & set(words))
     if needs_slurm and not _slurm_reachable():
         return "needs a SLURM cluster (none answers sinfo here)"
+    if (any(w.startswith("launcher.address=") and w != "launcher.address=null" for w in words)
+            or "--backend ray" in shown.text or "ray_cluster.sh" in shown.text):
+        return "names a Ray cluster (tests/test_ray_*.py run this path on scripts/ray_cluster.sh's cluster)"
+    if words[:3] == ["python", "-m", "wf_launch.tune"] and "--resume" in words:
+        return "continues the docs' example tune directory"
     return None
 
 
@@ -155,9 +168,41 @@ def _argv(shown: Shown, scratch: Path, index: int, places: dict[str, str]) -> li
         key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
         rest = [a for a in rest if not a.startswith(key + "=")]
         rest += [*_small(rest), f"{key}={scratch / ('sweep' if sweep else 'run')}{index}"]
-    if module == "wf_launch.drill":
+    if module in ("wf_launch.drill", "wf_launch.tune") and "--dry-run" not in rest:
         rest += ["--dry-run"]
     return [sys.executable, "-m", module, *rest]
+
+
+_USER_SCRIPT = """\
+\"\"\"The docs' train.py: a torchrun-style script that reads its rank and takes the docs' arguments.\"\"\"
+import argparse
+import os
+
+
+def main(lr=0.1, steps=1, epochs=1, **rest):
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"rank {rank} of {world}: lr={lr} steps={steps} epochs={epochs}")
+    return {"rank": rank, "lr": lr}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    for flag in ("--lr", "--cp", "--pp", "--out", "--config", "--name", "--epochs"):
+        parser.add_argument(flag)
+    args, _ = parser.parse_known_args()
+    main(lr=args.lr, epochs=args.epochs)
+"""
+
+
+def _write_user_code(scratch: Path) -> None:
+    """The docs' stand-ins for a user's code: ``train.py`` and ``cfg.yaml`` where the commands run, and
+    ``my_pkg.train`` (with ``main``) on the path."""
+    (scratch / "train.py").write_text(_USER_SCRIPT)
+    (scratch / "cfg.yaml").write_text("lr: 0.1\n")
+    package = scratch / "examples" / "my_pkg"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    (package / "train.py").write_text(_USER_SCRIPT)
 
 
 def _write_examples(scratch: Path) -> None:
@@ -195,21 +240,37 @@ def _fixtures(scratch: Path, env: dict[str, str]) -> tuple[dict[str, str], subpr
     """RUN_DIR (a run with metrics), SWEEP_DIR (a sweep of two such runs), and a run still going for ``--stacks``."""
     chatty = [sys.executable, "-m", "wf_launch", "task=chatty", "task.modules=[wf_identity_tasks]", "task.say_every=100"]
     places = {"RUN_DIR": str(scratch / "fixture_run"), "SWEEP_DIR": str(scratch / "fixture_sweep"),
-              "LIVE_RUN_DIR": str(scratch / "fixture_live")}
+              "LIVE_RUN_DIR": str(scratch / "fixture_live"), "CKPT_RUN_DIR": str(scratch / "fixture_ckpt"),
+              "task.path=tests/scripts/helpers_train.py": f"task.path={REPO / 'tests/scripts/helpers_train.py'}"}
     live = subprocess.Popen([*chatty, "task.steps=100000", "task.step_sleep_s=0.2", f"hydra.run.dir={places['LIVE_RUN_DIR']}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=scratch,
                             start_new_session=True)
     made = [_run([*chatty, "task.steps=5", "task.step_sleep_s=0", f"hydra.run.dir={places['RUN_DIR']}"], scratch, env),
             _run([chatty[0], "-m", "wf_launch", "-m", *chatty[3:], "task.steps=5", "task.step_sleep_s=0",
-                  "engine.dp_size=1,2", f"hydra.sweep.dir={places['SWEEP_DIR']}"], scratch, env)]
+                  "engine.dp_size=1,2", f"hydra.sweep.dir={places['SWEEP_DIR']}"], scratch, env),
+            _run([chatty[0], "-m", "wf_launch", "task=train", "task.steps=2", "engine.dp_size=2",
+                  f"hydra.run.dir={places['CKPT_RUN_DIR']}"], scratch, env)]
     assert all(p.returncode == 0 for p in made), [p.stderr[-2000:] for p in made]
     return places, live
+
+
+def _places_for(shown: Shown, places: dict[str, str]) -> dict[str, str]:
+    """What the command's placeholders stand for: a run still going for ``--stacks``; for ``checkpoint``,
+    a run that saved one (the docs' ``RUN_DIR``, ``run`` and the drill sample's run directory)."""
+    words = shown.text.split()
+    if "--stacks" in words:
+        return {**places, "RUN_DIR": places["LIVE_RUN_DIR"]}
+    if words[:3] == ["python", "-m", "wf_launch.checkpoint"]:
+        run = places["CKPT_RUN_DIR"]
+        return {**places, "RUN_DIR": run, "run": run, "drills/20261203-093812/interrupted": run}
+    return places
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # about 2 minutes on a quiet 2-core machine; several times that on a shared one
 def test_every_command_in_the_docs_runs(tmp_path: Path) -> None:
     _write_examples(tmp_path)
+    _write_user_code(tmp_path)
     env = cli_env({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "examples"), env["PYTHONPATH"]])
     places, live = _fixtures(tmp_path, env)
@@ -221,7 +282,7 @@ def test_every_command_in_the_docs_runs(tmp_path: Path) -> None:
             if reason is not None:
                 skipped.append(f"{shown.doc}:{shown.line}: {shown.text} ({reason})")
                 continue
-            here = {**places, "RUN_DIR": places["LIVE_RUN_DIR"]} if "--stacks" in shown.text.split() else places
+            here = _places_for(shown, places)
             argv = _argv(shown, tmp_path, index, here)
             key = " ".join(argv[1:]).split(" hydra.")[0]
             if key in seen:

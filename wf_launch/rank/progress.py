@@ -79,8 +79,8 @@ class ProgressReporter:
             self.metrics = metrics
         if metrics or self.log_steps:
             self._append(now, metrics)
-            if self.sink is not None:
-                self.sink.log(self.step, metrics)
+        if metrics and self.sink is not None:
+            self.sink.log(self.step, metrics)
         if now - self._last_publish >= self.publish_s or (self.total is not None and self.step >= self.total):
             self.publish(now)
 

@@ -152,13 +152,25 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
             OmegaConf.register_new_resolver(name, str, replace=True)
         with initialize_config_module(config_module="wf_launch.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=plain)
-        task = OmegaConf.to_container(cfg.task, resolve=True)
+        task = {key: _resolved(cfg.task, key) for key in cfg.task}
     except Exception as exc:
         error = hydra_config_error(exc, plain)
         if error is None and not isinstance(exc, ImportError):
             raise
         raise DrillError(f"config error: {error or exc}") from None
     return task if isinstance(task, dict) else {}
+
+
+def _resolved(section: Any, key: str) -> Any:
+    """``section[key]`` resolved; None for a value that needs a running Hydra app (``${hydra:runtime.cwd}``)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        value = section[key]
+    except InterpolationResolutionError:
+        return None
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def check_injections(injections: list[Injection], task: dict[str, Any], given: set[str]) -> tuple[list[str], list[str]]:
@@ -496,11 +508,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m wf_launch.drill",
         description="Run a task twice (uninterrupted, then with injected preemptions or rank kills) and check "
                     "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
-        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 "
-               "--inject kill9@8,sigterm@16\n  python -m wf_launch.drill task=train launcher.address=HEAD:6379 "
-               "launcher.nodes=2 engine.dp_size=4 --backend ray --inject kill9@4,nodekill@8"
-               "\n  python -m wf_launch.drill task=train launcher.nodes=2 "
-               "engine.dp_size=2 --backend slurm --inject usr2@10",
+        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=20 "
+               "task.checkpoint_every=4 --inject kill9@6,sigterm@12\n  python -m wf_launch.drill task=train "
+               "launcher.address=HEAD:6379 launcher.nodes=2 engine.dp_size=4 task.steps=20 --backend ray "
+               "--inject kill9@4,nodekill@8\n  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
+               "task.steps=20 --backend slurm --inject usr2@10",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the run (not hydra.run.dir, launcher=, "
                    "launcher.resume / overwrite / wait: the drill sets those)")
@@ -513,6 +525,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=sorted(KINDS), default="local", help="where the runs go (default local)")
     p.add_argument("--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
+    p.add_argument("--resume-with", metavar="OVERRIDES", default=None,
+                   help="Hydra overrides every relaunch of the interrupted run adds, e.g. 'engine.dp_size=2 "
+                        "engine.cp_size=2': it resumes at that layout (needs a sigterm@ locally, usr2@ on slurm)")
+    p.add_argument("--atol", type=float, default=None,
+                   help="compare loss curve, final loss and final weights within this absolute tolerance instead "
+                        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the injections against the "
                    "task's config, print the plan, run nothing")
     return p
@@ -529,10 +547,12 @@ def _check_overrides(overrides: list[str]) -> None:
             raise DrillError(f"{o!r}: the drill sets {key} itself (use --backend / --dir)")
 
 
-def _plan(args: argparse.Namespace) -> tuple[list[str], list[Injection] | None]:
-    """The checked overrides (with what the drill adds) and injections (None: random, after the reference run)."""
+def _plan(args: argparse.Namespace) -> tuple[list[str], list[Injection] | None, list[str], float | None]:
+    """The checked overrides (with what the drill adds), injections (None: random, after the reference run),
+    ``--resume-with``'s overrides and the tolerance."""
     _check_overrides(args.overrides)
     injections = parse_injections(args.inject, args.backend) if args.inject else None
+    resume_with, atol = _layout_options(args, injections)
     if args.random is not None and args.random < 1:
         raise DrillError(f"--random {args.random}: expected an integer >= 1")
     if args.timeout <= 0:
@@ -544,14 +564,13 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], list[Injection] | None]:
     extra, notes = check_injections(injections, task, given) if injections else ([], [])
     for note in notes:
         print(f"drill: {note}", flush=True)
-    return [*args.overrides, *extra], injections
+    return [*args.overrides, *extra], injections, resume_with, atol
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        overrides, injections = _plan(args)
-        resume_with, atol = _layout_options(args, injections)
+        overrides, injections, resume_with, atol = _plan(args)
         if args.dry_run:
             planned = "random, after the reference run" if injections is None else \
                 ", ".join(f"{i.kind}@{i.step}" for i in injections)
