@@ -196,7 +196,7 @@ def test_sigterm_or_ctrl_c_stops_every_rank_within_10s(tmp_path: Path, sig: int,
     ("engine.distributed_backend=mpi", "engine.distributed_backend='mpi' is not allowed"),
     ("engine.order=tp-cp-xx", "engine.order='tp-cp-xx' is not allowed"),
     ("launcher.console_ranks=[5]", "launcher.console_ranks=[5] is not allowed"),
-    ("task=nope", "task=nope is not allowed: choose one of ['demo', 'layout', 'noop', 'train']"),
+    ("task=nope", "task=nope is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', 'train']"),
     ("engine.pp_size=two", "engine.pp_size"),
     ("engine.cp_size=5", "engine.cp_size=5 cannot split the demo latent on patch boundaries"),
 ])

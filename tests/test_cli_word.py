@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(("override", "needle"), [
     ("engine.cp_sise=2", "engine.cp_sise=2 is not allowed: engine has no field 'cp_sise'; did you mean engine.cp_size=2?"),
     ("+engine.cp_sise=2", "engine.cp_sise=2 is not allowed: no such field (did you mean engine.cp_size?)"),
-    ("task=nonexistent", "task=nonexistent is not allowed: choose one of ['demo', 'layout', 'noop', 'train']"),
-    ("task=trian", "task=trian is not allowed: choose one of ['demo', 'layout', 'noop', 'train']; did you mean task=train?"),
+    ("task=nonexistent", "task=nonexistent is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', 'train']"),
+    ("task=trian", "task=trian is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', 'train']; did you mean task=train?"),
     ("engine.pp_size=two", "engine.pp_size=two is not allowed: expected an integer"),
     ("task=task_schema", "task=task_schema is not allowed: task_schema is an internal schema, not an option"),
     ("launcher=local_schema", "launcher=local_schema is not allowed: local_schema is an internal schema"),

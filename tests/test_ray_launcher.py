@@ -219,3 +219,26 @@ def test_a_private_instance_runs_and_leaves_nothing(ray_cluster: RayCluster, tmp
     record = _record(run)
     assert record["status"] == "ok" and record["ray"]["private"] is True
     assert marked_pids(private_marker(str(run))) == []
+
+
+def test_tune_on_the_cluster_measures_every_trial_on_ray(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """``python -m wf_launch.tune launcher=ray``: a round's trials run as Ray points side by side (the cluster holds
+    them all), the known-best layout of ``task=clockwork`` wins, and nothing is left in the cluster."""
+    sys.path.insert(0, str(Path(__file__).parent / "user_tasks"))
+    from wf_tune_tasks import layout_key
+
+    d = tmp_path / "tune"
+    proc = subprocess.run([sys.executable, "-m", "wf_launch.tune", "task=clockwork", "task.modules=[wf_tune_tasks]",
+                           "world_size=2", "task.steps=12", "launcher=ray", f"launcher.address={ray_cluster.address}",
+                           "--warmup", "1", "--min-steps", "3", "--cutoff", "0", "--dir", str(d)],
+                          capture_output=True, text=True, timeout=300, env=ray_cluster.env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    state = json.loads((d / "tune.json").read_text())
+    assert state["status"] == "done" and state["launcher"] == "ray"
+    first = [m for m in state["measurements"] if m["round"] == 0]
+    assert len(first) == 3 and all(m["status"] == "ok" for m in first), first  # tp2, cp2, dp2 (pp2 needs 2 micro-batches)
+    winner = next(p for p in state["space"] if p["id"] == state["winner"])
+    assert layout_key(*(winner["sizes"][k] for k in ("tp", "cp", "pp", "dp")), 1) == "tp1-cp1-pp1-dp2-mb1"
+    records = [json.loads(p.read_text()) for p in d.glob("rounds/r*/*/result.json")]
+    assert records and all(r["launcher"] == "ray" and r["status"] == "ok" for r in records)
+    assert ray_cluster.leftovers() == []

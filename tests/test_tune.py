@@ -185,3 +185,15 @@ def test_state_round_trips_and_counts_time_over_sessions(tmp_path: Path) -> None
     again = TuneState.load(tmp_path)
     assert again.sessions == 2 and again.elapsed() >= state.elapsed_s >= 0.05
     assert again.latest("t00-tp1-cp1-pp1-dp2").value == 5.0
+
+
+def test_round_command_runs_private_ray_trials_one_after_another(tmp_path: Path) -> None:
+    """A private Ray instance shares this machine's cores: its trials go one by one; a cluster's side by side."""
+    from wf_launch.tools.tune.rounds import sweep_argv
+
+    private = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train", "launcher=ray"], "steps", "ray")
+    cluster = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train", "launcher=ray", "launcher.address=h:6379"],
+                         "steps", "ray")
+    local = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train"], "steps", "local")
+    assert "hydra/launcher=basic" in private
+    assert "hydra/launcher=basic" not in cluster and "hydra/launcher=basic" not in local

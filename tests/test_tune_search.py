@@ -156,7 +156,9 @@ def test_a_task_without_a_metric_is_refused_after_its_first_trial(tmp_path: Path
 def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> None:
     d = tmp_path / "tune"
     t0 = time.monotonic()
-    proc = subprocess.run(tune_cmd([*CLOCKWORK, "world_size=4", "task.steps=30", "task.unit_s=0.05", "--also",
+    # Steps of 0.45 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take over 40 s
+    # anywhere, so the 20 s budget cuts it; its first trial ends well within the budget even on a loaded machine.
+    proc = subprocess.run(tune_cmd([*CLOCKWORK, "world_size=4", "task.steps=30", "task.unit_s=0.3", "--also",
                                     "task.micro_batches=1,2", *FAST, "--budget-s", "20", "--dir", str(d)]),
                           capture_output=True, text=True, timeout=240, env=cli_env(), cwd=tmp_path)
     wall = time.monotonic() - t0

@@ -250,11 +250,12 @@ def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
 
 
 def _record(r: _Rank, exc: BaseException) -> None:
-    """A failing rank: end the attempt, ask for every rank's stacks on a timeout, log and record the failure.
+    """A failing rank: end the attempt, ask for every rank's stacks on a timeout, record and log the failure.
 
-    The failure is logged (console and rank log) before its record is written: when the
-    record cannot be written (a full disk, a quota), that error is logged too, and the
-    task's exception, not the write's, is what the rank fails with.
+    The rank log always gets the failure; the console gets it from the launcher, which shows
+    ranks that failed alike once, from their records. When the record cannot be written (a full
+    disk, a quota) the failure goes to the console from here, followed by the write's error, and
+    the task's exception, not the write's, is what the rank fails with.
     """
     _end_attempt(r, None)
     if is_timeout_error(exc) and r.world_size > 1 and r.spec.on_timeout is not None:
@@ -262,7 +263,12 @@ def _record(r: _Rank, exc: BaseException) -> None:
             r.spec.on_timeout()  # e.g. SLURM: every rank of the job dumps its stacks, before srun ends them
         except Exception as hook_exc:
             r.log.warning(f"stack dump request failed: {type(hook_exc).__name__}: {hook_exc}")
-    log = r.log.bind(**{FILE_ONLY: True})  # the launcher shows ranks that failed alike once, with one traceback
+    try:
+        record_failure(r.run_dir, r.rank, r.coords, exc)
+        write_exc: OSError | None = None
+    except OSError as err:
+        write_exc = err
+    log = r.log.bind(**{FILE_ONLY: True}) if write_exc is None else r.log
     if is_peer_loss(exc):
         log.warning(f"rank {r.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
         log.opt(exception=exc).debug("traceback")
@@ -271,9 +277,7 @@ def _record(r: _Rank, exc: BaseException) -> None:
         log.opt(exception=exc).debug("traceback")
     else:
         log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
-    try:
-        record_failure(r.run_dir, r.rank, r.coords, exc)
-    except OSError as write_exc:
+    if write_exc is not None:
         r.log.error(f"rank {r.rank} could not write its failure record {files.rank_error(r.run_dir, r.rank)} "
                     f"({type(write_exc).__name__}: {write_exc}); its failure is the "
                     f"{type(exc).__name__} above")

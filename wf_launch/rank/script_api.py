@@ -104,6 +104,7 @@ def save(step: int, state: dict[str, Any]) -> None:
     ctx = bound()
     if ctx is not None:
         ctx.checkpoint.save(step, state)
+        _settle()
 
 
 def load(state: dict[str, Any]) -> int | None:
@@ -112,7 +113,11 @@ def load(state: dict[str, Any]) -> int | None:
     None outside wf_launch and when the run has no checkpoint yet (a first start).
     """
     ctx = bound()
-    return ctx.checkpoint.load(state) if ctx is not None else None
+    if ctx is None:
+        return None
+    step = ctx.checkpoint.load(state)
+    _settle()
+    return step
 
 
 def latest_step() -> int | None:
@@ -126,3 +131,12 @@ def wait() -> None:
     ctx = bound()
     if ctx is not None and ctx._checkpointer is not None:
         ctx._checkpointer.wait()
+        _settle()
+
+
+def _settle() -> None:
+    """After the helpers' collectives: the script may destroy its group right after (see
+    :func:`~worldfoundry.core.distributed.runtime.settle_group_threads`, a torch deadlock at teardown)."""
+    from worldfoundry.core.distributed.runtime import settle_group_threads
+
+    settle_group_threads()

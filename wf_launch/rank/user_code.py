@@ -147,4 +147,7 @@ def teardown(ctx: Any) -> None:
 
         groups.destroy_model_parallel()
     if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        from worldfoundry.core.distributed.runtime import settle_group_threads
+
+        settle_group_threads()
         torch_dist.destroy_process_group()

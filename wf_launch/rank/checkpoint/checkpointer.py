@@ -119,6 +119,7 @@ class Checkpointer:
         self._fixed_layout = layout
         self._disk = Disk(self.root, keep, warn=lambda message: _log().warning(message))
         self._async_group: Any = None
+        self._held: Any = None  # the last control collective's tensor, kept alive: see settle_group_threads
         self._pending: tuple[Any, Commit, Path] | None = None  # (future, commit record, temp dir)
         self._stager: CachedStager | None = None
 
@@ -147,6 +148,7 @@ class Checkpointer:
 
             t = torch.tensor(values, dtype=torch.int64, device=self._control_device())
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+            self._held = t
             values = tuple(int(v) for v in t.tolist())
         return values[0] if len(values) == 1 else tuple(values)
 
@@ -157,6 +159,7 @@ class Checkpointer:
 
         t = torch.tensor([value if self._rank() == 0 else 0], dtype=torch.int64, device=self._control_device())
         dist.broadcast(t, group_src=0, group=self.process_group)
+        self._held = t
         return int(t.item())
 
     def _dcp_group(self) -> Any:

@@ -109,7 +109,10 @@ def sweep_argv(tune_dir: Path, round_index: int, trials: list[str], steps: int, 
     """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N ...``.
 
     On SLURM every trial asks for nodes of its own (``--exclusive``) unless the overrides say otherwise:
-    trials of a round run as array points, at once, and must not share a node's cores.
+    trials of a round run as array points, at once, and must not share a node's cores. On Ray a cluster
+    (``launcher.address``) runs them side by side, each holding its ranks' CPUs; with a private instance on
+    this machine (no address) they run one after another (Hydra's basic launcher), so that no trial is
+    measured while another uses the same cores.
     """
     rest, searchpath = _searchpath(overrides, tune_dir / files.TUNE_CONF)
     rest = [o for o in rest if override_key(o) != f"task.{steps_field}"]
@@ -117,6 +120,10 @@ def sweep_argv(tune_dir: Path, round_index: int, trials: list[str], steps: int, 
     quiet = [] if "launcher.console_ranks" in keys else ["launcher.console_ranks=[]"]
     if launcher == "slurm" and not any(k.startswith("launcher.sbatch_extra") for k in keys):
         quiet.append("++launcher.sbatch_extra.exclusive=''")
+    private_ray = launcher == "ray" and not any(
+        override_key(o) == "launcher.address" and o.split("=", 1)[1] not in ("", "null") for o in rest)
+    if private_ray and "hydra/launcher" not in keys:
+        quiet.append("hydra/launcher=basic")
     return [sys.executable, "-m", "wf_launch", "-m", *rest, *quiet, searchpath,
             f"+{TRIAL_GROUP}={','.join(trials)}", f"task.{steps_field}={steps}",
             f"hydra.sweep.dir={files.tune_round_dir(tune_dir, round_index)}",

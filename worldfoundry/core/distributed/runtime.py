@@ -22,6 +22,7 @@ with the runtime, it never reaches up to them.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -65,6 +66,7 @@ class Runtime:
 
     def destroy_created(self) -> None:
         """Destroy the process groups this runtime created (newest first), ignoring ones already gone."""
+        settle_group_threads()
         for pg in reversed(self.created):
             try:
                 dist.destroy_process_group(pg)
@@ -93,9 +95,26 @@ class Runtime:
         self.layout = None
         self.cp_size_t = None
         if destroy and self.owns_world and dist.is_initialized():
+            settle_group_threads()
             dist.destroy_process_group()
         self.world = None
         self.owns_world = False
+
+
+SETTLE_S = 0.01
+
+
+def settle_group_threads() -> None:
+    """Let gloo's worker threads finish with the last collectives before a process group is destroyed.
+
+    ``ProcessGroupGloo``'s destructor joins its worker threads while the destroying thread holds
+    the GIL. A worker that is still dropping a finished collective whose tensors only C++ holds
+    (their Python objects were released when the call returned) must take the GIL to free them,
+    and the two wait for each other forever: a rank stuck in ``~ProcessGroupGloo`` at the end of
+    a run (seen about 1 run in 3 of the script drill under load). A short sleep gives the GIL
+    away, so such a worker finishes first.
+    """
+    time.sleep(SETTLE_S)
 
 
 _RUNTIME = Runtime()
