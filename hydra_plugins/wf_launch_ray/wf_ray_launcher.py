@@ -14,6 +14,9 @@ callbacks (the sweep report) run after this, on final results.
 
 For any other Hydra app (and points of another wf_launch launcher) nothing is prepared: every
 job runs inline and returns its value, as with the basic launcher.
+
+Its body repeats ``wf_slurm``'s on purpose: Hydra's plugin scan imports both modules in every
+Hydra app, and neither may import wf_launch then (a base class shared with it would be).
 """
 
 import logging
@@ -63,7 +66,7 @@ class WfRayLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only: points keep their runs there
         log.info(f"Launching {len(job_overrides)} jobs locally (Ray points then run side by side)")
         batch = RayBatch(sweep_dir)
         with batch.collecting():  # an exception here drops the prepared points unstarted

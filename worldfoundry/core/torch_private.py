@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import signal
 import sys
 from collections.abc import Callable
@@ -69,10 +70,7 @@ PRIVATE_NAMES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def _resolve(module: str, dotted: str) -> Any:
-    obj: Any = importlib.import_module(module)
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return pkgutil.resolve_name(f"{module}:{dotted}")
 
 
 def check_names() -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,10 +98,7 @@ def _ray() -> Any:
 
 
 def _resolve(module: str, dotted: str) -> Any:
-    obj: Any = importlib.import_module(module)
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return pkgutil.resolve_name(f"{module}:{dotted}")
 
 
 def check_names() -> list[str]:

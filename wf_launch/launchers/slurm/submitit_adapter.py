@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import pkgutil
 import shlex
 import sys
 from pathlib import Path
@@ -52,10 +53,7 @@ def submitit_version() -> str:
 
 
 def _resolve(module: str, dotted: str) -> Any:
-    obj: Any = importlib.import_module(module)
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return pkgutil.resolve_name(f"{module}:{dotted}")
 
 
 def check_names() -> list[str]:
