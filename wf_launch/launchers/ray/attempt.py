@@ -247,8 +247,9 @@ class Attempt:
         dumps = None
         if pending:
             offsets = stack_offsets(self.run_dir, pending)
-            sent = self.reach(pending, int(DUMP_SIGNAL), timeout_s=3.0)
-            dumps = collect_dumps(self.run_dir, sent, offsets, wait_s=2.0)
+            # Through Ray, to ranks on any node: on a loaded cluster the signal and the dump take seconds.
+            sent = self.reach(pending, int(DUMP_SIGNAL), timeout_s=10.0)
+            dumps = collect_dumps(self.run_dir, sent, offsets, wait_s=6.0)
             ready, _ = rt.wait_all(list(self.refs), 0.5)
             for ref in ready:
                 self.outcomes[self.refs.pop(ref)] = _outcome(ref)
