@@ -1,3 +1,4 @@
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def _cluster_groups(tests: Path) -> dict[str, str]:
     return groups
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+def _make_scheduler(config: pytest.Config, log: object) -> object:
     """Under ``pytest -n N --dist loadgroup``: every test file that uses the SLURM test cluster runs on one worker,
     and every one that uses the Ray cluster on one worker, so each session fixture starts its cluster once (two
     clusters of a kind side by side would share this machine's cores and see each other's processes); every other
@@ -46,3 +47,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return groups.get(nodeid.split("::", 1)[0], nodeid)
 
     return ClusterGroups(config, log)
+
+
+if importlib.util.find_spec("xdist") is not None:  # the hook exists only with pytest-xdist (not in the wheel check)
+    pytest_xdist_make_scheduler = _make_scheduler
