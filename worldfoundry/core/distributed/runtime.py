@@ -95,8 +95,7 @@ class Runtime:
         self.layout = None
         self.cp_size_t = None
         if destroy and self.owns_world and dist.is_initialized():
-            settle_group_threads()
-            dist.destroy_process_group()
+            dist.destroy_process_group()  # destroy_created settled the group threads just before
         self.world = None
         self.owns_world = False
 
