@@ -40,8 +40,13 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out_dir: str, queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     try:
         import torch
         import torch.distributed as dist
@@ -58,7 +63,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out_dir: s
         class Stack(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.layers = nn.ModuleList(nn.Linear(args.dim, args.dim) for _ in range(args.layers))
+                self.layers = nn.ModuleList(
+                    nn.Linear(args.dim, args.dim) for _ in range(args.layers)
+                )
 
         torch.manual_seed(0)
         model = Stack()
@@ -85,7 +92,12 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out_dir: s
         sync.save(0, state)  # warm-up: first-touch, DCP imports, the async checkpoint group
         asyn.save(0, state)
         asyn.wait()
-        rows: dict[str, list[float]] = {"torch.save": [], "sync": [], "async blocked": [], "async wait": []}
+        rows: dict[str, list[float]] = {
+            "torch.save": [],
+            "sync": [],
+            "async blocked": [],
+            "async wait": [],
+        }
         for i in range(1, args.rounds + 1):
             rows["torch.save"].append(barrier_time(lambda: torch_save(i)))
             os.remove(os.path.join(out_dir, f"torch_save_{i}_rank{rank}.pt"))
@@ -111,7 +123,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=9)
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", default=None, help="where to write (default: a temporary directory)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -121,7 +135,10 @@ def main() -> None:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, args, out_dir, queue)) for r in range(args.ranks)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, args.ranks, port, args, out_dir, queue))
+        for r in range(args.ranks)
+    ]
     try:
         for p in procs:
             p.start()
@@ -141,20 +158,28 @@ def main() -> None:
 
     total_bytes = sum(nbytes for nbytes, _ in results.values())
     names = list(results[0][1])
-    per_round = {n: [max(results[r][1][n][i] for r in results) for i in range(args.rounds)] for n in names}
+    per_round = {
+        n: [max(results[r][1][n][i] for r in results) for i in range(args.rounds)] for n in names
+    }
     best = {n: min(v) for n, v in per_round.items()}
     median = {n: statistics.median(v) for n, v in per_round.items()}
-    print(f"torch {torch.__version__}, {args.ranks} gloo ranks (1 thread each), FSDP2 {args.layers}x"
-          f"Linear({args.dim},{args.dim}): {total_bytes / 1e6:.0f} MB fp32 in all, "
-          f"{total_bytes / args.ranks / 1e6:.0f} MB per rank; {args.rounds} interleaved rounds; "
-          f"written under {args.dir or tempfile.gettempdir()}")
+    print(
+        f"torch {torch.__version__}, {args.ranks} gloo ranks (1 thread each), FSDP2 {args.layers}x"
+        f"Linear({args.dim},{args.dim}): {total_bytes / 1e6:.0f} MB fp32 in all, "
+        f"{total_bytes / args.ranks / 1e6:.0f} MB per rank; {args.rounds} interleaved rounds; "
+        f"written under {args.dir or tempfile.gettempdir()}"
+    )
     print(f"{'variant':24s} {'best s':>8s} {'median s':>9s} {'MB/s (best)':>12s}")
     for n in names:
         print(f"{n:24s} {best[n]:8.3f} {median[n]:9.3f} {total_bytes / best[n] / 1e6:12.0f}")
-    print(f"DCP save throughput vs torch.save: {best['torch.save'] / best['sync']:.2f}x "
-          f"(medians {median['torch.save'] / median['sync']:.2f}x; goal >= 0.7)")
-    print(f"async save: step blocked {best['async blocked'] / best['sync']:.2f}x of the synchronous save "
-          f"(medians {median['async blocked'] / median['sync']:.2f}x; goal <= 0.2)")
+    print(
+        f"DCP save throughput vs torch.save: {best['torch.save'] / best['sync']:.2f}x "
+        f"(medians {median['torch.save'] / median['sync']:.2f}x; goal >= 0.7)"
+    )
+    print(
+        f"async save: step blocked {best['async blocked'] / best['sync']:.2f}x of the synchronous save "
+        f"(medians {median['async blocked'] / median['sync']:.2f}x; goal <= 0.2)"
+    )
 
 
 if __name__ == "__main__":

@@ -94,8 +94,11 @@ def _timed(fn: Callable[[], object], inner: int) -> float:
     return elapsed.item() / inner
 
 
-def _compare(pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]], target_s: float,
-             repeats: int) -> dict[str, list[tuple[float, float]]]:
+def _compare(
+    pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]],
+    target_s: float,
+    repeats: int,
+) -> dict[str, list[tuple[float, float]]]:
     """Time every (helper, raw) pair ``repeats`` times as adjacent samples; returns (helper, raw) seconds.
 
     ``inner`` (calls per sample) is calibrated once so the slowest function's sample
@@ -132,8 +135,9 @@ def _pin(rank: int) -> None:
             os.sched_setaffinity(int(tid), {cores[rank % len(cores)]})
 
 
-def _rank_main(rank: int, world: int, sizes: list[float], repeats: int, target_s: float,
-               pin: bool) -> list[dict]:
+def _rank_main(
+    rank: int, world: int, sizes: list[float], repeats: int, target_s: float, pin: bool
+) -> list[dict]:
     import torch.distributed as dist
 
     if pin:
@@ -178,8 +182,14 @@ def _rank_main(rank: int, world: int, sizes: list[float], repeats: int, target_s
             dist.broadcast(shape_buf, src=0, group=pg)
             n = int(shape_buf[1]) // world
             fresh = torch.empty(1, n, ROW)
-            dist.scatter(fresh, [full.narrow(1, r * n, n).contiguous() for r in range(world)]
-                         if rank == 0 else None, src=0, group=pg)
+            dist.scatter(
+                fresh,
+                [full.narrow(1, r * n, n).contiguous() for r in range(world)]
+                if rank == 0
+                else None,
+                src=0,
+                group=pg,
+            )
             return fresh
 
         def raw_broadcast_slice() -> torch.Tensor:
@@ -199,8 +209,10 @@ def _rank_main(rank: int, world: int, sizes: list[float], repeats: int, target_s
 
         pairs = {
             "cat/raw": (cat, raw_gather_fresh),
-            "cat(out=)/raw": (lambda: cat_outputs_cp(shard, 1, pg, out=out_view),
-                              lambda: gather_single(out_buf, shard.view(-1, 1, ROW), group=pg)),
+            "cat(out=)/raw": (
+                lambda: cat_outputs_cp(shard, 1, pg, out=out_view),
+                lambda: gather_single(out_buf, shard.view(-1, 1, ROW), group=pg),
+            ),
             "cat/list+cat": (cat, list_gather_cat),
             "bst/raw": (bst, raw_shape_scatter),
             "bst/scatter-only": (bst, raw_scatter_pre),
@@ -253,8 +265,14 @@ def _rank_main(rank: int, world: int, sizes: list[float], repeats: int, target_s
             return buf
 
         assert helper_ring()[0, 0, 0].item() == float(prev), "PP ring delivered the wrong message"
-        times = _compare({"pp/raw": (helper_ring, raw_ring),
-                          "pp(irecv_prev)/raw": (helper_ring_pre, raw_ring_pre)}, target_s, repeats)
+        times = _compare(
+            {
+                "pp/raw": (helper_ring, raw_ring),
+                "pp(irecv_prev)/raw": (helper_ring_pre, raw_ring_pre),
+            },
+            target_s,
+            repeats,
+        )
         rows.append({"op": "pp", "mib": mib, "bytes": seq * ROW * 4, "times": times})
     destroy_model_parallel()
     return rows if rank == 0 else []
@@ -268,43 +286,87 @@ def _mbps(nbytes: int, samples: list[tuple[float, float]]) -> float:
     return nbytes / 2**20 / statistics.median(h for h, _ in samples)
 
 
-COLUMNS = [("cat/raw", "cp"), ("cat(out=)/raw", "cp"), ("cat/list+cat", "cp"), ("bst/raw", "cp"),
-           ("pp/raw", "pp"), ("pp(irecv_prev)/raw", "pp"), ("bst/scatter-only", "cp"),
-           ("bcast+slice/scatter", "cp"), ("control", "cp")]
-GOALS = {"cat/raw": 0.95, "cat(out=)/raw": 0.95, "bst/raw": 0.95, "pp/raw": 0.95, "pp(irecv_prev)/raw": 0.95,
-         "cat/list+cat": 1.0}
+COLUMNS = [
+    ("cat/raw", "cp"),
+    ("cat(out=)/raw", "cp"),
+    ("cat/list+cat", "cp"),
+    ("bst/raw", "cp"),
+    ("pp/raw", "pp"),
+    ("pp(irecv_prev)/raw", "pp"),
+    ("bst/scatter-only", "cp"),
+    ("bcast+slice/scatter", "cp"),
+    ("control", "cp"),
+]
+GOALS = {
+    "cat/raw": 0.95,
+    "cat(out=)/raw": 0.95,
+    "bst/raw": 0.95,
+    "pp/raw": 0.95,
+    "pp(irecv_prev)/raw": 0.95,
+    "cat/list+cat": 1.0,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="world sizes (gloo ranks)")
-    ap.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64], help="full tensor sizes in MiB")
-    ap.add_argument("--repeats", type=int, default=15, help="adjacent (helper, raw) pairs per column (median)")
-    ap.add_argument("--sample-ms", type=float, default=20.0, help="target duration of one timed sample")
-    ap.add_argument("--quick", action="store_true",
-                    help="2/4 ranks, 1/16 MiB, 7 repeats, 10 ms samples (under a minute)")
-    ap.add_argument("--no-pin", dest="pin", action="store_false",
-                    help="let the scheduler place ranks (default: rank r pinned to core r mod cores)")
-    ap.add_argument("--timeout", type=float, default=900,
-                    help="seconds per world size before ranks are killed")
+    ap.add_argument(
+        "--ranks", type=int, nargs="+", default=[2, 4, 8], help="world sizes (gloo ranks)"
+    )
+    ap.add_argument(
+        "--sizes", type=float, nargs="+", default=[1, 16, 64], help="full tensor sizes in MiB"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=15, help="adjacent (helper, raw) pairs per column (median)"
+    )
+    ap.add_argument(
+        "--sample-ms", type=float, default=20.0, help="target duration of one timed sample"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="2/4 ranks, 1/16 MiB, 7 repeats, 10 ms samples (under a minute)",
+    )
+    ap.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="let the scheduler place ranks (default: rank r pinned to core r mod cores)",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=900, help="seconds per world size before ranks are killed"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.ranks, args.sizes, args.repeats, args.sample_ms = [2, 4], [1, 16], 7, 10.0
     if args.repeats < 1 or any(r < 2 for r in args.ranks) or any(s <= 0 for s in args.sizes):
         ap.error("need --repeats >= 1, --ranks >= 2 and --sizes > 0")
 
-    placement = f"rank r pinned to core r mod {len(os.sched_getaffinity(0))}" if args.pin else "unpinned"
-    print(f"torch {torch.__version__}, gloo, {placement}, float32 (1, S, {ROW}) along dim 1, {args.repeats} "
-          "adjacent pairs per cell; ratio = helper throughput / raw throughput (median of raw time / helper time); "
-          "MiB/s = full tensor size / median helper time")
-    header = f"{'ranks':>5} {'MiB':>5} | " + " ".join(f"{c:>{max(7, len(c))}}" for c, _ in COLUMNS) + \
-        f" | {'cat MiB/s':>9} {'bst MiB/s':>9} {'pp MiB/s':>8}"
+    placement = (
+        f"rank r pinned to core r mod {len(os.sched_getaffinity(0))}" if args.pin else "unpinned"
+    )
+    print(
+        f"torch {torch.__version__}, gloo, {placement}, float32 (1, S, {ROW}) along dim 1, {args.repeats} "
+        "adjacent pairs per cell; ratio = helper throughput / raw throughput (median of raw time / helper time); "
+        "MiB/s = full tensor size / median helper time"
+    )
+    header = (
+        f"{'ranks':>5} {'MiB':>5} | "
+        + " ".join(f"{c:>{max(7, len(c))}}" for c, _ in COLUMNS)
+        + f" | {'cat MiB/s':>9} {'bst MiB/s':>9} {'pp MiB/s':>8}"
+    )
     print(header + "\n" + "-" * len(header), flush=True)
     worst: dict[str, float] = {}
     pooled: dict[str, list[float]] = {col: [] for col, _ in COLUMNS}
     for world in args.ranks:
-        rows = run_ranks(_rank_main, world, args.sizes, args.repeats, args.sample_ms / 1e3, args.pin,
-                         timeout=args.timeout)[0]
+        rows = run_ranks(
+            _rank_main,
+            world,
+            args.sizes,
+            args.repeats,
+            args.sample_ms / 1e3,
+            args.pin,
+            timeout=args.timeout,
+        )[0]
         by_size: dict[float, dict[str, dict]] = {}
         for row in rows:
             by_size.setdefault(row["mib"], {})[row["op"]] = row
@@ -315,17 +377,27 @@ def main(argv: list[str] | None = None) -> int:
             for col, op in COLUMNS:
                 pooled[col] += [r / h for h, r in ops[op]["times"][col]]
             cp, pp = ops["cp"]["times"], ops["pp"]["times"]
-            print(f"{world:>5} {mib:>5g} | " + " ".join(f"{vals[c]:>{max(7, len(c))}.3f}" for c, _ in COLUMNS)
-                  + f" | {_mbps(ops['cp']['bytes'], cp['cat/raw']):>9.0f}"
-                  f" {_mbps(ops['cp']['bytes'], cp['bst/raw']):>9.0f}"
-                  f" {_mbps(ops['pp']['bytes'], pp['pp/raw']):>8.0f}", flush=True)
-    print("-" * len(header) + f"\n{'all':>5} {'':>5} | "
-          + " ".join(f"{statistics.median(pooled[c]):>{max(7, len(c))}.3f}" for c, _ in COLUMNS)
-          + "   (median of every pair of the column, all cells pooled)")
+            print(
+                f"{world:>5} {mib:>5g} | "
+                + " ".join(f"{vals[c]:>{max(7, len(c))}.3f}" for c, _ in COLUMNS)
+                + f" | {_mbps(ops['cp']['bytes'], cp['cat/raw']):>9.0f}"
+                f" {_mbps(ops['cp']['bytes'], cp['bst/raw']):>9.0f}"
+                f" {_mbps(ops['pp']['bytes'], pp['pp/raw']):>8.0f}",
+                flush=True,
+            )
+    print(
+        "-" * len(header)
+        + f"\n{'all':>5} {'':>5} | "
+        + " ".join(f"{statistics.median(pooled[c]):>{max(7, len(c))}.3f}" for c, _ in COLUMNS)
+        + "   (median of every pair of the column, all cells pooled)"
+    )
     print("worst per column: " + ", ".join(f"{k} {v:.3f}" for k, v in worst.items()))
-    print("goals: " + ", ".join(f"{k} >= {v:g}" for k, v in GOALS.items())
-          + " (bst/scatter-only and bcast+slice/scatter are for reference; control, the raw all-gather "
-          "against itself, shows this run's noise floor)")
+    print(
+        "goals: "
+        + ", ".join(f"{k} >= {v:g}" for k, v in GOALS.items())
+        + " (bst/scatter-only and bcast+slice/scatter are for reference; control, the raw all-gather "
+        "against itself, shows this run's noise floor)"
+    )
     missed = [k for k, v in GOALS.items() if worst[k] < v]
     print("goals missed in some cell: " + (", ".join(missed) if missed else "none"))
     return 0

@@ -24,12 +24,35 @@ TASKS = ROOT / "tests" / "user_tasks"
 def console(tree: Path, ranks: int) -> tuple[int, int, int]:
     """(lines, tracebacks, exit code) of one failed launch's console, with ``tree``'s code."""
     with tempfile.TemporaryDirectory(prefix="wf-bench-console-") as tmp:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(TASKS), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.run([sys.executable, "-m", "wf_launch", "task=fail_alike", "task.modules=[wf_identity_tasks]",
-                               f"engine.dp_size={ranks}", "launcher.oversubscribe=true", f"hydra.run.dir={tmp}/run"],
-                              capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(tree), str(TASKS), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wf_launch",
+                "task=fail_alike",
+                "task.modules=[wf_identity_tasks]",
+                f"engine.dp_size={ranks}",
+                "launcher.oversubscribe=true",
+                f"hydra.run.dir={tmp}/run",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp,
+            timeout=600,
+        )
         text = proc.stdout + proc.stderr
-        return len(text.splitlines()), text.count("Traceback (most recent call last)"), proc.returncode
+        return (
+            len(text.splitlines()),
+            text.count("Traceback (most recent call last)"),
+            proc.returncode,
+        )
 
 
 def main() -> int:
@@ -42,8 +65,10 @@ def main() -> int:
         text = f"{ranks} ranks failing alike: {lines} console lines, {tracebacks} traceback(s) (exit {code})"
         if args.baseline is not None:
             base_lines, base_tbs, _ = console(args.baseline.resolve(), ranks)
-            text += (f"; baseline {base_lines} lines, {base_tbs} traceback(s): {lines / max(base_lines, 1):.2f}x the "
-                     "lines")
+            text += (
+                f"; baseline {base_lines} lines, {base_tbs} traceback(s): {lines / max(base_lines, 1):.2f}x the "
+                "lines"
+            )
         print(text, flush=True)
     return 0
 

@@ -28,8 +28,20 @@ BETA = 0.9999
 
 def gpt_shapes(layers: int, dim: int, vocab: int) -> list[tuple[int, ...]]:
     """Parameter shapes of a GPT-2-style decoder (tied head)."""
-    per_layer = [(dim,), (dim,), (3 * dim, dim), (3 * dim,), (dim, dim), (dim,),
-                 (dim,), (dim,), (4 * dim, dim), (4 * dim,), (dim, 4 * dim), (dim,)]
+    per_layer = [
+        (dim,),
+        (dim,),
+        (3 * dim, dim),
+        (3 * dim,),
+        (dim, dim),
+        (dim,),
+        (dim,),
+        (dim,),
+        (4 * dim, dim),
+        (4 * dim,),
+        (dim, 4 * dim),
+        (dim,),
+    ]
     return [(vocab, dim), (1024, dim)] + per_layer * layers + [(dim,), (dim,)]
 
 
@@ -75,31 +87,43 @@ def main() -> None:
     n = sum(t.numel() for t in src)
     updater = DTensorFastEmaModelUpdater()
 
-    samples = timed({
-        "foreach update_average": lambda: updater.update_average(src, ema, beta=BETA),
-        "per-param loop, mul_+add_": lambda: loop_inplace(ema, src),
-        "per-param loop, copy_(b*e+(1-b)*s)": lambda: loop_classic(ema, src),
-        "plain copy of the same bytes": lambda: torch._foreach_copy_(ema, src),
-    }, args.repeats)
+    samples = timed(
+        {
+            "foreach update_average": lambda: updater.update_average(src, ema, beta=BETA),
+            "per-param loop, mul_+add_": lambda: loop_inplace(ema, src),
+            "per-param loop, copy_(b*e+(1-b)*s)": lambda: loop_classic(ema, src),
+            "plain copy of the same bytes": lambda: torch._foreach_copy_(ema, src),
+        },
+        args.repeats,
+    )
     moved = {name: 3 * 4 * n for name in samples}  # EMA: read ema, read src, write ema
     moved["plain copy of the same bytes"] = 2 * 4 * n  # read src, write ema
     best = {name: min(v) for name, v in samples.items()}
     median = {name: statistics.median(v) for name, v in samples.items()}
     fast, inplace, classic, copy = best.values()
 
-    print(f"torch {torch.__version__}, {args.threads} threads, {len(shapes)} tensors, "
-          f"{n / 1e6:.1f}M fp32 params, {args.repeats} interleaved rounds")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {len(shapes)} tensors, "
+        f"{n / 1e6:.1f}M fp32 params, {args.repeats} interleaved rounds"
+    )
     print(f"{'update':36s} {'best s':>8s} {'median s':>9s} {'GB/s':>7s} {'x fast':>8s}")
     for name in samples:
-        print(f"{name:36s} {best[name]:8.4f} {median[name]:9.4f} {moved[name] / best[name] / 1e9:7.2f} "
-              f"{best[name] / fast:7.2f}x")
-    print(f"speed-up of update_average (best of rounds): {inplace / fast:.2f}x vs the mul_+add_ loop, "
-          f"{classic / fast:.2f}x vs the allocating loop "
-          f"(medians: {median['per-param loop, mul_+add_'] / median['foreach update_average']:.2f}x, "
-          f"{median['per-param loop, copy_(b*e+(1-b)*s)'] / median['foreach update_average']:.2f}x)")
+        print(
+            f"{name:36s} {best[name]:8.4f} {median[name]:9.4f} {moved[name] / best[name] / 1e9:7.2f} "
+            f"{best[name] / fast:7.2f}x"
+        )
+    print(
+        f"speed-up of update_average (best of rounds): {inplace / fast:.2f}x vs the mul_+add_ loop, "
+        f"{classic / fast:.2f}x vs the allocating loop "
+        f"(medians: {median['per-param loop, mul_+add_'] / median['foreach update_average']:.2f}x, "
+        f"{median['per-param loop, copy_(b*e+(1-b)*s)'] / median['foreach update_average']:.2f}x)"
+    )
     ema_rate, copy_rate = 3 * 4 * n / fast, 2 * 4 * n / copy
-    print(f"bytes moved per second: update_average {ema_rate / 1e9:.2f} GB/s, plain copy "
-          f"{copy_rate / 1e9:.2f} GB/s, ratio {ema_rate / copy_rate:.2f}")
+    print(
+        f"bytes moved per second: update_average {ema_rate / 1e9:.2f} GB/s, plain copy "
+        f"{copy_rate / 1e9:.2f} GB/s, ratio {ema_rate / copy_rate:.2f}"
+    )
+
 
 if __name__ == "__main__":
     main()

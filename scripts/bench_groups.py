@@ -61,7 +61,9 @@ def _sample(rank: int, world: int, strategy: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
@@ -69,7 +71,7 @@ def main() -> None:
     for world in args.ranks:
         samples: dict[str, list[float]] = {"ours": [], "local": []}
         for i in range(args.repeats):
-            for strategy in (("ours", "local") if i % 2 == 0 else ("local", "ours")):
+            for strategy in ("ours", "local") if i % 2 == 0 else ("local", "ours"):
                 samples[strategy].append(run_ranks(_sample, world, strategy, timeout=300)[0])
         mo, ml = (statistics.median(samples[k]) * 1e3 for k in ("ours", "local"))
         print(f"{world:>5} {mo:>10.1f} {ml:>21.1f} {mo / ml:>6.2f}x", flush=True)

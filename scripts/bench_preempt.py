@@ -39,7 +39,9 @@ def _rank0_steps(run_dir: Path) -> list[tuple[float, int]]:
 
 
 def _restarts(job: str) -> tuple[int, str]:
-    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=10).stdout
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=10
+    ).stdout
     fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
     return int(fields.get("Restarts", "-1")), fields.get("JobState", "?")
 
@@ -47,10 +49,26 @@ def _restarts(job: str) -> tuple[int, str]:
 def one(root: Path, nodes: int, every: int, sleep_s: float) -> dict[str, float]:
     run_dir = root / f"run-{time.time_ns()}"
     env = {**os.environ, "WF_PROGRESS_PUBLISH_S": "0"}
-    subprocess.run([sys.executable, "-m", "wf_launch", "launcher=slurm", "launcher.wait=false", "task=train",
-                    f"launcher.nodes={nodes}", f"engine.dp_size={nodes}", "task.steps=100000",
-                    f"task.checkpoint_every={every}", f"task.step_sleep_s={sleep_s}", f"hydra.run.dir={run_dir}"],
-                   check=True, capture_output=True, env=env, cwd=root)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=slurm",
+            "launcher.wait=false",
+            "task=train",
+            f"launcher.nodes={nodes}",
+            f"engine.dp_size={nodes}",
+            "task.steps=100000",
+            f"task.checkpoint_every={every}",
+            f"task.step_sleep_s={sleep_s}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=root,
+    )
     job = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
     try:
         deadline = time.monotonic() + 300
@@ -73,16 +91,30 @@ def one(root: Path, nodes: int, every: int, sleep_s: float) -> dict[str, float]:
             if restarts >= 1 and state in ("PENDING", "RUNNING"):
                 break  # the old allocation is released: the job is back in the queue (or already started again)
             if time.time() - t0 > 300:
-                raise SystemExit(f"job {job} was not back in the queue within 300 s (state {state})")
+                raise SystemExit(
+                    f"job {job} was not back in the queue within 300 s (state {state})"
+                )
             time.sleep(0.02)
         requeued = time.time() - t0
         stopped = max(s for _, s in _rank0_steps(run_dir))
     finally:
-        subprocess.run([sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)], capture_output=True,
-                       timeout=180, env=env)
+        subprocess.run(
+            [sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)],
+            capture_output=True,
+            timeout=180,
+            env=env,
+        )
     baseline = plain + max(0.0, saving - plain) + 3.0
-    return {"requeue_s": requeued, "counted_s": counted, "step_s": plain, "save_s": max(0.0, saving - plain), "baseline_s": baseline,
-            "ratio": requeued / baseline, "steps_after_signal": stopped - step_at_signal, "state": state}
+    return {
+        "requeue_s": requeued,
+        "counted_s": counted,
+        "step_s": plain,
+        "save_s": max(0.0, saving - plain),
+        "baseline_s": baseline,
+        "ratio": requeued / baseline,
+        "steps_after_signal": stopped - step_at_signal,
+        "state": state,
+    }
 
 
 def main() -> None:
@@ -97,11 +129,16 @@ def main() -> None:
         for rep in range(args.reps):
             r = one(Path(tmp), args.nodes, args.checkpoint_every, args.step_sleep_s)
             ratios.append(r["ratio"])
-            print(f"rep {rep}: USR2 -> Restarts=1 {r['counted_s']:.2f} s, -> {r['state']} with Restarts=1 "
-                  f"{r['requeue_s']:.2f} s; baseline "
-                  f"{r['baseline_s']:.2f} s (step {r['step_s']:.3f} + save {r['save_s']:.3f} + 3); "
-                  f"ratio {r['ratio']:.2f}; steps run after the signal {r['steps_after_signal']}", flush=True)
-    print(f"median ratio (requeue time / (one step + one save + 3 s)): {statistics.median(ratios):.2f}")
+            print(
+                f"rep {rep}: USR2 -> Restarts=1 {r['counted_s']:.2f} s, -> {r['state']} with Restarts=1 "
+                f"{r['requeue_s']:.2f} s; baseline "
+                f"{r['baseline_s']:.2f} s (step {r['step_s']:.3f} + save {r['save_s']:.3f} + 3); "
+                f"ratio {r['ratio']:.2f}; steps run after the signal {r['steps_after_signal']}",
+                flush=True,
+            )
+    print(
+        f"median ratio (requeue time / (one step + one save + 3 s)): {statistics.median(ratios):.2f}"
+    )
 
 
 if __name__ == "__main__":

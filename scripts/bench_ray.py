@@ -43,7 +43,12 @@ def _free_port_block(nodes: int) -> int:
 
     for _ in range(200):
         base = random.randrange(20000, 31000 - 200 * (nodes + 1)) // 10 * 10
-        fixed = [base, base + 1, base + 2, *(base + 10 * i + k for i in range(1, nodes + 1) for k in range(6))]
+        fixed = [
+            base,
+            base + 1,
+            base + 2,
+            *(base + 10 * i + k for i in range(1, nodes + 1) for k in range(6)),
+        ]
         if all(map(bindable, fixed)):
             return base
     raise SystemExit("no free block of ports for a Ray cluster in 20000-31000")
@@ -53,28 +58,64 @@ def _cluster(work: str, world: int) -> tuple[str, str]:
     """Start a 2-node cluster with room for ``world`` one-CPU ranks; (address, its state dir)."""
     state = f"{work}/cluster"
     cpus = str(max(2, (world + 1) // 2))
-    out = subprocess.run(["bash", str(HERE / "ray_cluster.sh"), "start", "--nodes", "2", "--cpus", cpus, "--port",
-                          str(_free_port_block(2)), "--dir", state], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            "bash",
+            str(HERE / "ray_cluster.sh"),
+            "start",
+            "--nodes",
+            "2",
+            "--cpus",
+            cpus,
+            "--port",
+            str(_free_port_block(2)),
+            "--dir",
+            state,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if out.returncode != 0:
         raise SystemExit(f"could not start a Ray cluster:\n{out.stderr}")
     return out.stdout.strip().splitlines()[-1].partition("=")[2], state
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--world", type=int, default=8)
-    ap.add_argument("--address", default=None, help="an existing cluster (default: start a 2-node one here)")
+    ap.add_argument(
+        "--address", default=None, help="an existing cluster (default: start a 2-node one here)"
+    )
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="wf_bench_ray_")
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     address, state = (args.address, None) if args.address else _cluster(work, args.world)
     try:
-        ray = [sys.executable, "-m", "wf_launch", "launcher=ray", f"launcher.address={address}",
-               f"engine.dp_size={args.world}", "task=noop", "engine.distributed_backend=gloo", "launcher.console_ranks=[]"]
+        ray = [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=ray",
+            f"launcher.address={address}",
+            f"engine.dp_size={args.world}",
+            "task=noop",
+            "engine.distributed_backend=gloo",
+            "launcher.console_ranks=[]",
+        ]
         bare = [sys.executable, str(HERE / "ray_bare_equivalent.py"), address, str(args.world)]
-        local = [sys.executable, "-m", "wf_launch", f"engine.dp_size={args.world}", "task=noop",
-                 "engine.distributed_backend=gloo", "launcher.console_ranks=[]"]
+        local = [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            f"engine.dp_size={args.world}",
+            "task=noop",
+            "engine.distributed_backend=gloo",
+            "launcher.console_ranks=[]",
+        ]
         timed([*ray, f"hydra.run.dir={work}/warm-ray"], work)
         timed(bare, work)
         a: list[float] = []
@@ -84,22 +125,31 @@ def main() -> None:
             a.append(timed([*ray, f"hydra.run.dir={work}/ray{i}"], work))
             b.append(timed(bare, work))
             c.append(timed([*local, f"hydra.run.dir={work}/local{i}"], work))
-            print(f"  round {i + 1}: launcher=ray {a[-1]:.2f}s  bare Ray {b[-1]:.2f}s  launcher=local {c[-1]:.2f}s",
-                  flush=True)
+            print(
+                f"  round {i + 1}: launcher=ray {a[-1]:.2f}s  bare Ray {b[-1]:.2f}s  launcher=local {c[-1]:.2f}s",
+                flush=True,
+            )
         ma, mb, mc = statistics.median(a), statistics.median(b), statistics.median(c)
-        print(f"\n{args.world} ranks, task=noop, {args.repeats} alternating rounds, {os.cpu_count()} cores, "
-              f"cluster {address}")
+        print(
+            f"\n{args.world} ranks, task=noop, {args.repeats} alternating rounds, {os.cpu_count()} cores, "
+            f"cluster {address}"
+        )
         print(f"launcher=ray          median {ma:.2f}s  (min {min(a):.2f}s)")
         print(f"bare Ray script       median {mb:.2f}s  (min {min(b):.2f}s)")
         print(f"launcher=local        median {mc:.2f}s  (min {min(c):.2f}s)")
         paired = statistics.median(x / y for x, y in zip(a, b))
-        print(f"ratio launcher=ray / bare Ray = {ma / mb:.2f}x of the medians, {paired:.2f}x the median of the "
-              f"rounds' own ratios (goal <= 1.30x)")
+        print(
+            f"ratio launcher=ray / bare Ray = {ma / mb:.2f}x of the medians, {paired:.2f}x the median of the "
+            f"rounds' own ratios (goal <= 1.30x)"
+        )
         print(f"ratio launcher=ray / launcher=local = {ma / mc:.2f}x")
     finally:
         if state is not None:
-            subprocess.run(["bash", str(HERE / "ray_cluster.sh"), "stop", "--dir", state], capture_output=True,
-                           timeout=300)
+            subprocess.run(
+                ["bash", str(HERE / "ray_cluster.sh"), "stop", "--dir", state],
+                capture_output=True,
+                timeout=300,
+            )
         shutil.rmtree(work, ignore_errors=True)
 
 

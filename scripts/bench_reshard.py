@@ -68,7 +68,9 @@ def _stage(args: argparse.Namespace, pp: int, dp: int) -> Any:
 
     model = Stage()
     dp_group = groups.get_group("dp-cp")
-    fsdp2_wrap(model, mesh=DeviceMesh.from_group(dp_group.device_group, "cpu", mesh_dim_names=("dp",)))
+    fsdp2_wrap(
+        model, mesh=DeviceMesh.from_group(dp_group.device_group, "cpu", mesh_dim_names=("dp",))
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(2, args.dim)
     for layer in model.layers:
@@ -78,9 +80,16 @@ def _stage(args: argparse.Namespace, pp: int, dp: int) -> Any:
     return model, opt
 
 
-def _rank(rank: int, world: int, port: int, job: tuple[str, Any], args: argparse.Namespace, queue: Any) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(
+    rank: int, world: int, port: int, job: tuple[str, Any], args: argparse.Namespace, queue: Any
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     try:
         import torch
         import torch.distributed as dist
@@ -123,7 +132,9 @@ def _launch(world: int, job: tuple[str, Any], args: argparse.Namespace) -> dict[
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, job, args, queue)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, port, job, args, queue)) for r in range(world)
+    ]
     try:
         for p in procs:
             p.start()
@@ -142,7 +153,9 @@ def _launch(world: int, job: tuple[str, Any], args: argparse.Namespace) -> dict[
                 p.kill()
 
 
-def _export_rounds(directory: Path, out_dir: str, rounds: int) -> tuple[list[float], list[float], list[float], int]:
+def _export_rounds(
+    directory: Path, out_dir: str, rounds: int
+) -> tuple[list[float], list[float], list[float], int]:
     import torch
 
     from wf_launch.rank.checkpoint.format import complete_checkpoints
@@ -171,7 +184,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", default=None, help="where to write (default: a temporary directory)"
+    )
     args = parser.parse_args()
     import torch
 
@@ -181,23 +196,35 @@ def main() -> None:
         for name in LAYOUTS:
             _launch(LAYOUTS[name][0], ("save", (name, os.path.join(out, name))), args)
         weights = args.layers * (args.dim * args.dim + args.dim) * 4
-        print(f"torch {torch.__version__}, gloo ranks (1 thread each), FSDP2 {args.layers}x Linear({args.dim},"
-              f"{args.dim}): {weights / 1e6:.0f} MB fp32 weights + AdamW state ({3 * weights / 1e6:.0f} MB loaded); "
-              f"{args.rounds} alternating rounds; under {args.dir or tempfile.gettempdir()}")
+        print(
+            f"torch {torch.__version__}, gloo ranks (1 thread each), FSDP2 {args.layers}x Linear({args.dim},"
+            f"{args.dim}): {weights / 1e6:.0f} MB fp32 weights + AdamW state ({3 * weights / 1e6:.0f} MB loaded); "
+            f"{args.rounds} alternating rounds; under {args.dir or tempfile.gettempdir()}"
+        )
         for target in ("dp2", "pp2xdp2"):
-            res = _launch(LAYOUTS[target][0], ("load", (target, os.path.join(out, target),
-                                                        os.path.join(out, "dp4"))), args)
-            per_round = {n: [max(r[n][i] for r in res.values()) for i in range(args.rounds)] for n in ("same", "new")}
+            res = _launch(
+                LAYOUTS[target][0],
+                ("load", (target, os.path.join(out, target), os.path.join(out, "dp4"))),
+                args,
+            )
+            per_round = {
+                n: [max(r[n][i] for r in res.values()) for i in range(args.rounds)]
+                for n in ("same", "new")
+            }
             same, new = statistics.median(per_round["same"]), statistics.median(per_round["new"])
             paired = sorted(b / a for a, b in zip(per_round["same"], per_round["new"]))
-            print(f"load at {target:8s}: saved at {target} {same:.3f} s, saved at dp4 {new:.3f} s (medians); new "
-                  f"layout / same layout, per round: median {statistics.median(paired):.2f}x (range {paired[0]:.2f}-"
-                  f"{paired[-1]:.2f}; goal <= 1.5x)")
+            print(
+                f"load at {target:8s}: saved at {target} {same:.3f} s, saved at dp4 {new:.3f} s (medians); new "
+                f"layout / same layout, per round: median {statistics.median(paired):.2f}x (range {paired[0]:.2f}-"
+                f"{paired[-1]:.2f}; goal <= 1.5x)"
+            )
         export_s, save_s, read_s, nbytes = _export_rounds(Path(out) / "dp4", out, args.rounds)
         e, s, r = statistics.median(export_s), statistics.median(save_s), statistics.median(read_s)
-        print(f"export (dp4 checkpoint -> one torch.save file, {nbytes / 1e6:.0f} MB): {e:.3f} s ({r:.3f} s reading "
-              f"the shards), {nbytes / e / 1e6:.0f} MB/s; torch.save of the gathered state {s:.3f} s, "
-              f"{nbytes / s / 1e6:.0f} MB/s (medians): export throughput = {s / e:.2f}x torch.save's")
+        print(
+            f"export (dp4 checkpoint -> one torch.save file, {nbytes / 1e6:.0f} MB): {e:.3f} s ({r:.3f} s reading "
+            f"the shards), {nbytes / e / 1e6:.0f} MB/s; torch.save of the gathered state {s:.3f} s, "
+            f"{nbytes / s / 1e6:.0f} MB/s (medians): export throughput = {s / e:.2f}x torch.save's"
+        )
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

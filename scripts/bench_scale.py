@@ -40,13 +40,20 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torchrun-max", type=int, default=32)
     ap.add_argument("--chart", type=Path, default=None)
     ap.add_argument("--stall-s", type=float, default=300.0)
-    ap.add_argument("--redraw", type=Path, default=None, help="draw --chart again from the rows a run saved (JSON)")
+    ap.add_argument(
+        "--redraw",
+        type=Path,
+        default=None,
+        help="draw --chart again from the rows a run saved (JSON)",
+    )
     args = ap.parse_args()
     if args.redraw:
         saved = json.loads(args.redraw.read_text())
@@ -57,9 +64,21 @@ def main() -> None:
     env_note = f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
     rows = []
     for n in args.sizes:
-        ours = [sys.executable, "-m", "wf_launch", "task=noop", f"engine.dp_size={n}", "launcher.oversubscribe=true"]
+        ours = [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "task=noop",
+            f"engine.dp_size={n}",
+            "launcher.oversubscribe=true",
+        ]
         bare = [sys.executable, str(HERE / "elastic_fork_equivalent.py"), str(n)]
-        theirs = [torchrun, "--standalone", f"--nproc-per-node={n}", str(HERE / "torchrun_equivalent.py")]
+        theirs = [
+            torchrun,
+            "--standalone",
+            f"--nproc-per-node={n}",
+            str(HERE / "torchrun_equivalent.py"),
+        ]
         a, b, c, init = [], [], [], []
         for i in range(args.repeats):
             run_dir = Path(work) / f"n{n}-{i}"
@@ -70,26 +89,46 @@ def main() -> None:
             b.append(timed_or_stalled(bare, work, args.stall_s))
             if n <= args.torchrun_max:
                 c.append(timed_or_stalled(theirs, work, args.stall_s))
-            print(f"  {n:4d} ranks, round {i + 1}: wf_launch {_secs(a[-1])}  elastic {_secs(b[-1])}"
-                  + (f"  torchrun {_secs(c[-1])}" if c else ""), flush=True)
-        row = {"ranks": n, "wf_launch": _median(a), "elastic": _median(b), "torchrun": _median(c),
-               "stalls": {k: v.count(None) for k, v in (("wf_launch", a), ("elastic", b), ("torchrun", c))
-                          if None in v},
-               "init_median": statistics.median(init) if init else None, "init_max": max(init, default=None)}
+            print(
+                f"  {n:4d} ranks, round {i + 1}: wf_launch {_secs(a[-1])}  elastic {_secs(b[-1])}"
+                + (f"  torchrun {_secs(c[-1])}" if c else ""),
+                flush=True,
+            )
+        row = {
+            "ranks": n,
+            "wf_launch": _median(a),
+            "elastic": _median(b),
+            "torchrun": _median(c),
+            "stalls": {
+                k: v.count(None)
+                for k, v in (("wf_launch", a), ("elastic", b), ("torchrun", c))
+                if None in v
+            },
+            "init_median": statistics.median(init) if init else None,
+            "init_max": max(init, default=None),
+        }
         rows.append(row)
     print(f"\n{args.repeats} alternating rounds per size, medians, {env_note}")
-    print(f"{'ranks':>5}  {'wf_launch':>9}  {'elastic':>8}  {'torchrun':>8}  {'wf/elastic':>10}  {'wf/torchrun':>11}"
-          f"  {'init_s med':>10}  {'init_s max':>10}  stalled (of {args.repeats}, killed at {args.stall_s:.0f} s)")
+    print(
+        f"{'ranks':>5}  {'wf_launch':>9}  {'elastic':>8}  {'torchrun':>8}  {'wf/elastic':>10}  {'wf/torchrun':>11}"
+        f"  {'init_s med':>10}  {'init_s max':>10}  stalled (of {args.repeats}, killed at {args.stall_s:.0f} s)"
+    )
     for r in rows:
         stalls = ", ".join(f"{k} {v}" for k, v in r["stalls"].items()) or "-"
-        print(f"{r['ranks']:>5}  {_secs(r['wf_launch']):>9}  {_secs(r['elastic']):>8}  {_secs(r['torchrun']):>8}  "
-              f"{_ratio(r['wf_launch'], r['elastic']):>10}  {_ratio(r['wf_launch'], r['torchrun']):>11}  "
-              f"{_secs(r['init_median'], 3):>10}  {_secs(r['init_max'], 3):>10}  {stalls}")
+        print(
+            f"{r['ranks']:>5}  {_secs(r['wf_launch']):>9}  {_secs(r['elastic']):>8}  {_secs(r['torchrun']):>8}  "
+            f"{_ratio(r['wf_launch'], r['elastic']):>10}  {_ratio(r['wf_launch'], r['torchrun']):>11}  "
+            f"{_secs(r['init_median'], 3):>10}  {_secs(r['init_max'], 3):>10}  {stalls}"
+        )
     print("goals: wf_launch <= 0.10x torchrun at 32 ranks, <= 1.30x elastic at every size")
     if args.chart:
         _chart(rows, args.chart, env_note)
-        args.chart.with_suffix(".json").write_text(json.dumps({"note": env_note, "rows": rows}, indent=1) + "\n")
-        print(f"chart: {args.chart} (rows: {args.chart.with_suffix('.json')}, --redraw draws it again)")
+        args.chart.with_suffix(".json").write_text(
+            json.dumps({"note": env_note, "rows": rows}, indent=1) + "\n"
+        )
+        print(
+            f"chart: {args.chart} (rows: {args.chart.with_suffix('.json')}, --redraw draws it again)"
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -123,14 +162,21 @@ def _chart(rows: list[dict], path: Path, note: str) -> None:
     _line(left, rows, "wf_launch", "o-", "wf_launch task=noop")
     _line(left, rows, "elastic", "s--", "bare elastic_launch (fork), same groups")
     _line(left, rows, "torchrun", "^:", "torchrun --standalone")
-    left.set(xscale="log", xlabel="ranks", ylabel="wall time of the command (s)", title="Launch to exit")
+    left.set(
+        xscale="log", xlabel="ranks", ylabel="wall time of the command (s)", title="Launch to exit"
+    )
     left.set_xticks(ranks, [str(n) for n in ranks])
     left.minorticks_off()
     left.grid(alpha=0.3)
     left.legend(fontsize=8, loc="upper left")
     _line(right, rows, "init_median", "o-", "median rank")
     _line(right, rows, "init_max", "s--", "slowest rank")
-    right.set(xscale="log", xlabel="ranks", ylabel="dist_init per rank (s)", title="Group creation (all groups)")
+    right.set(
+        xscale="log",
+        xlabel="ranks",
+        ylabel="dist_init per rank (s)",
+        title="Group creation (all groups)",
+    )
     right.set_xticks(ranks, [str(n) for n in ranks])
     right.minorticks_off()
     right.grid(alpha=0.3)

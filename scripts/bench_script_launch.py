@@ -28,12 +28,16 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nproc", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--script", type=Path, default=HERE / "torchrun_equivalent.py")
     ap.add_argument("--fresh", action="store_true", help="task.fresh_interpreter=true")
-    ap.add_argument("--with-noop", action="store_true", help="also time task=noop on the same ranks")
+    ap.add_argument(
+        "--with-noop", action="store_true", help="also time task=noop on the same ranks"
+    )
     ap.add_argument("script_args", nargs="*", help="the script's arguments (after --)")
     args = ap.parse_args()
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
@@ -53,17 +57,24 @@ def main() -> None:
         b.append(timed(theirs, work))
         if args.with_noop:
             c.append(timed([*noop, f"hydra.run.dir={work}/noop{i}"], work))
-        print(f"  round {i + 1}: wf_launch.run {a[-1]:.2f}s  torchrun {b[-1]:.2f}s"
-              + (f"  task=noop {c[-1]:.2f}s" if c else ""), flush=True)
+        print(
+            f"  round {i + 1}: wf_launch.run {a[-1]:.2f}s  torchrun {b[-1]:.2f}s"
+            + (f"  task=noop {c[-1]:.2f}s" if c else ""),
+            flush=True,
+        )
     ma, mb = statistics.median(a), statistics.median(b)
     how = "fresh interpreter per rank" if args.fresh else "forked ranks"
-    print(f"\n{args.nproc} ranks, {Path(script).name}, {args.repeats} alternating rounds, {how}, "
-          f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print(
+        f"\n{args.nproc} ranks, {Path(script).name}, {args.repeats} alternating rounds, {how}, "
+        f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
+    )
     print(f"python -m wf_launch.run  median {ma:.2f}s  (min {min(a):.2f}s)")
     print(f"torchrun                 median {mb:.2f}s  (min {min(b):.2f}s)")
     if c:
-        print(f"task=noop (reference)    median {statistics.median(c):.2f}s  (min {min(c):.2f}s): "
-              f"{statistics.median(c) / mb:.2f}x torchrun")
+        print(
+            f"task=noop (reference)    median {statistics.median(c):.2f}s  (min {min(c):.2f}s): "
+            f"{statistics.median(c) / mb:.2f}x torchrun"
+        )
     print(f"ratio wf_launch.run / torchrun = {ma / mb:.2f}x  (goal <= 0.40x)")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -29,9 +29,20 @@ CP, PP = (1, 2, 4), (1, 2)
 
 def _sweep(work: str, tag: str) -> float:
     sweep_dir = Path(work) / tag
-    wall = timed([sys.executable, "-m", "wf_launch", "-m", f"engine.cp_size={','.join(map(str, CP))}",
-                   f"engine.pp_size={','.join(map(str, PP))}", "task=noop", "engine.distributed_backend=gloo",
-                   f"hydra.sweep.dir={sweep_dir}"], work)
+    wall = timed(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "-m",
+            f"engine.cp_size={','.join(map(str, CP))}",
+            f"engine.pp_size={','.join(map(str, PP))}",
+            "task=noop",
+            "engine.distributed_backend=gloo",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        work,
+    )
     with open(sweep_dir / "sweep_summary.csv", newline="") as f:
         statuses = [row["status"] for row in csv.DictReader(f)]
     if statuses != ["ok"] * len(CP) * len(PP):
@@ -40,12 +51,25 @@ def _sweep(work: str, tag: str) -> float:
 
 
 def _torchruns(torchrun: str, work: str) -> float:
-    return sum(timed([torchrun, "--standalone", f"--nproc-per-node={cp * pp}",
-                       str(HERE / "torchrun_equivalent.py")], work) for cp in CP for pp in PP)
+    return sum(
+        timed(
+            [
+                torchrun,
+                "--standalone",
+                f"--nproc-per-node={cp * pp}",
+                str(HERE / "torchrun_equivalent.py"),
+            ],
+            work,
+        )
+        for cp in CP
+        for pp in PP
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
@@ -57,13 +81,18 @@ def main() -> None:
         for i in range(args.repeats):
             a.append(_sweep(work, f"sweep{i}"))
             b.append(_torchruns(torchrun, work))
-            print(f"  round {i + 1}: wf_launch sweep {a[-1]:.2f}s  6x torchrun {b[-1]:.2f}s", flush=True)
+            print(
+                f"  round {i + 1}: wf_launch sweep {a[-1]:.2f}s  6x torchrun {b[-1]:.2f}s",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ma, mb = statistics.median(a), statistics.median(b)
     worlds = [cp * pp for cp in CP for pp in PP]
-    print(f"\n6 layouts (cp={CP} x pp={PP}, worlds {worlds}), {args.repeats} alternating rounds, "
-          f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print(
+        f"\n6 layouts (cp={CP} x pp={PP}, worlds {worlds}), {args.repeats} alternating rounds, "
+        f"{os.cpu_count()} cores, python {sys.version.split()[0]}"
+    )
     print(f"wf_launch -m sweep, task=noop   median {ma:.2f}s  (min {min(a):.2f}s)")
     print(f"6x torchrun no-op              median {mb:.2f}s  (min {min(b):.2f}s)")
     print(f"ratio sweep / torchrun = {ma / mb:.2f}x  (goal <= 0.40x)")

@@ -40,11 +40,19 @@ def _round(calls: int, trackers: list[str]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="wf-bench-tracking-") as tmp:
         run_dir = Path(tmp) / "run"
         (run_dir / "logs").mkdir(parents=True)
-        config = {"task": {"name": "bench"}, "tracking": {"flush_s": 1.0, "close_timeout_s": 120,
-                                                          **{t: {"enabled": True} for t in trackers}}}
+        config = {
+            "task": {"name": "bench"},
+            "tracking": {
+                "flush_s": 1.0,
+                "close_timeout_s": 120,
+                **{t: {"enabled": True} for t in trackers},
+            },
+        }
         sink = open_trackers(config, run_dir, 0, "bench-run", 0, _Quiet()) if trackers else None
         if sink is not None:
-            time.sleep(3.0)  # let the trackers open (imports, W&B's service): the loop never waits for it
+            time.sleep(
+                3.0
+            )  # let the trackers open (imports, W&B's service): the loop never waits for it
         reporter = ProgressReporter(run_dir, 0, sink=sink)
         t0 = time.perf_counter()
         for step in range(1, calls + 1):
@@ -73,10 +81,14 @@ def main() -> int:
         closes.append(close)
     ratio = statistics.median(t / p for t, p in zip(tracked, plain))
     per_call = statistics.median(plain) / args.calls * 1e6
-    print(f"ctx.progress with {'+'.join(args.trackers)}: {ratio:.2f}x the plain call "
-          f"(median of {args.rounds} alternating rounds of {args.calls} calls; plain call ~{per_call:.1f} us here)")
-    print(f"a rank's end (close: write what is queued, record the status): {statistics.median(closes):.2f} s with "
-          f"trackers, {statistics.median(bare_closes):.3f} s without")
+    print(
+        f"ctx.progress with {'+'.join(args.trackers)}: {ratio:.2f}x the plain call "
+        f"(median of {args.rounds} alternating rounds of {args.calls} calls; plain call ~{per_call:.1f} us here)"
+    )
+    print(
+        f"a rank's end (close: write what is queued, record the status): {statistics.median(closes):.2f} s with "
+        f"trackers, {statistics.median(bare_closes):.3f} s without"
+    )
     return 0
 
 

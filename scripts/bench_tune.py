@@ -52,7 +52,9 @@ def _valid_points(world: int, overrides: list[str]) -> list[dict[str, Any]]:
 
     points = build_space(world, [ALSO])
     combos = sorted({p.also for p in points})
-    configs = dict(zip(combos, compose([[*overrides, *(f"{k}={v}" for k, v in c)] for c in combos])))
+    configs = dict(
+        zip(combos, compose([[*overrides, *(f"{k}={v}" for k, v in c)] for c in combos]))
+    )
     return [v.point.to_json() for v in prune(points, configs, None) if v.status == VALID]
 
 
@@ -60,7 +62,9 @@ def _key(point: dict[str, Any]) -> str:
     return point["label"]
 
 
-def exhaustive(world: int, steps: int, overrides: list[str], points: list[dict[str, Any]], d: Path) -> dict:
+def exhaustive(
+    world: int, steps: int, overrides: list[str], points: list[dict[str, Any]], d: Path
+) -> dict:
     """One sweep over every valid point at full length: its wall time and each point's steady tokens_per_s."""
     from wf_launch.rank.progress import STEPS_ENV
     from wf_launch.rundir import files
@@ -84,29 +88,59 @@ def exhaustive(world: int, steps: int, overrides: list[str], points: list[dict[s
 
 def tune(world: int, steps: int, overrides: list[str], d: Path) -> dict:
     """One tune with the default settings: its wall time and its winner."""
-    cmd = [sys.executable, "-m", "wf_launch.tune", *overrides, f"world_size={world}", f"task.steps={steps}",
-           "--also", f"{ALSO[0]}={','.join(ALSO[1])}", "--dir", str(d)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wf_launch.tune",
+        *overrides,
+        f"world_size={world}",
+        f"task.steps={steps}",
+        "--also",
+        f"{ALSO[0]}={','.join(ALSO[1])}",
+        "--dir",
+        str(d),
+    ]
     wall = _run(cmd, d.parent, d.parent / f"{d.name}.log")
     state = json.loads((d / "tune.json").read_text())
     winner = next(p for p in state["space"] if p["id"] == state["winner"])
-    return {"wall_s": wall, "winner": _key(winner), "trials": sum(len(r["trials"]) for r in state["rounds"]),
-            "rounds": [len(r["trials"]) for r in state["rounds"]]}
+    return {
+        "wall_s": wall,
+        "winner": _key(winner),
+        "trials": sum(len(r["trials"]) for r in state["rounds"]),
+        "rounds": [len(r["trials"]) for r in state["rounds"]],
+    }
 
 
 def _verdict(world: int, steps: int, sweeps: list[dict], tunes: list[dict]) -> dict:
     layouts = sweeps[0]["tokens_per_s"].keys()
-    steady = {k: statistics.median([s["tokens_per_s"][k] for s in sweeps if s["tokens_per_s"].get(k)] or [0.0])
-              for k in layouts}
+    steady = {
+        k: statistics.median(
+            [s["tokens_per_s"][k] for s in sweeps if s["tokens_per_s"].get(k)] or [0.0]
+        )
+        for k in layouts
+    }
     best = max(steady, key=lambda k: steady[k])
     for t in tunes:
         t["exact"] = t["winner"] == best
         t["agrees"] = steady.get(t["winner"], 0.0) >= 0.95 * steady[best]
         t["of_best"] = steady.get(t["winner"], 0.0) / steady[best]
-    ratio = statistics.median(t["wall_s"] for t in tunes) / statistics.median(s["wall_s"] for s in sweeps)
-    return {"world_size": world, "steps": steps, "layouts": len(steady), "best": best, "best_tokens_per_s":
-            steady[best], "steady": steady, "agree": sum(t["agrees"] for t in tunes),
-            "exact": sum(t["exact"] for t in tunes), "tunes": tunes, "sweeps": sweeps, "time_ratio": ratio,
-            "noise_floor": _noise_floor(sweeps)}
+    ratio = statistics.median(t["wall_s"] for t in tunes) / statistics.median(
+        s["wall_s"] for s in sweeps
+    )
+    return {
+        "world_size": world,
+        "steps": steps,
+        "layouts": len(steady),
+        "best": best,
+        "best_tokens_per_s": steady[best],
+        "steady": steady,
+        "agree": sum(t["agrees"] for t in tunes),
+        "exact": sum(t["exact"] for t in tunes),
+        "tunes": tunes,
+        "sweeps": sweeps,
+        "time_ratio": ratio,
+        "noise_floor": _noise_floor(sweeps),
+    }
 
 
 def _noise_floor(sweeps: list[dict]) -> list[float]:
@@ -115,10 +149,14 @@ def _noise_floor(sweeps: list[dict]) -> list[float]:
     agreement criterion."""
     out = []
     for i, a in enumerate(sweeps):
-        best = max((k for k, v in a["tokens_per_s"].items() if v), key=lambda k: a["tokens_per_s"][k])
+        best = max(
+            (k for k, v in a["tokens_per_s"].items() if v), key=lambda k: a["tokens_per_s"][k]
+        )
         for j, b in enumerate(sweeps):
             if i != j and b["tokens_per_s"].get(best):
-                out.append(b["tokens_per_s"][best] / max(v for v in b["tokens_per_s"].values() if v))
+                out.append(
+                    b["tokens_per_s"][best] / max(v for v in b["tokens_per_s"].values() if v)
+                )
     return out
 
 
@@ -129,16 +167,29 @@ def bench_world(world: int, steps: int, args: argparse.Namespace, root: Path) ->
     sweeps, tunes = [], []
     for r in range(args.rounds):
         load = os.getloadavg()[0]
-        sweeps.append(exhaustive(world, steps, [*overrides, f"task.steps={steps}"], points,
-                                 root / f"w{world}-exhaustive{r}"))
-        print(f"  round {r}: exhaustive sweep {sweeps[-1]['wall_s']:.0f} s (load {load:.1f})", flush=True)
+        sweeps.append(
+            exhaustive(
+                world,
+                steps,
+                [*overrides, f"task.steps={steps}"],
+                points,
+                root / f"w{world}-exhaustive{r}",
+            )
+        )
+        print(
+            f"  round {r}: exhaustive sweep {sweeps[-1]['wall_s']:.0f} s (load {load:.1f})",
+            flush=True,
+        )
         for _ in range(args.tunes_per_round):
             n = len(tunes)
             load = os.getloadavg()[0]
             tunes.append(tune(world, steps, overrides, root / f"w{world}-tune{n}"))
             t = tunes[-1]
-            print(f"  round {r}: tune {n}: {t['wall_s']:.0f} s, {t['trials']} trials {t['rounds']}, winner "
-                  f"{t['winner']} (load {load:.1f})", flush=True)
+            print(
+                f"  round {r}: tune {n}: {t['wall_s']:.0f} s, {t['trials']} trials {t['rounds']}, winner "
+                f"{t['winner']} (load {load:.1f})",
+                flush=True,
+            )
     return _verdict(world, steps, sweeps, tunes)
 
 
@@ -146,29 +197,49 @@ def _report(v: dict) -> str:
     sweeps = [s["wall_s"] for s in v["sweeps"]]
     tunes = [t["wall_s"] for t in v["tunes"]]
     others = ", ".join(f"{t['of_best']:.0%}" for t in v["tunes"] if not t["exact"]) or "-"
-    lines = [f"world_size={v['world_size']} ({v['layouts']} valid layouts x {v['steps']} steps): best "
-             f"{v['best']} at {v['best_tokens_per_s']:.0f} tokens/s",
-             f"  winner agrees in {v['agree']}/{len(v['tunes'])} tunes ({v['exact']} the best itself; the others "
-             f"at {others} of its throughput)  (goal >= 9/10)",
-             f"  time: tune median {statistics.median(tunes):.0f} s (min {min(tunes):.0f}, max {max(tunes):.0f}) vs "
-             f"exhaustive median {statistics.median(sweeps):.0f} s = {v['time_ratio']:.2f}x  (goal <= 0.40x)"]
+    lines = [
+        f"world_size={v['world_size']} ({v['layouts']} valid layouts x {v['steps']} steps): best "
+        f"{v['best']} at {v['best_tokens_per_s']:.0f} tokens/s",
+        f"  winner agrees in {v['agree']}/{len(v['tunes'])} tunes ({v['exact']} the best itself; the others "
+        f"at {others} of its throughput)  (goal >= 9/10)",
+        f"  time: tune median {statistics.median(tunes):.0f} s (min {min(tunes):.0f}, max {max(tunes):.0f}) vs "
+        f"exhaustive median {statistics.median(sweeps):.0f} s = {v['time_ratio']:.2f}x  (goal <= 0.40x)",
+    ]
     floor = v.get("noise_floor") or []
     if floor:
-        lines.append(f"  noise floor: each exhaustive sweep's best runs at {', '.join(f'{x:.0%}' for x in floor)} of "
-                     "the other sweeps' best (below 95%: the machine's noise alone fails the 5% criterion)")
+        lines.append(
+            f"  noise floor: each exhaustive sweep's best runs at {', '.join(f'{x:.0%}' for x in floor)} of "
+            "the other sweeps' best (below 95%: the machine's noise alone fails the 5% criterion)"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--worlds", default="8,4", help="world sizes (default 8,4)")
-    ap.add_argument("--steps", default="8:80,4:150", help="full length per world size, WORLD:STEPS,...")
+    ap.add_argument(
+        "--steps", default="8:80,4:150", help="full length per world size, WORLD:STEPS,..."
+    )
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
-    ap.add_argument("--tunes-per-round", type=int, default=5, help="tunes after each exhaustive sweep (default 5)")
-    ap.add_argument("--dir", type=Path, default=None, help="where the runs go (default bench_tune/TIMESTAMP)")
+    ap.add_argument(
+        "--tunes-per-round",
+        type=int,
+        default=5,
+        help="tunes after each exhaustive sweep (default 5)",
+    )
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="where the runs go (default bench_tune/TIMESTAMP)"
+    )
     ap.add_argument("overrides", nargs="*", help="more overrides of the task (e.g. task.hidden=64)")
-    ap.add_argument("--report", type=Path, default=None, help="print the verdict of an earlier run's "
-                    "bench_tune.json (its measurements are kept), run nothing")
+    ap.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="print the verdict of an earlier run's "
+        "bench_tune.json (its measurements are kept), run nothing",
+    )
     args = ap.parse_args()
     if args.report is not None:
         for v in json.loads(args.report.read_text()):
@@ -177,7 +248,9 @@ def main() -> None:
     steps = {int(w): int(s) for w, s in (item.split(":") for item in args.steps.split(","))}
     root = (args.dir or Path("bench_tune") / time.strftime("%Y%m%d-%H%M%S")).absolute()
     root.mkdir(parents=True, exist_ok=True)
-    print(f"bench_tune: {root}; {os.cpu_count()} cores, python {sys.version.split()[0]}", flush=True)
+    print(
+        f"bench_tune: {root}; {os.cpu_count()} cores, python {sys.version.split()[0]}", flush=True
+    )
     results = []
     for world in (int(w) for w in args.worlds.split(",")):
         results.append(bench_world(world, steps[world], args, root))

@@ -29,14 +29,16 @@ Keep = Callable[[list[str]], list[str]]
 def first_last(first: int, last: int) -> Keep:
     def keep(lines: list[str]) -> list[str]:
         return lines if len(lines) <= first + last else [*lines[:first], "...", *lines[-last:]]
+
     return keep
 
 
 def from_line(pattern: str, last: int | None = None) -> Keep:
     def keep(lines: list[str]) -> list[str]:
         start = next((i for i, line in enumerate(lines) if re.search(pattern, line)), 0)
-        kept = lines[start:] if last is None else lines[start:start + last]
+        kept = lines[start:] if last is None else lines[start : start + last]
         return (["..."] if start else []) + kept
+
     return keep
 
 
@@ -49,6 +51,7 @@ def matching(*patterns: str) -> Keep:
             elif out and out[-1] != "...":
                 out.append("...")
         return out[:-1] if out and out[-1] == "..." else out
+
     return keep
 
 
@@ -66,24 +69,49 @@ class Sample:
 
 SAMPLES: dict[str, Sample] = {
     "guide-quickstart": Sample("docs/guide.md", ["python -m wf_launch"], first_last(1, 2)),
-    "guide-config-errors": Sample("docs/guide.md", [
-        "python -m wf_launch engine.cp_size=0", "python -m wf_launch engine.cp_size=5",
-        "python -m wf_launch engine.cp_sise=2", "python -m wf_launch task=trian", "python -m wf_launch engine.pp_size=two"]),
-    "guide-failed-alike": Sample("docs/guide.md", [
-        "python -m wf_launch task=fail_alike 'task.modules=[wf_identity_tasks]' engine.dp_size=8 'task.odd=[5]'"],
-        from_line(r"run failed in"), env={"PYTHONPATH": str(REPO / "tests" / "user_tasks")}),
-    "guide-ctrl-c": Sample("docs/guide.md", ["python -m wf_launch task=train engine.dp_size=2 task.steps=200 "
-                                             "task.checkpoint_every=50"], matching("launching", "Ctrl-C", "stop agreed",
-                                                                                   "run interrupted", "interrupted by",
-                                                                                   "continue it"),
-                           interrupt_after=12.0),
-    "checkpointing-drill": Sample("docs/checkpointing.md", [
-        "python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=28 task.checkpoint_every=4 "
-        "--inject kill9@6,sigterm@10"], from_line(r"^drill: interrupted run")),
-    "tracking-resume": Sample("docs/tracking.md", [
-        "python -m wf_launch.drill task=train engine.dp_size=2 task.steps=20 task.checkpoint_every=4 "
-        "tracking=[tensorboard,mlflow,wandb] --inject kill9:0@6,sigterm@12"], from_line(r"^drill verdict"),
-        env={"WANDB_MODE": "offline"}),
+    "guide-config-errors": Sample(
+        "docs/guide.md",
+        [
+            "python -m wf_launch engine.cp_size=0",
+            "python -m wf_launch engine.cp_size=5",
+            "python -m wf_launch engine.cp_sise=2",
+            "python -m wf_launch task=trian",
+            "python -m wf_launch engine.pp_size=two",
+        ],
+    ),
+    "guide-failed-alike": Sample(
+        "docs/guide.md",
+        [
+            "python -m wf_launch task=fail_alike 'task.modules=[wf_identity_tasks]' engine.dp_size=8 'task.odd=[5]'"
+        ],
+        from_line(r"run failed in"),
+        env={"PYTHONPATH": str(REPO / "tests" / "user_tasks")},
+    ),
+    "guide-ctrl-c": Sample(
+        "docs/guide.md",
+        ["python -m wf_launch task=train engine.dp_size=2 task.steps=200 task.checkpoint_every=50"],
+        matching(
+            "launching", "Ctrl-C", "stop agreed", "run interrupted", "interrupted by", "continue it"
+        ),
+        interrupt_after=12.0,
+    ),
+    "checkpointing-drill": Sample(
+        "docs/checkpointing.md",
+        [
+            "python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=28 task.checkpoint_every=4 "
+            "--inject kill9@6,sigterm@10"
+        ],
+        from_line(r"^drill: interrupted run"),
+    ),
+    "tracking-resume": Sample(
+        "docs/tracking.md",
+        [
+            "python -m wf_launch.drill task=train engine.dp_size=2 task.steps=20 task.checkpoint_every=4 "
+            "tracking=[tensorboard,mlflow,wandb] --inject kill9:0@6,sigterm@12"
+        ],
+        from_line(r"^drill verdict"),
+        env={"WANDB_MODE": "offline"},
+    ),
 }
 
 
@@ -93,8 +121,15 @@ def run(command: str, cwd: Path, sample: Sample) -> list[str]:
         env["PYTHONPATH"] = f"{sample.env['PYTHONPATH']}{os.pathsep}{os.environ['PYTHONPATH']}"
     argv = shlex.split(command)
     argv[0] = sys.executable if argv[0] == "python" else argv[0]
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     if sample.interrupt_after is not None:
         time.sleep(sample.interrupt_after)
         os.killpg(proc.pid, signal.SIGINT)
@@ -116,13 +151,17 @@ def replace_block(doc: Path, key: str, lines: list[str]) -> None:
     if not text[start].startswith("```"):
         raise SystemExit(f"{doc}: a fenced block must follow <!-- sample: {key} -->")
     end = next(i for i in range(start + 1, len(text)) if text[i].startswith("```"))
-    doc.write_text("\n".join([*text[:start + 1], *lines, *text[end:]]) + "\n")
+    doc.write_text("\n".join([*text[: start + 1], *lines, *text[end:]]) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("ids", nargs="*", help=f"samples to regenerate (default: all of {sorted(SAMPLES)})")
-    ap.add_argument("--list", action="store_true", help="list the samples and their commands, run nothing")
+    ap.add_argument(
+        "ids", nargs="*", help=f"samples to regenerate (default: all of {sorted(SAMPLES)})"
+    )
+    ap.add_argument(
+        "--list", action="store_true", help="list the samples and their commands, run nothing"
+    )
     args = ap.parse_args(argv)
     chosen = args.ids or sorted(SAMPLES)
     unknown = [k for k in chosen if k not in SAMPLES]

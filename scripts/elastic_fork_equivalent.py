@@ -37,9 +37,17 @@ def main() -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     world = int(sys.argv[1])
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", start_method="fork",
-                          monitor_interval=0.1, local_addr="127.0.0.1")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=world,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        start_method="fork",
+        monitor_interval=0.1,
+        local_addr="127.0.0.1",
+    )
     elastic_launch(config, _worker)(world)
 
 

@@ -40,56 +40,277 @@ TIME_LIMIT_S = 1.0
 
 # --------------------------------------------------------------------------- the fields fuzzed
 
-ENGINE_FIELDS = ["distributed_backend", "distributed_timeout_minutes", "tp_size", "cp_size", "pp_size",
-                 "dp_size", "order", "nccl_communicator_config_path"]
-COMMON_LAUNCHER_FIELDS = ["dry_run", "console_ranks", "max_log_mb", "max_metrics_mb", "overwrite", "run_dir_mode"]
-LOCAL_FIELDS = ["start_method", "max_restarts", "threads_per_rank", "rdzv_port", "monitor_interval_s",
-                "shutdown_timeout_s", "loopback_only", "oversubscribe"]
-SLURM_FIELDS = ["nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb", "partition", "account",
-                "qos", "time_min", "constraint", "exclude", "job_name", "sbatch_extra", "setup", "srun_args",
-                "folder", "wait", "poll_interval_s", "signal_delay_s", "max_requeues", "preempt_wait_s",
-                "snapshot_untracked", "snapshot_max_mb"]
+ENGINE_FIELDS = [
+    "distributed_backend",
+    "distributed_timeout_minutes",
+    "tp_size",
+    "cp_size",
+    "pp_size",
+    "dp_size",
+    "order",
+    "nccl_communicator_config_path",
+]
+COMMON_LAUNCHER_FIELDS = [
+    "dry_run",
+    "console_ranks",
+    "max_log_mb",
+    "max_metrics_mb",
+    "overwrite",
+    "run_dir_mode",
+]
+LOCAL_FIELDS = [
+    "start_method",
+    "max_restarts",
+    "threads_per_rank",
+    "rdzv_port",
+    "monitor_interval_s",
+    "shutdown_timeout_s",
+    "loopback_only",
+    "oversubscribe",
+]
+SLURM_FIELDS = [
+    "nodes",
+    "tasks_per_node",
+    "gpus_per_node",
+    "cpus_per_task",
+    "mem_gb",
+    "partition",
+    "account",
+    "qos",
+    "time_min",
+    "constraint",
+    "exclude",
+    "job_name",
+    "sbatch_extra",
+    "setup",
+    "srun_args",
+    "folder",
+    "wait",
+    "poll_interval_s",
+    "signal_delay_s",
+    "max_requeues",
+    "preempt_wait_s",
+    "snapshot_untracked",
+    "snapshot_max_mb",
+]
 TASK_FIELDS = {
-    "demo": ["name", "modules", "seed", "batch", "channels", "frames", "height", "width", "patch", "hidden",
-             "heads", "depth", "mlp_ratio", "dtype", "warmup", "repeats", "check", "atol"],
+    "demo": [
+        "name",
+        "modules",
+        "seed",
+        "batch",
+        "channels",
+        "frames",
+        "height",
+        "width",
+        "patch",
+        "hidden",
+        "heads",
+        "depth",
+        "mlp_ratio",
+        "dtype",
+        "warmup",
+        "repeats",
+        "check",
+        "atol",
+    ],
     "layout": ["name", "modules"],
     "noop": ["name", "modules"],
-    "train": ["name", "modules", "seed", "steps", "micro_batches", "batch", "lr", "weight_decay", "ema_beta", "loss",
-              "checkpoint_every", "keep", "async_save", "step_sleep_s", "check_reference", "reference_atol",
-              "global_batch", "save_final", "channels", "frames", "height", "width", "patch", "hidden", "heads", "depth", "mlp_ratio"],
+    "train": [
+        "name",
+        "modules",
+        "seed",
+        "steps",
+        "micro_batches",
+        "batch",
+        "lr",
+        "weight_decay",
+        "ema_beta",
+        "loss",
+        "checkpoint_every",
+        "keep",
+        "async_save",
+        "step_sleep_s",
+        "check_reference",
+        "reference_atol",
+        "global_batch",
+        "save_final",
+        "channels",
+        "frames",
+        "height",
+        "width",
+        "patch",
+        "hidden",
+        "heads",
+        "depth",
+        "mlp_ratio",
+    ],
 }
 # the type each field has in the schema: most values are drawn to fit it, so they reach validation
 FIELD_TYPES: dict[str, str] = {
-    "distributed_backend": "str", "distributed_timeout_minutes": "float", "tp_size": "int", "cp_size": "int",
-    "pp_size": "int", "dp_size": "int", "order": "str", "nccl_communicator_config_path": "str?",
-    "dry_run": "bool", "console_ranks": "list[int]?", "max_log_mb": "float", "max_metrics_mb": "float",
-    "snapshot_untracked": "bool", "snapshot_max_mb": "float", "overwrite": "bool",
-    "run_dir_mode": "str", "start_method": "str", "max_restarts": "int", "threads_per_rank": "int",
-    "rdzv_port": "int", "monitor_interval_s": "float", "shutdown_timeout_s": "float", "loopback_only": "bool", "oversubscribe": "bool",
-    "nodes": "int", "tasks_per_node": "int?", "gpus_per_node": "int", "cpus_per_task": "int",
-    "mem_gb": "float?", "partition": "str?", "account": "str?", "qos": "str?", "time_min": "int",
-    "constraint": "str?", "exclude": "str?", "job_name": "str", "sbatch_extra": "dict", "setup": "list[str]",
-    "srun_args": "list[str]", "folder": "str", "wait": "bool", "poll_interval_s": "float",
-    "signal_delay_s": "int", "max_requeues": "int", "preempt_wait_s": "float", "name": "str",
-    "modules": "list[str]", "seed": "int", "batch": "int", "channels": "int", "frames": "int", "height": "int",
-    "width": "int", "patch": "list[int]", "hidden": "int", "heads": "int", "depth": "int",
-    "mlp_ratio": "float", "dtype": "str", "warmup": "int", "repeats": "int", "check": "bool", "atol": "float?",
-    "steps": "int", "micro_batches": "int", "lr": "float", "weight_decay": "float", "ema_beta": "float",
-    "loss": "str", "checkpoint_every": "int", "keep": "int", "async_save": "bool", "step_sleep_s": "float",
-    "check_reference": "bool", "reference_atol": "float", "global_batch": "int", "save_final": "bool",
+    "distributed_backend": "str",
+    "distributed_timeout_minutes": "float",
+    "tp_size": "int",
+    "cp_size": "int",
+    "pp_size": "int",
+    "dp_size": "int",
+    "order": "str",
+    "nccl_communicator_config_path": "str?",
+    "dry_run": "bool",
+    "console_ranks": "list[int]?",
+    "max_log_mb": "float",
+    "max_metrics_mb": "float",
+    "snapshot_untracked": "bool",
+    "snapshot_max_mb": "float",
+    "overwrite": "bool",
+    "run_dir_mode": "str",
+    "start_method": "str",
+    "max_restarts": "int",
+    "threads_per_rank": "int",
+    "rdzv_port": "int",
+    "monitor_interval_s": "float",
+    "shutdown_timeout_s": "float",
+    "loopback_only": "bool",
+    "oversubscribe": "bool",
+    "nodes": "int",
+    "tasks_per_node": "int?",
+    "gpus_per_node": "int",
+    "cpus_per_task": "int",
+    "mem_gb": "float?",
+    "partition": "str?",
+    "account": "str?",
+    "qos": "str?",
+    "time_min": "int",
+    "constraint": "str?",
+    "exclude": "str?",
+    "job_name": "str",
+    "sbatch_extra": "dict",
+    "setup": "list[str]",
+    "srun_args": "list[str]",
+    "folder": "str",
+    "wait": "bool",
+    "poll_interval_s": "float",
+    "signal_delay_s": "int",
+    "max_requeues": "int",
+    "preempt_wait_s": "float",
+    "name": "str",
+    "modules": "list[str]",
+    "seed": "int",
+    "batch": "int",
+    "channels": "int",
+    "frames": "int",
+    "height": "int",
+    "width": "int",
+    "patch": "list[int]",
+    "hidden": "int",
+    "heads": "int",
+    "depth": "int",
+    "mlp_ratio": "float",
+    "dtype": "str",
+    "warmup": "int",
+    "repeats": "int",
+    "check": "bool",
+    "atol": "float?",
+    "steps": "int",
+    "micro_batches": "int",
+    "lr": "float",
+    "weight_decay": "float",
+    "ema_beta": "float",
+    "loss": "str",
+    "checkpoint_every": "int",
+    "keep": "int",
+    "async_save": "bool",
+    "step_sleep_s": "float",
+    "check_reference": "bool",
+    "reference_atol": "float",
+    "global_batch": "int",
+    "save_final": "bool",
 }
 UNKNOWN_FIELDS = ["bogus", "tp", "sizes", "x" * 40, "ünïcode"]
 
 HOSTILE_STRINGS = [
-    "", " ", "a\nb", "line\r\nbreak", "nul\x00byte", "tab\there", "\x1b[31mred", "; rm -rf / #", "$(id)",
-    "`id`", "a && b", "a | b", "> /etc/passwd", "'quoted'", '"double"', "back\\slash", "%(x)s", "{0}",
-    "${oc.env:HOME}", "${nope}", "../../etc", "/abs/path", "~/home", "*", "?", "\u202eevil", "日本語",
-    "emoji 🎉", "\ud7ff", "NaN", "inf", "null", "true", "0x10", "1_000", "-1", "0700", "0o777", "tp-cp-pp-dp",
-    "dp-pp-cp-tp", "tp-tp", "gloo", "nccl", "cpu:gloo,cuda:nccl", "auto", "fork", "spawn", "demo", "noop",
-    "x" * 10_000, "a\u0085b", "a\u2028b",
+    "",
+    " ",
+    "a\nb",
+    "line\r\nbreak",
+    "nul\x00byte",
+    "tab\there",
+    "\x1b[31mred",
+    "; rm -rf / #",
+    "$(id)",
+    "`id`",
+    "a && b",
+    "a | b",
+    "> /etc/passwd",
+    "'quoted'",
+    '"double"',
+    "back\\slash",
+    "%(x)s",
+    "{0}",
+    "${oc.env:HOME}",
+    "${nope}",
+    "../../etc",
+    "/abs/path",
+    "~/home",
+    "*",
+    "?",
+    "\u202eevil",
+    "日本語",
+    "emoji 🎉",
+    "\ud7ff",
+    "NaN",
+    "inf",
+    "null",
+    "true",
+    "0x10",
+    "1_000",
+    "-1",
+    "0700",
+    "0o777",
+    "tp-cp-pp-dp",
+    "dp-pp-cp-tp",
+    "tp-tp",
+    "gloo",
+    "nccl",
+    "cpu:gloo,cuda:nccl",
+    "auto",
+    "fork",
+    "spawn",
+    "demo",
+    "noop",
+    "x" * 10_000,
+    "a\u0085b",
+    "a\u2028b",
 ]
-NUMBERS = [0, 1, 2, 3, 4, 7, 8, 16, -1, -7, 65535, 65536, 2**31, 2**63, 10**20, 10**400,
-           0.0, -0.0, 0.5, 1.5, 1e-300, 5e-324, 1e308, -1e308, math.inf, -math.inf, math.nan]
+NUMBERS = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    16,
+    -1,
+    -7,
+    65535,
+    65536,
+    2**31,
+    2**63,
+    10**20,
+    10**400,
+    0.0,
+    -0.0,
+    0.5,
+    1.5,
+    1e-300,
+    5e-324,
+    1e308,
+    -1e308,
+    math.inf,
+    -math.inf,
+    math.nan,
+]
 
 
 # --------------------------------------------------------------------------- rendering values as overrides
@@ -144,8 +365,14 @@ def _random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind < 0.65:
         s = rng.choice(HOSTILE_STRINGS)
         if rng.random() < 0.2:
-            s += "".join(chr(rng.choice([0, 7, 10, 13, 27, 0x85, 0x2028, 0xFEFF, rng.randrange(32, 0x10FFFF)]))
-                         for _ in range(rng.randrange(1, 8)))
+            s += "".join(
+                chr(
+                    rng.choice(
+                        [0, 7, 10, 13, 27, 0x85, 0x2028, 0xFEFF, rng.randrange(32, 0x10FFFF)]
+                    )
+                )
+                for _ in range(rng.randrange(1, 8))
+            )
             s = s.encode("utf-8", "replace").decode("utf-8", "replace")
         return s
     if kind < 0.72:
@@ -183,7 +410,10 @@ def _typed_value(rng: random.Random, kind: str) -> Any:
 def _keys(launcher: str, task: str) -> list[tuple[str, str]]:
     """(section, field) pairs the override can target."""
     keys = [("engine", f) for f in ENGINE_FIELDS]
-    keys += [("launcher", f) for f in COMMON_LAUNCHER_FIELDS + (LOCAL_FIELDS if launcher == "local" else SLURM_FIELDS)]
+    keys += [
+        ("launcher", f)
+        for f in COMMON_LAUNCHER_FIELDS + (LOCAL_FIELDS if launcher == "local" else SLURM_FIELDS)
+    ]
     keys += [("task", f) for f in TASK_FIELDS[task]]
     return keys
 
@@ -197,15 +427,21 @@ def random_example(rng: random.Random) -> Example:
         op = rng.random()
         section, name = rng.choice(keys)
         if op < 0.08:
-            ex.overrides.append(f"+{section}.{rng.choice(UNKNOWN_FIELDS)}={render(_random_value(rng))}")
+            ex.overrides.append(
+                f"+{section}.{rng.choice(UNKNOWN_FIELDS)}={render(_random_value(rng))}"
+            )
         elif op < 0.12:
             ex.overrides.append(f"~{section}.{name}")
         elif op < 0.15:
-            ex.overrides.append(f"{section}.{name}={rng.choice(['a b', 'x=y', '[', '{', chr(0), '$'])}")  # raw
+            ex.overrides.append(
+                f"{section}.{name}={rng.choice(['a b', 'x=y', '[', '{', chr(0), '$'])}"
+            )  # raw
         elif op < 0.35:
             ex.overrides.append(f"{section}.{name}={render(_random_value(rng))}")  # any type
         else:
-            ex.overrides.append(f"{section}.{name}={render(_typed_value(rng, FIELD_TYPES.get(name, 'any')))}")
+            ex.overrides.append(
+                f"{section}.{name}={render(_typed_value(rng, FIELD_TYPES.get(name, 'any')))}"
+            )
     return ex
 
 
@@ -254,7 +490,9 @@ def hydra_context() -> Iterator[None]:
         with initialize_config_module(config_module="wf_launch.conf", version_base="1.3"):
             yield
     finally:
-        VersionBase.instance().version_base = previous  # setbase() refuses Hydra's own "unspecified"
+        VersionBase.instance().version_base = (
+            previous  # setbase() refuses Hydra's own "unspecified"
+        )
 
 
 def _hydra_errors() -> tuple[type[BaseException], ...]:
@@ -311,7 +549,9 @@ def check(overrides: list[str]) -> Result:
     except hydra_errors as exc:
         return Result("hydra", f"resolve: {type(exc).__name__}", time.perf_counter() - start)
     except Exception:
-        return Result("traceback", "resolve raised:\n" + traceback.format_exc(), time.perf_counter() - start)
+        return Result(
+            "traceback", "resolve raised:\n" + traceback.format_exc(), time.perf_counter() - start
+        )
     try:
         validate_run_config(config)
         outcome, detail = "accepted", ""
@@ -321,12 +561,18 @@ def check(overrides: list[str]) -> Result:
         outcome, detail = "traceback", "validate_run_config raised:\n" + traceback.format_exc()
     seconds = time.perf_counter() - start
     if seconds > TIME_LIMIT_S and outcome != "traceback":
-        return Result("slow", f"resolve + validate took {seconds:.2f} s (limit {TIME_LIMIT_S} s)", seconds)
+        return Result(
+            "slow", f"resolve + validate took {seconds:.2f} s (limit {TIME_LIMIT_S} s)", seconds
+        )
     return Result(outcome, detail, seconds)
 
 
-def run(examples: int, seed: int, report: Callable[[str], None] = print,
-        skip: Callable[[list[str]], bool] | None = None) -> Counter:
+def run(
+    examples: int,
+    seed: int,
+    report: Callable[[str], None] = print,
+    skip: Callable[[list[str]], bool] | None = None,
+) -> Counter:
     """Try ``examples`` random configs; print each traceback (with its overrides) and the figure."""
     rng = random.Random(seed)
     counts: Counter = Counter()
@@ -343,19 +589,28 @@ def run(examples: int, seed: int, report: Callable[[str], None] = print,
             if known:
                 counts[f"known: {known}"] += 1
             first = known is None or counts[f"known: {known}"] == 1
-            if (res.outcome in ("traceback", "slow") and first) or (res.outcome == "upstream" and counts["upstream"] == 1):
-                report(f"--- {res.outcome}{f' (known bug: {known})' if known else ''} for overrides "
-                       f"{overrides!r}\n{res.detail}")
+            if (res.outcome in ("traceback", "slow") and first) or (
+                res.outcome == "upstream" and counts["upstream"] == 1
+            ):
+                report(
+                    f"--- {res.outcome}{f' (known bug: {known})' if known else ''} for overrides "
+                    f"{overrides!r}\n{res.detail}"
+                )
     tried = sum(v for k, v in counts.items() if k != "skipped" and not k.startswith("known: "))
-    known_counts = {k[len("known: "):]: v for k, v in counts.items() if k.startswith("known: ")}
+    known_counts = {k[len("known: ") :]: v for k, v in counts.items() if k.startswith("known: ")}
     bad = counts["traceback"] + counts["slow"]
-    report(f"{tried} configs tried, {counts['accepted']} accepted, {counts['config_error']} refused with "
-           f"ConfigError, {bad} tracebacks ({counts['hydra']} refused by Hydra/OmegaConf, "
-           f"{counts['upstream']} hit an OmegaConf bug in compose; "
-           f"{counts['slow']} over {TIME_LIMIT_S:.0f} s"
-           + (f"; {counts['skipped']} skipped as known bugs" if counts["skipped"] else "")
-           + "".join(f"; {v} of the tracebacks are the known, xfail'd {k} bug" for k, v in known_counts.items())
-           + ")")
+    report(
+        f"{tried} configs tried, {counts['accepted']} accepted, {counts['config_error']} refused with "
+        f"ConfigError, {bad} tracebacks ({counts['hydra']} refused by Hydra/OmegaConf, "
+        f"{counts['upstream']} hit an OmegaConf bug in compose; "
+        f"{counts['slow']} over {TIME_LIMIT_S:.0f} s"
+        + (f"; {counts['skipped']} skipped as known bugs" if counts["skipped"] else "")
+        + "".join(
+            f"; {v} of the tracebacks are the known, xfail'd {k} bug"
+            for k, v in known_counts.items()
+        )
+        + ")"
+    )
     return counts
 
 
@@ -363,8 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rundirs", type=int, default=0, metavar="N",
-                        help="also damage N run-directory trees and read them (scripts/fuzz_rundirs.py)")
+    parser.add_argument(
+        "--rundirs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also damage N run-directory trees and read them (scripts/fuzz_rundirs.py)",
+    )
     args = parser.parse_args(argv)
     import os
 

@@ -49,9 +49,31 @@ from typing import Any
 HANG_S = 10.0
 """A command that runs longer than this on one damaged tree is a hang."""
 
-HOSTILE = [None, True, False, 0, -1, 5, 2**31, 10**30, -(10**30), 1e308, float("nan"), float("inf"), "", "x",
-           "999999999", "\x1b]0;pwned\x07\x1b[2J\x9b31m", "a\nb\rc", "\u202e\u2028", [], {}, [1, "two"],
-           {"rank": "x"}, "y" * (1 << 20)]
+HOSTILE = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    5,
+    2**31,
+    10**30,
+    -(10**30),
+    1e308,
+    float("nan"),
+    float("inf"),
+    "",
+    "x",
+    "999999999",
+    "\x1b]0;pwned\x07\x1b[2J\x9b31m",
+    "a\nb\rc",
+    "\u202e\u2028",
+    [],
+    {},
+    [1, "two"],
+    {"rank": "x"},
+    "y" * (1 << 20),
+]
 _RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 SHIMS = ("sacct", "squeue", "scontrol", "sbatch", "scancel")
 
@@ -60,10 +82,12 @@ SHIMS = ("sacct", "squeue", "scontrol", "sbatch", "scancel")
 
 
 def _config(launcher: str, world: int, task: str = "ticker") -> str:
-    return (f"engine: {{tp_size: 1, cp_size: 1, pp_size: 1, dp_size: {world}, order: tp-cp-pp-dp, "
-            f"distributed_backend: gloo, distributed_timeout_minutes: 1, init_timeout_s: 60}}\n"
-            f"launcher: {{name: {launcher}, console_ranks: null, progress_interval_s: 10, stall_warning_s: 300}}\n"
-            f"task: {{name: {task}, modules: []}}\n")
+    return (
+        f"engine: {{tp_size: 1, cp_size: 1, pp_size: 1, dp_size: {world}, order: tp-cp-pp-dp, "
+        f"distributed_backend: gloo, distributed_timeout_minutes: 1, init_timeout_s: 60}}\n"
+        f"launcher: {{name: {launcher}, console_ranks: null, progress_interval_s: 10, stall_warning_s: 300}}\n"
+        f"task: {{name: {task}, modules: []}}\n"
+    )
 
 
 def _write(path: Path, text: str | dict | list) -> None:
@@ -71,44 +95,104 @@ def _write(path: Path, text: str | dict | list) -> None:
     path.write_text(text if isinstance(text, str) else json.dumps(text))
 
 
-def _run(run_dir: Path, launcher: str, world: int, status: str, final: bool, failed_rank: int | None) -> None:
+def _run(
+    run_dir: Path, launcher: str, world: int, status: str, final: bool, failed_rank: int | None
+) -> None:
     from wf_launch.rundir import files
 
     now = time.time()
     _write(files.config_path(run_dir), _config(launcher, world))
-    record: dict[str, Any] = {"status": status, "format_version": 1, "run_dir": str(run_dir), "task": "ticker",
-                              "launcher": launcher, "overrides": [f"engine.dp_size={world}"],
-                              "layout": {"tp": 1, "cp": 1, "pp": 1, "dp": world, "order": "tp-cp-pp-dp",
-                                         "world_size": world},
-                              "results": {str(r): {"steps": 4, "tokens_per_s": 12.5} for r in range(world)}
-                              if status == "ok" else {},
-                              "timings": {"wall_s": 3.2, "ranks": {"0": {"start_s": 0.1}}}, "hosts": ["h"],
-                              "attempts": [{"attempt": 0, "cause": "launch", "last_step": 4}],
-                              "finished_at": now}
+    record: dict[str, Any] = {
+        "status": status,
+        "format_version": 1,
+        "run_dir": str(run_dir),
+        "task": "ticker",
+        "launcher": launcher,
+        "overrides": [f"engine.dp_size={world}"],
+        "layout": {
+            "tp": 1,
+            "cp": 1,
+            "pp": 1,
+            "dp": world,
+            "order": "tp-cp-pp-dp",
+            "world_size": world,
+        },
+        "results": {str(r): {"steps": 4, "tokens_per_s": 12.5} for r in range(world)}
+        if status == "ok"
+        else {},
+        "timings": {"wall_s": 3.2, "ranks": {"0": {"start_s": 0.1}}},
+        "hosts": ["h"],
+        "attempts": [{"attempt": 0, "cause": "launch", "last_step": 4}],
+        "finished_at": now,
+    }
     if final:
         record["exit_code"] = 0 if status == "ok" else 1
     if failed_rank is not None:
-        record["failure"] = {"rank": failed_rank, "coords": {"tp": 0, "cp": 0, "pp": 0, "dp": failed_rank},
-                             "cause": "exception", "type": "ValueError", "message": "bad batch 17",
-                             "log": str(files.rank_log(run_dir, failed_rank))}
-        _write(files.rank_error(run_dir, failed_rank),
-               {"rank": failed_rank, "coords": {"dp": failed_rank}, "kind": "exception", "type": "ValueError",
-                "message": "bad batch 17", "traceback": "Traceback ...\nValueError: bad batch 17\n",
-                "time": now, "host": "h", "pid": 4194000, "log": "x", "attempt": 1})
+        record["failure"] = {
+            "rank": failed_rank,
+            "coords": {"tp": 0, "cp": 0, "pp": 0, "dp": failed_rank},
+            "cause": "exception",
+            "type": "ValueError",
+            "message": "bad batch 17",
+            "log": str(files.rank_log(run_dir, failed_rank)),
+        }
+        _write(
+            files.rank_error(run_dir, failed_rank),
+            {
+                "rank": failed_rank,
+                "coords": {"dp": failed_rank},
+                "kind": "exception",
+                "type": "ValueError",
+                "message": "bad batch 17",
+                "traceback": "Traceback ...\nValueError: bad batch 17\n",
+                "time": now,
+                "host": "h",
+                "pid": 4194000,
+                "log": "x",
+                "attempt": 1,
+            },
+        )
     _write(run_dir / files.RESULT, record)
     if status != "submitted":
-        _write(files.metrics_file(run_dir), "".join(
-            json.dumps({"rank": r, "step": s, "time": now + s, "loss": 1.0 / s}) + "\n"
-            for s in range(1, 5) for r in range(world)))
+        _write(
+            files.metrics_file(run_dir),
+            "".join(
+                json.dumps({"rank": r, "step": s, "time": now + s, "loss": 1.0 / s}) + "\n"
+                for s in range(1, 5)
+                for r in range(world)
+            ),
+        )
     for n in range(2 if failed_rank is not None else 1):
-        _write(files.attempt_file(run_dir, n), {"attempt": n, "started_at": now, "ended_at": now + 1,
-                                                 "resumed_from": None if n == 0 else 2, "last_step": 4,
-                                                 "ended_by": "completed"})
+        _write(
+            files.attempt_file(run_dir, n),
+            {
+                "attempt": n,
+                "started_at": now,
+                "ended_at": now + 1,
+                "resumed_from": None if n == 0 else 2,
+                "last_step": 4,
+                "ended_by": "completed",
+            },
+        )
     for r in range(world):
-        _write(files.rank_log(run_dir, r), f"12:00:00 | INFO | [r{r} tp0 cp0 pp0 dp{r}] x | tick 1\n" * 3)
-        _write(files.rank_progress(run_dir, r), {"rank": r, "step": 4, "total": 4, "time": now,
-                                                  "metrics": {"loss": 0.25}, "pid": 4194000})
-        _write(files.rank_pid(run_dir, r), {"pid": 4194000, "host": "h", "main_thread": 1, "start": 1})
+        _write(
+            files.rank_log(run_dir, r),
+            f"12:00:00 | INFO | [r{r} tp0 cp0 pp0 dp{r}] x | tick 1\n" * 3,
+        )
+        _write(
+            files.rank_progress(run_dir, r),
+            {
+                "rank": r,
+                "step": 4,
+                "total": 4,
+                "time": now,
+                "metrics": {"loss": 0.25},
+                "pid": 4194000,
+            },
+        )
+        _write(
+            files.rank_pid(run_dir, r), {"pid": 4194000, "host": "h", "main_thread": 1, "start": 1}
+        )
     _write(run_dir / files.LOCK, "4194000 elsewhere\n")
 
 
@@ -116,18 +200,34 @@ def _slurm_run(run_dir: Path) -> None:
     from wf_launch.rundir import files
 
     _run(run_dir, "slurm", 2, "submitted", False, None)
-    _write(run_dir / files.SLURM_JOB, {"job_id": "4242", "folder": str(run_dir / files.SUBMITIT),
-                                        "submitted_at": time.time(), "snapshot": None, "nodes": 1,
-                                        "tasks_per_node": 2, "world_size": 2, "info": {"launcher": "slurm"}})
-    _write(files.rank_preempt(run_dir, 0), {"rank": 0, "restart": 0, "hook": "saved", "requeue": True})
+    _write(
+        run_dir / files.SLURM_JOB,
+        {
+            "job_id": "4242",
+            "folder": str(run_dir / files.SUBMITIT),
+            "submitted_at": time.time(),
+            "snapshot": None,
+            "nodes": 1,
+            "tasks_per_node": 2,
+            "world_size": 2,
+            "info": {"launcher": "slurm"},
+        },
+    )
+    _write(
+        files.rank_preempt(run_dir, 0), {"rank": 0, "restart": 0, "hook": "saved", "requeue": True}
+    )
 
 
 def build(root: Path) -> dict[str, Path]:
     """The template tree under ``root``: name -> run (or sweep) directory."""
     from wf_launch.rundir import files
 
-    runs = {"ok": root / "outputs" / "ok", "failed": root / "outputs" / "failed",
-            "slurm": root / "outputs" / "slurm", "sweep": root / "multirun" / "sweep"}
+    runs = {
+        "ok": root / "outputs" / "ok",
+        "failed": root / "outputs" / "failed",
+        "slurm": root / "outputs" / "slurm",
+        "sweep": root / "multirun" / "sweep",
+    }
     _run(runs["ok"], "local", 2, "ok", True, None)
     _run(runs["failed"], "local", 2, "failed", True, 1)
     _slurm_run(runs["slurm"])
@@ -137,7 +237,9 @@ def build(root: Path) -> dict[str, Path]:
         _write(files.hydra_config(point), _config("local", n + 1))
         _write(files.hydra_job(point), f"hydra: {{job: {{num: {n}}}}}\n")
         _write(files.hydra_overrides(point), f"- engine.dp_size={n + 1}\n")
-    _write(runs["sweep"] / files.SWEEP_PLAN, "hydra:\n  overrides:\n    task: [engine.dp_size=1,2]\n")
+    _write(
+        runs["sweep"] / files.SWEEP_PLAN, "hydra:\n  overrides:\n    task: [engine.dp_size=1,2]\n"
+    )
     return runs
 
 
@@ -193,8 +295,21 @@ def _field(path: Path, rng: random.Random) -> str:
 
 def damage(path: Path, rng: random.Random) -> str:
     """Damage the file at ``path`` one way, picked at random; what was done."""
-    kind = rng.choice(["garbage", "cut", "field", "field", "field", "field", "fifo", "folder", "devzero",
-                       "sparse", "controls"])
+    kind = rng.choice(
+        [
+            "garbage",
+            "cut",
+            "field",
+            "field",
+            "field",
+            "field",
+            "fifo",
+            "folder",
+            "devzero",
+            "sparse",
+            "controls",
+        ]
+    )
     if kind in ("field", "controls") and path.suffix not in (".json", ".yaml"):
         kind = "garbage"
     if path.is_dir() and not path.is_symlink():
@@ -206,8 +321,12 @@ def damage(path: Path, rng: random.Random) -> str:
             except (ValueError, TypeError, KeyError, IndexError, AttributeError):
                 kind = "garbage"
         if kind == "controls":
-            path.write_text(path.read_text().replace("bad batch", "\x1b]0;pwned\x07\x1b[2Jbad\x9b1m batch")
-                            .replace("ticker", "tick\x1b[31mer").replace("tick 1", "tick\x1b[2J 1"))
+            path.write_text(
+                path.read_text()
+                .replace("bad batch", "\x1b]0;pwned\x07\x1b[2Jbad\x9b1m batch")
+                .replace("ticker", "tick\x1b[31mer")
+                .replace("tick 1", "tick\x1b[2J 1")
+            )
             return "control characters"
         if kind == "cut":
             data = path.read_bytes()
@@ -245,8 +364,11 @@ def _extra(run_dir: Path, rng: random.Random) -> tuple[Path, str]:
     elif choice == "attempt_long":
         path = files.attempt_file(run_dir, 0).with_name("attempt" + "9" * 200 + ".json")
     else:
-        path = {"rank_pid": files.rank_pid, "rank_progress": files.rank_progress,
-                "rank_log": files.rank_log}[choice](run_dir, 10**8)
+        path = {
+            "rank_pid": files.rank_pid,
+            "rank_progress": files.rank_progress,
+            "rank_log": files.rank_log,
+        }[choice](run_dir, 10**8)
     _write(path, {"attempt": 1, "last_step": 3, "pid": 4194000, "step": 1, "host": "h"})
     return path, f"stray {path.name}"
 
@@ -282,16 +404,31 @@ def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[],
     commands: list[tuple[str, Callable[[], Any]]] = []
     for name in ("ok", "failed", "slurm"):
         d = runs[name]
-        commands += [(f"status {name}", lambda d=d: status.main([str(d)])),
-                     (f"status --tail {name}", lambda d=d: status.main([str(d), "--tail", "5"])),
-                     (f"status --follow {name}", lambda d=d: status.main([str(d), "--follow", "--timeout", "0.05"])),
-                     (f"plot reader {name}", lambda d=d: plot.load_metrics(d))]
-    commands += [("status sweep", lambda: status.main([str(runs["sweep"])])),
-                 ("runs", lambda: runs_tool.main([str(root / "outputs"), str(root / "multirun")])),
-                 ("runs --json", lambda: runs_tool.main([str(root / "outputs"), str(root / "multirun"), "--json"])),
-                 ("sweep report", lambda: [render_csv(p := collect_points(runs["sweep"]), "tokens_per_s"),
-                                           render_markdown(p, "tokens_per_s", runs["sweep"]),
-                                           [plot.load_metrics(x["dir"]) for x in p if x.get("dir")]])]
+        commands += [
+            (f"status {name}", lambda d=d: status.main([str(d)])),
+            (f"status --tail {name}", lambda d=d: status.main([str(d), "--tail", "5"])),
+            (
+                f"status --follow {name}",
+                lambda d=d: status.main([str(d), "--follow", "--timeout", "0.05"]),
+            ),
+            (f"plot reader {name}", lambda d=d: plot.load_metrics(d)),
+        ]
+    commands += [
+        ("status sweep", lambda: status.main([str(runs["sweep"])])),
+        ("runs", lambda: runs_tool.main([str(root / "outputs"), str(root / "multirun")])),
+        (
+            "runs --json",
+            lambda: runs_tool.main([str(root / "outputs"), str(root / "multirun"), "--json"]),
+        ),
+        (
+            "sweep report",
+            lambda: [
+                render_csv(p := collect_points(runs["sweep"]), "tokens_per_s"),
+                render_markdown(p, "tokens_per_s", runs["sweep"]),
+                [plot.load_metrics(x["dir"]) for x in p if x.get("dir")],
+            ],
+        ),
+    ]
     return commands
 
 
@@ -320,7 +457,7 @@ def _slurm_shims(where: Path) -> Iterator[Path]:
     """SLURM's commands as shims that fail at once (``scancel`` calls are logged: status must never make one)."""
     where.mkdir(parents=True, exist_ok=True)
     for tool in SHIMS:
-        (where / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {where / 'calls'}\nexit 1\n")
+        (where / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> {where / "calls"}\nexit 1\n')
         (where / tool).chmod(0o755)
     old = os.environ["PATH"]
     os.environ["PATH"] = f"{where}{os.pathsep}{old}"
@@ -351,7 +488,7 @@ def example(rng: random.Random, workdir: Path, report: Callable[[str], None]) ->
         if outcome == "ok" and raw:
             outcome = "escape"
             counts["escape"] += 1
-            detail = f"{name} printed {raw.group()!r} raw: ...{printed[max(0, raw.start() - 80):raw.end() + 20]!r}"
+            detail = f"{name} printed {raw.group()!r} raw: ...{printed[max(0, raw.start() - 80) : raw.end() + 20]!r}"
         if outcome != "ok":
             report(f"--- {outcome} after {'; '.join(damaged)}\n{detail}")
     return counts
@@ -368,14 +505,19 @@ def run(examples: int, seed: int = 0, report: Callable[[str], None] = print) -> 
                 workdir = base / f"ex{n}"
                 total += example(rng, workdir, report)
                 shutil.rmtree(workdir, ignore_errors=True)
-            scancels = [line for line in (calls.read_text().splitlines() if calls.exists() else [])
-                        if line.startswith("scancel")]
+            scancels = [
+                line
+                for line in (calls.read_text().splitlines() if calls.exists() else [])
+                if line.startswith("scancel")
+            ]
     finally:
         shutil.rmtree(base, ignore_errors=True)
     total["scancel"] = len(scancels)
-    report(f"{total['files']} files tried ({examples} damaged trees, {total['ok'] + total['crash'] + total['hang']} "
-           f"command runs): {total['crash']} crashes, {total['hang']} hangs, {total['escape']} escapes "
-           f"(raw control characters printed), {total['scancel']} scancel calls")
+    report(
+        f"{total['files']} files tried ({examples} damaged trees, {total['ok'] + total['crash'] + total['hang']} "
+        f"command runs): {total['crash']} crashes, {total['hang']} hangs, {total['escape']} escapes "
+        f"(raw control characters printed), {total['scancel']} scancel calls"
+    )
     return total
 
 

@@ -29,10 +29,18 @@ ROOT = Path(__file__).resolve().parents[1]
 ONE_DEVICE = "NCCL forbids two ranks on one device"
 
 DEPENDENCIES: tuple[tuple[str, str, bool], ...] = (
-    ("hydra", "hydra-core", True), ("omegaconf", "omegaconf", True), ("antlr4", "antlr4-python3-runtime", True),
-    ("loguru", "loguru", True), ("submitit", "submitit", True), ("cloudpickle", "cloudpickle", True),
-    ("typing_extensions", "typing-extensions", True), ("tqdm", "tqdm", True), ("packaging", "packaging", True),
-    ("yaml", "pyyaml", False), ("numpy", "numpy", False), ("matplotlib", "matplotlib", False),
+    ("hydra", "hydra-core", True),
+    ("omegaconf", "omegaconf", True),
+    ("antlr4", "antlr4-python3-runtime", True),
+    ("loguru", "loguru", True),
+    ("submitit", "submitit", True),
+    ("cloudpickle", "cloudpickle", True),
+    ("typing_extensions", "typing-extensions", True),
+    ("tqdm", "tqdm", True),
+    ("packaging", "packaging", True),
+    ("yaml", "pyyaml", False),
+    ("numpy", "numpy", False),
+    ("matplotlib", "matplotlib", False),
 )
 """(module, distribution, pure Python) for what the project imports besides torch: the pyproject's dependencies
 and theirs. A CUDA image usually has the binary ones; the pure-Python ones travel as wheels (``--requirements``)."""
@@ -77,16 +85,31 @@ class Check:
     run: Callable[[Env], Result]
 
 
-def _run(argv: list[str], env: Env, timeout: float, cwd: Path | None = None,
-         extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _run(
+    argv: list[str],
+    env: Env,
+    timeout: float,
+    cwd: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     left = max(5.0, min(timeout, env.deadline - time.monotonic()))
-    return subprocess.run(argv, capture_output=True, text=True, timeout=left, cwd=cwd or env.scratch,
-                          env={**os.environ, **(extra_env or {})})
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=left,
+        cwd=cwd or env.scratch,
+        env={**os.environ, **(extra_env or {})},
+    )
 
 
-def _launch(env: Env, name: str, overrides: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, dict]:
+def _launch(
+    env: Env, name: str, overrides: list[str], timeout: float
+) -> tuple[subprocess.CompletedProcess, dict]:
     run_dir = env.scratch / name
-    proc = _run([sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"], env, timeout)
+    proc = _run(
+        [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"], env, timeout
+    )
     try:
         record = json.loads((run_dir / "result.json").read_text())
     except (OSError, ValueError):
@@ -113,8 +136,10 @@ def check_env(env: Env) -> Result:
         return False, _tail(proc)
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     ok = env.rehearse or (info["available"] and info["devices"] >= 1)
-    return ok, (f"torch {info['torch']}, CUDA {info['cuda']}, {info['devices']} device(s) "
-                f"{info.get('names', [])}, NCCL {info.get('nccl', '-')}")
+    return ok, (
+        f"torch {info['torch']}, CUDA {info['cuda']}, {info['devices']} device(s) "
+        f"{info.get('names', [])}, NCCL {info.get('nccl', '-')}"
+    )
 
 
 _NAMES = """
@@ -130,13 +155,20 @@ def check_names(env: Env) -> Result:
     if proc.returncode:
         return False, _tail(proc)
     problems = json.loads(proc.stdout.strip().splitlines()[-1])
-    return (not problems), ("every private torch and submitit name the project relies on is there"
-                            if not problems else "; ".join(problems)[:400])
+    return (not problems), (
+        "every private torch and submitit name the project relies on is there"
+        if not problems
+        else "; ".join(problems)[:400]
+    )
 
 
 def check_startup(env: Env) -> Result:
-    proc, record = _launch(env, "startup", ["task=layout", f"engine.distributed_backend={env.mixed}",
-                                            f"engine.dp_size={env.world}"], 240)
+    proc, record = _launch(
+        env,
+        "startup",
+        ["task=layout", f"engine.distributed_backend={env.mixed}", f"engine.dp_size={env.world}"],
+        240,
+    )
     rows = (record.get("results", {}).get("0") or {}).get("rows") or []
     devices = [r.get("device") for r in rows]
     want = [f"{env.device}:{r.get('local_rank')}" if env.device == "cuda" else "cpu" for r in rows]
@@ -145,27 +177,46 @@ def check_startup(env: Env) -> Result:
 
 
 def check_groups(env: Env) -> Result:
-    sizes = {1: [], 2: ["engine.tp_size=2"], 4: ["engine.tp_size=2", "engine.cp_size=2"],
-             8: ["engine.tp_size=2", "engine.cp_size=2", "engine.pp_size=2"]}
+    sizes = {
+        1: [],
+        2: ["engine.tp_size=2"],
+        4: ["engine.tp_size=2", "engine.cp_size=2"],
+        8: ["engine.tp_size=2", "engine.cp_size=2", "engine.pp_size=2"],
+    }
     world = max(w for w in sizes if w <= env.world)
-    proc, record = _launch(env, "groups", ["task=layout", f"engine.distributed_backend={env.nccl}", *sizes[world]], 240)
+    proc, record = _launch(
+        env, "groups", ["task=layout", f"engine.distributed_backend={env.nccl}", *sizes[world]], 240
+    )
     ok = proc.returncode == 0 and (record.get("results", {}).get("0") or {}).get("ok") is True
-    return ok, (f"every group's device group checked with all_reduce/all_gather on {world} rank(s) "
-                f"({' '.join(sizes[world]) or 'world of one'})") if ok else _tail(proc)
+    return ok, (
+        f"every group's device group checked with all_reduce/all_gather on {world} rank(s) "
+        f"({' '.join(sizes[world]) or 'world of one'})"
+    ) if ok else _tail(proc)
 
 
 def check_cp(env: Env) -> Result:
     cp = 2 if env.world >= 2 else 1
-    proc, record = _launch(env, "cp", [f"engine.distributed_backend={env.nccl}", f"engine.cp_size={cp}"], 240)
+    proc, record = _launch(
+        env, "cp", [f"engine.distributed_backend={env.nccl}", f"engine.cp_size={cp}"], 240
+    )
     errs = [r.get("max_abs_err") for r in record.get("results", {}).values() if "max_abs_err" in r]
     ok = proc.returncode == 0 and record.get("status") == "ok"
-    return ok, f"demo cp={cp}: split/gather on {env.device} tensors, max_abs_err {errs}" if ok else _tail(proc)
+    return (
+        ok,
+        f"demo cp={cp}: split/gather on {env.device} tensors, max_abs_err {errs}"
+        if ok
+        else _tail(proc),
+    )
 
 
 def check_pp(env: Env) -> Result:
-    proc, record = _launch(env, "pp", [f"engine.distributed_backend={env.nccl}", "engine.pp_size=2"], 240)
+    proc, record = _launch(
+        env, "pp", [f"engine.distributed_backend={env.nccl}", "engine.pp_size=2"], 240
+    )
     ok = proc.returncode == 0 and record.get("status") == "ok"
-    return ok, "demo pp=2: PPScheduler send/recv of device tensors between stages" if ok else _tail(proc)
+    return ok, "demo pp=2: PPScheduler send/recv of device tensors between stages" if ok else _tail(
+        proc
+    )
 
 
 _RUN_CONTROL = """
@@ -203,43 +254,114 @@ with distributed_run(device=sys.argv[1]) as state:
 def check_run_control(env: Env) -> Result:
     script = env.scratch / "run_control.py"
     script.write_text(_RUN_CONTROL)
-    proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={env.world}",
-                 str(script), env.device], env, 240,
-                extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={env.world}",
+            str(script),
+            env.device,
+        ],
+        env,
+        240,
+        extra_env={
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        },
+    )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
     return (proc.returncode == 0 and line is not None), (line[7:] if line else _tail(proc))
 
 
 def check_train(env: Env) -> Result:
     drill = env.scratch / "drill"
-    proc = _run([sys.executable, "-m", "wf_launch.drill", "task=train", f"engine.distributed_backend={env.nccl}",
-                 f"engine.dp_size={min(env.world, 2)}", "task.steps=12", "task.checkpoint_every=3",
-                 "task.step_sleep_s=0.2", "--inject", "kill9@5,sigterm@8", "--dir", str(drill)], env, 300)
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch.drill",
+            "task=train",
+            f"engine.distributed_backend={env.nccl}",
+            f"engine.dp_size={min(env.world, 2)}",
+            "task.steps=12",
+            "task.checkpoint_every=3",
+            "task.step_sleep_s=0.2",
+            "--inject",
+            "kill9@5,sigterm@8",
+            "--dir",
+            str(drill),
+        ],
+        env,
+        300,
+    )
     ok = proc.returncode == 0 and "drill verdict: IDENTICAL" in proc.stdout
-    return ok, (f"task=train (FSDP2) on {env.device}: killed at step 5 (restart from a checkpoint), SIGTERM at step 8 "
-                "(saved, resumed): bitwise identical to an uninterrupted run") if ok else _tail(proc)
+    return ok, (
+        f"task=train (FSDP2) on {env.device}: killed at step 5 (restart from a checkpoint), SIGTERM at step 8 "
+        "(saved, resumed): bitwise identical to an uninterrupted run"
+    ) if ok else _tail(proc)
 
 
 def check_demo(env: Env) -> Result:
-    proc, record = _launch(env, "demo", ["engine.distributed_backend=auto", f"engine.dp_size={env.world}"], 240)
+    proc, record = _launch(
+        env, "demo", ["engine.distributed_backend=auto", f"engine.dp_size={env.world}"], 240
+    )
     ok = proc.returncode == 0 and record.get("status") == "ok"
     return ok, f"task=demo, backend auto on {env.world} rank(s)" if ok else _tail(proc)
 
 
 CHECKS = [
     Check("environment", "torch, CUDA, the GPUs, NCCL's version", 1, 60, check_env),
-    Check("upstream-names", "the private torch and submitit names the project relies on, in this machine's torch",
-          1, 120, check_names),
-    Check("startup-mixed", "cpu:gloo,cuda:nccl start-up; ctx.device is cuda:LOCAL_RANK on every rank", 1, 240,
-          check_startup),
-    Check("device-groups", "every group object's device group (NCCL) checked with real collectives", 1, 240,
-          check_groups),
-    Check("cp-helpers", "context-parallel split/gather/broadcast on CUDA tensors (the demo, cp=2)", 1, 240, check_cp),
-    Check("pp-scheduler", "the PP scheduler moving CUDA tensors between stages (the demo, pp=2)", 2, 240, check_pp),
-    Check("run-control-ema", "distributed_run, all_reduce, broadcast_from, gather_bytes; EMA bytes/s against a "
-          "device copy", 1, 240, check_run_control),
-    Check("train-fsdp2", "task=train (FSDP2) on CUDA with a checkpoint, a kill -9 restart and a resume (the drill)",
-          1, 300, check_train),
+    Check(
+        "upstream-names",
+        "the private torch and submitit names the project relies on, in this machine's torch",
+        1,
+        120,
+        check_names,
+    ),
+    Check(
+        "startup-mixed",
+        "cpu:gloo,cuda:nccl start-up; ctx.device is cuda:LOCAL_RANK on every rank",
+        1,
+        240,
+        check_startup,
+    ),
+    Check(
+        "device-groups",
+        "every group object's device group (NCCL) checked with real collectives",
+        1,
+        240,
+        check_groups,
+    ),
+    Check(
+        "cp-helpers",
+        "context-parallel split/gather/broadcast on CUDA tensors (the demo, cp=2)",
+        1,
+        240,
+        check_cp,
+    ),
+    Check(
+        "pp-scheduler",
+        "the PP scheduler moving CUDA tensors between stages (the demo, pp=2)",
+        2,
+        240,
+        check_pp,
+    ),
+    Check(
+        "run-control-ema",
+        "distributed_run, all_reduce, broadcast_from, gather_bytes; EMA bytes/s against a "
+        "device copy",
+        1,
+        240,
+        check_run_control,
+    ),
+    Check(
+        "train-fsdp2",
+        "task=train (FSDP2) on CUDA with a checkpoint, a kill -9 restart and a resume (the drill)",
+        1,
+        300,
+        check_train,
+    ),
     Check("demo", "task=demo on every GPU, backend auto", 1, 240, check_demo),
 ]
 
@@ -247,8 +369,12 @@ CHECKS = [
 def gpu_count(rehearse: bool, pretend: int) -> int:
     if rehearse:
         return pretend
-    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
 
 
@@ -276,17 +402,35 @@ def requirements() -> list[str]:
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="list the checks, run nothing")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="the whole run's time limit (default 480)")
-    ap.add_argument("--rehearse-on-cpu", action="store_true", help="run the checks on CPU/gloo (tests this script)")
-    ap.add_argument("--pretend-gpus", type=int, default=2, choices=range(1, 9), metavar="1..8",
-                    help="devices a rehearsal pretends to have (default 2; 1 rehearses a one-GPU machine)")
+    ap.add_argument(
+        "--budget-s", type=float, default=480.0, help="the whole run's time limit (default 480)"
+    )
+    ap.add_argument(
+        "--rehearse-on-cpu",
+        action="store_true",
+        help="run the checks on CPU/gloo (tests this script)",
+    )
+    ap.add_argument(
+        "--pretend-gpus",
+        type=int,
+        default=2,
+        choices=range(1, 9),
+        metavar="1..8",
+        help="devices a rehearsal pretends to have (default 2; 1 rehearses a one-GPU machine)",
+    )
     ap.add_argument("--only", nargs="*", default=None, help="run only these checks")
-    ap.add_argument("--missing", action="store_true", help="print the dependencies this interpreter lacks")
-    ap.add_argument("--requirements", action="store_true", help="print the pure-Python dependencies, pinned")
+    ap.add_argument(
+        "--missing", action="store_true", help="print the dependencies this interpreter lacks"
+    )
+    ap.add_argument(
+        "--requirements", action="store_true", help="print the pure-Python dependencies, pinned"
+    )
     args = ap.parse_args(argv)
     unknown = sorted(set(args.only or ()) - {c.name for c in CHECKS})
     if unknown:
-        ap.error(f"--only {' '.join(unknown)}: no such check; the checks: {' '.join(c.name for c in CHECKS)}")
+        ap.error(
+            f"--only {' '.join(unknown)}: no such check; the checks: {' '.join(c.name for c in CHECKS)}"
+        )
     return args
 
 
@@ -300,14 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for c in chosen:
             print(f"{c.name:<16} needs {c.min_gpus} GPU(s), up to {c.timeout_s:.0f} s: {c.what}")
-        print(f"{len(chosen)} checks; budget {args.budget_s:.0f} s; with one GPU the checks that need two are skipped "
-              f"({ONE_DEVICE}) and named")
+        print(
+            f"{len(chosen)} checks; budget {args.budget_s:.0f} s; with one GPU the checks that need two are skipped "
+            f"({ONE_DEVICE}) and named"
+        )
         return 0
     start = time.monotonic()
     gpus = gpu_count(args.rehearse_on_cpu, args.pretend_gpus)
     if gpus == 0:
-        print("gpu_check: no CUDA device here (torch.cuda.device_count() == 0); nothing to check. "
-              "--rehearse-on-cpu runs the checks on CPU ranks to test this script.")
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.device_count() == 0); nothing to check. "
+            "--rehearse-on-cpu runs the checks on CPU ranks to test this script."
+        )
         return 2
     results: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="wf-gpu-check-") as scratch:
@@ -319,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one(check: Check, env: Env) -> str:
     if env.gpus < check.min_gpus:
-        print(f"SKIP {check.name:<16} needs {check.min_gpus} GPUs, this machine has {env.gpus} ({ONE_DEVICE})",
-              flush=True)
+        print(
+            f"SKIP {check.name:<16} needs {check.min_gpus} GPUs, this machine has {env.gpus} ({ONE_DEVICE})",
+            flush=True,
+        )
         return "skip"
     if time.monotonic() > env.deadline - 10:
         print(f"SKIP {check.name:<16} the time budget is spent", flush=True)
@@ -332,19 +482,29 @@ def _one(check: Check, env: Env) -> str:
         ok, detail = False, "timed out"
     except Exception as exc:
         ok, detail = False, f"{type(exc).__name__}: {exc}"
-    print(f"{'PASS' if ok else 'FAIL'} {check.name:<16} {time.monotonic() - t0:6.1f} s  {detail}", flush=True)
+    print(
+        f"{'PASS' if ok else 'FAIL'} {check.name:<16} {time.monotonic() - t0:6.1f} s  {detail}",
+        flush=True,
+    )
     return "pass" if ok else "fail"
 
 
 def _summary(results: list[tuple[str, str]], gpus: int, rehearse: bool, wall: float) -> int:
     counts = {k: sum(1 for _, r in results if r == k) for k in ("pass", "fail", "skip")}
-    where = (f"a CPU rehearsal of {gpus} GPU(s) (gloo; proves nothing about CUDA)" if rehearse
-             else f"{gpus} GPU(s)")
-    print(f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped on {where} "
-          f"in {wall:.0f} s")
+    where = (
+        f"a CPU rehearsal of {gpus} GPU(s) (gloo; proves nothing about CUDA)"
+        if rehearse
+        else f"{gpus} GPU(s)"
+    )
+    print(
+        f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped on {where} "
+        f"in {wall:.0f} s"
+    )
     if gpus == 1:
-        print(f"not covered with one GPU ({ONE_DEVICE}): every multi-rank NCCL collective, the PP scheduler across "
-              "devices, CP over more than one rank, FSDP2 sharding over ranks; run on a machine with 2+ GPUs")
+        print(
+            f"not covered with one GPU ({ONE_DEVICE}): every multi-rank NCCL collective, the PP scheduler across "
+            "devices, CP over more than one rank, FSDP2 sharding over ranks; run on a machine with 2+ GPUs"
+        )
     return 1 if counts["fail"] else 0
 
 

@@ -46,13 +46,27 @@ class Launch:
     output: str
 
 
-def _start(overrides: list[str], out_root: str, extra_env: dict[str, str],
-           task: str = "noop") -> tuple[subprocess.Popen, float]:
-    cmd = [sys.executable, "-m", "wf_launch", f"task={task}",
-           f"hydra.run.dir={out_root}/${{now:%H-%M-%S}}-${{wf_uid:}}", *overrides]
+def _start(
+    overrides: list[str], out_root: str, extra_env: dict[str, str], task: str = "noop"
+) -> tuple[subprocess.Popen, float]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "wf_launch",
+        f"task={task}",
+        f"hydra.run.dir={out_root}/${{now:%H-%M-%S}}-${{wf_uid:}}",
+        *overrides,
+    ]
     env = {**os.environ, **extra_env}
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     return proc, time.monotonic()
 
 
@@ -77,8 +91,13 @@ def _dump_stacks(pgid: int, dest: Path) -> None:
         for pid in _group_pids(pgid):
             f.write(f"===== pid {pid} ppid {_ppid(pid)} =====\n")
             f.flush()
-            subprocess.run([spy, "dump", "--native", "--pid", str(pid)], stdout=f, stderr=subprocess.STDOUT,
-                           timeout=30, check=False)
+            subprocess.run(
+                [spy, "dump", "--native", "--pid", str(pid)],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=30,
+                check=False,
+            )
 
 
 def _ppid(pid: int) -> str:
@@ -88,7 +107,9 @@ def _ppid(pid: int) -> str:
         return "?"
 
 
-def _finish(label: str, proc: subprocess.Popen, t0: float, limit_s: float, dump_dir: Path | None = None) -> Launch:
+def _finish(
+    label: str, proc: subprocess.Popen, t0: float, limit_s: float, dump_dir: Path | None = None
+) -> Launch:
     stalled = False
     try:
         out, _ = proc.communicate(timeout=max(0.1, limit_s - (time.monotonic() - t0)))
@@ -106,7 +127,9 @@ def _finish(label: str, proc: subprocess.Popen, t0: float, limit_s: float, dump_
     wall = time.monotonic() - t0
     m = _RUN_DIR.search(out or "")
     rc = None if stalled else proc.returncode
-    return Launch(label, rc == 0, wall, rc, stalled, m.group(1).rstrip(",") if m else None, out or "")
+    return Launch(
+        label, rc == 0, wall, rc, stalled, m.group(1).rstrip(",") if m else None, out or ""
+    )
 
 
 def _report(launch: Launch, tail: int) -> None:
@@ -120,23 +143,42 @@ def _report(launch: Launch, tail: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=6, help="sequential launches (default 6)")
-    p.add_argument("--ranks", type=int, default=32, help="ranks of each sequential launch (dp_size)")
-    p.add_argument("--timeout-min", type=float, default=0.5,
-                   help="engine.distributed_timeout_minutes for every launch (default 0.5)")
-    p.add_argument("--limit-s", type=float, default=120.0,
-                   help="wall-clock limit per launch; the process group is killed on overrun")
+    p.add_argument(
+        "--ranks", type=int, default=32, help="ranks of each sequential launch (dp_size)"
+    )
+    p.add_argument(
+        "--timeout-min",
+        type=float,
+        default=0.5,
+        help="engine.distributed_timeout_minutes for every launch (default 0.5)",
+    )
+    p.add_argument(
+        "--limit-s",
+        type=float,
+        default=120.0,
+        help="wall-clock limit per launch; the process group is killed on overrun",
+    )
     p.add_argument("--rounds", type=int, default=0, help="rounds of concurrent 8-rank launches")
     p.add_argument("--concurrent", type=int, default=3, help="launches per round (default 3)")
     p.add_argument("--tail", type=int, default=15, help="launcher output lines shown for a failure")
     p.add_argument("--out", default=None, help="run dirs go here (default: a temp dir)")
-    p.add_argument("--dump", action="store_true",
-                   help="on a stall, py-spy dump every process of the launch (into the out dir) before killing")
+    p.add_argument(
+        "--dump",
+        action="store_true",
+        help="on a stall, py-spy dump every process of the launch (into the out dir) before killing",
+    )
     p.add_argument("--stop-on-fail", action="store_true", help="stop at the first failure")
     p.add_argument("--task", default="noop", help="task of the sequential launches (default noop)")
-    p.add_argument("--overrides", nargs="*", default=[],
-                   help="more overrides for every launch, e.g. launcher=slurm launcher.nodes=2")
+    p.add_argument(
+        "--overrides",
+        nargs="*",
+        default=[],
+        help="more overrides for every launch, e.g. launcher=slurm launcher.nodes=2",
+    )
     args = p.parse_args(argv)
 
     out_root = args.out or tempfile.mkdtemp(prefix="wf_launch_loops-")
@@ -161,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.rounds):
         if args.stop_on_fail and any(not r.ok for r in results):
             break
-        started = [_start(["engine.cp_size=4", "engine.pp_size=2", *common], out_root, env)
-                   for _ in range(args.concurrent)]
+        started = [
+            _start(["engine.cp_size=4", "engine.pp_size=2", *common], out_root, env)
+            for _ in range(args.concurrent)
+        ]
         for j, (proc, t0) in enumerate(started):
             launch = _finish(f"round {k + 1}/{args.rounds} #{j + 1}", proc, t0, args.limit_s, dump)
             results.append(launch)
@@ -170,10 +214,14 @@ def main(argv: list[str] | None = None) -> int:
 
     failed = [r for r in results if not r.ok]
     walls = sorted(r.wall_s for r in results if r.ok)
-    print(f"\n{len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
-          f"({sum(r.stalled for r in failed)} stalled past {args.limit_s:.0f}s)")
+    print(
+        f"\n{len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
+        f"({sum(r.stalled for r in failed)} stalled past {args.limit_s:.0f}s)"
+    )
     if walls:
-        print(f"ok wall time: min {walls[0]:.2f}s  median {walls[len(walls) // 2]:.2f}s  max {walls[-1]:.2f}s")
+        print(
+            f"ok wall time: min {walls[0]:.2f}s  median {walls[len(walls) // 2]:.2f}s  max {walls[-1]:.2f}s"
+        )
     for r in failed:
         print(f"  failed: {r.label}: {r.run_dir}")
     return 1 if failed else 0

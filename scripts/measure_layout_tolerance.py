@@ -27,23 +27,45 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = {
-    "cp=2 dp=2": ["engine.dp_size=2", "engine.cp_size=2"], "dp=2": ["engine.dp_size=2"],
-    "pp=2 dp=2": ["engine.pp_size=2", "engine.dp_size=2"], "pp=2": ["engine.pp_size=2", "engine.dp_size=1"],
-    "dp=1": ["engine.dp_size=1"], "cp=4": ["engine.cp_size=4", "engine.dp_size=1"], "dp=8": ["engine.dp_size=8"],
+    "cp=2 dp=2": ["engine.dp_size=2", "engine.cp_size=2"],
+    "dp=2": ["engine.dp_size=2"],
+    "pp=2 dp=2": ["engine.pp_size=2", "engine.dp_size=2"],
+    "pp=2": ["engine.pp_size=2", "engine.dp_size=1"],
+    "dp=1": ["engine.dp_size=1"],
+    "cp=4": ["engine.cp_size=4", "engine.dp_size=1"],
+    "dp=8": ["engine.dp_size=8"],
 }
 STRAIGHT = ("cp=2 dp=2", "pp=2 dp=2")
 
 
 def _run(args: list[str], run_dir: Path) -> None:
-    subprocess.run([sys.executable, "-m", "wf_launch", *args, f"hydra.run.dir={run_dir}"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "wf_launch", *args, f"hydra.run.dir={run_dir}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
-def _stopped_then_resumed(base: list[str], start: list[str], target: list[str], run_dir: Path, stop_at: int) -> None:
+def _stopped_then_resumed(
+    base: list[str], start: list[str], target: list[str], run_dir: Path, stop_at: int
+) -> None:
     env = {**os.environ, "WF_PROGRESS_PUBLISH_S": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "wf_launch", *base, *start, "task.step_sleep_s=0.2",
-                             f"hydra.run.dir={run_dir}"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            *base,
+            *start,
+            "task.step_sleep_s=0.2",
+            f"hydra.run.dir={run_dir}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     progress = run_dir / "logs" / "rank0.progress.json"
     while True:
         try:
@@ -65,10 +87,26 @@ def _final(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any
     out = {}
     for flag, name in (([], "model"), (["--ema"], "ema")):
         path = run_dir / f"export-{name}.pt"
-        subprocess.run([sys.executable, "-m", "wf_launch.checkpoint", "export", str(run_dir), "--out", str(path),
-                        *flag], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wf_launch.checkpoint",
+                "export",
+                str(run_dir),
+                "--out",
+                str(path),
+                *flag,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         out[name] = torch.load(path, weights_only=True)
-    return json.loads((run_dir / "result.json").read_text())["results"]["0"], out["model"], out["ema"]
+    return (
+        json.loads((run_dir / "result.json").read_text())["results"]["0"],
+        out["model"],
+        out["ema"],
+    )
 
 
 def _row(name: str, ref: tuple[Any, Any, Any], got: tuple[Any, Any, Any]) -> str:
@@ -77,8 +115,11 @@ def _row(name: str, ref: tuple[Any, Any, Any], got: tuple[Any, Any, Any]) -> str
     weights = max(float((rw[k] - gw[k]).abs().max()) for k in rw)
     ema = max(float((re_[k] - ge[k]).abs().max()) for k in re_)
     resumed = g["attempts"][-1]["resumed_from"]
-    return (f"{name:<34s} loss curve {curve:.1e}  final loss {abs(r['final_loss'] - g['final_loss']):.1e}  "
-            f"weights {weights:.1e}  ema {ema:.1e}" + (f"  (resumed from step {resumed})" if resumed else ""))
+    return (
+        f"{name:<34s} loss curve {curve:.1e}  final loss {abs(r['final_loss'] - g['final_loss']):.1e}  "
+        f"weights {weights:.1e}  ema {ema:.1e}"
+        + (f"  (resumed from step {resumed})" if resumed else "")
+    )
 
 
 def main() -> None:
@@ -95,14 +136,19 @@ def main() -> None:
         _run([*base, *start], out / "straight")
         ref = _final(out / "straight")
         global_batch = ref[0]["global_batch"]
-        print(f"train, {args.steps} steps, global batch {global_batch}, straight at {args.start}; "
-              f"stopped at step >= {args.stop_at}, continued at:")
+        print(
+            f"train, {args.steps} steps, global batch {global_batch}, straight at {args.start}; "
+            f"stopped at step >= {args.stop_at}, continued at:"
+        )
         for i, (name, target) in enumerate(TARGETS.items()):
             _stopped_then_resumed(base, start, target, out / f"resumed{i}", args.stop_at)
             print(_row(name, ref, _final(out / f"resumed{i}")), flush=True)
         for i, name in enumerate(STRAIGHT):
             _run([*base, *TARGETS[name], f"task.global_batch={global_batch}"], out / f"straight{i}")
-            print(_row(f"straight at {name} (no interruption)", ref, _final(out / f"straight{i}")), flush=True)
+            print(
+                _row(f"straight at {name} (no interruption)", ref, _final(out / f"straight{i}")),
+                flush=True,
+            )
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -40,9 +40,14 @@ def main():
     ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     pg = placement_group([{"CPU": 1}] * world, strategy="PACK")
     ray.get(pg.ready())
-    actors = [Rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(world)]
+    actors = [
+        Rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote()
+        for i in range(world)
+    ]
     addr, port = ray.get(actors[0].where.remote())
-    assert sorted(ray.get([a.run.remote(r, world, addr, port) for r, a in enumerate(actors)])) == list(range(world))
+    assert sorted(
+        ray.get([a.run.remote(r, world, addr, port) for r, a in enumerate(actors)])
+    ) == list(range(world))
     for a in actors:
         ray.kill(a)
     remove_placement_group(pg)

@@ -17,25 +17,42 @@ USER_TASKS = Path(__file__).parent / "user_tasks"
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a user would have, plus the test task module on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
 
 
-def run_cli(args: list[str], run_dir: Path, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], run_dir: Path, timeout: float = 120, **kw: Any
+) -> subprocess.CompletedProcess:
     """``python -m wf_launch ARGS hydra.run.dir=RUN_DIR`` to completion."""
-    return subprocess.run([sys.executable, "-m", "wf_launch", *args, f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, timeout=timeout, env=cli_env(),
-                          cwd=run_dir.parent, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch", *args, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(),
+        cwd=run_dir.parent,
+        **kw,
+    )
 
 
 def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
     """Start the CLI in its own session (so a test can signal it like a terminal would)."""
-    return subprocess.Popen([sys.executable, "-m", "wf_launch", *args, f"hydra.run.dir={run_dir}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env(), cwd=run_dir.parent, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "wf_launch", *args, f"hydra.run.dir={run_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=run_dir.parent,
+        start_new_session=True,
+    )
 
 
 def result(run_dir: Path) -> dict[str, Any]:
@@ -50,7 +67,11 @@ def leftover_processes(marker: str, grace_s: float = 3.0) -> list[str]:
         for p in psutil.process_iter(["pid", "cmdline", "status"]):
             try:
                 cmd = " ".join(p.info["cmdline"] or [])
-                if marker in cmd and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
+                if (
+                    marker in cmd
+                    and p.info["status"] != psutil.STATUS_ZOMBIE
+                    and p.pid != os.getpid()
+                ):
                     found.append(f"{p.pid}: {cmd}")
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

@@ -14,8 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest_plugins = ["slurm_fixture", "ray_fixture"]
 
 
-_CLUSTER_FIXTURES = {"slurm": re.compile(r"def \w+\([^)]*\bslurm_cluster\b|mark\.slurm\b"),
-                     "ray": re.compile(r"def \w+\([^)]*\bray_cluster\b|mark\.ray\b")}
+_CLUSTER_FIXTURES = {
+    "slurm": re.compile(r"def \w+\([^)]*\bslurm_cluster\b|mark\.slurm\b"),
+    "ray": re.compile(r"def \w+\([^)]*\bray_cluster\b|mark\.ray\b"),
+}
 
 
 def _cluster_groups(tests: Path) -> dict[str, str]:
@@ -49,5 +51,7 @@ def _make_scheduler(config: pytest.Config, log: object) -> object:
     return ClusterGroups(config, log)
 
 
-if importlib.util.find_spec("xdist") is not None:  # the hook exists only with pytest-xdist (not in the wheel check)
+if (
+    importlib.util.find_spec("xdist") is not None
+):  # the hook exists only with pytest-xdist (not in the wheel check)
     pytest_xdist_make_scheduler = _make_scheduler

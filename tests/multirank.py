@@ -35,11 +35,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, init: bool,
-           env: dict[str, str], args: tuple, queue: Any) -> None:
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    init: bool,
+    env: dict[str, str],
+    args: tuple,
+    queue: Any,
+) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     os.environ.update(env)
     try:
@@ -63,9 +75,15 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, init: 
         os._exit(0)
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
-              init: bool = True, env: dict[str, str] | None = None,
-              allow_failures: bool = False) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 60.0,
+    init: bool = True,
+    env: dict[str, str] | None = None,
+    allow_failures: bool = False,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked ranks.
 
     Returns the per-rank return values in rank order. With ``allow_failures`` a
@@ -75,8 +93,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     port = free_port()
     queue = _CTX.Queue()
     procs = [
-        _CTX.Process(target=_child, args=(fn, r, world_size, port, init, env or {}, args, queue),
-                     daemon=True)
+        _CTX.Process(
+            target=_child, args=(fn, r, world_size, port, init, env or {}, args, queue), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:
@@ -111,8 +130,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
         lines = [f"rank {r} did not finish within {timeout:.0f}s" for r in missing]
         lines += [f"rank {r} raised {v}" for r, v in sorted(errors.items())]
         raise RankFailure("\n".join(lines), errors)
-    return [RankError(results[r][1]) if not results[r][0] else results[r][1]
-            for r in range(world_size)]
+    return [
+        RankError(results[r][1]) if not results[r][0] else results[r][1] for r in range(world_size)
+    ]
 
 
 class RankError(str):

@@ -46,8 +46,13 @@ class RayCluster:
     env: dict[str, str]
 
     def script(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(SCRIPT), *args, "--dir", str(self.dir)], text=True, capture_output=True,
-                              timeout=timeout, env=self.env)
+        return subprocess.run(
+            ["bash", str(SCRIPT), *args, "--dir", str(self.dir)],
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            env=self.env,
+        )
 
     def restore(self) -> None:
         """Start every node that is not alive again (after a drill killed one)."""
@@ -56,10 +61,17 @@ class RayCluster:
 
     def ask(self, code: str, timeout: float = 120) -> str:
         """Run ``code`` in a fresh driver connected to the cluster (``ray`` imported, ``address`` set); its stdout."""
-        program = f"import ray\naddress = {self.address!r}\nray.init(address=address, logging_level='ERROR')\n" \
-                  + textwrap.dedent(code)
-        out = subprocess.run([sys.executable, "-c", program], text=True, capture_output=True, timeout=timeout,
-                             env=self.env)
+        program = (
+            f"import ray\naddress = {self.address!r}\nray.init(address=address, logging_level='ERROR')\n"
+            + textwrap.dedent(code)
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", program],
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            env=self.env,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
 
@@ -76,10 +88,17 @@ class RayCluster:
         deadline = time.monotonic() + grace_s
         while True:
             busy, pgs, named = eval(self.ask(code).strip().splitlines()[-1])
-            procs = [f"{p.pid}: {' '.join(p.cmdline())}" for p in psutil.process_iter()
-                     if _title(p).startswith(RANK_TITLES)]
-            found = ([f"{busy:g} CPU(s) still held"] if busy else []) + [f"placement group {p}" for p in pgs] \
-                + [f"named actor {n}" for n in named] + procs
+            procs = [
+                f"{p.pid}: {' '.join(p.cmdline())}"
+                for p in psutil.process_iter()
+                if _title(p).startswith(RANK_TITLES)
+            ]
+            found = (
+                ([f"{busy:g} CPU(s) still held"] if busy else [])
+                + [f"placement group {p}" for p in pgs]
+                + [f"named actor {n}" for n in named]
+                + procs
+            )
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(1.0)
@@ -106,7 +125,12 @@ def _free_base(nodes: int) -> int:
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(20000, 31000 - 200 * (nodes + 1)) // 10 * 10
-        fixed = [base, base + 1, base + 2, *(base + 10 * i + k for i in range(1, nodes + 1) for k in range(6))]
+        fixed = [
+            base,
+            base + 1,
+            base + 2,
+            *(base + 10 * i + k for i in range(1, nodes + 1) for k in range(6)),
+        ]
         workers = range(base + 200, base + 200 * (nodes + 1), 37)
         if all(_bindable(p) for p in [*fixed, *workers]):
             return base
@@ -116,8 +140,12 @@ def _free_base(nodes: int) -> int:
 def cluster_env() -> dict[str, str]:
     """This process's environment for subprocesses: the venv's ``ray`` first on PATH, the test tasks importable,
     token authentication on (the script's cluster uses it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                           "MASTER_PORT", "RAY_ADDRESS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
+    }
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     env["RAY"] = str(Path(sys.executable).parent / "ray")
@@ -125,8 +153,11 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
-HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-                "RAY_health_check_failure_threshold": "3"}
+HEALTH_CHECK = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}
 """For the test cluster's GCS only: a node whose raylet died is declared dead after about 3 s (Ray's default:
 about 15 s), so that the nodekill test restarts sooner. The launcher does not depend on it."""
 
@@ -140,17 +171,42 @@ def _skip_or_fail(reason: str) -> None:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """A running 3-node Ray cluster, started for the session and stopped after it."""
-    if importlib.util.find_spec("ray") is None or not (Path(sys.executable).parent / "ray").exists():
+    if (
+        importlib.util.find_spec("ray") is None
+        or not (Path(sys.executable).parent / "ray").exists()
+    ):
         _skip_or_fail("Ray is not installed in this environment: pip install -e '.[dev,ray]'")
     state = Path(tempfile.mkdtemp(prefix="wf-ray-"))
     env = cluster_env()
     port = _free_base(NODES)
-    cmd = ["bash", str(SCRIPT), "start", "--nodes", str(NODES), "--cpus", str(CPUS), "--port", str(port),
-           "--dir", str(state)]
+    cmd = [
+        "bash",
+        str(SCRIPT),
+        "start",
+        "--nodes",
+        str(NODES),
+        "--cpus",
+        str(CPUS),
+        "--port",
+        str(port),
+        "--dir",
+        str(state),
+    ]
     try:
-        out = subprocess.run(cmd, text=True, capture_output=True, timeout=START_TIMEOUT_S, env={**env, **HEALTH_CHECK})
+        out = subprocess.run(
+            cmd,
+            text=True,
+            capture_output=True,
+            timeout=START_TIMEOUT_S,
+            env={**env, **HEALTH_CHECK},
+        )
     except subprocess.TimeoutExpired as exc:
-        subprocess.run(["bash", str(SCRIPT), "stop", "--dir", str(state)], capture_output=True, timeout=120, env=env)
+        subprocess.run(
+            ["bash", str(SCRIPT), "stop", "--dir", str(state)],
+            capture_output=True,
+            timeout=120,
+            env=env,
+        )
         pytest.fail(f"{' '.join(cmd)} took over {START_TIMEOUT_S}s:\n{exc.stderr}", pytrace=False)
     if out.returncode != 0:
         shutil.rmtree(state, ignore_errors=True)

@@ -32,13 +32,34 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
 
 # Binaries `scripts/slurm_cluster.sh start` needs (from `scripts/slurm_cluster.sh install`).
-REQUIRED_BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "slurmdbd", "mariadbd",
-                     "mariadb-install-db", "sinfo", "sbatch", "srun", "sacct", "scontrol")
+REQUIRED_BINARIES = (
+    "munged",
+    "mungekey",
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "mariadbd",
+    "mariadb-install-db",
+    "sinfo",
+    "sbatch",
+    "srun",
+    "sacct",
+    "scontrol",
+)
 
 # Set by a launcher or an enclosing job; a submitted job must not inherit them
 # (submitit's TorchDistributedEnvironment().export() raises if RANK etc. are set).
-RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+RANK_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 JOB_VAR_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
 START_TIMEOUT_S = 180
@@ -55,11 +76,19 @@ class SlurmCluster:
     env: dict[str, str]
     started_here: bool
 
-    def run(self, args: Sequence[str], *, timeout: float = 60, check: bool = True,
-            **kwargs) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, args: Sequence[str], *, timeout: float = 60, check: bool = True, **kwargs
+    ) -> subprocess.CompletedProcess[str]:
         """Run a command (``srun``, ``sbatch``, ``sacct`` ...) against this cluster."""
-        return subprocess.run(list(args), env=self.env, text=True, capture_output=True,
-                              timeout=timeout, check=check, **kwargs)
+        return subprocess.run(
+            list(args),
+            env=self.env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=check,
+            **kwargs,
+        )
 
     def activate(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Point this process's environment at the cluster (for in-process users such
@@ -76,8 +105,9 @@ def cluster_env(conf: Path, base: dict[str, str] | None = None) -> dict[str, str
     """``base`` (default: ``os.environ``) without job / rank variables, with ``SLURM_CONF``
     set and a PATH that reaches this interpreter and the SLURM binaries."""
     base = dict(os.environ if base is None else base)
-    env = {k: v for k, v in base.items()
-           if k not in RANK_VARS and not k.startswith(JOB_VAR_PREFIXES)}
+    env = {
+        k: v for k, v in base.items() if k not in RANK_VARS and not k.startswith(JOB_VAR_PREFIXES)
+    }
     env["SLURM_CONF"] = str(conf)
     path = [str(Path(sys.executable).parent), *env.get("PATH", "").split(os.pathsep)]
     for d in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
@@ -89,15 +119,23 @@ def cluster_env(conf: Path, base: dict[str, str] | None = None) -> dict[str, str
 
 def _ping(env: dict[str, str]) -> bool:
     try:
-        out = subprocess.run(["scontrol", "ping"], env=env, text=True, capture_output=True, timeout=15)
+        out = subprocess.run(
+            ["scontrol", "ping"], env=env, text=True, capture_output=True, timeout=15
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and "is UP" in out.stdout
 
 
 def _node_count(env: dict[str, str]) -> int:
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, text=True, capture_output=True,
-                         timeout=15, check=True)
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=15,
+        check=True,
+    )
     return len(set(out.stdout.split()))
 
 
@@ -130,9 +168,23 @@ def _skip_or_fail(reason: str) -> None:
 def _start(nodes: int) -> SlurmCluster:
     state = Path(tempfile.mkdtemp(prefix="wf-slurm-"))
     base = _free_port_block(5)  # ctld, slurmd n1, slurmd n2, slurmdbd, mariadb
-    cmd = ["bash", str(SCRIPT), "start", "--nodes", str(nodes), "--dir", str(state),
-           "--ctld-port", str(base), "--slurmd-port", str(base + 1),
-           "--dbd-port", str(base + 3), "--db-port", str(base + 4)]
+    cmd = [
+        "bash",
+        str(SCRIPT),
+        "start",
+        "--nodes",
+        str(nodes),
+        "--dir",
+        str(state),
+        "--ctld-port",
+        str(base),
+        "--slurmd-port",
+        str(base + 1),
+        "--dbd-port",
+        str(base + 3),
+        "--db-port",
+        str(base + 4),
+    ]
     try:
         out = subprocess.run(cmd, text=True, capture_output=True, timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
@@ -146,8 +198,12 @@ def _start(nodes: int) -> SlurmCluster:
 
 
 def _stop(state: Path) -> None:
-    out = subprocess.run(["bash", str(SCRIPT), "stop", "--dir", str(state)], text=True,
-                         capture_output=True, timeout=STOP_TIMEOUT_S)
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "stop", "--dir", str(state)],
+        text=True,
+        capture_output=True,
+        timeout=STOP_TIMEOUT_S,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"stopping the SLURM cluster in {state} failed:\n{out.stderr}")
     shutil.rmtree(state, ignore_errors=True)
@@ -160,21 +216,36 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     if conf:
         env = cluster_env(Path(conf))
         if Path(conf).is_file() and _ping(env):
-            yield SlurmCluster(conf=Path(conf), dir=Path(conf).parent, nodes=_node_count(env),
-                               env=env, started_here=False)
+            yield SlurmCluster(
+                conf=Path(conf),
+                dir=Path(conf).parent,
+                nodes=_node_count(env),
+                env=env,
+                started_here=False,
+            )
             return
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"SLURM_CONF={conf} is set but `scontrol ping` does not answer "
-                        "(did `scripts/slurm_cluster.sh start` run in .ci/run?)", pytrace=False)
+            pytest.fail(
+                f"SLURM_CONF={conf} is set but `scontrol ping` does not answer "
+                "(did `scripts/slurm_cluster.sh start` run in .ci/run?)",
+                pytrace=False,
+            )
         # A stale SLURM_CONF from an earlier shell: fall through and start our own.
     if os.geteuid() != 0:
-        _skip_or_fail("no SLURM cluster: SLURM_CONF is unset and starting one needs root "
-                      "(sudo bash scripts/slurm_cluster.sh start; source .slurm/env.sh)")
-    missing = [b for b in REQUIRED_BINARIES
-               if shutil.which(b, path=cluster_env(Path("/dev/null"))["PATH"]) is None]
+        _skip_or_fail(
+            "no SLURM cluster: SLURM_CONF is unset and starting one needs root "
+            "(sudo bash scripts/slurm_cluster.sh start; source .slurm/env.sh)"
+        )
+    missing = [
+        b
+        for b in REQUIRED_BINARIES
+        if shutil.which(b, path=cluster_env(Path("/dev/null"))["PATH"]) is None
+    ]
     if missing:
-        _skip_or_fail(f"SLURM packages not installed (missing {', '.join(missing)}); "
-                      "run: bash scripts/slurm_cluster.sh install")
+        _skip_or_fail(
+            f"SLURM packages not installed (missing {', '.join(missing)}); "
+            "run: bash scripts/slurm_cluster.sh install"
+        )
     cluster = _start(nodes=2)
     try:
         yield cluster

@@ -80,18 +80,22 @@ def _snapshot(model, ema, opt, progress) -> dict:
     from worldfoundry.core.distributed.ema import get_local_tensor_if_dtensor
 
     def local(sd):
-        return {k: get_local_tensor_if_dtensor(v).clone() if isinstance(v, torch.Tensor) else v
-                for k, v in sd.items()}
+        return {
+            k: get_local_tensor_if_dtensor(v).clone() if isinstance(v, torch.Tensor) else v
+            for k, v in sd.items()
+        }
 
     osd = get_optimizer_state_dict(model, opt)
-    return _portable({
-        "model": local(model.state_dict()),
-        "ema": local(ema.state_dict()),
-        "optim": {k: local(v) for k, v in osd["state"].items()},
-        "lr": [g["lr"] for g in osd["param_groups"]],
-        "progress": dict(progress),
-        "draw": torch.rand(8),  # the global RNG after training
-    })
+    return _portable(
+        {
+            "model": local(model.state_dict()),
+            "ema": local(ema.state_dict()),
+            "optim": {k: local(v) for k, v in osd["state"].items()},
+            "lr": [g["lr"] for g in osd["param_groups"]],
+            "progress": dict(progress),
+            "draw": torch.rand(8),  # the global RNG after training
+        }
+    )
 
 
 def _portable(obj) -> bytes:
@@ -165,7 +169,9 @@ def test_fsdp2_resume_is_bitwise_identical(tmp_path: Path, async_save: bool) -> 
     resumed = [_unport(r) for r in run_ranks(_run_second_half, 2, str(tmp_path), steps)]
     for rank in range(2):
         _assert_equal(straight[rank], resumed[rank], f"rank{rank}")
-    assert not torch.equal(straight[0]["draw"], straight[1]["draw"])  # per-rank RNG really is per rank
+    assert not torch.equal(
+        straight[0]["draw"], straight[1]["draw"]
+    )  # per-rank RNG really is per rank
 
 
 def _plain_roundtrip(rank: int, world: int, run_dir: str, saves: list[int], keep: int) -> dict:
@@ -184,9 +190,16 @@ def _plain_roundtrip(rank: int, world: int, run_dir: str, saves: list[int], keep
 def test_keep_only_the_newest(tmp_path: Path) -> None:
     res = run_ranks(_plain_roundtrip, 2, str(tmp_path), [1, 2, 3, 4, 5], 2)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [4, 5]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000004", "step_00000005"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_00000004",
+        "step_00000005",
+    ]
     for rank, r in enumerate(res):
-        assert r == {"step": 5, "meta": {"step": 5, "rank": rank}, "w": 5.0}  # per-rank state back to its rank
+        assert r == {
+            "step": 5,
+            "meta": {"step": 5, "rank": rank},
+            "w": 5.0,
+        }  # per-rank state back to its rank
 
 
 @pytest.mark.slow
@@ -231,7 +244,9 @@ def _async_timing(rank: int, world: int, run_dir: str) -> dict:
         ckpt.close()
     fresh = nn.Sequential(*(nn.Linear(512, 512) for _ in range(24)))
     step = Checkpointer(os.path.join(run_dir, "True")).load({"model": fresh})
-    same = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    same = all(
+        torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values())
+    )
     return {"sync": out[False], "async": out[True], "step": step, "same": same}
 
 
@@ -239,7 +254,9 @@ def _async_timing(rank: int, world: int, run_dir: str) -> dict:
 def test_async_save_commits_later_and_does_not_block_the_step(tmp_path: Path) -> None:
     res = run_ranks(_async_timing, 2, str(tmp_path), timeout=180)
     for r in res:
-        assert r["step"] == 3 and r["same"]  # the snapshot was taken at save(): later updates did not leak in
+        assert (
+            r["step"] == 3 and r["same"]
+        )  # the snapshot was taken at save(): later updates did not leak in
     assert [s for s, _ in complete_checkpoints(tmp_path / "True")] == [3]
     # blocked time of the async save vs the synchronous save of the same tensors (best of 3), as a ratio only
     assert max(r["async"] for r in res) < 0.6 * min(r["sync"] for r in res), res
@@ -265,13 +282,22 @@ def test_bad_arguments(tmp_path: Path) -> None:
         ckpt.save(1, {"fn": lambda: 0})
     with pytest.raises(ValueError, match=r"state\['cfg'\]\['x'\] is of type object"):
         ckpt.save(1, {"cfg": {"x": object()}})
-    with pytest.raises(ValueError, match=r"state\['opt'\] is an optimizer whose parameters belong to no"):
+    with pytest.raises(
+        ValueError, match=r"state\['opt'\] is an optimizer whose parameters belong to no"
+    ):
         ckpt.save(1, {"opt": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)})
-    with pytest.raises(ValueError, match=r"scopes\['data'\]='x' is not allowed: choose one of \['replicated', 'dp', 'rank'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"scopes\['data'\]='x' is not allowed: choose one of \['replicated', 'dp', 'rank'\]",
+    ):
         ckpt.save(1, {"data": {"a": 1}}, scopes={"data": "x"})
-    with pytest.raises(ValueError, match=r"scopes\['model'\]: 'model' is a module or optimizer: DCP shards it"):
+    with pytest.raises(
+        ValueError, match=r"scopes\['model'\]: 'model' is a module or optimizer: DCP shards it"
+    ):
         ckpt.save(1, {"model": nn.Linear(2, 2)}, scopes={"model": "replicated"})
-    with pytest.raises(ValueError, match=r"scopes\['gone'\]: no entry 'gone' in state \(entries: \['data'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"scopes\['gone'\]: no entry 'gone' in state \(entries: \['data'\]\)"
+    ):
         ckpt.save(1, {"data": 1}, scopes={"gone": "rank"})
     with pytest.raises(ValueError, match=r"remap\['data'\]=3 must be callable"):
         ckpt.load({"data": 1}, remap={"data": 3})
@@ -301,7 +327,9 @@ def _async_dies_before_commit(rank: int, world: int, run_dir: str) -> list:
         with torch.no_grad():
             model.weight.fill_(s)
         ckpt.save(s, {"model": model, "meta": {"step": s, "rank": rank}})
-        seen.append([step for step, _ in complete_checkpoints(run_dir)])  # the previous one commits here
+        seen.append(
+            [step for step, _ in complete_checkpoints(run_dir)]
+        )  # the previous one commits here
     future, _, _ = ckpt._pending
     future.result()  # step 2's files are written, then the job "dies" before anything commits it
     return seen
@@ -310,10 +338,15 @@ def _async_dies_before_commit(rank: int, world: int, run_dir: str) -> list:
 @pytest.mark.slow
 def test_async_save_is_committed_only_by_the_next_call(tmp_path: Path) -> None:
     seen = run_ranks(_async_dies_before_commit, 2, str(tmp_path))
-    assert seen[0] == [[], [1]]  # save(2) committed step 1 first; step 1 was not committed by its own save
+    assert seen[0] == [
+        [],
+        [1],
+    ]  # save(2) committed step 1 first; step 1 was not committed by its own save
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [1]
     res = run_ranks(_plain_roundtrip, 2, str(tmp_path), [], 3)
-    assert [r["step"] for r in res] == [1, 1] and res[0]["w"] == 1.0  # the written-but-uncommitted 2 is ignored
+    assert [r["step"] for r in res] == [1, 1] and res[0][
+        "w"
+    ] == 1.0  # the written-but-uncommitted 2 is ignored
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
 
 
@@ -338,7 +371,9 @@ def test_collective_errors_reach_every_rank(tmp_path: Path) -> None:
     msgs = run_ranks(_mismatched_steps, 2, str(tmp_path / "a"))
     assert all("every rank must save the same step" in m for m in msgs), msgs
     run_ranks(_plain_roundtrip, 2, str(tmp_path / "b"), [1], 2)
-    [msg] = run_ranks(_load_one, 1, str(tmp_path / "b"))  # 'meta' is per rank: it cannot follow a layout change
+    [msg] = run_ranks(
+        _load_one, 1, str(tmp_path / "b")
+    )  # 'meta' is per rank: it cannot follow a layout change
     assert "entry 'meta' has scope 'rank'" in msg and "saved at tp=1 cp=1 pp=1 dp=2" in msg, msg
     assert "this run's layout is tp=1 cp=1 pp=1 dp=1" in msg, msg
 
@@ -357,5 +392,9 @@ def test_a_parameter_that_never_had_optimizer_state_still_loads(tmp_path: Path) 
     fresh = Net()
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
     assert Checkpointer(tmp_path).load({"model": fresh, "optim": fresh_opt}) == 1
-    assert torch.equal(fresh_opt.state[fresh.used.weight]["exp_avg"], opt.state[model.used.weight]["exp_avg"])
-    assert not fresh_opt.state[fresh.unused.weight]["exp_avg"].any()  # a fresh state: what a first update starts from
+    assert torch.equal(
+        fresh_opt.state[fresh.used.weight]["exp_avg"], opt.state[model.used.weight]["exp_avg"]
+    )
+    assert not fresh_opt.state[fresh.unused.weight][
+        "exp_avg"
+    ].any()  # a fresh state: what a first update starts from

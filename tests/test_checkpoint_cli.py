@@ -23,10 +23,25 @@ def test_docs_example_trains_and_keeps_its_newest_checkpoints(tmp_path: Path) ->
     env = cli_env()
     env["PYTHONPATH"] = f"{pkg}:{env['PYTHONPATH']}"
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "wf_launch", "task=my_train", "task.modules=[ckpt_example]",
-                           "engine.dp_size=2", "task.steps=30", "task.save_every=5", "task.keep=3",
-                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "task=my_train",
+            "task.modules=[ckpt_example]",
+            "engine.dp_size=2",
+            "task.steps=30",
+            "task.save_every=5",
+            "task.keep=3",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert result(run_dir)["results"]["0"] == {"step": 30, "stopped_early": False}
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("."))

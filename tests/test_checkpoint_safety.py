@@ -71,6 +71,7 @@ def _load(run_dir: Path, keep: int = 3) -> tuple[int | None, float, dict]:
 
 # ------------------------------------------------------------------ item 1: a checkpoint is data
 
+
 def test_a_planted_metadata_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     _save(tmp_path, 1, 1.0)
     [(_, path)] = complete_checkpoints(tmp_path)
@@ -89,15 +90,18 @@ def test_a_planted_pickle_inside_a_distcp_file_is_refused_and_never_runs(tmp_pat
     _save(tmp_path, 1, 1.0, optim=True)
     [(_, path)] = complete_checkpoints(tmp_path)
     metadata = pickle.loads((path / ".metadata").read_bytes())  # the test's own, trusted, read
-    key = next(k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata))
+    key = next(
+        k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)
+    )
     marker = tmp_path / "pwned"
     payload = io.BytesIO()
     torch.save(_Planted(marker), payload)
     (path / "evil.distcp").write_bytes(payload.getvalue())
     for index, info in list(metadata.storage_data.items()):
         if index.fqn == key:
-            metadata.storage_data[index] = dataclasses.replace(info, relative_path="evil.distcp", offset=0,
-                                                               length=len(payload.getvalue()))
+            metadata.storage_data[index] = dataclasses.replace(
+                info, relative_path="evil.distcp", offset=0, length=len(payload.getvalue())
+            )
     (path / ".metadata").write_bytes(pickle.dumps(metadata))
     model = _model(-1.0)
     state = {"model": model, "meta": {}, "optim": torch.optim.AdamW(model.parameters(), lr=1e-3)}
@@ -108,6 +112,7 @@ def test_a_planted_pickle_inside_a_distcp_file_is_refused_and_never_runs(tmp_pat
 
 
 # ------------------------------------------------------------------ item 8: prune by commit order
+
 
 def test_keep_follows_commit_order_and_a_backwards_step_is_reported(tmp_path: Path) -> None:
     from loguru import logger
@@ -127,7 +132,11 @@ def test_keep_follows_commit_order_and_a_backwards_step_is_reported(tmp_path: Pa
 def test_the_newest_commit_loads_even_with_a_smaller_step(tmp_path: Path) -> None:
     for step in (10, 20, 7):
         _save(tmp_path, step, float(step), keep=3)
-    assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 20, 7]  # commit order, oldest first
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [
+        10,
+        20,
+        7,
+    ]  # commit order, oldest first
     assert _load(tmp_path)[:2] == (7, 7.0)
     _save(tmp_path, 8, 8.0, keep=3)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [20, 7, 8]  # the oldest commit went
@@ -135,7 +144,10 @@ def test_the_newest_commit_loads_even_with_a_smaller_step(tmp_path: Path) -> Non
 
 # ------------------------------------------------------------------ item 9: fsync, fall back
 
-def test_the_rank_file_is_fsynced_before_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_the_rank_file_is_fsynced_before_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     synced: list[str] = []
     real = os.fsync
 
@@ -156,15 +168,23 @@ def test_the_rank_file_is_fsynced_before_commit(tmp_path: Path, monkeypatch: pyt
 
 
 @pytest.mark.parametrize("damage", ["rank file", "distcp", "metadata", "commit"])
-def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path, damage: str) -> None:
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path: Path, damage: str
+) -> None:
     from loguru import logger
 
     _save(tmp_path, 1, 1.0)
     _save(tmp_path, 2, 2.0)
     newest = complete_checkpoints(tmp_path)[-1][1]
-    target = {"rank file": newest / "rank_00000.pt", "metadata": newest / ".metadata",
-              "commit": newest / COMMIT_FILE, "distcp": next(newest.glob("*.distcp"))}[damage]
-    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])  # a torn write after a power loss
+    target = {
+        "rank file": newest / "rank_00000.pt",
+        "metadata": newest / ".metadata",
+        "commit": newest / COMMIT_FILE,
+        "distcp": next(newest.glob("*.distcp")),
+    }[damage]
+    target.write_bytes(
+        target.read_bytes()[: len(target.read_bytes()) // 2]
+    )  # a torn write after a power loss
     lines: list[str] = []
     sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
     try:
@@ -172,7 +192,9 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous(tmp_path: Pa
     finally:
         logger.remove(sink)
     assert (step, value, meta) == (1, 1.0, {"value": 1.0})
-    assert any("step 2" in line and "unreadable" in line and "step 1" in line for line in lines), lines
+    assert any("step 2" in line and "unreadable" in line and "step 1" in line for line in lines), (
+        lines
+    )
 
 
 def test_every_checkpoint_unreadable_is_an_error_naming_each(tmp_path: Path) -> None:
@@ -186,8 +208,15 @@ def test_every_checkpoint_unreadable_is_an_error_naming_each(tmp_path: Path) -> 
 
 # ------------------------------------------------------------------ item 7: a crash never loses the checkpoint
 
-_FS_OPS = (("os", "replace"), ("os", "rename"), ("os", "fsync"), ("os", "unlink"), ("os", "mkdir"),
-           ("os", "rmdir"), ("shutil", "rmtree"))
+_FS_OPS = (
+    ("os", "replace"),
+    ("os", "rename"),
+    ("os", "fsync"),
+    ("os", "unlink"),
+    ("os", "mkdir"),
+    ("os", "rmdir"),
+    ("shutil", "rmtree"),
+)
 
 
 def _resave_killed_at(run_dir: str, op_number: int, value: float) -> None:
@@ -219,7 +248,9 @@ def _loads_a_complete_step_5(run_dir: Path, allowed: set[float]) -> None:
 
 
 @pytest.mark.slow
-def test_a_kill_at_every_file_operation_of_a_resave_leaves_a_complete_checkpoint(tmp_path: Path) -> None:
+def test_a_kill_at_every_file_operation_of_a_resave_leaves_a_complete_checkpoint(
+    tmp_path: Path,
+) -> None:
     template, run = tmp_path / "template", tmp_path / "run"
     _save(template, 5, 1.0, keep=1)
     killed_at = []
@@ -247,7 +278,9 @@ def _resave_forever(run_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_moments_of_repeated_resaves_never_loses_the_checkpoint(tmp_path: Path) -> None:
+def test_kill_9_at_random_moments_of_repeated_resaves_never_loses_the_checkpoint(
+    tmp_path: Path,
+) -> None:
     run = tmp_path / "run"
     _save(run, 5, 1.0, keep=1)
     started = time.perf_counter()

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -42,15 +44,49 @@ def hydra_ctx():
 # --------------------------------------------------------------------------- strategies
 
 _hostile_text = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(
-        ["\n", "\r", "\x00", "\x1b", "$", "`", ";", "|", "&", "'", '"', "\\", "{", "}", "[", "]", ",", "=", ":"]),
-    max_size=40)
-_numbers = st.sampled_from(fuzz.NUMBERS) | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
-_scalars = (_numbers | st.sampled_from(fuzz.HOSTILE_STRINGS) | _hostile_text
-            | st.sampled_from([True, False, None]))
-_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
-                       | st.dictionaries(st.sampled_from(["a", "mail-type", "k"]), inner, max_size=2),
-                       max_leaves=5)
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",))
+    | st.sampled_from(
+        [
+            "\n",
+            "\r",
+            "\x00",
+            "\x1b",
+            "$",
+            "`",
+            ";",
+            "|",
+            "&",
+            "'",
+            '"',
+            "\\",
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            "=",
+            ":",
+        ]
+    ),
+    max_size=40,
+)
+_numbers = (
+    st.sampled_from(fuzz.NUMBERS) | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
+)
+_scalars = (
+    _numbers
+    | st.sampled_from(fuzz.HOSTILE_STRINGS)
+    | _hostile_text
+    | st.sampled_from([True, False, None])
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "mail-type", "k"]), inner, max_size=2)
+    ),
+    max_leaves=5,
+)
 
 
 @st.composite
@@ -63,7 +99,9 @@ def examples(draw) -> list[str]:
         section, name = draw(st.sampled_from(keys))
         op = draw(st.sampled_from(["set"] * 8 + ["unknown", "delete", "raw"]))
         if op == "unknown":
-            overrides.append(f"+{section}.{draw(st.sampled_from(fuzz.UNKNOWN_FIELDS))}={fuzz.render(draw(_values))}")
+            overrides.append(
+                f"+{section}.{draw(st.sampled_from(fuzz.UNKNOWN_FIELDS))}={fuzz.render(draw(_values))}"
+            )
         elif op == "delete":
             overrides.append(f"~{section}.{name}")
         elif op == "raw":  # unquoted text straight into the override grammar
@@ -77,13 +115,20 @@ def examples(draw) -> list[str]:
 
 
 @pytest.mark.slow
-@settings(max_examples=120, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(overrides=examples())
-def test_any_config_is_accepted_or_refused_with_config_error(hydra_ctx, overrides: list[str]) -> None:
+def test_any_config_is_accepted_or_refused_with_config_error(
+    hydra_ctx, overrides: list[str]
+) -> None:
     result = fuzz.check(overrides)
     assert result.outcome in ("accepted", "config_error", "hydra", "upstream"), (
-        f"{result.outcome} for overrides {overrides!r}:\n{result.detail}")
+        f"{result.outcome} for overrides {overrides!r}:\n{result.detail}"
+    )
     assert result.seconds <= fuzz.TIME_LIMIT_S
 
 
@@ -92,18 +137,30 @@ def test_fuzz_script_reports_the_figure(hydra_ctx, capsys: pytest.CaptureFixture
     counts = fuzz.run(40, seed=3)
     out = capsys.readouterr().out
     assert "40 configs tried" in out, out
-    unknown = counts["traceback"] + counts["slow"] - sum(v for k, v in counts.items() if k.startswith("known: "))
+    unknown = (
+        counts["traceback"]
+        + counts["slow"]
+        - sum(v for k, v in counts.items() if k.startswith("known: "))
+    )
     assert unknown == 0, out
 
 
 # --------------------------------------------------------------------------- what the fuzzer found
 
 
-@pytest.mark.parametrize("overrides", [
-    ["engine.distributed_timeout_minutes=inf"],
-    ["engine.distributed_timeout_minutes=1e308"],  # timedelta(minutes=1e308) overflows in dist_init
-    ["engine.tp_size=65536", "engine.dp_size=65536"],  # 2**32 ranks: c10d ranks are 32-bit (was accepted)
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["engine.distributed_timeout_minutes=inf"],
+        [
+            "engine.distributed_timeout_minutes=1e308"
+        ],  # timedelta(minutes=1e308) overflows in dist_init
+        [
+            "engine.tp_size=65536",
+            "engine.dp_size=65536",
+        ],  # 2**32 ranks: c10d ranks are 32-bit (was accepted)
+    ],
+)
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
 def test_values_refused_with_config_error(hydra_ctx, launcher: str, overrides: list[str]) -> None:
     result = fuzz.check([f"launcher={launcher}", "task=noop", *overrides])
@@ -113,7 +170,14 @@ def test_values_refused_with_config_error(hydra_ctx, launcher: str, overrides: l
 
 
 def test_a_finite_timeout_and_a_big_world_still_pass(hydra_ctx) -> None:
-    ok = fuzz.check(["launcher=local", "task=noop", "engine.distributed_timeout_minutes=0.1", "engine.dp_size=2"])
+    ok = fuzz.check(
+        [
+            "launcher=local",
+            "task=noop",
+            "engine.distributed_timeout_minutes=0.1",
+            "engine.dp_size=2",
+        ]
+    )
     assert ok.outcome == "accepted", ok
     ok = fuzz.check(["launcher=slurm", "task=noop", "engine.dp_size=65536", "engine.tp_size=32767"])
     assert ok.outcome == "accepted", ok  # just under the 2**31 - 1 cap
@@ -125,8 +189,16 @@ def test_unknown_launcher_field_is_a_config_error(hydra_ctx, launcher: str) -> N
     assert result.outcome == "config_error", result
 
 
-@pytest.mark.parametrize("overrides", [["task.mlp_ratio=inf"], ["task.mlp_ratio=nan"], ["task.mlp_ratio=1e308"],
-                                       ["task.mlp_ratio=-inf"], ["task.hidden=" + "1" + "0" * 400]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["task.mlp_ratio=inf"],
+        ["task.mlp_ratio=nan"],
+        ["task.mlp_ratio=1e308"],
+        ["task.mlp_ratio=-inf"],
+        ["task.hidden=" + "1" + "0" * 400],
+    ],
+)
 def test_demo_mlp_ratio_not_finite_is_a_config_error(hydra_ctx, overrides: list[str]) -> None:
     result = fuzz.check(["launcher=local", "task=demo", *overrides])
     assert result.outcome == "config_error", result
@@ -140,7 +212,9 @@ def test_slurm_folder_must_stay_inside_the_run_directory(hydra_ctx, folder: str)
 
 def test_render_reaches_validation_with_hostile_values(hydra_ctx) -> None:
     # the rendering keeps hostile strings intact: they arrive at validation, not at the parser
-    result = fuzz.check(["launcher=local", "task=noop", "engine.order=" + fuzz.render("tp-cp\n; $(id)\x00")])
+    result = fuzz.check(
+        ["launcher=local", "task=noop", "engine.order=" + fuzz.render("tp-cp\n; $(id)\x00")]
+    )
     assert result.outcome == "config_error" and "engine.order" in result.detail, result
     assert math.isnan(float("nan"))
 
@@ -153,4 +227,6 @@ def test_damaged_run_directories_never_crash_hang_or_escape() -> None:
     lines: list[str] = []
     counts = fuzz_rundirs.run(12, seed=11, report=lines.append)
     assert counts["files"] >= 12 and "files tried" in lines[-1]
-    assert (counts["crash"], counts["hang"], counts["escape"], counts["scancel"]) == (0, 0, 0, 0), "\n".join(lines)
+    assert (counts["crash"], counts["hang"], counts["escape"], counts["scancel"]) == (0, 0, 0, 0), (
+        "\n".join(lines)
+    )

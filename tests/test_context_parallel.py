@@ -99,12 +99,16 @@ def _broadcasts(rank: int, world: int) -> tuple[object, ...]:
         strided = full.transpose(0, 1).contiguous().transpose(0, 1)  # same values, non-contiguous
         shard = cp.broadcast_split_tensor(strided if is_src else None, 1, group)
         assert torch.equal(shard, full.chunk(n, 1)[r]) and shard.is_contiguous()
-        with pytest.raises(ValueError, match=f"sequence length 2 along seq_dim 0 is not divisible .* {n}"):
+        with pytest.raises(
+            ValueError, match=f"sequence length 2 along seq_dim 0 is not divisible .* {n}"
+        ):
             cp.broadcast_split_tensor(full if is_src else None, -3, group)
         if n == 3 and is_src:
             cp.broadcast(full, group)
         elif n == 3:  # a mismatched receive buffer fails after the collective, on that rank only
-            with pytest.raises(ValueError, match=r"is a \(1,\) torch.float32 tensor but the source sent"):
+            with pytest.raises(
+                ValueError, match=r"is a \(1,\) torch.float32 tensor but the source sent"
+            ):
                 cp.broadcast(torch.zeros(1), group)
         after = cp.broadcast_split_tensor(full if is_src else None, 1, group)  # group still usable
         assert torch.equal(after, full.chunk(n, 1)[r])
@@ -125,23 +129,23 @@ def test_broadcast_tensors_objects_and_split_with_receivers_passing_none() -> No
 _STEADY = [
     ((2, 8, 4), torch.float32, 1, None),
     ((2, 8, 4), torch.float32, 1, None),
-    ((2, 8, 4), torch.float32, 1, None),      # speculative hit
-    ((2, 8, 4), torch.float32, 2, None),      # hit, another seq_dim of the same shape
-    ((2, 16, 4), torch.float32, 1, None),     # miss: larger
+    ((2, 8, 4), torch.float32, 1, None),  # speculative hit
+    ((2, 8, 4), torch.float32, 2, None),  # hit, another seq_dim of the same shape
+    ((2, 16, 4), torch.float32, 1, None),  # miss: larger
     ((2, 16, 4), torch.float32, 1, None),
-    ((2, 16, 4), torch.bfloat16, 1, None),    # miss: dtype
+    ((2, 16, 4), torch.bfloat16, 1, None),  # miss: dtype
     ((2, 16, 4), torch.bfloat16, 1, None),
-    ((1, 4, 4), torch.bfloat16, 1, None),     # miss: smaller
+    ((1, 4, 4), torch.bfloat16, 1, None),  # miss: smaller
     ((3, 8), torch.float32, 1, None),
     ((3, 8), torch.float32, 1, None),
-    ((3, 8), torch.float32, 0, ValueError),   # hit, but 3 rows cannot be split
+    ((3, 8), torch.float32, 0, ValueError),  # hit, but 3 rows cannot be split
     ((3, 8), torch.float32, 1, None),
     ((3, 8), torch.float32, 1, None),
-    ("not a tensor", None, 1, TypeError),     # miss while speculating
+    ("not a tensor", None, 1, TypeError),  # miss while speculating
     ((3, 8), torch.float32, 1, None),
     ((3, 8), torch.float32, -1, None),
-    ((3, 8), torch.float32, 1, None),         # hit
-    ((3, 8), torch.float32, 5, ValueError),   # seq_dim out of range while speculating
+    ((3, 8), torch.float32, 1, None),  # hit
+    ((3, 8), torch.float32, 5, ValueError),  # seq_dim out of range while speculating
     ((3, 8), torch.float32, 1, None),
     ((3, 8), torch.float32, 1, None),
     ((3, 8), torch.float32, "1", TypeError),  # seq_dim not an int while speculating
@@ -191,7 +195,9 @@ def _state_reset(rank: int, world: int) -> int:
     groups.destroy_model_parallel()
     remembered = len(cp._last_headers())
     groups.initialize_model_parallel(cp_size=world)
-    shard = cp.broadcast_split_tensor(_full((2, 4)) if rank == 0 else None, 1, groups.get_cp_group())
+    shard = cp.broadcast_split_tensor(
+        _full((2, 4)) if rank == 0 else None, 1, groups.get_cp_group()
+    )
     assert torch.equal(shard, _full((2, 4)).chunk(world, 1)[rank])
     groups.destroy_model_parallel()
     return remembered
@@ -234,19 +240,29 @@ def test_none_group_is_identity() -> None:
 
 # ---------------------------------------------------------------- find_split
 
-@pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "expected", "cp_t"), [
-    ((1, 16, 8, 32, 32), 1, (1, 2, 2), 1, (8, 32, 32), 1),
-    ((1, 16, 8, 32, 32), 2, (1, 2, 2), 1, (4, 32, 32), 2),
-    ((1, 16, 8, 32, 32), 8, (1, 2, 2), 1, (1, 32, 32), 8),
-    ((1, 16, 3, 32, 32), 4, (1, 2, 2), 1, (3, 8, 32), 1),        # all of cp goes to H
-    ((2, 16, 6, 32, 32), 4, (1, 2, 2), 1, (3, 16, 32), 2),       # split between T and H
-    ((1, 16, 8, 32, 32), 4, (1, 2, 2), 2, (1, 32, 32), 4),       # view_factor first
-    ((1, 16, 8, 16, 16), 8, (2, 2, 2), 1, (2, 8, 16), 4),        # temporal patch 2
-    (torch.tensor([1, 16, 4, 8, 8]), 2, (1, 2, 2), 1, (2, 8, 8), 2),
-    (torch.Size([1, 16, 5, 24, 40]), 6, (1, 2, 2), 1, (5, 4, 40), 1),
-])
-def test_find_split(shape: object, cp_size: int, patch: tuple[int, ...], view: int,
-                    expected: tuple[int, ...], cp_t: int) -> None:
+
+@pytest.mark.parametrize(
+    ("shape", "cp_size", "patch", "view", "expected", "cp_t"),
+    [
+        ((1, 16, 8, 32, 32), 1, (1, 2, 2), 1, (8, 32, 32), 1),
+        ((1, 16, 8, 32, 32), 2, (1, 2, 2), 1, (4, 32, 32), 2),
+        ((1, 16, 8, 32, 32), 8, (1, 2, 2), 1, (1, 32, 32), 8),
+        ((1, 16, 3, 32, 32), 4, (1, 2, 2), 1, (3, 8, 32), 1),  # all of cp goes to H
+        ((2, 16, 6, 32, 32), 4, (1, 2, 2), 1, (3, 16, 32), 2),  # split between T and H
+        ((1, 16, 8, 32, 32), 4, (1, 2, 2), 2, (1, 32, 32), 4),  # view_factor first
+        ((1, 16, 8, 16, 16), 8, (2, 2, 2), 1, (2, 8, 16), 4),  # temporal patch 2
+        (torch.tensor([1, 16, 4, 8, 8]), 2, (1, 2, 2), 1, (2, 8, 8), 2),
+        (torch.Size([1, 16, 5, 24, 40]), 6, (1, 2, 2), 1, (5, 4, 40), 1),
+    ],
+)
+def test_find_split(
+    shape: object,
+    cp_size: int,
+    patch: tuple[int, ...],
+    view: int,
+    expected: tuple[int, ...],
+    cp_t: int,
+) -> None:
     got = cp.find_split(shape, cp_size, patch, view)
     assert isinstance(got, torch.Size) and got == torch.Size(expected)
     assert groups.get_cp_size_t() == cp_t
@@ -254,16 +270,24 @@ def test_find_split(shape: object, cp_size: int, patch: tuple[int, ...], view: i
     assert got.numel() * cp_size * view == dims[2] * dims[3] * dims[4]
 
 
-@pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "expected", "cp_t"), [
-    ((1, 16, 8, 32, 32), 1, (1, 2, 2), 1, (8, 32, 32), 1),
-    ((1, 16, 3, 32, 32), 4, (1, 2, 2), 1, (3, 8, 32), 1),
-    ((2, 16, 6, 32, 32), 4, (1, 2, 2), 1, (3, 16, 32), 2),
-    ((1, 16, 8, 32, 32), 4, (1, 2, 2), 2, (1, 32, 32), 4),
-    (torch.Size([1, 16, 5, 24, 40]), 6, (1, 2, 2), 1, (5, 4, 40), 1),
-])
-def test_find_split_plan_returns_the_split_and_records_nothing(shape: object, cp_size: int,
-                                                               patch: tuple[int, ...], view: int,
-                                                               expected: tuple[int, ...], cp_t: int) -> None:
+@pytest.mark.parametrize(
+    ("shape", "cp_size", "patch", "view", "expected", "cp_t"),
+    [
+        ((1, 16, 8, 32, 32), 1, (1, 2, 2), 1, (8, 32, 32), 1),
+        ((1, 16, 3, 32, 32), 4, (1, 2, 2), 1, (3, 8, 32), 1),
+        ((2, 16, 6, 32, 32), 4, (1, 2, 2), 1, (3, 16, 32), 2),
+        ((1, 16, 8, 32, 32), 4, (1, 2, 2), 2, (1, 32, 32), 4),
+        (torch.Size([1, 16, 5, 24, 40]), 6, (1, 2, 2), 1, (5, 4, 40), 1),
+    ],
+)
+def test_find_split_plan_returns_the_split_and_records_nothing(
+    shape: object,
+    cp_size: int,
+    patch: tuple[int, ...],
+    view: int,
+    expected: tuple[int, ...],
+    cp_t: int,
+) -> None:
     groups.destroy_model_parallel()
     plan = cp.find_split_plan(shape, cp_size, patch, view)
     assert isinstance(plan, cp.CPSplit)
@@ -279,21 +303,37 @@ def test_find_split_plan_returns_the_split_and_records_nothing(shape: object, cp
     assert groups.get_cp_size_t() == cp_size_t
 
 
-@pytest.mark.parametrize(("shape", "cp_size", "patch", "view", "match"), [
-    ((1, 16, 8, 32), 2, (1, 2, 2), 1, r"5 sizes \(B, C, T, H, W\)"),
-    ((1, 16, 8, 32, 32), 0, (1, 2, 2), 1, r"cp_size must be an integer >= 1, got 0"),
-    ((1, 16, 8, 32, 32), 2, (1, 2, 2), 0, r"view_factor must be an integer >= 1, got 0"),
-    ((1, 16, 9, 32, 32), 2, (1, 2, 2), 2, r"T=9 is not divisible by view_factor=2"),
-    ((1, 16, 8, 33, 32), 2, (1, 2, 2), 1, r"H=33 is not a multiple of its patch size 2"),
-    ((1, 16, 8, 32, 31), 2, (1, 2, 2), 1, r"W=31 is not a multiple of its patch size 2"),
-    ((1, 16, 5, 32, 32), 2, (2, 2, 2), 1, r"T \(per view\)=5 is not a multiple of its patch size 2"),
-    ((1, 16, 1, 2, 32), 2, (1, 2, 2), 1, r"cp_size=2 cannot be absorbed .* 2 left over"),
-    ((1, 16, 3, 6, 32), 4, (1, 2, 2), 1, r"cp_size=4 cannot be absorbed .* 4 left over"),
-    ((1, 16, 8, 32, 32), 2, (1, 2), 1, r"patch_values must be 3 patch sizes"),
-    ((1, 16, 0, 32, 32), 2, (1, 2, 2), 1, r"shape_tensor\[2\] \(T\) must be an integer >= 1, got 0"),
-])
-def test_find_split_errors_reset_cp_size_t(shape: tuple[int, ...], cp_size: int, patch: tuple[int, ...],
-                                           view: int, match: str) -> None:
+@pytest.mark.parametrize(
+    ("shape", "cp_size", "patch", "view", "match"),
+    [
+        ((1, 16, 8, 32), 2, (1, 2, 2), 1, r"5 sizes \(B, C, T, H, W\)"),
+        ((1, 16, 8, 32, 32), 0, (1, 2, 2), 1, r"cp_size must be an integer >= 1, got 0"),
+        ((1, 16, 8, 32, 32), 2, (1, 2, 2), 0, r"view_factor must be an integer >= 1, got 0"),
+        ((1, 16, 9, 32, 32), 2, (1, 2, 2), 2, r"T=9 is not divisible by view_factor=2"),
+        ((1, 16, 8, 33, 32), 2, (1, 2, 2), 1, r"H=33 is not a multiple of its patch size 2"),
+        ((1, 16, 8, 32, 31), 2, (1, 2, 2), 1, r"W=31 is not a multiple of its patch size 2"),
+        (
+            (1, 16, 5, 32, 32),
+            2,
+            (2, 2, 2),
+            1,
+            r"T \(per view\)=5 is not a multiple of its patch size 2",
+        ),
+        ((1, 16, 1, 2, 32), 2, (1, 2, 2), 1, r"cp_size=2 cannot be absorbed .* 2 left over"),
+        ((1, 16, 3, 6, 32), 4, (1, 2, 2), 1, r"cp_size=4 cannot be absorbed .* 4 left over"),
+        ((1, 16, 8, 32, 32), 2, (1, 2), 1, r"patch_values must be 3 patch sizes"),
+        (
+            (1, 16, 0, 32, 32),
+            2,
+            (1, 2, 2),
+            1,
+            r"shape_tensor\[2\] \(T\) must be an integer >= 1, got 0",
+        ),
+    ],
+)
+def test_find_split_errors_reset_cp_size_t(
+    shape: tuple[int, ...], cp_size: int, patch: tuple[int, ...], view: int, match: str
+) -> None:
     cp.find_split((1, 16, 8, 32, 32), 2)
     assert groups.get_cp_size_t() == 2
     with pytest.raises(ValueError, match=match):

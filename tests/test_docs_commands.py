@@ -43,7 +43,9 @@ from cli_helpers import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-_COMMAND = re.compile(r"^(\$ )?((python3? -m (wf_launch\S*|venv)|wf-launch\S*|bash scripts/\S+|scripts/\S+)(\s.*)?)$")
+_COMMAND = re.compile(
+    r"^(\$ )?((python3? -m (wf_launch\S*|venv)|wf-launch\S*|bash scripts/\S+|scripts/\S+)(\s.*)?)$"
+)
 _LAUNCH = re.compile(r"rank\(s\): tp=(\d+) cp=(\d+) pp=(\d+) dp=(\d+)")
 
 
@@ -81,8 +83,16 @@ def shown_commands() -> list[Shown]:
         for start, lines, info in _blocks(doc):
             if info and info not in ("bash", "sh", "console", "shell", "text"):
                 continue
-            if found and found[-1].doc == str(doc.relative_to(REPO)) and not any(map(_COMMAND.match, lines)):
-                found[-1].after += lines  # a block of output only: perhaps what the command before it prints
+            if (
+                found
+                and found[-1].doc == str(doc.relative_to(REPO))
+                and not any(map(_COMMAND.match, lines))
+            ):
+                found[
+                    -1
+                ].after += (
+                    lines  # a block of output only: perhaps what the command before it prints
+                )
                 continue
             i = 0
             while i < len(lines):
@@ -101,14 +111,25 @@ def shown_commands() -> list[Shown]:
                     while j < len(lines) and not lines[j].startswith("$ "):
                         output.append(lines[j])
                         j += 1
-                found.append(Shown(str(doc.relative_to(REPO)), start + first, command.strip(), comment.strip(), output))
+                found.append(
+                    Shown(
+                        str(doc.relative_to(REPO)),
+                        start + first,
+                        command.strip(),
+                        comment.strip(),
+                        output,
+                    )
+                )
                 i += 1
     return found
 
 
 def _slurm_reachable() -> bool:
-    return shutil.which("sinfo") is not None and subprocess.run(
-        ["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0 and bool(os.environ.get("SLURM_CONF"))
+    return (
+        shutil.which("sinfo") is not None
+        and subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+        and bool(os.environ.get("SLURM_CONF"))
+    )
 
 
 def skip_reason(shown: Shown) -> str | None:
@@ -116,12 +137,20 @@ def skip_reason(shown: Shown) -> str | None:
     words = shown.text.split()
     if "venv" in words or "pytest" in shown.text:
         return "sets up a venv and runs the whole suite (what .ci/run does)"
-    needs_slurm = ("launcher=slurm" in words or "--backend slurm" in shown.text or "slurm_cluster.sh" in shown.text
-                   or {"--wait", "--cancel"} & set(words) or {"run1", "run2"} & set(words))
+    needs_slurm = (
+        "launcher=slurm" in words
+        or "--backend slurm" in shown.text
+        or "slurm_cluster.sh" in shown.text
+        or {"--wait", "--cancel"} & set(words)
+        or {"run1", "run2"} & set(words)
+    )
     if needs_slurm and not _slurm_reachable():
         return "needs a SLURM cluster (none answers sinfo here)"
-    if (any(w.startswith("launcher.address=") and w != "launcher.address=null" for w in words)
-            or "--backend ray" in shown.text or "ray_cluster.sh" in shown.text):
+    if (
+        any(w.startswith("launcher.address=") and w != "launcher.address=null" for w in words)
+        or "--backend ray" in shown.text
+        or "ray_cluster.sh" in shown.text
+    ):
         return "names a Ray cluster (tests/test_ray_*.py run this path on scripts/ray_cluster.sh's cluster)"
     if words[:3] == ["python", "-m", "wf_launch.tune"] and "--resume" in words:
         return "continues the docs' example tune directory"
@@ -161,7 +190,12 @@ def _argv(shown: Shown, scratch: Path, index: int, places: dict[str, str]) -> li
     if args[0].startswith("scripts/"):
         return [str(REPO / args[0]), *args[1:]]
     if args[0] == "wf-launch" or args[0].startswith("wf-launch-"):
-        args = ["python", "-m", "wf_launch" + args[0][len("wf-launch"):].replace("-", "."), *args[1:]]
+        args = [
+            "python",
+            "-m",
+            "wf_launch" + args[0][len("wf-launch") :].replace("-", "."),
+            *args[1:],
+        ]
     module, rest = args[2], args[3:]
     if module == "wf_launch" and not ({"--help", "-h", "--cfg", "--info"} & set(rest)):
         sweep = "-m" in rest or "--multirun" in rest
@@ -220,14 +254,24 @@ def _write_examples(scratch: Path) -> None:
                         (scratch / "examples" / parent / "__init__.py").touch()
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300,
-         interrupt: bool = False) -> subprocess.CompletedProcess:
+def _run(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300, interrupt: bool = False
+) -> subprocess.CompletedProcess:
     """Run ``argv``; ``interrupt``: press Ctrl-C (SIGINT to its process group) once its ranks report progress."""
     if not interrupt:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+        )
     run_dir = Path(next(a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout
     while not (run_dir / "logs" / "rank0.progress.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -238,18 +282,69 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300,
 
 def _fixtures(scratch: Path, env: dict[str, str]) -> tuple[dict[str, str], subprocess.Popen]:
     """RUN_DIR (a run with metrics), SWEEP_DIR (a sweep of two such runs), and a run still going for ``--stacks``."""
-    chatty = [sys.executable, "-m", "wf_launch", "task=chatty", "task.modules=[wf_identity_tasks]", "task.say_every=100"]
-    places = {"RUN_DIR": str(scratch / "fixture_run"), "SWEEP_DIR": str(scratch / "fixture_sweep"),
-              "LIVE_RUN_DIR": str(scratch / "fixture_live"), "CKPT_RUN_DIR": str(scratch / "fixture_ckpt"),
-              "task.path=tests/scripts/helpers_train.py": f"task.path={REPO / 'tests/scripts/helpers_train.py'}"}
-    live = subprocess.Popen([*chatty, "task.steps=100000", "task.step_sleep_s=0.2", f"hydra.run.dir={places['LIVE_RUN_DIR']}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=scratch,
-                            start_new_session=True)
-    made = [_run([*chatty, "task.steps=5", "task.step_sleep_s=0", f"hydra.run.dir={places['RUN_DIR']}"], scratch, env),
-            _run([chatty[0], "-m", "wf_launch", "-m", *chatty[3:], "task.steps=5", "task.step_sleep_s=0",
-                  "engine.dp_size=1,2", f"hydra.sweep.dir={places['SWEEP_DIR']}"], scratch, env),
-            _run([chatty[0], "-m", "wf_launch", "task=train", "task.steps=2", "engine.dp_size=2",
-                  f"hydra.run.dir={places['CKPT_RUN_DIR']}"], scratch, env)]
+    chatty = [
+        sys.executable,
+        "-m",
+        "wf_launch",
+        "task=chatty",
+        "task.modules=[wf_identity_tasks]",
+        "task.say_every=100",
+    ]
+    places = {
+        "RUN_DIR": str(scratch / "fixture_run"),
+        "SWEEP_DIR": str(scratch / "fixture_sweep"),
+        "LIVE_RUN_DIR": str(scratch / "fixture_live"),
+        "CKPT_RUN_DIR": str(scratch / "fixture_ckpt"),
+        "task.path=tests/scripts/helpers_train.py": f"task.path={REPO / 'tests/scripts/helpers_train.py'}",
+    }
+    live = subprocess.Popen(
+        [
+            *chatty,
+            "task.steps=100000",
+            "task.step_sleep_s=0.2",
+            f"hydra.run.dir={places['LIVE_RUN_DIR']}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=scratch,
+        start_new_session=True,
+    )
+    made = [
+        _run(
+            [*chatty, "task.steps=5", "task.step_sleep_s=0", f"hydra.run.dir={places['RUN_DIR']}"],
+            scratch,
+            env,
+        ),
+        _run(
+            [
+                chatty[0],
+                "-m",
+                "wf_launch",
+                "-m",
+                *chatty[3:],
+                "task.steps=5",
+                "task.step_sleep_s=0",
+                "engine.dp_size=1,2",
+                f"hydra.sweep.dir={places['SWEEP_DIR']}",
+            ],
+            scratch,
+            env,
+        ),
+        _run(
+            [
+                chatty[0],
+                "-m",
+                "wf_launch",
+                "task=train",
+                "task.steps=2",
+                "engine.dp_size=2",
+                f"hydra.run.dir={places['CKPT_RUN_DIR']}",
+            ],
+            scratch,
+            env,
+        ),
+    ]
     assert all(p.returncode == 0 for p in made), [p.stderr[-2000:] for p in made]
     return places, live
 
@@ -267,7 +362,9 @@ def _places_for(shown: Shown, places: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # about 2 minutes on a quiet 2-core machine; several times that on a shared one
+@pytest.mark.timeout(
+    900
+)  # about 2 minutes on a quiet 2-core machine; several times that on a shared one
 def test_every_command_in_the_docs_runs(tmp_path: Path) -> None:
     _write_examples(tmp_path)
     _write_user_code(tmp_path)
@@ -291,8 +388,10 @@ def test_every_command_in_the_docs_runs(tmp_path: Path) -> None:
             expected = _expected_code(shown)
             proc = _run(argv, tmp_path, env, interrupt=expected == 130)
             if proc.returncode != expected:
-                failures.append(f"{shown.doc}:{shown.line}: {shown.text}\n  exit {proc.returncode}, expected "
-                                f"{expected}\n  {proc.stderr.strip()[-1500:]}")
+                failures.append(
+                    f"{shown.doc}:{shown.line}: {shown.text}\n  exit {proc.returncode}, expected "
+                    f"{expected}\n  {proc.stderr.strip()[-1500:]}"
+                )
     finally:
         os.killpg(live.pid, signal.SIGTERM)
         live.wait(timeout=120)
@@ -313,11 +412,15 @@ def test_sample_outputs_match_the_commands_they_follow() -> None:
             launched = _LAUNCH.search(line)
             sweep = re.search(r"wf_launch\s+(-m|--multirun)\s", shown.text + " ")
             if launched and not sweep and tuple(map(int, launched.groups())) != _engine(shown.text):
-                wrong.append(f"{shown.doc}:{shown.line}: `{shown.text}` but the sample launches {line.strip()}")
+                wrong.append(
+                    f"{shown.doc}:{shown.line}: `{shown.text}` but the sample launches {line.strip()}"
+                )
             drilled = re.search(r"drill: interrupted run in .*: (.*)$", line)
             asked = re.search(r"--inject (\S+)", shown.text)
             if drilled and asked and drilled.group(1).replace(" ", "") != asked.group(1):
-                wrong.append(f"{shown.doc}:{shown.line}: `{shown.text}` but the sample injects {drilled.group(1)}")
+                wrong.append(
+                    f"{shown.doc}:{shown.line}: `{shown.text}` but the sample injects {drilled.group(1)}"
+                )
         wrong += _drill_sample(shown)
     assert wrong == [], "\n".join(wrong)
 
@@ -325,18 +428,31 @@ def test_sample_outputs_match_the_commands_they_follow() -> None:
 def _drill_sample(shown: Shown) -> list[str]:
     """A drill's verdict shows each injection at (or just after) the step asked, and no step past the task's last."""
     asked = re.search(r"--inject (\S+)", shown.text)
-    injected = [(m.group(1), int(m.group(2))) for line in shown.output
-                if (m := re.match(r"\s+(kill9|sigterm|usr2) at step (\d+)", line))]
+    injected = [
+        (m.group(1), int(m.group(2)))
+        for line in shown.output
+        if (m := re.match(r"\s+(kill9|sigterm|usr2) at step (\d+)", line))
+    ]
     if not asked or not injected:
         return []
-    wanted = [(item.split("@")[0].split(":")[0], int(item.split("@")[1])) for item in asked.group(1).split(",")]
+    wanted = [
+        (item.split("@")[0].split(":")[0], int(item.split("@")[1]))
+        for item in asked.group(1).split(",")
+    ]
     where = f"{shown.doc}:{shown.line}: `{shown.text}`"
     wrong = []
     if [k for k, _ in injected] != [k for k, _ in wanted] or any(
-            not want <= got <= want + 2 for (_, got), (_, want) in zip(injected, wanted)):
+        not want <= got <= want + 2 for (_, got), (_, want) in zip(injected, wanted)
+    ):
         wrong.append(f"{where} but the sample injects {injected}")
-    steps = int(re.search(r"task\.steps=(\d+)", shown.text).group(1)) if "task.steps=" in shown.text else 10
-    reached = [int(m.group(1)) for line in shown.output if (m := re.search(r"reached step (\d+)", line))]
+    steps = (
+        int(re.search(r"task\.steps=(\d+)", shown.text).group(1))
+        if "task.steps=" in shown.text
+        else 10
+    )
+    reached = [
+        int(m.group(1)) for line in shown.output if (m := re.search(r"reached step (\d+)", line))
+    ]
     if any(r > steps for r in reached):
         wrong.append(f"{where} runs {steps} steps but the sample reaches step {max(reached)}")
     return wrong

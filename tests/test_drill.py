@@ -14,24 +14,40 @@ from cli_helpers import cli_env
 from wf_launch.rundir.claim import RunDirInUse, claim
 
 
-def _drill(args: list[str], directory: Path, timeout: float = 600,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "wf_launch.drill", *args, "--dir", str(directory)],
-                          capture_output=True, text=True, timeout=timeout, env=env or cli_env(),
-                          cwd=directory.parent)
+def _drill(
+    args: list[str], directory: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch.drill", *args, "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or cli_env(),
+        cwd=directory.parent,
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--inject", "kill9@x"], "--inject 'kill9@x': expected KIND@STEP"),
-    (["--inject", "usr2@5"], "'usr2' is not an interruption of the local backend; choose from ['kill9', 'sigterm']"),
-    (["--backend", "slurm", "--inject", "kill9@5"], "'kill9' is not an interruption of the slurm backend"),
-    (["--inject", "kill9@8,sigterm@4"], "steps must be distinct and increasing, got [8, 4]"),
-    (["--random", "0"], "--random 0: expected an integer >= 1"),
-    (["hydra.run.dir=/tmp/x"], "the drill sets hydra.run.dir itself"),
-    (["launcher.resume=true"], "the drill sets launcher.resume itself"),
-])
-def test_bad_drill_arguments_are_refused_before_anything_runs(tmp_path: Path, args: list[str],
-                                                              message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--inject", "kill9@x"], "--inject 'kill9@x': expected KIND@STEP"),
+        (
+            ["--inject", "usr2@5"],
+            "'usr2' is not an interruption of the local backend; choose from ['kill9', 'sigterm']",
+        ),
+        (
+            ["--backend", "slurm", "--inject", "kill9@5"],
+            "'kill9' is not an interruption of the slurm backend",
+        ),
+        (["--inject", "kill9@8,sigterm@4"], "steps must be distinct and increasing, got [8, 4]"),
+        (["--random", "0"], "--random 0: expected an integer >= 1"),
+        (["hydra.run.dir=/tmp/x"], "the drill sets hydra.run.dir itself"),
+        (["launcher.resume=true"], "the drill sets launcher.resume itself"),
+    ],
+)
+def test_bad_drill_arguments_are_refused_before_anything_runs(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     proc = _drill(args, tmp_path / "drill", timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr, proc.stderr
@@ -45,7 +61,10 @@ def test_resume_continues_an_interrupted_run_and_refuses_a_completed_one(tmp_pat
     (run / "result.json").write_text('{"status": "interrupted", "exit_code": 143}')
     claim(run, resume=True).release()
     assert not (run / "result.json").exists()  # the last record moved into logs/, the rest stays
-    assert json.loads((run / "logs" / "result.before-attempt1.json").read_text())["status"] == "interrupted"
+    assert (
+        json.loads((run / "logs" / "result.before-attempt1.json").read_text())["status"]
+        == "interrupted"
+    )
     assert (run / "logs" / "attempt0.json").exists()
     (run / "result.json").write_text('{"status": "ok", "exit_code": 0}')
     with pytest.raises(RunDirInUse, match="completed .status 'ok'.; nothing to resume"):
@@ -55,16 +74,31 @@ def test_resume_continues_an_interrupted_run_and_refuses_a_completed_one(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [["engine.cp_size=2", "engine.dp_size=2"], ["engine.pp_size=2", "engine.dp_size=2"]],
-                         ids=["cp2xdp2", "pp2xdp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [["engine.cp_size=2", "engine.dp_size=2"], ["engine.pp_size=2", "engine.dp_size=2"]],
+    ids=["cp2xdp2", "pp2xdp2"],
+)
 def test_local_drill_kill9_then_sigterm_ends_identical(tmp_path: Path, layout: list[str]) -> None:
     directory = tmp_path / "drill"
-    proc = _drill(["task=train", *layout, "task.steps=28", "task.checkpoint_every=4", "--inject",
-                   "kill9@6,sigterm@10"], directory)
+    proc = _drill(
+        [
+            "task=train",
+            *layout,
+            "task.steps=28",
+            "task.checkpoint_every=4",
+            "--inject",
+            "kill9@6,sigterm@10",
+        ],
+        directory,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "drill verdict: IDENTICAL" in proc.stdout
     summary = json.loads((directory / "drill.json").read_text())
-    assert summary["identical"] and summary["reference"]["weights_sha256"] == summary["interrupted"]["weights_sha256"]
+    assert (
+        summary["identical"]
+        and summary["reference"]["weights_sha256"] == summary["interrupted"]["weights_sha256"]
+    )
     first, restarted, resumed = summary["attempts"]
     assert first["cause"] == "launch" and first["ended_by"] == "rank 3 killed by SIGKILL"
     # A kill -9 loses the steps since the last checkpoint: at most checkpoint_every.
@@ -75,8 +109,13 @@ def test_local_drill_kill9_then_sigterm_ends_identical(tmp_path: Path, layout: l
     assert resumed["resumed_from"] == restarted["last_step"] and resumed["last_step"] == 28
     record = json.loads((directory / "interrupted" / "result.json").read_text())
     assert record["status"] == "ok" and record["attempts"] == summary["attempts"]
-    status = subprocess.run([sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
-                            capture_output=True, text=True, timeout=60, env=cli_env())
+    status = subprocess.run(
+        [sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(),
+    )
     assert status.returncode == 0, status.stderr
     assert "local run ended -> ok (exit 0)" in status.stdout
     assert "attempt 2: stop flag: SIGTERM; resumed from step" in status.stdout

@@ -58,9 +58,13 @@ def test_ema_errors_are_clear() -> None:
     updater = DTensorFastEmaModelUpdater()
     with pytest.raises(ValueError, match="src has 4 parameters but tgt has 2"):
         updater.copy_to(_net(0), nn.Linear(8, 6))
-    with pytest.raises(ValueError, match=r"src '0.weight' has local shape \(6, 8\) but tgt '0.weight' has"):
+    with pytest.raises(
+        ValueError, match=r"src '0.weight' has local shape \(6, 8\) but tgt '0.weight' has"
+    ):
         updater.update_average(_net(0), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(6, 4)))
-    with pytest.raises(TypeError, match=r"target '0.weight' is torch.bfloat16; EMA weights must be"):
+    with pytest.raises(
+        TypeError, match=r"target '0.weight' is torch.bfloat16; EMA weights must be"
+    ):
         updater.update_average(_net(0), _net(1, torch.bfloat16))
     with pytest.raises(ValueError, match=r"beta=1.5 must be a number in \[0, 1\]"):
         updater.update_average(_net(0), _net(1), beta=1.5)
@@ -111,15 +115,19 @@ def _dtensor_ema(rank: int, world: int) -> dict:
                 get_local_tensor_if_dtensor(p).add_(0.1 * (step + 1) * (i + 1))
             updater.update_average(model, ema, beta=beta)
             _reference_ema(reference, [p.full_tensor() for p in model.parameters()], beta)
-    out["ema_close"] = all(torch.allclose(p.full_tensor(), want, rtol=1e-6, atol=1e-6)
-                           for p, want in zip(ema.parameters(), reference))
+    out["ema_close"] = all(
+        torch.allclose(p.full_tensor(), want, rtol=1e-6, atol=1e-6)
+        for p, want in zip(ema.parameters(), reference)
+    )
     out["local_is_shard"] = get_local_tensor_if_dtensor(ema[0].weight).shape == (3, 8)
 
     saved = [p.full_tensor() for p in ema.parameters()]
     updater.cache(ema.parameters())
     updater.copy_to(model, ema)
-    out["copied"] = all(torch.equal(a.full_tensor(), b.full_tensor())
-                        for a, b in zip(ema.parameters(), model.parameters()))
+    out["copied"] = all(
+        torch.equal(a.full_tensor(), b.full_tensor())
+        for a, b in zip(ema.parameters(), model.parameters())
+    )
     updater.restore(ema.parameters())
     out["restored"] = all(torch.equal(p.full_tensor(), s) for p, s in zip(ema.parameters(), saved))
     # a plain model as EMA source for a sharded EMA target does not pair shard-for-shard
@@ -156,7 +164,10 @@ def _broadcast(rank: int, world: int) -> dict:
     weight = DTensor.from_local(local, mesh, [Replicate(), Shard(0)], run_check=False)
     model = _Holder(weight, torch.tensor([rank * 10]))
     broadcast_dtensor_model_states(model, mesh)
-    out = {"weight": get_local_tensor_if_dtensor(model.weight).tolist(), "count": model.count.tolist()}
+    out = {
+        "weight": get_local_tensor_if_dtensor(model.weight).tolist(),
+        "count": model.count.tolist(),
+    }
     try:
         broadcast_dtensor_model_states(model, init_device_mesh("cpu", (4,), mesh_dim_names=("dp",)))
     except ValueError as e:

@@ -99,11 +99,14 @@ def _wrap(rank: int, world: int, shard_root: bool) -> dict:
         "embed_is_dtensor": isinstance(model.model.embed_tokens.weight, DTensor),
         "layer_param_is_dtensor": isinstance(model.model.layers[1].attn.weight, DTensor),
         "layer_local_rows": get_rows(model.model.layers[1].attn.weight),
-        "scale_plain": type(model.model.scale) is nn.Parameter and not isinstance(model.model.scale, DTensor),
+        "scale_plain": type(model.model.scale) is nn.Parameter
+        and not isinstance(model.model.scale, DTensor),
         "scale_device": model.model.scale.device.type,
         "is_fsdp2": is_fsdp2_model(model),
         "loss_matches": abs(loss.item() - ref_loss.item()) < 1e-5,
-        "grad_matches": torch.allclose(full_grad, reference.model.layers[0].attn.weight.grad, atol=1e-6),
+        "grad_matches": torch.allclose(
+            full_grad, reference.model.layers[0].attn.weight.grad, atol=1e-6
+        ),
         "plan_error": plan_error,
         "again": again,
     }
@@ -123,7 +126,9 @@ def test_fsdp2_wrap_shards_decoder_layers_on_gloo_cpu(shard_root: bool) -> None:
         assert res["root_sharded"] is shard_root
         assert res["embed_is_dtensor"] is shard_root
         assert res["layer_param_is_dtensor"] and res["layer_local_rows"] == DIM // 2
-        assert res["scale_plain"] and res["scale_device"] == "cpu"  # the off-dtype param stays whole
+        assert (
+            res["scale_plain"] and res["scale_device"] == "cpu"
+        )  # the off-dtype param stays whole
         assert res["is_fsdp2"]
         assert res["loss_matches"] and res["grad_matches"]
         assert "records no plan, but it is FSDP2-sharded" in res["plan_error"]

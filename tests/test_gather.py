@@ -52,7 +52,10 @@ def test_gather_bytes_to_dst_only_in_chunks() -> None:
             assert res["pickled"] == [bytearray(pickle.dumps(_Exploding()))] * 4
     assert results[3]["pair"] == [bytearray(b"x"), bytearray(b"xxx")]
     assert results[1]["pair"] is None
-    assert "rank 1 passed dst=2, which is not a rank of the group; allowed: [1, 3]" in results[1]["dst_outside"]
+    assert (
+        "rank 1 passed dst=2, which is not a rank of the group; allowed: [1, 3]"
+        in results[1]["dst_outside"]
+    )
 
 
 def test_gather_bytes_single_process_and_bad_input() -> None:
@@ -72,11 +75,17 @@ class _NotATensor:
 
 def _state_dicts(rank: int, world: int) -> dict:
     out: dict = {}
-    state = {"w": torch.full((2, 3), float(rank)), "step": torch.tensor(rank), "meta": {"name": f"r{rank}"}}
+    state = {
+        "w": torch.full((2, 3), float(rank)),
+        "step": torch.tensor(rank),
+        "meta": {"name": f"r{rank}"},
+    }
     got = gather_state_dicts(state, dst=2)
     # tensors do not cross the harness's queue once a rank has exited: send lists back
-    out["dicts"] = [{"w": d["w"].tolist(), "step": int(d["step"]), "meta": d["meta"],
-                     "cpu": d["w"].device.type} for d in got]
+    out["dicts"] = [
+        {"w": d["w"].tolist(), "step": int(d["step"]), "meta": d["meta"], "cpu": d["w"].device.type}
+        for d in got
+    ]
     bad = {"w": torch.zeros(1), "obj": _NotATensor(rank)}
     it = gather_state_dicts(bad, dst=0)  # every rank joins; only dst loads
     try:
@@ -100,12 +109,16 @@ def test_gather_state_dicts_weights_only() -> None:
         assert d == {"w": [[float(r)] * 3] * 2, "step": r, "meta": {"name": f"r{r}"}, "cpu": "cpu"}
     assert results[0]["dicts"] == [] and results[1]["dicts"] == []
     # a non-tensor object is refused by weights_only on dst, naming the rank
-    assert results[0]["bad"].startswith("UnpicklingError: gather_state_dicts: rank 0's state does not load")
+    assert results[0]["bad"].startswith(
+        "UnpicklingError: gather_state_dicts: rank 0's state does not load"
+    )
     assert "weights_only" in results[0]["bad"]
     assert results[1]["bad"] == [] and results[2]["bad"] == []
     # a state that does not serialize on one rank fails every rank instead of hanging
     for r in range(3):
-        assert "gather_state_dicts: rank 1's state does not serialize" in results[r]["unserializable"]
+        assert (
+            "gather_state_dicts: rank 1's state does not serialize" in results[r]["unserializable"]
+        )
         assert ("rank 1 failed before the gather" in results[r]["unserializable"]) == (r != 1)
 
 
@@ -138,7 +151,9 @@ def _bad_arguments(rank: int, world: int) -> dict:
     out["differ"] = _caught(gather_bytes, b"ok", dst=1 if rank == 1 else 0)
     out["chunk_differ"] = _caught(gather_bytes, b"ok", dst=0, chunk_bytes=64 + rank)
     out["state"] = _caught(gather_state_dicts, [1] if rank == 2 else {"w": torch.zeros(1)}, dst=0)
-    out["state_dst"] = _caught(gather_state_dicts, {"w": torch.zeros(1)}, dst=True if rank == 1 else 0)
+    out["state_dst"] = _caught(
+        gather_state_dicts, {"w": torch.zeros(1)}, dst=True if rank == 1 else 0
+    )
     out["seconds"] = time.monotonic() - start
     for _ in gather_state_dicts({"w": torch.zeros(1000)}, dst=0):
         break  # dst leaves early: the dropped iterator still takes what the senders send
@@ -170,7 +185,9 @@ def test_a_bad_argument_on_one_rank_fails_every_rank_promptly() -> None:
         assert kind == "TypeError" and "rank 1 passed dst=True" in msg
         if r != 1:  # peers say why they raise too
             assert "rank 1 failed before the gather" in res["data"][1]
-        assert res["after"] == ([bytearray([0]), bytearray([1]), bytearray([2])] if r == 0 else None)
+        assert res["after"] == (
+            [bytearray([0]), bytearray([1]), bytearray([2])] if r == 0 else None
+        )
 
 
 # --------------------------------------------------------------------------- dst memory

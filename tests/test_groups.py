@@ -17,8 +17,14 @@ ORDERS = ["tp-cp-pp-dp", "tp-dp-pp", "dp-pp-cp-tp", "cp-tp-dp-pp"]
 
 
 def _engine(**kw: object) -> SimpleNamespace:
-    base = dict(distributed_backend="gloo", distributed_timeout_minutes=1, tp_size=1, cp_size=1,
-                pp_size=1, order="tp-cp-pp-dp")
+    base = dict(
+        distributed_backend="gloo",
+        distributed_timeout_minutes=1,
+        tp_size=1,
+        cp_size=1,
+        pp_size=1,
+        order="tp-cp-pp-dp",
+    )
     base.update(kw)
     return SimpleNamespace(engine_config=SimpleNamespace(**base))
 
@@ -29,12 +35,14 @@ def _check_orders(rank: int, world: int) -> list[str]:
     checked = []
     for order in ORDERS:
         sizes = dict(tp=2, cp=2, pp=2, dp=1) if "cp" in order else dict(tp=2, cp=1, pp=2, dp=2)
-        g.initialize_model_parallel(sizes["tp"], sizes["pp"], sizes["cp"], order=order,
-                                    distributed_timeout_minutes=0.5)
+        g.initialize_model_parallel(
+            sizes["tp"], sizes["pp"], sizes["cp"], order=order, distributed_timeout_minutes=0.5
+        )
         L = Layout(world, **{f"{d}_size": v for d, v in sizes.items()}, order=order)
         dims = list(L.dims)
-        mesh = init_device_mesh("cpu", tuple(L.sizes[d] for d in reversed(dims)),
-                                mesh_dim_names=tuple(reversed(dims)))
+        mesh = init_device_mesh(
+            "cpu", tuple(L.sizes[d] for d in reversed(dims)), mesh_dim_names=tuple(reversed(dims))
+        )
         for name in (*DIMS, *COMBINED):
             grp = g.get_group(name)
             assert grp.ranks == L.group_of(rank, name), (order, name)
@@ -123,14 +131,20 @@ def _bad_dist_init(rank: int, world: int, engine: dict, needle: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("engine", "needle"), [
-    (dict(distributed_backend="gloo", cp_size=3), r"does not divide the world size 4"),
-    (dict(distributed_backend="gloo", cp_size=2, dp_size=1), r"!= world size 4"),
-    (dict(distributed_backend="nccl"), r"needs CUDA.*use 'gloo'"),
-    (dict(distributed_backend="mpi"), r"distributed_backend='mpi' is not allowed"),
-    (dict(distributed_backend="gloo", distributed_timeout_minutes=0), r"distributed_timeout_minutes=0"),
-    (dict(distributed_backend="gloo", order="tp-cp-pp-xx"), r"unknown token"),
-])
+@pytest.mark.parametrize(
+    ("engine", "needle"),
+    [
+        (dict(distributed_backend="gloo", cp_size=3), r"does not divide the world size 4"),
+        (dict(distributed_backend="gloo", cp_size=2, dp_size=1), r"!= world size 4"),
+        (dict(distributed_backend="nccl"), r"needs CUDA.*use 'gloo'"),
+        (dict(distributed_backend="mpi"), r"distributed_backend='mpi' is not allowed"),
+        (
+            dict(distributed_backend="gloo", distributed_timeout_minutes=0),
+            r"distributed_timeout_minutes=0",
+        ),
+        (dict(distributed_backend="gloo", order="tp-cp-pp-xx"), r"unknown token"),
+    ],
+)
 def test_dist_init_rejects_bad_config_before_making_groups(engine: dict, needle: str) -> None:
     assert run_ranks(_bad_dist_init, 4, engine, needle, init=False) == [True] * 4
 
@@ -149,7 +163,13 @@ def test_dist_init_in_a_plain_single_process(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_group_access_before_init_names_what_to_call() -> None:
-    for getter in (g.get_world_group, g.get_tp_group, g.get_cp_group, g.get_pp_group, g.get_dp_group):
+    for getter in (
+        g.get_world_group,
+        g.get_tp_group,
+        g.get_cp_group,
+        g.get_pp_group,
+        g.get_dp_group,
+    ):
         with pytest.raises(RuntimeError, match=r"call worldfoundry\.core\.distributed\.dist_init"):
             getter()
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):

@@ -23,8 +23,12 @@ print("work done", flush=True)
 
 
 def _run(leave: str, end: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _BOMB.format(leave=leave, end=end)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", _BOMB.format(leave=leave, end=end)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_teardown_abort_is_real_without_the_hook() -> None:

@@ -28,18 +28,24 @@ def test_scan_in_a_fresh_interpreter_loads_cleanly_and_imports_nothing_of_ours()
     """What every other Hydra app in the environment does at start-up: scan ``hydra_plugins`` (the module
     is executed before it is in sys.modules). No warning, the launcher found, and nothing imported beyond
     registering its config (wf_launch, submitit and torch stay out)."""
-    code = ("import sys, warnings; warnings.simplefilter('error')\n"
-            "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"
-            "names = [c.__module__ + '.' + c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
-            "print('\\n'.join(names))\n"
-            "heavy = [m for m in ('wf_launch', 'submitit', 'torch', 'loguru') if m in sys.modules]\n"
-            "assert not heavy, f'imported at plugin scan: {heavy}'\n"
-            "from hydra.core.config_store import ConfigStore\n"
-            "assert 'wf_slurm.yaml' in ConfigStore.instance().list('hydra/launcher')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    code = (
+        "import sys, warnings; warnings.simplefilter('error')\n"
+        "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"
+        "names = [c.__module__ + '.' + c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
+        "print('\\n'.join(names))\n"
+        "heavy = [m for m in ('wf_launch', 'submitit', 'torch', 'loguru') if m in sys.modules]\n"
+        "assert not heavy, f'imported at plugin scan: {heavy}'\n"
+        "from hydra.core.config_store import ConfigStore\n"
+        "assert 'wf_slurm.yaml' in ConfigStore.instance().list('hydra/launcher')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "hydra_plugins.wf_launch_slurm.wf_slurm_launcher.WfSlurmLauncher" in proc.stdout.split()
-    assert "Hydra plugins scanner" not in proc.stderr and "Error importing" not in proc.stderr, proc.stderr
+    assert "Hydra plugins scanner" not in proc.stderr and "Error importing" not in proc.stderr, (
+        proc.stderr
+    )
 
 
 @mark.parametrize("launcher_name, overrides", [("wf_slurm", [])])

@@ -50,7 +50,23 @@ def test_unarmed_fork_gate_does_not_wait() -> None:
 @pytest.mark.slow
 def test_repeated_32_rank_launches_do_not_stall(tmp_path: Path) -> None:
     # A stalled rank never times out here (5 min); the launch's 45 s limit catches it.
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_loops.py"), "--runs", "4",
-                           "--ranks", "32", "--timeout-min", "5", "--limit-s", "45", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "launch_loops.py"),
+            "--runs",
+            "4",
+            "--ranks",
+            "32",
+            "--timeout-min",
+            "5",
+            "--limit-s",
+            "45",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

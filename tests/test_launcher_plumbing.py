@@ -39,15 +39,38 @@ def test_an_exception_drops_what_the_batch_prepared() -> None:
     assert len(batch) == 0 and not batch and current_batch() is None
 
 
-@pytest.mark.parametrize("args, jobs", [
-    (["a=1,2", "b=x,y", "c=3"], [["a=1", "b=x", "c=3"], ["a=1", "b=y", "c=3"], ["a=2", "b=x", "c=3"],
-                                 ["a=2", "b=y", "c=3"]]),
-    (["a=1", "b=2,3", "a=7,8"], [["a=7", "b=2"], ["a=7", "b=3"], ["a=8", "b=2"], ["a=8", "b=3"]]),
-    (["engine.cp_size=range(1,3)", "+x=choice(p,q)"], [["engine.cp_size=1", "+x=p"], ["engine.cp_size=1", "+x=q"],
-                                                        ["engine.cp_size=2", "+x=p"], ["engine.cp_size=2", "+x=q"]]),
-    (["a='x,y'", "~b", "++c=1,2"], [["a='x,y'", "~b=null", "++c=1"], ["a='x,y'", "~b=null", "++c=2"]]),
-    ([], [[]]),
-])
+@pytest.mark.parametrize(
+    "args, jobs",
+    [
+        (
+            ["a=1,2", "b=x,y", "c=3"],
+            [
+                ["a=1", "b=x", "c=3"],
+                ["a=1", "b=y", "c=3"],
+                ["a=2", "b=x", "c=3"],
+                ["a=2", "b=y", "c=3"],
+            ],
+        ),
+        (
+            ["a=1", "b=2,3", "a=7,8"],
+            [["a=7", "b=2"], ["a=7", "b=3"], ["a=8", "b=2"], ["a=8", "b=3"]],
+        ),
+        (
+            ["engine.cp_size=range(1,3)", "+x=choice(p,q)"],
+            [
+                ["engine.cp_size=1", "+x=p"],
+                ["engine.cp_size=1", "+x=q"],
+                ["engine.cp_size=2", "+x=p"],
+                ["engine.cp_size=2", "+x=q"],
+            ],
+        ),
+        (
+            ["a='x,y'", "~b", "++c=1,2"],
+            [["a='x,y'", "~b=null", "++c=1"], ["a='x,y'", "~b=null", "++c=2"]],
+        ),
+        ([], [[]]),
+    ],
+)
 def test_expand_sweep_as_the_basic_sweeper(args: list[str], jobs: list[list[str]]) -> None:
     assert expand_sweep(OverridesParser.create().parse_overrides(args)) == jobs
 
@@ -71,8 +94,11 @@ class _ToyQueue:
     cancelled: ClassVar[list[Path]] = []
 
     def validate(self, cfg: dict[str, Any], layout: Any, engine: dict[str, Any]) -> None: ...
-    def describe(self, plan: Any) -> str: return "toy"
-    def launch(self, plan: Any) -> RunOutcome: return RunOutcome(Status.SUBMITTED, plan.run_dir)
+    def describe(self, plan: Any) -> str:
+        return "toy"
+
+    def launch(self, plan: Any) -> RunOutcome:
+        return RunOutcome(Status.SUBMITTED, plan.run_dir)
 
     def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
         state = (run_dir / "toy_state").read_text()
@@ -92,8 +118,9 @@ def _run_dir(path: Path, launcher: str, state: str) -> Path:
     return path
 
 
-def test_status_finds_a_third_party_detached_launchers_runs(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_finds_a_third_party_detached_launchers_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert isinstance(get_launcher("toyqueue"), DetachedLauncher)
     sweep = tmp_path / "sweep"
     done = _run_dir(sweep / "0", "toyqueue", "DONE")
@@ -109,8 +136,9 @@ def test_status_finds_a_third_party_detached_launchers_runs(tmp_path: Path,
     assert f"cancelling toyqueue run ({running})" in out.err
 
 
-def test_status_of_local_runs_and_of_directories_without_runs(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_of_local_runs_and_of_directories_without_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "run"
     _run_dir(run, "local", "n/a")  # no record and no live launcher: it ended without one
     assert status.main([str(run)]) == 3

@@ -14,22 +14,32 @@ from wf_launch.rundir.record import RunRecord, Status
 
 def _run_dir(path: Path, console: list[int] | None) -> Path:
     (path / "logs").mkdir(parents=True)
-    config = {"engine": {"cp_size": 2, "dp_size": 1},
-              "launcher": {"console_ranks": console, "progress_interval_s": 0, "stall_warning_s": 300}}
+    config = {
+        "engine": {"cp_size": 2, "dp_size": 1},
+        "launcher": {"console_ranks": console, "progress_interval_s": 0, "stall_warning_s": 300},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     return path
 
 
 def _log(run_dir: Path, rank: int, message: str, newline: bool = True) -> None:
     with open(run_dir / "logs" / f"rank{rank}.log", "a") as f:
-        f.write(f"2026-01-01 00:00:00.000 | INFO    | [r{rank} tp0 cp{rank} pp0 dp0] task:run:3 | {message}"
-                + ("\n" if newline else ""))
+        f.write(
+            f"2026-01-01 00:00:00.000 | INFO    | [r{rank} tp0 cp{rank} pp0 dp0] task:run:3 | {message}"
+            + ("\n" if newline else "")
+        )
 
 
 def test_state_changes_console_lines_and_progress_are_shown_once_each(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path / "run", console=[0])
-    states = iter([("Q job 7", "PENDING (Priority)"), ("Q job 7", "PENDING (Priority)"),
-                   ("Q job 7", "RUNNING on n1"), None])
+    states = iter(
+        [
+            ("Q job 7", "PENDING (Priority)"),
+            ("Q job 7", "PENDING (Priority)"),
+            ("Q job 7", "RUNNING on n1"),
+            None,
+        ]
+    )
     seen: list[str] = []
     view = LiveView([run_dir], seen.append, state_of=lambda d: next(states))
     view.tick()
@@ -41,9 +51,15 @@ def test_state_changes_console_lines_and_progress_are_shown_once_each(tmp_path: 
     view.tick()
     view.tick()
     view.close()
-    assert seen[:3] == ["Q job 7: PENDING (Priority)", "[r0 tp0 cp0 pp0 dp0] hello", "Q job 7: RUNNING on n1"]
-    assert any(line.startswith("step 3/10 (30%)") and "1/2 ranks reporting" in line and "loss=0.5" in line
-               for line in seen), seen
+    assert seen[:3] == [
+        "Q job 7: PENDING (Priority)",
+        "[r0 tp0 cp0 pp0 dp0] hello",
+        "Q job 7: RUNNING on n1",
+    ]
+    assert any(
+        line.startswith("step 3/10 (30%)") and "1/2 ranks reporting" in line and "loss=0.5" in line
+        for line in seen
+    ), seen
     assert not any("not a console rank" in line or "half a line" in line for line in seen), seen
 
 
@@ -60,8 +76,14 @@ def test_a_sweep_shows_states_per_point_only(tmp_path: Path) -> None:
 
 def test_final_line_is_status_wall_time_and_record_path(tmp_path: Path) -> None:
     record = RunRecord.finalize(tmp_path, Status.FAILED, timings={"wall_s": 12.3456})
-    assert final_line(RunOutcome.of(record, tmp_path)) == f"run failed in 12.35s: {tmp_path / 'result.json'}"
-    assert final_line(RunOutcome(Status.CANCELLED, tmp_path)) == f"run cancelled: {tmp_path} (no record)"
+    assert (
+        final_line(RunOutcome.of(record, tmp_path))
+        == f"run failed in 12.35s: {tmp_path / 'result.json'}"
+    )
+    assert (
+        final_line(RunOutcome(Status.CANCELLED, tmp_path))
+        == f"run cancelled: {tmp_path} (no record)"
+    )
 
 
 def test_attaching_shows_only_the_last_lines_already_written_then_new_ones(tmp_path: Path) -> None:
@@ -74,7 +96,9 @@ def test_attaching_shows_only_the_last_lines_already_written_then_new_ones(tmp_p
     _log(run_dir, 0, "new")
     view.tick()
     view.close()
-    assert seen == [f"[r0 tp0 cp0 pp0 dp0] old {i}" for i in (4997, 4998, 4999)] + ["[r0 tp0 cp0 pp0 dp0] new"]
+    assert seen == [f"[r0 tp0 cp0 pp0 dp0] old {i}" for i in (4997, 4998, 4999)] + [
+        "[r0 tp0 cp0 pp0 dp0] new"
+    ]
 
 
 def _dead_local_run(path: Path) -> Path:
@@ -99,13 +123,26 @@ def test_a_killed_local_launch_ends_follow_and_is_listed_unknown(tmp_path: Path)
     import sys
 
     run_dir = _dead_local_run(tmp_path / "outputs" / "run")
-    follow = subprocess.run([sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
-                            capture_output=True, text=True, timeout=60)
+    follow = subprocess.run(
+        [sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert follow.returncode == 3, follow.stderr
     assert "[r0 tp0 cp0 pp0 dp0] last words" in follow.stderr
-    assert f"run unknown: {run_dir} (no record)" in follow.stderr and "is gone and left no final record" in follow.stderr
-    runs = subprocess.run([sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"], capture_output=True,
-                          text=True, timeout=60)
+    assert (
+        f"run unknown: {run_dir} (no record)" in follow.stderr
+        and "is gone and left no final record" in follow.stderr
+    )
+    runs = subprocess.run(
+        [sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     rows = json.loads(runs.stdout)
-    assert [(r["status"], r["task"], r["launcher"]) for r in rows] == [("unknown", "ticker", "local")], rows
+    assert [(r["status"], r["task"], r["launcher"]) for r in rows] == [
+        ("unknown", "ticker", "local")
+    ], rows
     assert "launcher is gone" in rows[0]["problem"]

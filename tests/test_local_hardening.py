@@ -29,8 +29,10 @@ def _listening(pid: int) -> list[str]:
 @pytest.mark.slow
 def test_no_rank_or_launcher_socket_listens_beyond_loopback(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = start_cli(["task=misbehave", TASKS, "task.how=sleep_all", "task.sleep_s=120", "engine.dp_size=4"],
-                     run_dir)
+    proc = start_cli(
+        ["task=misbehave", TASKS, "task.how=sleep_all", "task.sleep_s=120", "engine.dp_size=4"],
+        run_dir,
+    )
     try:
         for r in range(4):
             wait_for_log(run_dir / "logs" / f"rank{r}.log", "sleeping")
@@ -38,7 +40,9 @@ def test_no_rank_or_launcher_socket_listens_beyond_loopback(tmp_path: Path) -> N
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.communicate(timeout=120)
-    assert len(listening) >= 5, listening  # the rendezvous store, the ranks' store, every rank's gloo
+    assert len(listening) >= 5, (
+        listening
+    )  # the rendezvous store, the ranks' store, every rank's gloo
     assert [a for a in listening if not a.startswith("127.")] == []
 
 
@@ -48,7 +52,9 @@ def test_a_busy_rendezvous_port_is_refused_not_joined(tmp_path: Path) -> None:
         squatter.bind(("0.0.0.0", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        proc = run_cli(["task=noop", "engine.dp_size=2", f"launcher.rdzv_port={port}"], tmp_path / "run")
+        proc = run_cli(
+            ["task=noop", "engine.dp_size=2", f"launcher.rdzv_port={port}"], tmp_path / "run"
+        )
     assert proc.returncode == 2, proc.stderr
     assert f"launcher.rdzv_port={port}: port {port} is in use on 127.0.0.1" in proc.stderr
     assert result(tmp_path / "run")["status"] == "invalid"
@@ -57,22 +63,39 @@ def test_a_busy_rendezvous_port_is_refused_not_joined(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_forkserver_ranks_run(tmp_path: Path) -> None:
-    proc = run_cli(["task=echo", TASKS, "engine.dp_size=2", "launcher.start_method=forkserver"], tmp_path / "run")
+    proc = run_cli(
+        ["task=echo", TASKS, "engine.dp_size=2", "launcher.start_method=forkserver"],
+        tmp_path / "run",
+    )
     assert proc.returncode == 0, proc.stderr
     res = result(tmp_path / "run")
     assert res["status"] == "ok" and sorted(res["results"]) == ["0", "1"]
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("engine.distributed_timeout_minutes=inf", "engine.distributed_timeout_minutes=inf is not allowed"),
-    ("engine.distributed_timeout_minutes=1e-9", "from 1.66667e-05 (1 ms)"),
-    ("engine.distributed_timeout_minutes=-1", "engine.distributed_timeout_minutes=-1.0 is not allowed"),
-    ("engine.dp_size=1000000", "the layout has 1000000 ranks, more than 64 per core"),
-    ("launcher.monitor_interval_s=1e12", "launcher.monitor_interval_s=1000000000000.0 is not allowed"),
-    ("launcher.max_log_mb=inf", "launcher.max_log_mb=inf is not allowed"),
-    ("launcher.run_dir_mode='0077'", "launcher.run_dir_mode='0077' is not allowed"),
-])
-def test_bad_values_are_refused_before_anything_starts(tmp_path: Path, override: str, fragment: str) -> None:
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        (
+            "engine.distributed_timeout_minutes=inf",
+            "engine.distributed_timeout_minutes=inf is not allowed",
+        ),
+        ("engine.distributed_timeout_minutes=1e-9", "from 1.66667e-05 (1 ms)"),
+        (
+            "engine.distributed_timeout_minutes=-1",
+            "engine.distributed_timeout_minutes=-1.0 is not allowed",
+        ),
+        ("engine.dp_size=1000000", "the layout has 1000000 ranks, more than 64 per core"),
+        (
+            "launcher.monitor_interval_s=1e12",
+            "launcher.monitor_interval_s=1000000000000.0 is not allowed",
+        ),
+        ("launcher.max_log_mb=inf", "launcher.max_log_mb=inf is not allowed"),
+        ("launcher.run_dir_mode='0077'", "launcher.run_dir_mode='0077' is not allowed"),
+    ],
+)
+def test_bad_values_are_refused_before_anything_starts(
+    tmp_path: Path, override: str, fragment: str
+) -> None:
     proc = run_cli(["task=noop", override], tmp_path / "run")
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr, proc.stderr
@@ -80,6 +103,13 @@ def test_bad_values_are_refused_before_anything_starts(tmp_path: Path, override:
 
 
 def test_oversubscribe_lets_a_large_local_layout_through(tmp_path: Path) -> None:
-    proc = run_cli(["task=noop", "engine.dp_size=1000000", "launcher.oversubscribe=true", "launcher.dry_run=true"],
-                   tmp_path / "run")
+    proc = run_cli(
+        [
+            "task=noop",
+            "engine.dp_size=1000000",
+            "launcher.oversubscribe=true",
+            "launcher.dry_run=true",
+        ],
+        tmp_path / "run",
+    )
     assert proc.returncode == 0, proc.stderr

@@ -55,7 +55,9 @@ def _log_on_ranks(rank: int, world: int) -> list[tuple[str, int, str, str]]:
 @pytest.mark.slow
 def test_print_rank_0_once_and_print_per_rank_everywhere_on_real_ranks() -> None:
     out = run_ranks(_log_on_ranks, 4)
-    assert out[0] == [("hello once", 0, "_log_on_ranks", "test_log.py"),
-                      ("hello from 0", 0, "_log_on_ranks", "test_log.py")]
+    assert out[0] == [
+        ("hello once", 0, "_log_on_ranks", "test_log.py"),
+        ("hello from 0", 0, "_log_on_ranks", "test_log.py"),
+    ]
     for r in (1, 2, 3):
         assert out[r] == [(f"hello from {r}", r, "_log_on_ranks", "test_log.py")]

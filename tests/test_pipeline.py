@@ -61,7 +61,9 @@ def _ring(rank: int, world: int, pp_size: int, cp_size: int) -> list[int]:
 @pytest.mark.parametrize(("world", "pp_size", "cp_size"), [(2, 2, 1), (4, 4, 1), (4, 2, 2)])
 def test_ring_send_receive_fifo(world: int, pp_size: int, cp_size: int) -> None:
     ranks = run_ranks(_ring, world, pp_size, cp_size, timeout=60)
-    assert ranks[0] == list(range(0, world, cp_size))  # with cp inside, pp neighbours are cp_size apart
+    assert ranks[0] == list(
+        range(0, world, cp_size)
+    )  # with cp inside, pp neighbours are cp_size apart
 
 
 def _config(**engine: object) -> SimpleNamespace:
@@ -84,7 +86,9 @@ def _reinit(rank: int, world: int) -> tuple[int, int]:
     with pytest.raises(RuntimeError, match="was reset"):
         first.isend_next(torch.ones(1))
 
-    dist_init(_config(pp_size=4, cp_size=1))  # same (world) group again: the stale receive must not match
+    dist_init(
+        _config(pp_size=4, cp_size=1)
+    )  # same (world) group again: the stale receive must not match
     second = pipeline.pp_scheduler()
     assert second is not first and second.tag != first.tag
     _ring_round(second)
@@ -104,7 +108,9 @@ def test_reset_by_destroy_and_reinitialize_with_another_layout() -> None:
 
 def test_before_init_and_without_groups() -> None:
     pipeline._reset_pp_scheduler()
-    with pytest.raises(RuntimeError, match=r"call worldfoundry.core.distributed.dist_init\(config\)"):
+    with pytest.raises(
+        RuntimeError, match=r"call worldfoundry.core.distributed.dist_init\(config\)"
+    ):
         pipeline.pp_scheduler()
     with pytest.raises(RuntimeError, match="not initialized"):
         pipeline.init_pp_scheduler()

@@ -6,7 +6,11 @@ import pytest
 from multirank import run_ranks
 from torch import nn
 
-from worldfoundry.core.distributed.plan import DistributionPlan, distribution_plan, set_distribution_plan
+from worldfoundry.core.distributed.plan import (
+    DistributionPlan,
+    distribution_plan,
+    set_distribution_plan,
+)
 
 
 def _model() -> nn.Module:
@@ -88,7 +92,9 @@ def test_layout_table_of_a_huge_world_stays_small() -> None:
     from wf_launch.launchers.launch_plan import LaunchPlan
     from worldfoundry.core.distributed.topology import Layout
 
-    plan = LaunchPlan(config={}, layout=Layout(1 << 20, cp_size=4, dp_size=1 << 18), run_dir=Path("x"))
+    plan = LaunchPlan(
+        config={}, layout=Layout(1 << 20, cp_size=4, dp_size=1 << 18), run_dir=Path("x")
+    )
     table = plan.layout_table()
     assert len(table) < 4000 and "... 1048560 more ranks, not shown" in table
     assert "3..1048575 step 4 (262144 ranks)" in table.splitlines()[-1]

@@ -15,8 +15,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _plot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wf_launch.plot", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch.plot", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_metrics_are_plotted_per_step(tmp_path: Path) -> None:
@@ -30,7 +35,11 @@ def test_metrics_are_plotted_per_step(tmp_path: Path) -> None:
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"rank": 0, "step": 3, "loss": NaN}\n{"truncated\n')
     series = load_metrics(tmp_path)
-    assert sorted(series) == ["loss", "lr"] and len(series["loss"][0]) == 50 and len(series["loss"][1]) == 50
+    assert (
+        sorted(series) == ["loss", "lr"]
+        and len(series["loss"][0]) == 50
+        and len(series["loss"][1]) == 50
+    )
 
     proc = _plot(str(tmp_path), "loss", "--all-ranks")
     assert proc.returncode == 0, proc.stderr
@@ -46,4 +55,6 @@ def test_missing_metrics_are_a_clear_error(tmp_path: Path) -> None:
     rep(1, loss=0.5)
     rep.close()
     wrong = _plot(str(tmp_path), "acc")
-    assert wrong.returncode == 2 and "no metric 'acc'" in wrong.stderr and "['loss']" in wrong.stderr
+    assert (
+        wrong.returncode == 2 and "no metric 'acc'" in wrong.stderr and "['loss']" in wrong.stderr
+    )

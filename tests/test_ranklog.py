@@ -15,12 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _in_subprocess(code: str, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (rank logging replaces sys.stdout / loguru's sinks)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def _progress_seconds(tmp_path: Path, updates: int) -> float:
-    proc = _in_subprocess(f"""
+    proc = _in_subprocess(
+        f"""
         import sys, time
         from pathlib import Path
         from wf_launch.rank.ranklog import setup_rank_logging
@@ -30,23 +37,32 @@ def _progress_seconds(tmp_path: Path, updates: int) -> float:
             sys.stdout.write(f"\\r step {{i}}/{updates} [{{'#' * (i * 40 // {updates}):<40}}]")
         sys.stdout.write("\\n")
         sys.__stdout__.write(f"{{time.perf_counter() - t0}}\\n")
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     return float(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-def test_carriage_return_progress_costs_linear_time_and_keeps_the_last_state(tmp_path: Path) -> None:
+def test_carriage_return_progress_costs_linear_time_and_keeps_the_last_state(
+    tmp_path: Path,
+) -> None:
     small = min(_progress_seconds(tmp_path, 10_000) for _ in range(2))
     big = min(_progress_seconds(tmp_path, 100_000) for _ in range(2))
-    assert big / small < 30, f"10x the updates took {big / small:.1f}x the time (quadratic capture?)"
+    assert big / small < 30, (
+        f"10x the updates took {big / small:.1f}x the time (quadratic capture?)"
+    )
     log = (tmp_path / "r100000.log").read_text().splitlines()
     assert log[-1].endswith("step 99999/100000 [" + "#" * 39 + " ]")
-    assert len(log) < 200, "every \\r update became a line; a redrawn line is logged at most once a second"
+    assert len(log) < 200, (
+        "every \\r update became a line; a redrawn line is logged at most once a second"
+    )
 
 
 def test_a_line_without_newline_is_flushed_in_bounded_pieces(tmp_path: Path) -> None:
-    proc = _in_subprocess("""
+    proc = _in_subprocess(
+        """
         import sys
         from pathlib import Path
         from wf_launch.rank.ranklog import setup_rank_logging
@@ -54,7 +70,9 @@ def test_a_line_without_newline_is_flushed_in_bounded_pieces(tmp_path: Path) -> 
         for _ in range(300):
             sys.stdout.write("x" * 1000)
         sys.stdout._parts and sys.__stdout__.write(str(sys.stdout._pending))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout or 0) <= 1 << 16
     assert (tmp_path / "r.log").read_text().count("x") >= 250_000
@@ -63,7 +81,8 @@ def test_a_line_without_newline_is_flushed_in_bounded_pieces(tmp_path: Path) -> 
 def test_a_full_disk_drops_log_lines_and_never_raises_into_the_task(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "rank0.log").symlink_to("/dev/full")
-    proc = _in_subprocess("""
+    proc = _in_subprocess(
+        """
         import sys
         from pathlib import Path
         from loguru import logger
@@ -75,7 +94,9 @@ def test_a_full_disk_drops_log_lines_and_never_raises_into_the_task(tmp_path: Pa
         import warnings
         warnings.warn("still fine")
         sys.__stdout__.write("task went on\\n")
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "task went on" in proc.stdout
     assert proc.stderr.count("dropping log lines") == 1 and "RecursionError" not in proc.stderr
@@ -83,13 +104,16 @@ def test_a_full_disk_drops_log_lines_and_never_raises_into_the_task(tmp_path: Pa
 
 
 def test_a_flooding_rank_keeps_head_and_tail_within_the_cap(tmp_path: Path) -> None:
-    proc = _in_subprocess("""
+    proc = _in_subprocess(
+        """
         from pathlib import Path
         from wf_launch.rank.ranklog import setup_rank_logging
         log = setup_rank_logging(Path("rank0.log"), 0, "r0", console=False, max_log_mb=0.05)
         for i in range(5000):
             print(f"flood line {i:05d} " + "y" * 60)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     files = sorted(p.name for p in tmp_path.glob("rank0*"))
     assert files == ["rank0.log", "rank0.tail.log", "rank0.tail.log.1"]

@@ -21,22 +21,28 @@ def test_discovery() -> None:
 
 
 def test_scan_in_a_fresh_interpreter_imports_nothing_of_ours() -> None:
-    code = ("import sys, warnings; warnings.simplefilter('error')\n"
-            "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"
-            "names = [c.__module__ + '.' + c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
-            "print('\\n'.join(names))\n"
-            "heavy = [m for m in ('wf_launch', 'ray', 'torch', 'loguru') if m in sys.modules]\n"
-            "assert not heavy, f'imported at plugin scan: {heavy}'\n"
-            "from hydra.core.config_store import ConfigStore\n"
-            "assert 'wf_ray.yaml' in ConfigStore.instance().list('hydra/launcher')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    code = (
+        "import sys, warnings; warnings.simplefilter('error')\n"
+        "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"
+        "names = [c.__module__ + '.' + c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
+        "print('\\n'.join(names))\n"
+        "heavy = [m for m in ('wf_launch', 'ray', 'torch', 'loguru') if m in sys.modules]\n"
+        "assert not heavy, f'imported at plugin scan: {heavy}'\n"
+        "from hydra.core.config_store import ConfigStore\n"
+        "assert 'wf_ray.yaml' in ConfigStore.instance().list('hydra/launcher')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "hydra_plugins.wf_launch_ray.wf_ray_launcher.WfRayLauncher" in proc.stdout.split()
 
 
 def test_launching_wf_launch_never_imports_ray_unless_asked() -> None:
-    code = ("import sys\nfrom wf_launch.launchers import registered_launchers\n"
-            "assert 'ray' in registered_launchers()\nassert 'ray' not in sys.modules, 'ray imported'\n")
+    code = (
+        "import sys\nfrom wf_launch.launchers import registered_launchers\n"
+        "assert 'ray' in registered_launchers()\nassert 'ray' not in sys.modules, 'ray imported'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 

@@ -20,17 +20,36 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TEST_TASKS = "task.modules=[wf_test_tasks]"
 
 
-def _cli(cluster: RayCluster, args: list[str], run_dir: Path, timeout: float = 240, multirun: bool = False,
-         ray: bool = True) -> subprocess.CompletedProcess[str]:
+def _cli(
+    cluster: RayCluster,
+    args: list[str],
+    run_dir: Path,
+    timeout: float = 240,
+    multirun: bool = False,
+    ray: bool = True,
+) -> subprocess.CompletedProcess[str]:
     where = f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"
     base = ["launcher=ray", f"launcher.address={cluster.address}"] if ray else []
-    return subprocess.run([sys.executable, "-m", "wf_launch", *(["-m"] if multirun else []), *base, *args, where],
-                          capture_output=True, text=True, timeout=timeout, env=cluster.env, cwd=run_dir.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch", *(["-m"] if multirun else []), *base, *args, where],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cluster.env,
+        cwd=run_dir.parent,
+    )
 
 
-def _tool(cluster: RayCluster, name: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", f"wf_launch.{name}", *args], capture_output=True, text=True,
-                          timeout=timeout, env=cluster.env)
+def _tool(
+    cluster: RayCluster, name: str, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", f"wf_launch.{name}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cluster.env,
+    )
 
 
 def _record(run_dir: Path) -> dict:
@@ -50,19 +69,40 @@ def _wait_step(run_dir: Path, rank: int, step: int, timeout: float = 180) -> Non
     raise AssertionError(f"rank {rank} of {run_dir} never reached step {step}")
 
 
-def test_two_nodes_run_with_placement_console_and_tools(ray_cluster: RayCluster, tmp_path: Path) -> None:
+def test_two_nodes_run_with_placement_console_and_tools(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    proc = _cli(ray_cluster, ["launcher.nodes=2", "engine.cp_size=2", "engine.dp_size=2", "task=echo", TEST_TASKS,
-                              "launcher.console_ranks=[0,3]"], run)
+    proc = _cli(
+        ray_cluster,
+        [
+            "launcher.nodes=2",
+            "engine.cp_size=2",
+            "engine.dp_size=2",
+            "task=echo",
+            TEST_TASKS,
+            "launcher.console_ranks=[0,3]",
+        ],
+        run,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "[r0 tp0 cp0 pp0 dp0] hello from rank 0" in proc.stderr and "hello from rank 3" in proc.stderr
+    assert (
+        "[r0 tp0 cp0 pp0 dp0] hello from rank 0" in proc.stderr
+        and "hello from rank 3" in proc.stderr
+    )
     assert "hello from rank 1" not in proc.stderr  # only the console ranks are streamed
     assert "run ok in" in proc.stderr and str(run / "result.json") in proc.stderr
     record = _record(run)
-    assert record["status"] == "ok" and record["launcher"] == "ray" and sorted(record["results"]) == ["0", "1", "2", "3"]
+    assert (
+        record["status"] == "ok"
+        and record["launcher"] == "ray"
+        and sorted(record["results"]) == ["0", "1", "2", "3"]
+    )
     placement = record["placement"]
     nodes = [placement[str(r)]["node"] for r in range(4)]
-    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]  # consecutive ranks together, exactly 2 nodes
+    assert (
+        nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    )  # consecutive ranks together, exactly 2 nodes
     assert all(placement[str(r)]["pid"] and placement[str(r)]["host"] for r in range(4))
     assert sorted(record["ray"]["nodes"]) == sorted(set(nodes))
     assert all((run / "logs" / f"rank{r}.log").exists() for r in range(4))
@@ -76,8 +116,18 @@ def test_two_nodes_run_with_placement_console_and_tools(ray_cluster: RayCluster,
 
 def test_a_rank_that_raises_is_named_with_its_node(ray_cluster: RayCluster, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = _cli(ray_cluster, ["launcher.nodes=2", "engine.dp_size=4", "task=misbehave", "task.rank=3", TEST_TASKS,
-                              "launcher.console_ranks=[]"], run)
+    proc = _cli(
+        ray_cluster,
+        [
+            "launcher.nodes=2",
+            "engine.dp_size=4",
+            "task=misbehave",
+            "task.rank=3",
+            TEST_TASKS,
+            "launcher.console_ranks=[]",
+        ],
+        run,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     failure = _record(run)["failure"]
     node = _record(run)["placement"]["3"]["node"]
@@ -88,16 +138,33 @@ def test_a_rank_that_raises_is_named_with_its_node(ray_cluster: RayCluster, tmp_
     assert ray_cluster.leftovers() == []
 
 
-def test_a_hung_rank_on_another_node_is_found_by_the_autopsy(ray_cluster: RayCluster, tmp_path: Path) -> None:
+def test_a_hung_rank_on_another_node_is_found_by_the_autopsy(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    proc = _cli(ray_cluster, ["launcher.nodes=2", "engine.dp_size=4", "engine.distributed_timeout_minutes=0.15",
-                              "task=misbehave", "task.rank=3", "task.how=stuck", "task.sleep_s=60", TEST_TASKS,
-                              "launcher.console_ranks=[]"], run)
+    proc = _cli(
+        ray_cluster,
+        [
+            "launcher.nodes=2",
+            "engine.dp_size=4",
+            "engine.distributed_timeout_minutes=0.15",
+            "task=misbehave",
+            "task.rank=3",
+            "task.how=stuck",
+            "task.sleep_s=60",
+            TEST_TASKS,
+            "launcher.console_ranks=[]",
+        ],
+        run,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     record = _record(run)
     failure = record["failure"]
     assert failure["cause"] == "stuck" and failure["missing_ranks"] == [3]
-    assert failure["stuck"]["3"]["frame"].startswith("wf_test_tasks.py") and "sleep" in failure["stuck"]["3"]["source"]
+    assert (
+        failure["stuck"]["3"]["frame"].startswith("wf_test_tasks.py")
+        and "sleep" in failure["stuck"]["3"]["source"]
+    )
     assert "collective timed out: rank 3 (r3 tp0 cp0 pp0 dp3 on node" in proc.stderr
     assert "ranks 0-2 wait in barrier" in proc.stderr
     # rank 3's node is not rank 0's: its stacks were dumped through Ray, on its own node
@@ -106,18 +173,42 @@ def test_a_hung_rank_on_another_node_is_found_by_the_autopsy(ray_cluster: RayClu
     assert ray_cluster.leftovers() == []
 
 
-@pytest.mark.timeout(600)  # two drill runs, three starts of 4 rank actors: about 70 s alone, 300 s beside the suite
+@pytest.mark.timeout(
+    600
+)  # two drill runs, three starts of 4 rank actors: about 70 s alone, 300 s beside the suite
 def test_drill_kill9_and_a_dead_node_end_identical(ray_cluster: RayCluster, tmp_path: Path) -> None:
     directory = tmp_path / "drill"
     try:
-        proc = subprocess.run([sys.executable, "-m", "wf_launch.drill", "task=train", f"launcher.address={ray_cluster.address}",
-                               "launcher.nodes=2", "engine.dp_size=4", "task.steps=14", "task.checkpoint_every=2",
-                               # steps of 0.5 s: after the nodekill the run has seconds of work left, so the
-                               # ranks on the dead node end before it could finish without them
-                               "task.step_sleep_s=0.5", "launcher.console_ranks=[]", "--backend", "ray",
-                               "--inject", "kill9@3,nodekill@6",
-                               "--dir", str(directory), "--timeout", "400"],
-                              capture_output=True, text=True, timeout=540, env=ray_cluster.env, cwd=tmp_path)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wf_launch.drill",
+                "task=train",
+                f"launcher.address={ray_cluster.address}",
+                "launcher.nodes=2",
+                "engine.dp_size=4",
+                "task.steps=14",
+                "task.checkpoint_every=2",
+                # steps of 0.5 s: after the nodekill the run has seconds of work left, so the
+                # ranks on the dead node end before it could finish without them
+                "task.step_sleep_s=0.5",
+                "launcher.console_ranks=[]",
+                "--backend",
+                "ray",
+                "--inject",
+                "kill9@3,nodekill@6",
+                "--dir",
+                str(directory),
+                "--timeout",
+                "400",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=540,
+            env=ray_cluster.env,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
         summary = json.loads((directory / "drill.json").read_text())
         assert summary["identical"], summary
@@ -126,7 +217,9 @@ def test_drill_kill9_and_a_dead_node_end_identical(ray_cluster: RayCluster, tmp_
         assert restarted["cause"] == first["ended_by"] and restarted["resumed_from"] is not None
         assert resumed["cause"].startswith("node ") and resumed["cause"].endswith(" died")
         record = _record(directory / "interrupted")
-        assert len({p["node"] for p in record["placement"].values()}) == 2  # the last attempt: on the nodes left
+        assert (
+            len({p["node"] for p in record["placement"].values()}) == 2
+        )  # the last attempt: on the nodes left
         assert ray_cluster.leftovers() == []
     finally:
         ray_cluster.restore()
@@ -134,14 +227,33 @@ def test_drill_kill9_and_a_dead_node_end_identical(ray_cluster: RayCluster, tmp_
 
 def test_sigterm_to_a_rank_saves_and_restarts(ray_cluster: RayCluster, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "wf_launch", "launcher=ray", f"launcher.address={ray_cluster.address}",
-                             "launcher.max_restarts=1", "engine.dp_size=2", "task=train", "task.steps=14",
-                             "task.step_sleep_s=0.2", "task.checkpoint_every=4", "launcher.console_ranks=[]",
-                             f"hydra.run.dir={run}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ray_cluster.env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=ray",
+            f"launcher.address={ray_cluster.address}",
+            "launcher.max_restarts=1",
+            "engine.dp_size=2",
+            "task=train",
+            "task.steps=14",
+            "task.step_sleep_s=0.2",
+            "task.checkpoint_every=4",
+            "launcher.console_ranks=[]",
+            f"hydra.run.dir={run}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ray_cluster.env,
+        cwd=tmp_path,
+    )
     try:
         _wait_step(run, 1, 5)
-        os.kill(json.loads((run / "logs" / "rank1.pid").read_text())["pid"], signal.SIGTERM)  # a node draining
+        os.kill(
+            json.loads((run / "logs" / "rank1.pid").read_text())["pid"], signal.SIGTERM
+        )  # a node draining
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -154,19 +266,34 @@ def test_sigterm_to_a_rank_saves_and_restarts(ray_cluster: RayCluster, tmp_path:
     assert ray_cluster.leftovers() == []
 
 
-def test_detached_run_status_runs_stacks_follow_and_cancel(ray_cluster: RayCluster, tmp_path: Path) -> None:
+def test_detached_run_status_runs_stacks_follow_and_cancel(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     short, long = tmp_path / "short", tmp_path / "long"
-    ticker = ["launcher.wait=false", "engine.dp_size=2", "task=ticker", TEST_TASKS, "task.step_sleep_s=0.3"]
+    ticker = [
+        "launcher.wait=false",
+        "engine.dp_size=2",
+        "task=ticker",
+        TEST_TASKS,
+        "task.step_sleep_s=0.3",
+    ]
     started = _cli(ray_cluster, [*ticker, "task.steps=40"], short)
-    assert started.returncode == 0 and "status: python -m wf_launch.status" in started.stdout, started.stderr[-3000:]
+    assert started.returncode == 0 and "status: python -m wf_launch.status" in started.stdout, (
+        started.stderr[-3000:]
+    )
     _wait_step(short, 0, 2)
     status = _tool(ray_cluster, "status", str(short))
-    assert status.returncode == 0 and "RUNNING attempt 0" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and "RUNNING attempt 0" in status.stdout, (
+        status.stdout + status.stderr
+    )
     listing = _tool(ray_cluster, "runs", str(tmp_path))
     assert "running" in listing.stdout and "detached" in listing.stdout, listing.stdout
     stacks = _tool(ray_cluster, "status", "--stacks", str(short))
-    assert stacks.returncode == 0 and "ranks 0,1 are at " in stacks.stdout and "in ticker" in stacks.stdout, \
-        stacks.stdout + stacks.stderr
+    assert (
+        stacks.returncode == 0
+        and "ranks 0,1 are at " in stacks.stdout
+        and "in ticker" in stacks.stdout
+    ), stacks.stdout + stacks.stderr
     follow = _tool(ray_cluster, "status", "--follow", str(short), timeout=300)
     assert follow.returncode == 0 and "run ok in" in follow.stderr, follow.stderr[-3000:]
     assert _record(short)["status"] == "ok"
@@ -175,15 +302,21 @@ def test_detached_run_status_runs_stacks_follow_and_cancel(ray_cluster: RayClust
     assert started.returncode == 0, started.stderr[-3000:]
     _wait_step(long, 0, 2)
     cancel = _tool(ray_cluster, "status", "--cancel", str(long))
-    assert cancel.returncode == 143 and "cancelled (exit 143)" in cancel.stdout, cancel.stdout + cancel.stderr
+    assert cancel.returncode == 143 and "cancelled (exit 143)" in cancel.stdout, (
+        cancel.stdout + cancel.stderr
+    )
     assert _record(long)["status"] == "cancelled"
     assert ray_cluster.leftovers() == []
 
 
 def test_sweep_points_run_side_by_side(ray_cluster: RayCluster, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = _cli(ray_cluster, ["engine.dp_size=1,2", "task=ticker", TEST_TASKS, "task.steps=15", "task.step_sleep_s=0.3"],
-                sweep, multirun=True)
+    proc = _cli(
+        ray_cluster,
+        ["engine.dp_size=1,2", "task=ticker", TEST_TASKS, "task.steps=15", "task.step_sleep_s=0.3"],
+        sweep,
+        multirun=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [_record(sweep / str(p)) for p in (0, 1)]
     assert [r["status"] for r in records] == ["ok", "ok"]
@@ -193,25 +326,47 @@ def test_sweep_points_run_side_by_side(ray_cluster: RayCluster, tmp_path: Path) 
     assert ray_cluster.leftovers() == []
 
 
-@pytest.mark.parametrize("args, field, has", [
-    (["launcher.nodes=4", "engine.dp_size=4"], "launcher.nodes=4", "has 3 alive node(s)"),
-    (["launcher.cpus_per_rank=3"], "launcher.cpus_per_rank=3.0", "no node has 3 CPU(s)"),
-    (["launcher.gpus_per_rank=1"], "launcher.gpus_per_rank=1.0", "no node has 1 GPU(s)"),
-    (["engine.dp_size=8"], "launcher.cpus_per_rank=1.0", "holds at most 6"),
-    (["launcher.address=127.0.0.1:1"], "launcher.address='127.0.0.1:1'", "nothing answers there"),
-], ids=["nodes", "cpus", "gpus", "world", "address"])
-def test_bad_inputs_are_refused_before_any_actor_starts(ray_cluster: RayCluster, tmp_path: Path, args: list[str],
-                                                        field: str, has: str) -> None:
+@pytest.mark.parametrize(
+    "args, field, has",
+    [
+        (["launcher.nodes=4", "engine.dp_size=4"], "launcher.nodes=4", "has 3 alive node(s)"),
+        (["launcher.cpus_per_rank=3"], "launcher.cpus_per_rank=3.0", "no node has 3 CPU(s)"),
+        (["launcher.gpus_per_rank=1"], "launcher.gpus_per_rank=1.0", "no node has 1 GPU(s)"),
+        (["engine.dp_size=8"], "launcher.cpus_per_rank=1.0", "holds at most 6"),
+        (
+            ["launcher.address=127.0.0.1:1"],
+            "launcher.address='127.0.0.1:1'",
+            "nothing answers there",
+        ),
+    ],
+    ids=["nodes", "cpus", "gpus", "world", "address"],
+)
+def test_bad_inputs_are_refused_before_any_actor_starts(
+    ray_cluster: RayCluster, tmp_path: Path, args: list[str], field: str, has: str
+) -> None:
     run = tmp_path / "run"
-    address = [] if any(a.startswith("launcher.address=") for a in args) else [f"launcher.address={ray_cluster.address}"]
-    proc = _cli(ray_cluster, ["launcher=ray", *address, *args, "task=noop", "launcher.placement_timeout_s=20"], run,
-                timeout=120, ray=False)
+    address = (
+        []
+        if any(a.startswith("launcher.address=") for a in args)
+        else [f"launcher.address={ray_cluster.address}"]
+    )
+    proc = _cli(
+        ray_cluster,
+        ["launcher=ray", *address, *args, "task=noop", "launcher.placement_timeout_s=20"],
+        run,
+        timeout=120,
+        ray=False,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"wf_launch: config error: {field} is not allowed" in proc.stderr and has in proc.stderr, proc.stderr
+    assert (
+        f"wf_launch: config error: {field} is not allowed" in proc.stderr and has in proc.stderr
+    ), proc.stderr
     assert _record(run)["status"] == "invalid" and not (run / "logs").exists()
 
 
-def test_a_private_instance_runs_and_leaves_nothing(ray_cluster: RayCluster, tmp_path: Path) -> None:
+def test_a_private_instance_runs_and_leaves_nothing(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     from wf_launch.launchers.ray.cluster import marked_pids, private_marker
 
     run = tmp_path / "run"
@@ -222,24 +377,53 @@ def test_a_private_instance_runs_and_leaves_nothing(ray_cluster: RayCluster, tmp
     assert marked_pids(private_marker(str(run))) == []
 
 
-def test_tune_on_the_cluster_measures_every_trial_on_ray(ray_cluster: RayCluster, tmp_path: Path) -> None:
+def test_tune_on_the_cluster_measures_every_trial_on_ray(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     """``python -m wf_launch.tune launcher=ray``: a round's trials run as Ray points side by side (the cluster holds
     them all), the known-best layout of ``task=clockwork`` wins, and nothing is left in the cluster."""
     sys.path.insert(0, str(Path(__file__).parent / "user_tasks"))
     from wf_tune_tasks import layout_key
 
     d = tmp_path / "tune"
-    proc = subprocess.run([sys.executable, "-m", "wf_launch.tune", "task=clockwork", "task.modules=[wf_tune_tasks]",
-                           "world_size=2", "task.steps=12", "launcher=ray", f"launcher.address={ray_cluster.address}",
-                           "--warmup", "1", "--min-steps", "3", "--cutoff", "0", "--dir", str(d)],
-                          capture_output=True, text=True, timeout=300, env=ray_cluster.env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch.tune",
+            "task=clockwork",
+            "task.modules=[wf_tune_tasks]",
+            "world_size=2",
+            "task.steps=12",
+            "launcher=ray",
+            f"launcher.address={ray_cluster.address}",
+            "--warmup",
+            "1",
+            "--min-steps",
+            "3",
+            "--cutoff",
+            "0",
+            "--dir",
+            str(d),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ray_cluster.env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     state = json.loads((d / "tune.json").read_text())
     assert state["status"] == "done" and state["launcher"] == "ray"
     first = [m for m in state["measurements"] if m["round"] == 0]
-    assert len(first) == 3 and all(m["status"] == "ok" for m in first), first  # tp2, cp2, dp2 (pp2 needs 2 micro-batches)
+    assert len(first) == 3 and all(m["status"] == "ok" for m in first), (
+        first
+    )  # tp2, cp2, dp2 (pp2 needs 2 micro-batches)
     winner = next(p for p in state["space"] if p["id"] == state["winner"])
-    assert layout_key(*(winner["sizes"][k] for k in ("tp", "cp", "pp", "dp")), 1) == "tp1-cp1-pp1-dp2-mb1"
+    assert (
+        layout_key(*(winner["sizes"][k] for k in ("tp", "cp", "pp", "dp")), 1)
+        == "tp1-cp1-pp1-dp2-mb1"
+    )
     records = [json.loads(p.read_text()) for p in d.glob("rounds/r*/*/result.json")]
     assert records and all(r["launcher"] == "ray" and r["status"] == "ok" for r in records)
     assert ray_cluster.leftovers() == []

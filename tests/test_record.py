@@ -25,12 +25,23 @@ def test_every_status_has_one_exit_code() -> None:
 
 
 def test_rank0_record_then_launcher_finalize(tmp_path: Path) -> None:
-    RunRecord(Status.OK, run_dir=str(tmp_path), task="demo", results={"0": {"summary": "all good", "x": 1}},
-              timings={"ranks": {"0": {"init_s": 0.1}}}, finished_at=1.0).write()
+    RunRecord(
+        Status.OK,
+        run_dir=str(tmp_path),
+        task="demo",
+        results={"0": {"summary": "all good", "x": 1}},
+        timings={"ranks": {"0": {"init_s": 0.1}}},
+        finished_at=1.0,
+    ).write()
     first = RunRecord.read(tmp_path)
-    assert first is not None and not first.final and "exit_code" not in json.loads((tmp_path / "result.json").read_text())
-    final = RunRecord.finalize(tmp_path, Status.OK, launcher="local", timings={"wall_s": 2.5},
-                               slurm={"job_id": "7"})
+    assert (
+        first is not None
+        and not first.final
+        and "exit_code" not in json.loads((tmp_path / "result.json").read_text())
+    )
+    final = RunRecord.finalize(
+        tmp_path, Status.OK, launcher="local", timings={"wall_s": 2.5}, slurm={"job_id": "7"}
+    )
     data = json.loads((tmp_path / "result.json").read_text())
     assert data["status"] == "ok" and data["exit_code"] == 0 and data["launcher"] == "local"
     assert data["timings"] == {"ranks": {"0": {"init_s": 0.1}}, "wall_s": 2.5}
@@ -43,18 +54,25 @@ def test_rank0_record_then_launcher_finalize(tmp_path: Path) -> None:
 
 def test_failed_finalize_keeps_results_but_not_rank0_finish_time(tmp_path: Path) -> None:
     RunRecord(Status.OK, run_dir=str(tmp_path), results={"0": {}}, finished_at=1.0).write()
-    rec = RunRecord.finalize(tmp_path, Status.INTERRUPTED, signal_name="SIGTERM",
-                             failure={"cause": "interrupt", "signal": "SIGTERM"})
+    rec = RunRecord.finalize(
+        tmp_path,
+        Status.INTERRUPTED,
+        signal_name="SIGTERM",
+        failure={"cause": "interrupt", "signal": "SIGTERM"},
+    )
     assert rec.exit_code == 143 and rec.finished_at != 1.0
     assert json.loads((tmp_path / "result.json").read_text())["exit_code"] == 143
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ('{"status": "ok", "results": {"0"', "invalid JSON"),
-    ("[1, 2]", "expected a JSON object, found list"),
-    ('{"status": "great"}', "unknown status 'great'"),
-    ('{"status": "ok", "results": [1]}', "field 'results' is a list"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('{"status": "ok", "results": {"0"', "invalid JSON"),
+        ("[1, 2]", "expected a JSON object, found list"),
+        ('{"status": "great"}', "unknown status 'great'"),
+        ('{"status": "ok", "results": [1]}', "field 'results' is a list"),
+    ],
+)
 def test_unreadable_record_names_the_file(tmp_path: Path, text: str, fragment: str) -> None:
     (tmp_path / "result.json").write_text(text)
     with pytest.raises(RecordError) as err:
@@ -89,7 +107,12 @@ def test_records_carry_the_format_version_and_old_ones_still_read(tmp_path: Path
     written = json.loads((tmp_path / "result.json").read_text())
     assert written["format_version"] == FORMAT_VERSION >= 1
     assert RunRecord.read(tmp_path).format_version == FORMAT_VERSION
-    old = {"status": "ok", "exit_code": 0, "task": "demo", "results": {"0": {"ok": True}}}  # before versions
+    old = {
+        "status": "ok",
+        "exit_code": 0,
+        "task": "demo",
+        "results": {"0": {"ok": True}},
+    }  # before versions
     (tmp_path / "result.json").write_text(json.dumps(old))
     record = RunRecord.read(tmp_path)
     assert record.format_version == 0 and record.final and record.results == {"0": {"ok": True}}

@@ -107,12 +107,24 @@ def _full(model: Stage, ema: Stage, opt: torch.optim.Optimizer) -> bytes:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     def full(t: Any) -> Any:
-        return t.full_tensor().clone() if hasattr(t, "full_tensor") else t.clone() if torch.is_tensor(t) else t
+        return (
+            t.full_tensor().clone()
+            if hasattr(t, "full_tensor")
+            else t.clone()
+            if torch.is_tensor(t)
+            else t
+        )
 
-    osd = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
-    out = {"model": {model.global_name(k): full(v) for k, v in model.named_parameters()},
-           "ema": {ema.global_name(k): full(v) for k, v in ema.named_parameters()},
-           "optim": {_global_optim_key(model, k): full(v) for k, v in osd.items() if k.startswith("state.")}}
+    osd = get_optimizer_state_dict(
+        model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True)
+    )
+    out = {
+        "model": {model.global_name(k): full(v) for k, v in model.named_parameters()},
+        "ema": {ema.global_name(k): full(v) for k, v in ema.named_parameters()},
+        "optim": {
+            _global_optim_key(model, k): full(v) for k, v in osd.items() if k.startswith("state.")
+        },
+    }
     buf = io.BytesIO()
     torch.save(out, buf)
     return buf.getvalue()
@@ -124,23 +136,41 @@ def _global_optim_key(model: Stage, key: str) -> str:
     return f"{head}.{model.global_name(fqn)}.{stat}"
 
 
-def _save_at(rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], async_save: bool) -> bytes:
+def _save_at(
+    rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], async_save: bool
+) -> bytes:
     layout, model, ema, opt = _setup(*sizes)
     _train(model, ema, opt, 2)
     dp = layout.coords(rank)["dp"]
-    state = {"model": model, "ema": ema, "optim": opt, "progress": {"step": 2, "seen": [1, 2]},
-             "data": torch.Generator().manual_seed(100 + dp), "mine": {"rank": rank}}
+    state = {
+        "model": model,
+        "ema": ema,
+        "optim": opt,
+        "progress": {"step": 2, "seen": [1, 2]},
+        "data": torch.Generator().manual_seed(100 + dp),
+        "mine": {"rank": rank},
+    }
     ckpt = Checkpointer(run_dir, keep=2, async_save=async_save, seed=5, layout=layout)
     ckpt.save(2, state, scopes={"progress": "replicated", "data": "dp"})
-    full = _full(model, ema, opt)  # after the save returned: an async snapshot must not see later changes
+    full = _full(
+        model, ema, opt
+    )  # after the save returned: an async snapshot must not see later changes
     _train(model, ema, opt, 1)
     ckpt.close()
     return full
 
 
-def _load_at(rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], remap: bool) -> dict[str, Any]:
+def _load_at(
+    rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], remap: bool
+) -> dict[str, Any]:
     layout, model, ema, opt = _setup(*sizes)
-    state = {"model": model, "ema": ema, "optim": opt, "progress": {}, "data": torch.Generator().manual_seed(7)}
+    state = {
+        "model": model,
+        "ema": ema,
+        "optim": opt,
+        "progress": {},
+        "data": torch.Generator().manual_seed(7),
+    }
     fns = {"data": lambda saved, dp, dp_size: saved[dp % len(saved)]} if remap else None
     ckpt = Checkpointer(run_dir, seed=5, layout=layout)
     try:  # with the per-rank entry 'mine': a layout change cannot serve it
@@ -150,10 +180,19 @@ def _load_at(rank: int, world: int, run_dir: str, sizes: tuple[int, int, int], r
         refused = str(exc)
     step = ckpt.load(state, remap=fns)
     report = ckpt.last_load
-    return {"refused": refused, "step": step, "full": _full(model, ema, opt), "progress": state["progress"],
-            "data": state["data"].get_state().tolist(), "rng": report.rng, "rederived": report.rederived,
-            "remapped": report.remapped, "changed": report.changed, "dp": layout.coords(rank)["dp"],
-            "draw": torch.rand(1).item()}
+    return {
+        "refused": refused,
+        "step": step,
+        "full": _full(model, ema, opt),
+        "progress": state["progress"],
+        "data": state["data"].get_state().tolist(),
+        "rng": report.rng,
+        "rederived": report.rederived,
+        "remapped": report.remapped,
+        "changed": report.changed,
+        "dp": layout.coords(rank)["dp"],
+        "draw": torch.rand(1).item(),
+    }
 
 
 def _merged(parts: list[bytes]) -> dict[str, dict[str, torch.Tensor]]:
@@ -167,7 +206,9 @@ def _merged(parts: list[bytes]) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
-def _assert_same_state(saved: dict[str, dict[str, torch.Tensor]], loaded: dict[str, dict[str, torch.Tensor]]) -> None:
+def _assert_same_state(
+    saved: dict[str, dict[str, torch.Tensor]], loaded: dict[str, dict[str, torch.Tensor]]
+) -> None:
     for kind in ("model", "ema", "optim"):
         assert sorted(saved[kind]) == sorted(loaded[kind]), kind
         for name, t in saved[kind].items():
@@ -188,47 +229,84 @@ def _assert_export(run_dir: Path, gathered: dict[str, dict[str, torch.Tensor]]) 
     for flag, kind in (([], "model"), (["--ema"], "ema")):
         out = run_dir / f"{kind}.pt"
         if kind == "model":
-            proc = subprocess.run([sys.executable, "-m", "wf_launch.checkpoint", "export", str(run_dir), "--out",
-                                   str(out), *flag], capture_output=True, text=True, env=cli_env(), timeout=120)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "wf_launch.checkpoint",
+                    "export",
+                    str(run_dir),
+                    "--out",
+                    str(out),
+                    *flag,
+                ],
+                capture_output=True,
+                text=True,
+                env=cli_env(),
+                timeout=120,
+            )
             assert proc.returncode == 0, proc.stderr
             assert f"exported entry '{kind}' of step 2 (saved at tp=1 cp=1 pp=2 dp=2" in proc.stdout
         else:
             assert main(["export", str(run_dir), "--out", str(out), *flag]) == 0
         exported = torch.load(out, weights_only=True)
         assert sorted(exported) == sorted(gathered[kind])
-        assert all(type(t) is torch.Tensor and torch.equal(t, gathered[kind][k]) for k, t in exported.items())
+        assert all(
+            type(t) is torch.Tensor and torch.equal(t, gathered[kind][k])
+            for k, t in exported.items()
+        )
 
 
 def _generator_state(seed: int) -> list[int]:
-    return torch.Generator().manual_seed(seed).get_state().tolist()  # plain ints cross the result queue
+    return (
+        torch.Generator().manual_seed(seed).get_state().tolist()
+    )  # plain ints cross the result queue
 
 
 CASES = [  # (saved at cp, pp, dp), (loaded at cp, pp, dp), async save, remap the dp-scoped generator
-    ((1, 1, 4), (1, 1, 2), True, False),   # dp4 -> dp2: a smaller world
-    ((1, 1, 2), (1, 1, 4), False, True),   # dp2 -> dp4: a larger world
-    ((2, 1, 2), (1, 1, 4), True, False),   # cp2 x dp2 -> dp4: FSDP2 on another mesh
-    ((1, 2, 2), (1, 1, 4), True, True),    # pp2 x dp2 -> pp1 x dp4: the stages merge (and export)
+    ((1, 1, 4), (1, 1, 2), True, False),  # dp4 -> dp2: a smaller world
+    ((1, 1, 2), (1, 1, 4), False, True),  # dp2 -> dp4: a larger world
+    ((2, 1, 2), (1, 1, 4), True, False),  # cp2 x dp2 -> dp4: FSDP2 on another mesh
+    ((1, 2, 2), (1, 1, 4), True, True),  # pp2 x dp2 -> pp1 x dp4: the stages merge (and export)
     ((1, 1, 4), (1, 2, 2), False, False),  # and back: pp1 x dp4 -> pp2 x dp2
 ]
 
 
-@pytest.mark.parametrize("before, after, async_save, remap", CASES,
-                         ids=["dp4-dp2", "dp2-dp4", "cp2dp2-dp4", "pp2dp2-dp4", "dp4-pp2dp2"])
-def test_a_checkpoint_loads_bitwise_at_another_layout(tmp_path: Path, before: tuple[int, int, int],
-                                                      after: tuple[int, int, int], async_save: bool,
-                                                      remap: bool) -> None:
+@pytest.mark.parametrize(
+    "before, after, async_save, remap",
+    CASES,
+    ids=["dp4-dp2", "dp2-dp4", "cp2dp2-dp4", "pp2dp2-dp4", "dp4-pp2dp2"],
+)
+def test_a_checkpoint_loads_bitwise_at_another_layout(
+    tmp_path: Path,
+    before: tuple[int, int, int],
+    after: tuple[int, int, int],
+    async_save: bool,
+    remap: bool,
+) -> None:
     run_dir = str(tmp_path)
-    saved = _merged(run_ranks(_save_at, before[0] * before[1] * before[2], run_dir, before, async_save, timeout=90))
+    saved = _merged(
+        run_ranks(
+            _save_at, before[0] * before[1] * before[2], run_dir, before, async_save, timeout=90
+        )
+    )
     world_after = after[0] * after[1] * after[2]
     got = run_ranks(_load_at, world_after, run_dir, after, remap, timeout=90)
     for r in got:  # every rank refuses the per-rank entry, naming it, its scope and both layouts
         assert "entry 'mine' has scope 'rank'" in r["refused"], r["refused"]
-        assert f"saved at {_describe(before)} and this run's layout is {_describe(after)}" in r["refused"]
+        assert (
+            f"saved at {_describe(before)} and this run's layout is {_describe(after)}"
+            in r["refused"]
+        )
     _assert_same_state(saved, _merged([r["full"] for r in got]))
     for r in got:
-        assert r["step"] == 2 and r["changed"] and r["progress"] == {"step": 2, "seen": [1, 2]}  # replicated
+        assert (
+            r["step"] == 2 and r["changed"] and r["progress"] == {"step": 2, "seen": [1, 2]}
+        )  # replicated
         assert r["rng"].startswith("re-derived from seed 5, step 2 and rank")
-    assert len({r["draw"] for r in got}) == world_after  # re-derived per rank: every rank draws its own numbers
+    assert (
+        len({r["draw"] for r in got}) == world_after
+    )  # re-derived per rank: every rank draws its own numbers
     if before == (1, 2, 2):
         _assert_export(tmp_path, saved)
     dp_changed = before[2] != after[2]
@@ -236,6 +314,8 @@ def test_a_checkpoint_loads_bitwise_at_another_layout(tmp_path: Path, before: tu
         if not dp_changed:  # the same dp index: the replica's own saved stream
             assert r["data"] == _generator_state(100 + r["dp"]) and not r["rederived"]
         elif remap:  # the task's mapping of the saved replicas
-            assert r["remapped"] == ["data"] and r["data"] == _generator_state(100 + r["dp"] % before[2])
+            assert r["remapped"] == ["data"] and r["data"] == _generator_state(
+                100 + r["dp"] % before[2]
+            )
         else:  # re-derived: the value the task built for the new layout stays
             assert r["rederived"] == ["data"] and r["data"] == _generator_state(7)

@@ -27,7 +27,14 @@ from worldfoundry.core.distributed.run_control import (
     size,
 )
 
-_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 @pytest.fixture
@@ -81,7 +88,9 @@ def test_cuda_without_cuda_says_to_pass_cpu(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(RuntimeError, match=r"needs CUDA.*pass device='cpu'"):
         with distributed_run(device="cuda"):
             pass
-    with pytest.raises(ValueError, match=r"device='mps' is not supported on a distributed launch.*allowed"):
+    with pytest.raises(
+        ValueError, match=r"device='mps' is not supported on a distributed launch.*allowed"
+    ):
         with distributed_run(device="mps"):
             pass
     assert not is_initialized()
@@ -91,7 +100,9 @@ def test_launch_without_a_group_refuses_collectives(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "2")
     assert is_distributed_launch() and not is_distributed_run()
-    with pytest.raises(RuntimeError, match=r"rank 2 of a distributed launch .*not set up.*distributed_run"):
+    with pytest.raises(
+        RuntimeError, match=r"rank 2 of a distributed launch .*not set up.*distributed_run"
+    ):
         all_reduce("x", lambda: 1, sum)
     with pytest.raises(RuntimeError, match="not set up"):
         broadcast_from("x", lambda: 1)
@@ -114,7 +125,9 @@ def test_bad_arguments_name_the_field() -> None:
 def test_unused_groups_without_a_run() -> None:
     state = ParallelState()
     assert not state.tensor_parallel_group.is_initialized()
-    assert state.tensor_parallel_group.rank() == -1 and state.tensor_parallel_group.world_size() == -1
+    assert (
+        state.tensor_parallel_group.rank() == -1 and state.tensor_parallel_group.world_size() == -1
+    )
     assert DistributedProcessGroup.get_dist_syncd_obj(7, state.data_parallel_group, max) == 7
     assert "tensor_parallel_group" in repr(state)
 
@@ -125,8 +138,17 @@ def test_unused_groups_without_a_run() -> None:
 def _run_owns_group(rank_: int, world: int) -> dict:
     before = is_initialized()
     with distributed_run(timeout=timedelta(minutes=5), device="cpu") as state:
-        inside = (state.rank, state.world_size, str(state.device), state.is_main, backend(),
-                  is_distributed_run(), is_master(), rank(), size())
+        inside = (
+            state.rank,
+            state.world_size,
+            str(state.device),
+            state.is_main,
+            backend(),
+            is_distributed_run(),
+            is_master(),
+            rank(),
+            size(),
+        )
         barrier()
     return {"before": before, "inside": inside, "after": is_initialized()}
 
@@ -145,8 +167,13 @@ def _run_leaves_callers_group(rank_: int, world: int) -> dict:
     with distributed_run(device="cpu") as state:
         got = (state.rank, state.world_size)
     raised = _caught(_raise_inside_run)
-    return {"state": got, "after": dist.is_initialized(), "raised": raised,
-            "after_raise": dist.is_initialized(), "works": all_reduce("after", lambda: rank_, sum)}
+    return {
+        "state": got,
+        "after": dist.is_initialized(),
+        "raised": raised,
+        "after_raise": dist.is_initialized(),
+        "works": all_reduce("after", lambda: rank_, sum),
+    }
 
 
 def _raise_inside_run() -> None:
@@ -202,8 +229,12 @@ def _body_raises_on_one_rank(rank_: int, world: int) -> dict:
             time.sleep(0.2)
             dist.all_reduce(torch.ones(1))  # waits on rank 2, which never comes
     except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start,
-                "group_left": dist.is_initialized(), "pid": os.getpid()}
+        return {
+            "error": f"{type(e).__name__}: {e}",
+            "seconds": time.monotonic() - start,
+            "group_left": dist.is_initialized(),
+            "pid": os.getpid(),
+        }
     return {"error": None}
 
 
@@ -267,8 +298,11 @@ def _collectives(rank_: int, world: int) -> dict:
 
     out["mixed"] = _caught(all_reduce, "mixed", exit_and_error, min)
     out["labels"] = _caught(all_reduce, "step-a" if rank_ != 3 else "step-b", lambda: 1, sum)
-    out["kinds"] = _caught(all_reduce, "x", lambda: 1, sum) if rank_ % 2 else _caught(
-        broadcast_from, "x", lambda: 1)
+    out["kinds"] = (
+        _caught(all_reduce, "x", lambda: 1, sum)
+        if rank_ % 2
+        else _caught(broadcast_from, "x", lambda: 1)
+    )
 
     def src_fails() -> int:
         raise RuntimeError("no such file")
@@ -298,12 +332,17 @@ def test_fault_propagating_collectives_at_4_ranks() -> None:
             assert res["raise"] == ("ValueError", "bad batch")
         else:
             assert res["raise"] == (
-                "RuntimeError", "all_reduce('batch'): rank 1 failed: ValueError: bad batch")
+                "RuntimeError",
+                "all_reduce('batch'): rank 1 failed: ValueError: bad batch",
+            )
         assert res["raise_s"] < 5
         if r in (2, 3):
             assert res["two_fail"] == ("KeyError", f"'k{r}'")
         else:
-            assert res["two_fail"] == ("RuntimeError", "all_reduce('two'): rank 2 failed: KeyError: 'k2'")
+            assert res["two_fail"] == (
+                "RuntimeError",
+                "all_reduce('two'): rank 2 failed: KeyError: 'k2'",
+            )
         kind, msg = res["unpicklable"]
         assert kind == ("TypeError" if r == 3 else "RuntimeError")
         assert "rank 3" in msg and "does not pickle" in msg
@@ -313,13 +352,28 @@ def test_fault_propagating_collectives_at_4_ranks() -> None:
         if r == 2:
             assert res["mixed"] == ("OSError", "disk")
         else:
-            assert res["mixed"] == ("RuntimeError", "all_reduce('mixed'): rank 2 failed: OSError: disk")
+            assert res["mixed"] == (
+                "RuntimeError",
+                "all_reduce('mixed'): rank 2 failed: OSError: disk",
+            )
         kind, msg = res["labels"]
-        assert kind == "RuntimeError" and "'step-a'" in msg and "'step-b'" in msg and "rank 3" in msg
+        assert (
+            kind == "RuntimeError" and "'step-a'" in msg and "'step-b'" in msg and "rank 3" in msg
+        )
         kind, msg = res["kinds"]
-        assert kind == "RuntimeError" and "all_reduce('x')" in msg and "broadcast_from('x', rank=0)" in msg
-        assert res["bcast_raise"] == (("RuntimeError", "no such file") if r == 0 else (
-            "RuntimeError", "broadcast_from('read', rank=0): rank 0 failed: RuntimeError: no such file"))
+        assert (
+            kind == "RuntimeError"
+            and "all_reduce('x')" in msg
+            and "broadcast_from('x', rank=0)" in msg
+        )
+        assert res["bcast_raise"] == (
+            ("RuntimeError", "no such file")
+            if r == 0
+            else (
+                "RuntimeError",
+                "broadcast_from('read', rank=0): rank 0 failed: RuntimeError: no such file",
+            )
+        )
         assert res["bcast_exit"] == ("SystemExit", 4)
         kind, msg = res["bcast_labels"]
         assert kind == "RuntimeError" and "'cfg'" in msg and "'other'" in msg
@@ -331,12 +385,22 @@ def _groups(rank_: int, world: int) -> dict:
 
     pair = dist.new_group([0, 1])
     state = ParallelState(data_parallel_group=None, tensor_parallel_group=pair)
-    dp, tp, ep = state.data_parallel_group, state.tensor_parallel_group, state.expert_model_parallel_group
+    dp, tp, ep = (
+        state.data_parallel_group,
+        state.tensor_parallel_group,
+        state.expert_model_parallel_group,
+    )
     synced = DistributedProcessGroup.get_dist_syncd_obj(rank_, [dp, ep], max)
     synced_tp = DistributedProcessGroup.get_dist_syncd_obj(rank_, tp, lambda vs: sum(vs))
-    return {"dp": (dp.rank(), dp.world_size()), "tp": (tp.rank(), tp.world_size()),
-            "ep": (ep.is_initialized(), ep.rank()), "synced": synced, "synced_tp": synced_tp,
-            "master": is_master(), "rank_in_pair": rank(pair) if rank_ < 2 else None}
+    return {
+        "dp": (dp.rank(), dp.world_size()),
+        "tp": (tp.rank(), tp.world_size()),
+        "ep": (ep.is_initialized(), ep.rank()),
+        "synced": synced,
+        "synced_tp": synced_tp,
+        "master": is_master(),
+        "rank_in_pair": rank(pair) if rank_ < 2 else None,
+    }
 
 
 @pytest.mark.slow
@@ -399,7 +463,10 @@ def _kind(fn, *args, **kwargs) -> tuple[str, str]:
     try:
         return ("ok", repr(fn(*args, **kwargs)))
     except SystemExit as e:
-        return ("SystemExit", "code is str-able" if not isinstance(e.code, _BadCode) else "own code")
+        return (
+            "SystemExit",
+            "code is str-able" if not isinstance(e.code, _BadCode) else "own code",
+        )
     except _Unprintable:
         return ("_Unprintable", "own error")
     except BaseException as e:
@@ -428,8 +495,12 @@ def _edge_cases(rank_: int, world: int) -> dict:
         return 0
 
     out["bad_exit"] = _kind(all_reduce, "e", bad_exit, sum)
-    out["no_load"] = _kind(all_reduce, "nl", lambda: _NoLoad() if rank_ == 1 else 0, lambda vs: len(vs))
-    out["no_load_on_2"] = _kind(all_reduce, "nl2", lambda: _NoLoadOnRank2() if rank_ == 0 else 0, len)
+    out["no_load"] = _kind(
+        all_reduce, "nl", lambda: _NoLoad() if rank_ == 1 else 0, lambda vs: len(vs)
+    )
+    out["no_load_on_2"] = _kind(
+        all_reduce, "nl2", lambda: _NoLoadOnRank2() if rank_ == 0 else 0, len
+    )
     out["bcast_no_load"] = _kind(broadcast_from, "bnl", lambda: _NoLoad(), rank=0)
     out["bcast_no_load_on_2"] = _kind(broadcast_from, "bnl2", lambda: _NoLoadOnRank2(), rank=1)
     out["bad_label"] = _kind(all_reduce, 5 if rank_ == 1 else "lbl", lambda: 1, sum)
@@ -441,7 +512,9 @@ def _edge_cases(rank_: int, world: int) -> dict:
 
 
 @pytest.mark.slow
-def test_every_rank_raises_alike_on_unprintable_errors_unloadable_values_and_bad_arguments() -> None:
+def test_every_rank_raises_alike_on_unprintable_errors_unloadable_values_and_bad_arguments() -> (
+    None
+):
     results = run_ranks(_edge_cases, 3, timeout=45)
     for r, res in enumerate(results):
         assert res["seconds"] < 15
@@ -450,7 +523,10 @@ def test_every_rank_raises_alike_on_unprintable_errors_unloadable_values_and_bad
             assert res["unprintable"] == ("_Unprintable", "own error")
         else:
             kind, msg = res["unprintable"]
-            assert kind == "RuntimeError" and "rank 1 failed: _Unprintable: <unprintable _Unprintable" in msg
+            assert (
+                kind == "RuntimeError"
+                and "rank 1 failed: _Unprintable: <unprintable _Unprintable" in msg
+            )
         if r == 2:
             assert res["unprintable_src"] == ("_Unprintable", "own error")
         else:
@@ -458,7 +534,10 @@ def test_every_rank_raises_alike_on_unprintable_errors_unloadable_values_and_bad
             assert kind == "RuntimeError" and "rank 2 failed: _Unprintable" in msg
         assert res["bad_exit"][0] == "SystemExit"
         # a value that pickles but does not unpickle: every rank raises, its producer included
-        for key, src, where in (("no_load", 1, "all_reduce('nl')"), ("bcast_no_load", 0, "broadcast_from('bnl'")):
+        for key, src, where in (
+            ("no_load", 1, "all_reduce('nl')"),
+            ("bcast_no_load", 0, "broadcast_from('bnl'"),
+        ):
             kind, msg = res[key]
             assert kind == "RuntimeError", (r, key, res[key])
             assert where in msg and f"rank {src}'s value pickled but does not unpickle" in msg
@@ -466,7 +545,9 @@ def test_every_rank_raises_alike_on_unprintable_errors_unloadable_values_and_bad
         # ... also when it fails on one peer only
         for key in ("no_load_on_2", "bcast_no_load_on_2"):
             kind, msg = res[key]
-            assert kind == "RuntimeError" and "(on rank 2)" in msg and "cannot rebuild here" in msg, (r, key)
+            assert (
+                kind == "RuntimeError" and "(on rank 2)" in msg and "cannot rebuild here" in msg
+            ), (r, key)
         # a bad argument on one rank: it raises its own, the peers a RuntimeError naming it
         kind, msg = res["bad_label"]
         if r == 1:
@@ -500,7 +581,12 @@ def _run_with_timeout(rank_: int, world: int, seconds: float) -> tuple[str, str,
 @pytest.mark.parametrize("seconds", [0.0, -5.0, -0.000001])
 def test_distributed_run_refuses_a_timeout_that_is_not_positive(seconds: float) -> None:
     # a launch of 2 whose second rank never comes: a refusal must come before any rendezvous
-    [res] = run_ranks(_run_with_timeout, 1, seconds, init=False, env={"WORLD_SIZE": "2"}, timeout=20)
+    [res] = run_ranks(
+        _run_with_timeout, 1, seconds, init=False, env={"WORLD_SIZE": "2"}, timeout=20
+    )
     kind, msg, group_up = res
     assert kind == "ValueError" and not group_up
-    assert msg.startswith("distributed_run: timeout=datetime.timedelta(") and "must be a positive" in msg
+    assert (
+        msg.startswith("distributed_run: timeout=datetime.timedelta(")
+        and "must be a positive" in msg
+    )

@@ -18,8 +18,11 @@ TASKS = "task.modules=[wf_test_tasks]"
 
 
 def _files(run_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
-            if p.is_file() and ".hydra" not in p.parts and p.name != ".wf_launch.lock"}
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and ".hydra" not in p.parts and p.name != ".wf_launch.lock"
+    }
 
 
 def test_a_second_launch_into_a_finished_run_is_refused_and_changes_nothing(tmp_path: Path) -> None:
@@ -43,7 +46,9 @@ def test_a_second_launch_into_a_finished_run_is_refused_and_changes_nothing(tmp_
 
 def test_overwrite_moves_the_old_run_aside_and_starts_clean(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    failed = run_cli(["task=misbehave", TASKS, "task.how=raise", "task.rank=1", "engine.dp_size=2"], run_dir)
+    failed = run_cli(
+        ["task=misbehave", TASKS, "task.how=raise", "task.rank=1", "engine.dp_size=2"], run_dir
+    )
     assert failed.returncode == 1 and (run_dir / "logs" / "rank1.error.json").exists()
     proc = run_cli(["task=noop", "launcher.overwrite=true"], run_dir)
     assert proc.returncode == 0, proc.stderr
@@ -58,13 +63,17 @@ def test_overwrite_moves_the_old_run_aside_and_starts_clean(tmp_path: Path) -> N
 
 def test_a_live_launch_owns_its_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = start_cli(["task=misbehave", TASKS, "task.how=sleep_all", "task.sleep_s=120", "engine.dp_size=2"],
-                      run_dir)
+    first = start_cli(
+        ["task=misbehave", TASKS, "task.how=sleep_all", "task.sleep_s=120", "engine.dp_size=2"],
+        run_dir,
+    )
     try:
         wait_for_log(run_dir / "logs" / "rank0.log", "sleeping")
         second = run_cli(["task=noop", "launcher.overwrite=true"], run_dir)
         assert second.returncode == 2
-        assert f"run directory {run_dir} is in use by a live launch (pid {first.pid})" in second.stderr
+        assert (
+            f"run directory {run_dir} is in use by a live launch (pid {first.pid})" in second.stderr
+        )
     finally:
         os.killpg(first.pid, signal.SIGINT)
         first.communicate(timeout=120)
@@ -76,13 +85,29 @@ def test_a_sweep_directory_holds_one_sweep(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
 
     def sweep(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "wf_launch", "-m", "task=noop", *extra,
-                               f"hydra.sweep.dir={sweep_dir}"], capture_output=True, text=True, timeout=180,
-                              env=cli_env(), cwd=tmp_path)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wf_launch",
+                "-m",
+                "task=noop",
+                *extra,
+                f"hydra.sweep.dir={sweep_dir}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=cli_env(),
+            cwd=tmp_path,
+        )
 
     assert sweep("engine.dp_size=1,2,4").returncode == 0
     again = sweep("engine.dp_size=1,2")
-    assert again.returncode == 2 and f"sweep directory {sweep_dir} already holds a sweep" in again.stderr
+    assert (
+        again.returncode == 2
+        and f"sweep directory {sweep_dir} already holds a sweep" in again.stderr
+    )
     time.sleep(1)
     replaced = sweep("engine.dp_size=1,2", "launcher.overwrite=true")
     assert replaced.returncode == 0, replaced.stderr

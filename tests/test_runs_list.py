@@ -19,21 +19,45 @@ def _run(path: Path, when: float, status: Status | None, **facts: object) -> Pat
     if status is not None:
         RunRecord(status, run_dir=str(path), final=True, finished_at=when, **facts).write()  # type: ignore[arg-type]
     else:
-        (path / "config.yaml").write_text("engine: {tp_size: 1, cp_size: 1, pp_size: 1, dp_size: 2}\n")
+        (path / "config.yaml").write_text(
+            "engine: {tp_size: 1, cp_size: 1, pp_size: 1, dp_size: 2}\n"
+        )
     os.utime(path, (when, when))
     return path
 
 
 def _runs(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wf_launch.runs", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch.runs", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_runs_are_listed_newest_first_with_layout_launcher_and_metric(tmp_path: Path) -> None:
-    _run(tmp_path / "outputs/d/a", 1000, Status.OK, task="demo", launcher="local", layout=LAYOUT,
-         timings={"wall_s": 1.5}, results={"0": {"tokens_per_s": 1234.5, "ok": True}})
-    _run(tmp_path / "outputs/d/b", 3000, Status.FAILED, task="misbehave", launcher="slurm", layout=LAYOUT,
-         extra={"slurm": {"job_id": "77"}}, results={})
+    _run(
+        tmp_path / "outputs/d/a",
+        1000,
+        Status.OK,
+        task="demo",
+        launcher="local",
+        layout=LAYOUT,
+        timings={"wall_s": 1.5},
+        results={"0": {"tokens_per_s": 1234.5, "ok": True}},
+    )
+    _run(
+        tmp_path / "outputs/d/b",
+        3000,
+        Status.FAILED,
+        task="misbehave",
+        launcher="slurm",
+        layout=LAYOUT,
+        extra={"slurm": {"job_id": "77"}},
+        results={},
+    )
     bad = _run(tmp_path / "outputs/d/c", 2000, Status.OK)
     (bad / "result.json").write_text('{"status": "ok", "res')
     _run(tmp_path / "outputs/d/e", 4000, None)

@@ -24,13 +24,20 @@ COMBINED_FORM = "cpu:gloo,cuda:nccl"
 
 # ---------------------------------------------------------------- group_device
 
+
 def _gloo_devices(rank: int, world: int) -> list[str]:
     groups.initialize_model_parallel(cp_size=world)
     cp_group = groups.get_cp_group()
     sub = dist.new_group([0, 1])
-    out = [backends.group_device(), backends.group_device(dist.group.WORLD), backends.group_device(cp_group),
-           backends.group_device(cp_group.device_group), backends.group_device(sub),
-           backends.group_device(cp_group, control=True), pipeline.PPScheduler(cp_group).device]
+    out = [
+        backends.group_device(),
+        backends.group_device(dist.group.WORLD),
+        backends.group_device(cp_group),
+        backends.group_device(cp_group.device_group),
+        backends.group_device(sub),
+        backends.group_device(cp_group, control=True),
+        pipeline.PPScheduler(cp_group).device,
+    ]
     groups.destroy_model_parallel()
     return [str(d) for d in out]
 
@@ -46,16 +53,24 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
-@pytest.mark.parametrize(("backend_string", "expected", "control"), [
-    (COMBINED_FORM, "cuda:0", "cpu"),          # NCCL for CUDA tensors; control traffic on the gloo half
-    ("cuda:nccl,cpu:gloo", "cuda:0", "cpu"),
-    ("nccl", "cuda:0", "cuda:0"),
-    ("NCCL", "cuda:0", "cuda:0"),
-    ("gloo", "cpu", "cpu"),
-    ("mpi", "cpu", "cpu"),
-])
-def test_group_device_follows_the_backend_string(monkeypatch: pytest.MonkeyPatch, fake_cuda: None,
-                                                 backend_string: str, expected: str, control: str) -> None:
+@pytest.mark.parametrize(
+    ("backend_string", "expected", "control"),
+    [
+        (COMBINED_FORM, "cuda:0", "cpu"),  # NCCL for CUDA tensors; control traffic on the gloo half
+        ("cuda:nccl,cpu:gloo", "cuda:0", "cpu"),
+        ("nccl", "cuda:0", "cuda:0"),
+        ("NCCL", "cuda:0", "cuda:0"),
+        ("gloo", "cpu", "cpu"),
+        ("mpi", "cpu", "cpu"),
+    ],
+)
+def test_group_device_follows_the_backend_string(
+    monkeypatch: pytest.MonkeyPatch,
+    fake_cuda: None,
+    backend_string: str,
+    expected: str,
+    control: str,
+) -> None:
     seen: list[object] = []
 
     def get_backend(group: object = None) -> str:
@@ -90,6 +105,7 @@ def test_one_backends_tuple_and_resolver() -> None:
 
 # ---------------------------------------------------------------- one start-up path
 
+
 class _Started(Exception):
     """Raised by the fake init_default_group: how far start-up got, and with which backend."""
 
@@ -98,9 +114,14 @@ class _Started(Exception):
 def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     calls: list[tuple] = []
 
-    def init_default_group(backend_string: str, world_size: int = -1, rank: int = -1,
-                           init_method: str = "env://", timeout: object = None,
-                           device_id: object = None) -> bool:
+    def init_default_group(
+        backend_string: str,
+        world_size: int = -1,
+        rank: int = -1,
+        init_method: str = "env://",
+        timeout: object = None,
+        device_id: object = None,
+    ) -> bool:
         calls.append((backend_string, world_size, rank, init_method, device_id))
         raise _Started
 
@@ -128,6 +149,7 @@ def test_dist_init_and_distributed_run_start_nccl_alike(fake_gpus: list[tuple]) 
 
 
 # ---------------------------------------------------------------- the runtime object
+
 
 class _Scheduler:
     closed = False
@@ -157,8 +179,9 @@ def test_close_resets_everything_and_runs_hooks_once() -> None:
 
 def test_pp_scheduler_lives_in_the_runtime() -> None:
     rt = runtime.current()
-    rt.pp_scheduler = sched = pipeline.PPScheduler(groups.GroupCoordinator("pp", [0], 0, None, None),
-                                                   device="cpu")
+    rt.pp_scheduler = sched = pipeline.PPScheduler(
+        groups.GroupCoordinator("pp", [0], 0, None, None), device="cpu"
+    )
     try:
         assert pipeline.pp_scheduler() is sched
     finally:
@@ -169,9 +192,13 @@ def test_pp_scheduler_lives_in_the_runtime() -> None:
 
 # ---------------------------------------------------------------- launch attempt
 
-@pytest.mark.parametrize(("value", "expected"), [(None, 0), ("", 0), ("0", 0), ("3", 3), (" 12 ", 12)])
-def test_launch_attempt_reads_wf_attempt(monkeypatch: pytest.MonkeyPatch, value: str | None,
-                                         expected: int) -> None:
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, 0), ("", 0), ("0", 0), ("3", 3), (" 12 ", 12)]
+)
+def test_launch_attempt_reads_wf_attempt(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, expected: int
+) -> None:
     for other in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
         monkeypatch.setenv(other, "7")  # never read
     if value is None:
@@ -183,8 +210,9 @@ def test_launch_attempt_reads_wf_attempt(monkeypatch: pytest.MonkeyPatch, value:
 
 
 @pytest.mark.parametrize("value", ["one", "-1", "1.5"])
-def test_launch_attempt_rejects_what_is_not_an_attempt_number(monkeypatch: pytest.MonkeyPatch,
-                                                              value: str) -> None:
+def test_launch_attempt_rejects_what_is_not_an_attempt_number(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setenv("WF_ATTEMPT", value)
     with pytest.raises(ValueError, match=r"WF_ATTEMPT=.* must be an integer >= 0"):
         init.launch_attempt()
@@ -199,8 +227,9 @@ def _attempt_prefix(rank: int, world: int) -> list[str]:
         return real(prefix, store)
 
     dist.PrefixStore = recording
-    config = SimpleNamespace(engine_config=SimpleNamespace(distributed_backend="gloo",
-                                                           distributed_timeout_minutes=0.5))
+    config = SimpleNamespace(
+        engine_config=SimpleNamespace(distributed_backend="gloo", distributed_timeout_minutes=0.5)
+    )
     try:
         for _ in range(2):  # the second init re-uses the launch's store under a fresh prefix
             init.dist_init(config)
@@ -225,13 +254,18 @@ def test_each_init_of_an_attempt_has_its_own_store_prefix() -> None:
 def test_backend_function_is_not_shadowed_by_the_backends_module() -> None:
     import worldfoundry.core.distributed as wfd
 
-    assert wfd.backend is run_control.backend  # the contract's backend(), after backends.py is imported
+    assert (
+        wfd.backend is run_control.backend
+    )  # the contract's backend(), after backends.py is imported
     assert wfd.group_device is backends.group_device
 
 
 def _run_owns_what_the_body_built(rank: int, world: int) -> list[object]:
-    config = SimpleNamespace(engine_config=SimpleNamespace(distributed_backend="gloo",
-                                                           distributed_timeout_minutes=0.5, cp_size=2))
+    config = SimpleNamespace(
+        engine_config=SimpleNamespace(
+            distributed_backend="gloo", distributed_timeout_minutes=0.5, cp_size=2
+        )
+    )
     out: list[object] = []
     with run_control.distributed_run(device="cpu") as state:
         assert init.dist_init(config) == torch.device("cpu")
@@ -239,7 +273,9 @@ def _run_owns_what_the_body_built(rank: int, world: int) -> list[object]:
     out.append((dist.is_initialized(), groups.model_parallel_is_initialized()))
     with pytest.raises(ValueError, match="body failed"), run_control.distributed_run(device="cpu"):
         init.dist_init(config)
-        raise ValueError("body failed")  # every rank fails alike: the group is aborted, the runtime forgotten
+        raise ValueError(
+            "body failed"
+        )  # every rank fails alike: the group is aborted, the runtime forgotten
     out.append((dist.is_initialized(), groups.model_parallel_is_initialized()))
     return out
 
@@ -247,4 +283,7 @@ def _run_owns_what_the_body_built(rank: int, world: int) -> list[object]:
 @pytest.mark.slow
 def test_distributed_run_closes_the_runtime_built_on_its_group() -> None:
     out = run_ranks(_run_owns_what_the_body_built, 2, init=False, timeout=60)
-    assert out == [[(0, [0, 1]), (False, False), (False, False)], [(1, [0, 1]), (False, False), (False, False)]]
+    assert out == [
+        [(0, [0, 1]), (False, False), (False, False)],
+        [(1, [0, 1]), (False, False), (False, False)],
+    ]

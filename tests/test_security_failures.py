@@ -22,11 +22,17 @@ def test_a_failure_record_that_cannot_be_written_never_hides_the_root_cause(tmp_
     proc = run_cli(["task=misbehave", TASKS, "task.how=raise_unrecordable", "task.rank=0"], run_dir)
     assert proc.returncode == 1
     log = (run_dir / "logs" / "rank0.log").read_text()
-    real, write = log.find("rank 0 failed: ValueError: rank 0 refuses: bad batch 17"), \
-        log.find("rank 0 could not write its failure record")
+    real, write = (
+        log.find("rank 0 failed: ValueError: rank 0 refuses: bad batch 17"),
+        log.find("rank 0 could not write its failure record"),
+    )
     assert 0 <= real < write, log
-    assert "IsADirectoryError" in log[write:] and "its failure is the ValueError above" in log[write:]
-    assert "ValueError: rank 0 refuses: bad batch 17" in proc.stderr  # the console shows the real error
+    assert (
+        "IsADirectoryError" in log[write:] and "its failure is the ValueError above" in log[write:]
+    )
+    assert (
+        "ValueError: rank 0 refuses: bad batch 17" in proc.stderr
+    )  # the console shows the real error
     assert "could not write its failure record" in proc.stderr
     assert result(run_dir)["failure"]["rank"] == 0
 
@@ -34,20 +40,27 @@ def test_a_failure_record_that_cannot_be_written_never_hides_the_root_cause(tmp_
 def test_reserved_metric_names_are_refused(tmp_path: Path) -> None:
     reporter = ProgressReporter(tmp_path, 0, publish_s=0)
     for name in ("rank", "time"):
-        with pytest.raises(ValueError, match=f"'{name}' is a reserved name: every metrics.jsonl line has the "
-                                             r"columns \['rank', 'step', 'time'\]"):
+        with pytest.raises(
+            ValueError,
+            match=f"'{name}' is a reserved name: every metrics.jsonl line has the "
+            r"columns \['rank', 'step', 'time'\]",
+        ):
             reporter(1, 10, **{name: 3.0, "loss": 0.5})
     with pytest.raises(TypeError):
         reporter(1, 10, step=3)  # Python refuses it already
     reporter(1, 10, loss=0.5)
     reporter.close()
-    assert [json.loads(x)["loss"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0.5]
+    assert [
+        json.loads(x)["loss"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [0.5]
 
 
 def test_the_metrics_cap_stops_the_file_and_warns_once(tmp_path: Path) -> None:
     warnings: list[str] = []
     (tmp_path / "logs").mkdir()
-    reporter = ProgressReporter(tmp_path, 0, publish_s=0, max_metrics_bytes=4096, warn=warnings.append)
+    reporter = ProgressReporter(
+        tmp_path, 0, publish_s=0, max_metrics_bytes=4096, warn=warnings.append
+    )
     for step in range(1, 1000):
         reporter(step, 1000, loss=1.0 / step, lr=3e-4)
     reporter.close()

@@ -18,23 +18,39 @@ from cli_helpers import cli_env, result, run_cli
 
 from wf_launch.rundir.claim import RunDirInUse, claim, launch_alive
 
-SLURM_CONFIG = ("launcher: {name: slurm}\nengine: {tp_size: 1, cp_size: 1, pp_size: 1, dp_size: 1, "
-                "order: tp-cp-pp-dp}\ntask: {name: noop}\n")
+SLURM_CONFIG = (
+    "launcher: {name: slurm}\nengine: {tp_size: 1, cp_size: 1, pp_size: 1, dp_size: 1, "
+    "order: tp-cp-pp-dp}\ntask: {name: noop}\n"
+)
 
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def _cli(args: list[str], cwd: Path, umask: int = 0o002, env: dict[str, str] | None = None,
-         timeout: float = 180) -> subprocess.CompletedProcess:
+def _cli(
+    args: list[str],
+    cwd: Path,
+    umask: int = 0o002,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess:
     """The CLI with a group-writable umask (as on many shared clusters)."""
-    return subprocess.run([sys.executable, "-m", "wf_launch", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or cli_env(), cwd=cwd, preexec_fn=lambda: os.umask(umask))
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or cli_env(),
+        cwd=cwd,
+        preexec_fn=lambda: os.umask(umask),
+    )
 
 
 def _group_or_other_writable(root: Path) -> list[str]:
-    return [str(p) for p in [root, *root.rglob("*")] if not p.is_symlink() and p.stat().st_mode & 0o022]
+    return [
+        str(p) for p in [root, *root.rglob("*")] if not p.is_symlink() and p.stat().st_mode & 0o022
+    ]
 
 
 # ----------------------------------------------------------------------------------- item 3: permissions
@@ -64,7 +80,9 @@ def test_run_dir_mode_never_gives_others_write_access(tmp_path: Path) -> None:
     for mode in ("0770", "0777", "0722"):
         proc = run_cli(["task=noop", f"launcher.run_dir_mode='{mode}'"], tmp_path / f"run{mode}")
         assert proc.returncode == 2 and "gives no one else write access" in proc.stderr, proc.stderr
-    proc = run_cli(["task=noop", "launcher.run_dir_mode='0750'", "launcher.dry_run=true"], tmp_path / "run")
+    proc = run_cli(
+        ["task=noop", "launcher.run_dir_mode='0750'", "launcher.dry_run=true"], tmp_path / "run"
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -80,10 +98,22 @@ def _fake_sbatch(tmp_path: Path) -> dict[str, str]:
     return cli_env({"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"})
 
 
-def test_a_slurm_sweeps_pickles_and_code_are_owner_only_under_a_group_writable_umask(tmp_path: Path) -> None:
+def test_a_slurm_sweeps_pickles_and_code_are_owner_only_under_a_group_writable_umask(
+    tmp_path: Path,
+) -> None:
     sweep = tmp_path / "sweep"
-    proc = _cli(["-m", "launcher=slurm", "task=noop", "launcher.wait=false", "engine.dp_size=1,2",
-                 f"hydra.sweep.dir={sweep}"], tmp_path, env=_fake_sbatch(tmp_path))
+    proc = _cli(
+        [
+            "-m",
+            "launcher=slurm",
+            "task=noop",
+            "launcher.wait=false",
+            "engine.dp_size=1,2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+        env=_fake_sbatch(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     assert (sweep / "submitit").is_dir() and (sweep / "0" / "slurm_job.json").is_file()
     assert _mode(sweep) == 0o700 and _mode(sweep / "submitit") == 0o700
@@ -146,13 +176,17 @@ def test_overwrite_or_resume_of_a_running_slurm_job_is_refused(tmp_path: Path, f
     proc = _cli(["task=noop", flag, f"hydra.run.dir={run_dir}"], tmp_path, env=env)
     assert proc.returncode == 2, proc.stderr
     assert "holds a run that is still going" in proc.stderr and "--cancel" in proc.stderr
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name != ".wf_launch.lock"} == before
+    assert {
+        p.name: p.read_bytes() for p in run_dir.iterdir() if p.name != ".wf_launch.lock"
+    } == before
     assert not [p for p in tmp_path.iterdir() if ".replaced-" in p.name]
 
 
 def test_overwrite_of_an_ended_slurm_job_goes_ahead(tmp_path: Path) -> None:
     run_dir, env = _slurm_run(tmp_path, "")
-    proc = _cli(["task=noop", "launcher.overwrite=true", f"hydra.run.dir={run_dir}"], tmp_path, env=env)
+    proc = _cli(
+        ["task=noop", "launcher.overwrite=true", f"hydra.run.dir={run_dir}"], tmp_path, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert result(run_dir)["status"] == "ok"
 
@@ -164,16 +198,30 @@ def test_liveness_is_the_lock_not_the_pid(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     lock = run_dir / ".wf_launch.lock"
-    lock.write_text(f"{os.getppid()} {socket.gethostname()}\n")  # a live process that holds no lock: a reused pid
+    lock.write_text(
+        f"{os.getppid()} {socket.gethostname()}\n"
+    )  # a live process that holds no lock: a reused pid
     assert launch_alive(run_dir) is False
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1]); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        lock.write_text("4194000 another-host\n")  # a launch on another host of a shared file system
+        lock.write_text(
+            "4194000 another-host\n"
+        )  # a launch on another host of a shared file system
         assert launch_alive(run_dir) is True
-        with pytest.raises(RunDirInUse, match="in use by a live launch \\(pid 4194000 on another-host\\)"):
+        with pytest.raises(
+            RunDirInUse, match="in use by a live launch \\(pid 4194000 on another-host\\)"
+        ):
             claim(run_dir)
     finally:
         holder.kill()
@@ -188,21 +236,41 @@ def test_a_run_whose_lock_names_a_reused_pid_reads_unknown(tmp_path: Path) -> No
     (run_dir / "logs").mkdir()
     (run_dir / ".wf_launch.lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")
     env = cli_env()
-    status = subprocess.run([sys.executable, "-m", "wf_launch.status", str(run_dir)], capture_output=True, text=True,
-                            env=env, timeout=60)
-    assert status.returncode == 3 and "-> unknown (exit 3)" in status.stdout, status.stdout + status.stderr
-    follow = subprocess.run([sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)], capture_output=True,
-                            text=True, env=env, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert status.returncode == 3 and "-> unknown (exit 3)" in status.stdout, (
+        status.stdout + status.stderr
+    )
+    follow = subprocess.run(
+        [sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert follow.returncode == 3, follow.stderr
-    runs = subprocess.run([sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"], capture_output=True,
-                          text=True, env=env, timeout=60)
+    runs = subprocess.run(
+        [sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert json.loads(runs.stdout)[0]["status"] == "unknown"
 
 
 def test_the_claim_records_pid_and_host_and_a_reader_never_blocks_a_claim(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     with claim(run_dir):
-        assert (run_dir / ".wf_launch.lock").read_text().split() == [str(os.getpid()), socket.gethostname()]
+        assert (run_dir / ".wf_launch.lock").read_text().split() == [
+            str(os.getpid()),
+            socket.gethostname(),
+        ]
         assert _mode(run_dir) == 0o700
         assert launch_alive(run_dir) is False  # this process's own claim is not another live launch
     fd = os.open(run_dir / ".wf_launch.lock", os.O_RDONLY)

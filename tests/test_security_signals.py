@@ -17,8 +17,10 @@ from cli_helpers import cli_env
 from wf_launch.observe.stacks import local_pids, trigger
 from wf_launch.rundir.pids import live_rank_pid, pid_record, process_start
 
-LOCAL_CONFIG = ("launcher: {name: local}\nengine: {tp_size: 1, cp_size: 1, pp_size: 1, dp_size: 4, "
-                "order: tp-cp-pp-dp}\ntask: {name: noop}\n")
+LOCAL_CONFIG = (
+    "launcher: {name: local}\nengine: {tp_size: 1, cp_size: 1, pp_size: 1, dp_size: 4, "
+    "order: tp-cp-pp-dp}\ntask: {name: noop}\n"
+)
 
 
 def _pid_file(run_dir: Path, rank: int, **fields: object) -> Path:
@@ -49,29 +51,46 @@ def test_a_stale_or_reused_pid_is_not_the_rank(tmp_path: Path, sleeper: subproce
     dead = subprocess.Popen(["true"])
     dead.wait()
     _pid_file(tmp_path, 0, pid=dead.pid, start=1)
-    _pid_file(tmp_path, 1, pid=sleeper.pid, start=(process_start(sleeper.pid) or 0) + 7)  # reused: another start
-    old = _pid_file(tmp_path, 2, pid=sleeper.pid)  # no start recorded, and written before the process began
+    _pid_file(
+        tmp_path, 1, pid=sleeper.pid, start=(process_start(sleeper.pid) or 0) + 7
+    )  # reused: another start
+    old = _pid_file(
+        tmp_path, 2, pid=sleeper.pid
+    )  # no start recorded, and written before the process began
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     _pid_file(tmp_path, 3, pid=sleeper.pid, host="another-host", start=process_start(sleeper.pid))
     assert [live_rank_pid(tmp_path, r) for r in range(4)] == [None, None, None, None]
     assert local_pids(tmp_path, 4) == {}
 
 
-def test_the_ranks_own_record_is_its_live_process(tmp_path: Path, sleeper: subprocess.Popen) -> None:
-    _pid_file(tmp_path, 0, **{**pid_record(), "pid": sleeper.pid, "start": process_start(sleeper.pid)})
-    _pid_file(tmp_path, 1, pid=sleeper.pid)  # an older file without a start time, written after it began
+def test_the_ranks_own_record_is_its_live_process(
+    tmp_path: Path, sleeper: subprocess.Popen
+) -> None:
+    _pid_file(
+        tmp_path, 0, **{**pid_record(), "pid": sleeper.pid, "start": process_start(sleeper.pid)}
+    )
+    _pid_file(
+        tmp_path, 1, pid=sleeper.pid
+    )  # an older file without a start time, written after it began
     assert local_pids(tmp_path, 4) == {0: sleeper.pid, 1: sleeper.pid}
     assert pid_record()["start"] == process_start(os.getpid())
 
 
-def test_status_stacks_never_signals_a_pid_from_a_bad_pid_file(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+def test_status_stacks_never_signals_a_pid_from_a_bad_pid_file(
+    tmp_path: Path, sleeper: subprocess.Popen
+) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(LOCAL_CONFIG)
     for rank, pid in enumerate((0, -1, sleeper.pid)):
         _pid_file(run_dir, rank, pid=pid, start=1)
-    proc = subprocess.run([sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)], capture_output=True,
-                          text=True, env=cli_env(), timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+    )
     assert proc.returncode == 1 and "no running rank of" in proc.stdout, proc.stdout + proc.stderr
     assert sleeper.poll() is None
 
@@ -86,7 +105,7 @@ def test_slurm_signals_go_only_to_a_checked_job_id(tmp_path: Path) -> None:
     shims = tmp_path / "bin"
     shims.mkdir()
     for tool in ("scancel", "sacct", "squeue", "scontrol"):
-        (shims / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {tmp_path / 'calls'}\n")
+        (shims / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> {tmp_path / "calls"}\n')
         (shims / tool).chmod(0o755)
     path = os.environ["PATH"]
     os.environ["PATH"] = f"{shims}{os.pathsep}{path}"

@@ -13,8 +13,17 @@ import pytest
 
 from wf_launch.launchers.snapshot import SnapshotError, take
 
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
-       "-c", "protocol.file.allow=always"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=t",
+    "-c",
+    "user.email=t@t",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "protocol.file.allow=always",
+]
 
 
 def _git(cwd: Path, *args: str) -> None:
@@ -38,8 +47,15 @@ def _listing(dest: Path) -> set[str]:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = _repo(tmp_path / "project", {"pkg/__init__.py": "", "pkg/run.sh": "#!/bin/sh\n", ".gitignore": "*.log\n",
-                                        "data/table.csv": "a,b\n"})
+    root = _repo(
+        tmp_path / "project",
+        {
+            "pkg/__init__.py": "",
+            "pkg/run.sh": "#!/bin/sh\n",
+            ".gitignore": "*.log\n",
+            "data/table.csv": "a,b\n",
+        },
+    )
     (root / "pkg" / "run.sh").chmod(0o775)
     (root / "pkg" / "mod.py").write_text("X = 1\n")  # untracked, not ignored
     (root / ".env").write_text("TOKEN=sekrit\n")
@@ -58,14 +74,22 @@ def test_tracked_files_only_by_default_with_owner_only_modes(project: Path, tmp_
     dest = tmp_path / "run" / "code"
     dest.parent.mkdir()
     manifest = take(dest, project)
-    assert _listing(dest) == {"pkg/__init__.py", "pkg/run.sh", ".gitignore", "data/table.csv", "SNAPSHOT.json"}
+    assert _listing(dest) == {
+        "pkg/__init__.py",
+        "pkg/run.sh",
+        ".gitignore",
+        "data/table.csv",
+        "SNAPSHOT.json",
+    }
     assert manifest["untracked_left_out"] >= 2 and manifest["untracked"] is False
     assert stat.S_IMODE(dest.stat().st_mode) == 0o700
     assert stat.S_IMODE((dest / "pkg" / "run.sh").stat().st_mode) == 0o700
     assert stat.S_IMODE((dest / "data" / "table.csv").stat().st_mode) == 0o600
 
 
-def test_untracked_files_when_asked_but_never_secrets_or_earlier_runs(project: Path, tmp_path: Path) -> None:
+def test_untracked_files_when_asked_but_never_secrets_or_earlier_runs(
+    project: Path, tmp_path: Path
+) -> None:
     dest = tmp_path / "code"
     (project / "pkg" / ".env.local").write_text("K=V\n")
     _git(project, "add", "-f", "pkg/.env.local")  # a tracked secret is left out too
@@ -90,16 +114,23 @@ def test_links_inside_are_resolved_and_links_out_are_refused(project: Path, tmp_
 
     os.symlink("/etc/passwd", project / "pkg" / "escape")
     _git(project, "add", "pkg/escape")
-    with pytest.raises(SnapshotError, match=r"pkg/escape is a link out of the checkout \(/etc/passwd"):
+    with pytest.raises(
+        SnapshotError, match=r"pkg/escape is a link out of the checkout \(/etc/passwd"
+    ):
         take(tmp_path / "code2", project)
     assert not (tmp_path / "code2").exists() and not list(tmp_path.glob(".code2.tmp-*"))
 
 
-def test_a_snapshot_over_the_cap_is_refused_with_the_biggest_files_named(project: Path, tmp_path: Path) -> None:
+def test_a_snapshot_over_the_cap_is_refused_with_the_biggest_files_named(
+    project: Path, tmp_path: Path
+) -> None:
     (project / "data" / "big.bin").write_bytes(os.urandom(3 << 20))
     _git(project, "add", "data/big.bin")
-    with pytest.raises(SnapshotError, match=r"would copy 3\.0 MB in \d+ files, more than "
-                                            r"launcher\.snapshot_max_mb=1; the largest: data/big\.bin \(3\.0 MB\)"):
+    with pytest.raises(
+        SnapshotError,
+        match=r"would copy 3\.0 MB in \d+ files, more than "
+        r"launcher\.snapshot_max_mb=1; the largest: data/big\.bin \(3\.0 MB\)",
+    ):
         take(tmp_path / "code", project, max_bytes=1 << 20)
     assert not (tmp_path / "code").exists()
     assert take(tmp_path / "code", project, max_bytes=4 << 20)["files"] == 5
@@ -115,7 +146,11 @@ def test_submodules_are_copied_when_checked_out_and_named_when_not(tmp_path: Pat
     assert manifest["submodules_missing"] == []
 
     clone = tmp_path / "clone"
-    subprocess.run([*GIT, "clone", "-q", str(root), str(clone)], check=True, capture_output=True)  # not checked out
+    subprocess.run(
+        [*GIT, "clone", "-q", str(root), str(clone)], check=True, capture_output=True
+    )  # not checked out
     manifest = take(tmp_path / "code2", clone)
     assert manifest["submodules_missing"] == ["vendor/lib"]
-    assert json.loads((tmp_path / "code2" / "SNAPSHOT.json").read_text())["submodules_missing"] == ["vendor/lib"]
+    assert json.loads((tmp_path / "code2" / "SNAPSHOT.json").read_text())["submodules_missing"] == [
+        "vendor/lib"
+    ]

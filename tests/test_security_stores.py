@@ -51,19 +51,27 @@ print(json.dumps(sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process()
 
 
 def test_a_single_process_dist_init_starts_no_store_and_listens_on_loopback_only() -> None:
-    proc = subprocess.run([sys.executable, "-c", _SINGLE], capture_output=True, text=True, timeout=120,
-                          env=cli_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", _SINGLE], capture_output=True, text=True, timeout=120, env=cli_env()
+    )
     assert proc.returncode == 0, proc.stderr
     listening = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert _beyond_loopback(listening) == [] and len(listening) <= 1, listening  # gloo's own socket at most
+    assert _beyond_loopback(listening) == [] and len(listening) <= 1, (
+        listening
+    )  # gloo's own socket at most
 
 
 def _rank0_listens(rank: int, world: int) -> list[str]:
     from worldfoundry.core.distributed import groups
     from worldfoundry.core.distributed.init import dist_init
 
-    dist_init(SimpleNamespace(engine_config=SimpleNamespace(distributed_backend="gloo",
-                                                            distributed_timeout_minutes=1, dp_size=world)))
+    dist_init(
+        SimpleNamespace(
+            engine_config=SimpleNamespace(
+                distributed_backend="gloo", distributed_timeout_minutes=1, dp_size=world
+            )
+        )
+    )
     listening = _listening([os.getpid()])
     groups.destroy_model_parallel()
     return listening
@@ -76,12 +84,29 @@ def test_rank0s_store_listens_on_a_loopback_master_addr_only() -> None:
 
 
 @pytest.mark.slow
-def test_torch_disable_share_rdzv_tcp_store_is_dropped_for_a_loopback_launch(tmp_path: Path) -> None:
+def test_torch_disable_share_rdzv_tcp_store_is_dropped_for_a_loopback_launch(
+    tmp_path: Path,
+) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "wf_launch", "task=misbehave", TASKS, "task.how=sleep_all",
-                             "task.sleep_s=60", "engine.dp_size=2", f"hydra.run.dir={run_dir}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=cli_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}), cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "task=misbehave",
+            TASKS,
+            "task.how=sleep_all",
+            "task.sleep_s=60",
+            "engine.dp_size=2",
+            f"hydra.run.dir={run_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=cli_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
+        cwd=tmp_path,
+    )
     try:
         for r in range(2):
             wait_for_log(run_dir / "logs" / f"rank{r}.log", "sleeping")
@@ -95,15 +120,32 @@ def test_torch_disable_share_rdzv_tcp_store_is_dropped_for_a_loopback_launch(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None, reason="needs unshare and ip")
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or shutil.which("ip") is None, reason="needs unshare and ip"
+)
 def test_a_launch_runs_in_a_private_network_namespace(tmp_path: Path) -> None:
     """docs/security.md's isolation from other users of the host: the run in its own network namespace."""
     probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip(f"user and network namespaces are not available here: {probe.stderr.decode().strip()}")
+        pytest.skip(
+            f"user and network namespaces are not available here: {probe.stderr.decode().strip()}"
+        )
     run_dir = tmp_path / "run"
-    proc = subprocess.run(["unshare", "-rn", "sh", "-c", f'ip link set lo up && exec "$0" -m wf_launch task=noop '
-                           f'engine.dp_size=2 hydra.run.dir={run_dir}', sys.executable],
-                          capture_output=True, text=True, timeout=180, env=cli_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-rn",
+            "sh",
+            "-c",
+            f'ip link set lo up && exec "$0" -m wf_launch task=noop '
+            f"engine.dp_size=2 hydra.run.dir={run_dir}",
+            sys.executable,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert result(run_dir)["status"] == "ok"

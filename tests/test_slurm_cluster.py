@@ -25,8 +25,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture
-def executor(slurm_cluster: SlurmCluster, tmp_path: Path,
-             monkeypatch: pytest.MonkeyPatch) -> submitit.AutoExecutor:
+def executor(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> submitit.AutoExecutor:
     """A submitit executor on the cluster, with a fresh folder (job ids restart at 1 on
     every cluster start, so an old folder would hold an earlier run's results)."""
     slurm_cluster.activate(monkeypatch)
@@ -51,8 +52,11 @@ def _wait_state(job: submitit.Job, prefix: str, timeout: float = 30) -> str:
 def _dist_env() -> dict:
     env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    return {**{k: os.environ[k] for k in keys}, "node": os.environ["SLURMD_NODENAME"],
-            "master_ip": socket.gethostbyname(env.master_addr)}
+    return {
+        **{k: os.environ[k] for k in keys},
+        "node": os.environ["SLURMD_NODENAME"],
+        "master_ip": socket.gethostbyname(env.master_addr),
+    }
 
 
 def _all_reduce() -> dict:
@@ -65,8 +69,12 @@ def _all_reduce() -> dict:
     try:
         value = torch.tensor([float(dist.get_rank() + 1)])
         dist.all_reduce(value)
-        return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": value.item(),
-                "node": os.environ["SLURMD_NODENAME"]}
+        return {
+            "rank": dist.get_rank(),
+            "world": dist.get_world_size(),
+            "sum": value.item(),
+            "node": os.environ["SLURMD_NODENAME"],
+        }
     finally:
         dist.destroy_process_group()
 
@@ -115,8 +123,9 @@ def test_submitit_two_nodes(slurm_cluster: SlurmCluster, executor: submitit.Auto
     assert {r["master_ip"] for r in results} == {"127.0.0.1"}
 
 
-def test_gloo_all_reduce_across_tasks(slurm_cluster: SlurmCluster,
-                                      executor: submitit.AutoExecutor) -> None:
+def test_gloo_all_reduce_across_tasks(
+    slurm_cluster: SlurmCluster, executor: submitit.AutoExecutor
+) -> None:
     nodes = min(slurm_cluster.nodes, 2)
     executor.update_parameters(nodes=nodes, tasks_per_node=4 // nodes)
     results = executor.submit(_all_reduce).results()

@@ -19,14 +19,30 @@ from slurm_fixture import SlurmCluster
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_slurm_wait_shows_state_rank_lines_and_the_final_line(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_slurm_wait_shows_state_rank_lines_and_the_final_line(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "wf_launch", "launcher=slurm", "engine.cp_size=2",
-                           "launcher.console_ranks=[0]", "launcher.progress_interval_s=0.1",
-                           "launcher.poll_interval_s=0.2", f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=slurm",
+            "engine.cp_size=2",
+            "launcher.console_ranks=[0]",
+            "launcher.progress_interval_s=0.1",
+            "launcher.poll_interval_s=0.2",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr
     job = (run_dir / "slurm_job.json").read_text()
@@ -44,41 +60,72 @@ def _wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout_s: float
         text = path.read_text() if path.exists() else ""
         if re.search(pattern, text):
             return text
-        assert proc.poll() is None, f"--follow ended (rc {proc.returncode}) before {pattern!r}:\n{text}"
+        assert proc.poll() is None, (
+            f"--follow ended (rc {proc.returncode}) before {pattern!r}:\n{text}"
+        )
         time.sleep(0.2)
     raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n{text}")
 
 
 def _runs(where: Path, env: dict[str, str]) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "wf_launch.runs", str(where), "--json"], capture_output=True,
-                         text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "wf_launch.runs", str(where), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
 def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_running(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     """Held (``--begin``) until ``--follow`` showed it pending; Ctrl-C to one follow, the next to the end;
     ``--tail`` and the runs list while it runs and after."""
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
     steps = 60
-    submit = subprocess.run([sys.executable, "-m", "wf_launch", "launcher=slurm", "launcher.wait=false",
-                             "task=ticker", "task.modules=[wf_test_tasks]", f"task.steps={steps}",
-                             "task.step_sleep_s=0.25", "task.fail_rank=1", "engine.dp_size=2",
-                             "launcher.console_ranks=[0]", "launcher.progress_interval_s=0.1",
-                             "+launcher.sbatch_extra={begin:now+3600}", f"hydra.run.dir={run_dir}"],
-                            capture_output=True, text=True, env=env, timeout=120,
-                            cwd=tmp_path)
+    submit = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=slurm",
+            "launcher.wait=false",
+            "task=ticker",
+            "task.modules=[wf_test_tasks]",
+            f"task.steps={steps}",
+            "task.step_sleep_s=0.25",
+            "task.fail_rank=1",
+            "engine.dp_size=2",
+            "launcher.console_ranks=[0]",
+            "launcher.progress_interval_s=0.1",
+            "+launcher.sbatch_extra={begin:now+3600}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert submit.returncode == 0, submit.stderr
     job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
     follow_cmd = [sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)]
     try:
         first_out = tmp_path / "follow1.err"
         with open(first_out, "w") as err:
-            first = subprocess.Popen(follow_cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path,
-                                     start_new_session=True)
+            first = subprocess.Popen(
+                follow_cmd,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+                cwd=tmp_path,
+                start_new_session=True,
+            )
         try:
             _wait_for(first_out, rf"SLURM job {job_id}: PENDING \(BeginTime\)", first)
             slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
@@ -88,28 +135,48 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             first.send_signal(signal.SIGINT)
             assert first.wait(timeout=60) == 130
         text = first_out.read_text()
-        assert re.search(rf"PENDING \(BeginTime\)\n(.*\n)*.*SLURM job {job_id}: RUNNING on n", text), text
+        assert re.search(
+            rf"PENDING \(BeginTime\)\n(.*\n)*.*SLURM job {job_id}: RUNNING on n", text
+        ), text
         assert "slowest rank " in text and "loss=" in text and "[r1 " not in text, text
         assert "stopped following; the run goes on" in text and "Traceback" not in text, text
-        assert slurm_cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() == "RUNNING"
+        assert (
+            slurm_cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()
+            == "RUNNING"
+        )
         assert not (run_dir / "result.json").exists()
-        tail = subprocess.run([sys.executable, "-m", "wf_launch.status", "--tail", "2", str(run_dir)],
-                              capture_output=True, text=True, env=env, timeout=60)
-        assert tail.returncode == 0 and tail.stdout.startswith(f"==> {run_dir / 'logs' / 'rank0.log'} <==\n")
+        tail = subprocess.run(
+            [sys.executable, "-m", "wf_launch.status", "--tail", "2", str(run_dir)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert tail.returncode == 0 and tail.stdout.startswith(
+            f"==> {run_dir / 'logs' / 'rank0.log'} <==\n"
+        )
         assert len(tail.stdout.splitlines()) == 3 and "[r1 " not in tail.stdout, tail.stdout
-        assert [(r["status"], r["launcher"]) for r in _runs(tmp_path, env)] == [("running", f"slurm {job_id}")]
+        assert [(r["status"], r["launcher"]) for r in _runs(tmp_path, env)] == [
+            ("running", f"slurm {job_id}")
+        ]
 
-        second = subprocess.run(follow_cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+        second = subprocess.run(
+            follow_cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+        )
         from wf_launch.rundir.record import RunRecord, Status
 
         record = RunRecord.read(run_dir)
         assert record is not None and record.final and record.status is Status.FAILED, second.stderr
         assert second.returncode == record.exit_code != 0, second.stderr
         assert f"step {steps}/{steps} (100%)" in second.stderr, second.stderr
-        assert f"run failed in {record.timings['wall_s']:.2f}s: {run_dir / 'result.json'}" in second.stderr
+        assert (
+            f"run failed in {record.timings['wall_s']:.2f}s: {run_dir / 'result.json'}"
+            in second.stderr
+        )
         assert f"rank 1 fails after {steps} steps, as asked" in second.stderr, second.stderr
         assert [(r["status"], r["launcher"], r["task"]) for r in _runs(tmp_path, env)] == [
-            ("failed", f"slurm {job_id}", "ticker")]
+            ("failed", f"slurm {job_id}", "ticker")
+        ]
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
         deadline = time.monotonic() + 120

@@ -35,7 +35,9 @@ def test_dumps_of_live_ranks_group_the_waiters_and_name_the_straggler(tmp_path: 
 
     def autopsy() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(files.rank_pid(tmp_path, r).exists() for r in range(4)):
+        while time.monotonic() < deadline and not all(
+            files.rank_pid(tmp_path, r).exists() for r in range(4)
+        ):
             time.sleep(0.05)
         time.sleep(2.0)
         pids = {r: stacks.read_pid_file(tmp_path, r)["pid"] for r in range(4)}
@@ -50,12 +52,17 @@ def test_dumps_of_live_ranks_group_the_waiters_and_name_the_straggler(tmp_path: 
     assert sorted(found) == [0, 1, 2, 3]
     groups = stacks.group_spots({r: stacks.spot_of(f) for r, f in found.items()})
     lines = stacks.describe_groups(groups, lambda r: f"r{r} tp0 cp0 pp0 dp{r}")
-    assert lines[0].startswith("  ranks 0,1,3 wait in all_reduce at ") and "(_rank)" in lines[0], lines
-    assert lines[1].startswith("  rank 2 (tp0 cp0 pp0 dp2) is at ") and "in _user_hang: time.sleep(seconds)" in lines[1]
+    assert lines[0].startswith("  ranks 0,1,3 wait in all_reduce at ") and "(_rank)" in lines[0], (
+        lines
+    )
+    assert (
+        lines[1].startswith("  rank 2 (tp0 cp0 pp0 dp2) is at ")
+        and "in _user_hang: time.sleep(seconds)" in lines[1]
+    )
 
 
 def test_spot_from_a_traceback_skips_torch_and_the_runtime() -> None:
-    tb = '''Traceback (most recent call last):
+    tb = """Traceback (most recent call last):
   File "/x/wf_launch/rank/entrypoint.py", line 300, in rank_main
     value = task(ctx)
   File "/home/me/my_tasks.py", line 58, in train_step
@@ -65,9 +72,12 @@ def test_spot_from_a_traceback_skips_torch_and_the_runtime() -> None:
   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2800, in all_reduce
     work.wait()
 RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 6000ms for recv operation
-'''
+"""
     spot = stacks.spot_of(stacks.parse_traceback(tb))
-    assert spot.frame == stacks.Frame("/home/me/my_tasks.py", 58, "train_step") and spot.waits_in == "all_reduce"
+    assert (
+        spot.frame == stacks.Frame("/home/me/my_tasks.py", 58, "train_step")
+        and spot.waits_in == "all_reduce"
+    )
 
 
 def test_rank_ranges() -> None:

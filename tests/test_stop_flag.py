@@ -28,9 +28,13 @@ def _loop(rank: int, world_size: int, stop_rank: int, stop_at: int, every: int) 
 
 def test_one_rank_stop_is_agreed_by_every_rank_at_the_same_step() -> None:
     steps = run_ranks(_loop, 4, 2, 5, 1, timeout=60)
-    assert steps == [steps[0]] * 4 and steps[0] == 6  # posted with the call at step 5, read at step 6
+    assert (
+        steps == [steps[0]] * 4 and steps[0] == 6
+    )  # posted with the call at step 5, read at step 6
     steps = run_ranks(_loop, 4, 1, 13, 10, timeout=60)
-    assert steps == [steps[0]] * 4 and steps[0] == 30  # agreements at calls 0, 10, 20 (posts the flag), 30
+    assert (
+        steps == [steps[0]] * 4 and steps[0] == 30
+    )  # agreements at calls 0, 10, 20 (posts the flag), 30
 
 
 def _cost(rank: int, world_size: int, n: int) -> tuple[float, float]:

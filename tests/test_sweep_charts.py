@@ -17,8 +17,15 @@ def _point(sweep: Path, job: int, world: int, tps: float, steps: int) -> None:
     job_dir = sweep / str(job)
     (job_dir / "logs").mkdir(parents=True)
     layout = {"tp": 1, "cp": 1, "pp": 1, "dp": world, "order": "tp-cp-pp-dp", "world_size": world}
-    RunRecord(Status.OK, run_dir=str(job_dir), layout=layout, final=True, overrides=[f"engine.dp_size={world}"],
-              results={"0": {"tokens_per_s": tps}}, timings={"wall_s": 1.0}).write()
+    RunRecord(
+        Status.OK,
+        run_dir=str(job_dir),
+        layout=layout,
+        final=True,
+        overrides=[f"engine.dp_size={world}"],
+        results={"0": {"tokens_per_s": tps}},
+        timings={"wall_s": 1.0},
+    ).write()
     rep = ProgressReporter(job_dir, 0)
     for step in range(steps):
         rep(step, steps, loss=2.0 / (1 + step * world / 4))

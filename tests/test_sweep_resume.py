@@ -15,13 +15,26 @@ import pytest
 from cli_helpers import cli_env, leftover_processes
 
 pytestmark = pytest.mark.slow
-GRID = ["task=clockwork", "task.modules=[wf_tune_tasks]", "task.steps=3", "engine.dp_size=1,2",
-        "task.micro_batches=1,2"]
+GRID = [
+    "task=clockwork",
+    "task.modules=[wf_tune_tasks]",
+    "task.steps=3",
+    "engine.dp_size=1,2",
+    "task.micro_batches=1,2",
+]
 
 
-def sweep(args: list[str], sweep_dir: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wf_launch", "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
-                          capture_output=True, text=True, timeout=180, env=env or cli_env(), cwd=sweep_dir.parent)
+def sweep(
+    args: list[str], sweep_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch", "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env or cli_env(),
+        cwd=sweep_dir.parent,
+    )
 
 
 def rows(sweep_dir: Path) -> list[dict[str, str]]:
@@ -35,15 +48,21 @@ def record(run_dir: Path) -> dict:
 
 def test_resume_reruns_only_the_points_that_did_not_end_ok(tmp_path: Path) -> None:
     d = tmp_path / "sweep"
-    first = sweep(GRID, d, cli_env({"WF_CLOCKWORK_FAIL": "tp1-cp1-pp1-dp2-mb1"}))  # point 2 fails this time only
+    first = sweep(
+        GRID, d, cli_env({"WF_CLOCKWORK_FAIL": "tp1-cp1-pp1-dp2-mb1"})
+    )  # point 2 fails this time only
     assert first.returncode == 1, first.stderr
     assert [r["status"] for r in rows(d)] == ["ok", "ok", "failed", "ok"]
     kept = {n: record(d / str(n))["finished_at"] for n in (0, 1, 3)}
     plan = (d / "multirun.yaml").read_text()
     dry = sweep([*GRID, "launcher.resume=true", "launcher.dry_run=true"], d)
     assert dry.returncode == 0, dry.stderr
-    assert "rank logs     " in dry.stdout and dry.stdout.count("it ended ok in the earlier sweep") == 3
-    assert (d / "multirun.yaml").read_text() == plan and record(d / "2")["status"] == "failed"  # a dry run changes nothing
+    assert (
+        "rank logs     " in dry.stdout and dry.stdout.count("it ended ok in the earlier sweep") == 3
+    )
+    assert (d / "multirun.yaml").read_text() == plan and record(d / "2")[
+        "status"
+    ] == "failed"  # a dry run changes nothing
 
     again = sweep([*GRID, "launcher.resume=true"], d)
     assert again.returncode == 0, again.stderr
@@ -54,22 +73,36 @@ def test_resume_reruns_only_the_points_that_did_not_end_ok(tmp_path: Path) -> No
         assert f"kept {d / str(n)}: it ended ok in the earlier sweep" in again.stdout
     rerun = record(d / "2")
     assert rerun["status"] == "ok" and [a["attempt"] for a in rerun["attempts"]] == [0, 1]
-    assert (d / "2" / "logs" / "result.before-attempt1.json").is_file()  # the failed record is kept beside it
+    assert (
+        d / "2" / "logs" / "result.before-attempt1.json"
+    ).is_file()  # the failed record is kept beside it
 
     refused = sweep([*GRID[:-1], "task.micro_batches=1,2,4", "launcher.resume=true"], d)
     assert refused.returncode == 2, refused.stderr
-    assert f"{d} was made by another sweep; what differs:\n  task.micro_batches: 1,2 there, 1,2,4 now" in refused.stderr
+    assert (
+        f"{d} was made by another sweep; what differs:\n  task.micro_batches: 1,2 there, 1,2,4 now"
+        in refused.stderr
+    )
     reordered = sweep([*GRID[:3], GRID[4], GRID[3], "launcher.resume=true"], d)
-    assert reordered.returncode == 2 and "the order of the overrides (it numbers the points)" in reordered.stderr
+    assert (
+        reordered.returncode == 2
+        and "the order of the overrides (it numbers the points)" in reordered.stderr
+    )
     assert [r["status"] for r in rows(d)] == ["ok"] * 4  # nothing ran, nothing moved
 
 
 def test_an_interrupted_sweep_resumes_its_interrupted_and_unstarted_points(tmp_path: Path) -> None:
     d = tmp_path / "sweep"
     slow = [*GRID[:2], "task.steps=25", "task.unit_s=0.05", *GRID[3:]]
-    proc = subprocess.Popen([sys.executable, "-m", "wf_launch", "-m", *slow, f"hydra.sweep.dir={d}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-                            cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wf_launch", "-m", *slow, f"hydra.sweep.dir={d}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 90
     while not (d / "1" / "logs" / "rank0.progress.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -83,6 +116,11 @@ def test_an_interrupted_sweep_resumes_its_interrupted_and_unstarted_points(tmp_p
     assert again.returncode == 0, again.stderr
     assert [r["status"] for r in rows(d)] == ["ok"] * 4
     assert record(d / "0")["finished_at"] == finished
-    assert len(record(d / "1")["attempts"]) == 2  # continued in its own directory, as a resumed run does
-    assert json.loads((d / "1" / "logs" / "result.before-attempt1.json").read_text())["status"] == "interrupted"
+    assert (
+        len(record(d / "1")["attempts"]) == 2
+    )  # continued in its own directory, as a resumed run does
+    assert (
+        json.loads((d / "1" / "logs" / "result.before-attempt1.json").read_text())["status"]
+        == "interrupted"
+    )
     assert leftover_processes(str(d)) == []

@@ -15,7 +15,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
 
 def _example_package(tmp_path: Path) -> dict[str, str]:
     text = DOCS.read_text()
-    section = text[text.index("## Writing your own task"):]
+    section = text[text.index("## Writing your own task") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code, "docs/tasks.md lost its example task"
     pkg = tmp_path / "src" / "my_pkg"
@@ -28,16 +28,31 @@ def _example_package(tmp_path: Path) -> dict[str, str]:
 
 
 def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wf_launch", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=180,
+    )
 
 
 @pytest.mark.slow
 def test_docs_example_task_runs_with_a_typed_config(tmp_path: Path) -> None:
     env = _example_package(tmp_path)
     run_dir = tmp_path / "run"
-    proc = _cli(["task=allreduce", "task.modules=[my_pkg.tasks]", "engine.dp_size=2", "task.numel=4096",
-                 f"hydra.run.dir={run_dir}"], env, tmp_path)
+    proc = _cli(
+        [
+            "task=allreduce",
+            "task.modules=[my_pkg.tasks]",
+            "engine.dp_size=2",
+            "task.numel=4096",
+            f"hydra.run.dir={run_dir}",
+        ],
+        env,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     from wf_launch.rundir.record import RunRecord
 
@@ -47,13 +62,29 @@ def test_docs_example_task_runs_with_a_typed_config(tmp_path: Path) -> None:
 
 def test_docs_example_task_validates_before_any_process_starts(tmp_path: Path) -> None:
     env = _example_package(tmp_path)
-    proc = _cli(["task=allreduce", "task.modules=[my_pkg.tasks]", "task.numel=0",
-                 f"hydra.run.dir={tmp_path / 'bad'}"], env, tmp_path)
+    proc = _cli(
+        [
+            "task=allreduce",
+            "task.modules=[my_pkg.tasks]",
+            "task.numel=0",
+            f"hydra.run.dir={tmp_path / 'bad'}",
+        ],
+        env,
+        tmp_path,
+    )
     assert proc.returncode == 2
     assert "task.numel=0 is not allowed: expected an integer >= 1" in proc.stderr
     assert not (tmp_path / "bad" / "logs").exists()
-    unknown = _cli(["task=allreduce", "task.modules=[my_pkg.tasks]", "+task.numell=3",
-                    f"hydra.run.dir={tmp_path / 'bad2'}"], env, tmp_path)
+    unknown = _cli(
+        [
+            "task=allreduce",
+            "task.modules=[my_pkg.tasks]",
+            "+task.numell=3",
+            f"hydra.run.dir={tmp_path / 'bad2'}",
+        ],
+        env,
+        tmp_path,
+    )
     assert unknown.returncode != 0 and "numell" in unknown.stderr
 
 
@@ -64,7 +95,12 @@ def test_ctx_cfg_is_the_registered_dataclass_with_defaults() -> None:
     cls = task_config_class("demo")
     assert cls is DemoTaskConfig
     cfg = cls.build({"name": "demo", "frames": 8, "patch": (1, 2, 2)})
-    assert isinstance(cfg, DemoTaskConfig) and cfg.frames == 8 and cfg.height == 32 and cfg.patch == [1, 2, 2]
+    assert (
+        isinstance(cfg, DemoTaskConfig)
+        and cfg.frames == 8
+        and cfg.height == 32
+        and cfg.patch == [1, 2, 2]
+    )
 
 
 def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,8 +121,15 @@ def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_forked_ranks_inherit_the_preloaded_modules(tmp_path: Path, method: str) -> None:
-    proc = run_cli(["task=preloaded", "task.modules=[wf_test_tasks]", "engine.dp_size=2",
-                    f"launcher.start_method={method}"], tmp_path / "run")
+    proc = run_cli(
+        [
+            "task=preloaded",
+            "task.modules=[wf_test_tasks]",
+            "engine.dp_size=2",
+            f"launcher.start_method={method}",
+        ],
+        tmp_path / "run",
+    )
     assert proc.returncode == 0, proc.stderr
     results = result(tmp_path / "run")["results"]
     for r in results.values():

@@ -18,8 +18,9 @@ SMALL = {"height": 16, "width": 16, "warmup": 1, "repeats": 1}
 """Demo sizes for tests: 6 x 8 x 8 = 384 tokens, so 8 ranks fit on 2 cores in a few seconds."""
 
 
-def _run_task(rank: int, world_size: int, name: str, engine: dict[str, Any],
-              task: dict[str, Any]) -> Any:
+def _run_task(
+    rank: int, world_size: int, name: str, engine: dict[str, Any], task: dict[str, Any]
+) -> Any:
     """On one rank: dist_init, build the context, run task ``name``, tear down."""
     from loguru import logger
 
@@ -27,24 +28,47 @@ def _run_task(rank: int, world_size: int, name: str, engine: dict[str, Any],
     from wf_launch.tasks.registry import get_task, load_task_modules
     from worldfoundry.core.distributed import destroy_model_parallel, dist_init
 
-    eng = {"distributed_backend": "gloo", "distributed_timeout_minutes": 0.5, "tp_size": 1,
-           "cp_size": 1, "pp_size": 1, "order": "tp-cp-pp-dp", **engine}
+    eng = {
+        "distributed_backend": "gloo",
+        "distributed_timeout_minutes": 0.5,
+        "tp_size": 1,
+        "cp_size": 1,
+        "pp_size": 1,
+        "order": "tp-cp-pp-dp",
+        **engine,
+    }
     load_task_modules()
     device = dist_init({"engine_config": eng})
     try:
-        ctx = build_context({"engine": eng, "task": {"name": name, **task}}, Path("."), device, logger)
+        ctx = build_context(
+            {"engine": eng, "task": {"name": name, **task}}, Path("."), device, logger
+        )
         return get_task(name)(ctx)
     finally:
         destroy_model_parallel()
 
 
-def run_task(name: str, world_size: int, engine: dict[str, Any] | None = None,
-             task: dict[str, Any] | None = None, **kw: Any) -> list[Any]:
-    return run_ranks(_run_task, world_size, name, engine or {}, task or {}, init=False,
-                     timeout=kw.pop("timeout", 60), **kw)
+def run_task(
+    name: str,
+    world_size: int,
+    engine: dict[str, Any] | None = None,
+    task: dict[str, Any] | None = None,
+    **kw: Any,
+) -> list[Any]:
+    return run_ranks(
+        _run_task,
+        world_size,
+        name,
+        engine or {},
+        task or {},
+        init=False,
+        timeout=kw.pop("timeout", 60),
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------ single process
+
 
 def test_builtin_tasks_registered() -> None:
     from wf_launch.tasks.registry import get_task, load_task_modules, registered_configs
@@ -65,20 +89,23 @@ def test_demo_config_is_a_structured_config() -> None:
     assert cfg.patch == [1, 1, 1] and cfg.tolerance == 1e-4
 
 
-@pytest.mark.parametrize("field, value, fragment", [
-    ("dtype", "float16", "choose one of ['float32', 'float64', 'bfloat16']"),
-    ("frames", 0, "integer >= 1"),
-    ("batch", True, "integer >= 1"),
-    ("height", 15, "multiple of its patch size 2"),
-    ("patch", [1, 2], "three integers >= 1"),
-    ("heads", 5, "must divide task.hidden=64"),
-    ("hidden", 7, "even integer >= 6"),
-    ("warmup", -1, "integer >= 0"),
-    ("atol", 0, "number > 0"),
-    ("seed", -3, "integer >= 0"),
-    ("mlp_ratio", 0.0, "number > 0"),
-    ("check", "yes", "true or false"),
-])
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("dtype", "float16", "choose one of ['float32', 'float64', 'bfloat16']"),
+        ("frames", 0, "integer >= 1"),
+        ("batch", True, "integer >= 1"),
+        ("height", 15, "multiple of its patch size 2"),
+        ("patch", [1, 2], "three integers >= 1"),
+        ("heads", 5, "must divide task.hidden=64"),
+        ("hidden", 7, "even integer >= 6"),
+        ("warmup", -1, "integer >= 0"),
+        ("atol", 0, "number > 0"),
+        ("seed", -3, "integer >= 0"),
+        ("mlp_ratio", 0.0, "number > 0"),
+        ("check", "yes", "true or false"),
+    ],
+)
 def test_bad_demo_config_values(field: str, value: Any, fragment: str) -> None:
     with pytest.raises(ConfigError) as err:
         DemoTaskConfig.from_task_config({field: value})
@@ -102,8 +129,9 @@ def test_patchify_roundtrip() -> None:
         assert torch.equal(unpatchify(patchify(x, patch), patch, 3), x)
 
 
-@pytest.mark.parametrize("cp_size, grid_t, want",
-                         [(4, 6, (2, 2)), (2, 3, (1, 2)), (4, 8, (4, 1)), (1, 6, (1, 1))])
+@pytest.mark.parametrize(
+    "cp_size, grid_t, want", [(4, 6, (2, 2)), (2, 3, (1, 2)), (4, 8, (4, 1)), (1, 6, (1, 1))]
+)
 def test_cp_split_blocks(cp_size: int, grid_t: int, want: tuple[int, int]) -> None:
     from worldfoundry.core.distributed import get_cp_size_t
 
@@ -139,31 +167,52 @@ def test_reference_depends_on_positions_and_weights() -> None:
         split = PatchGridSplit(tuple(patchify(latent, (1, 2, 2)).shape[1:4]))
         c = model.condition(t)
         seq = split.to_sequence(patchify(latent, (1, 2, 2)))
-        shuffled = split.positions()[torch.randperm(split.tokens, generator=torch.Generator().manual_seed(0))]
+        shuffled = split.positions()[
+            torch.randperm(split.tokens, generator=torch.Generator().manual_seed(0))
+        ]
         wrong = model.head(model.run_blocks(model.embed(seq, shuffled), c), c)
-        assert (unpatchify(split.from_sequence(wrong), (1, 2, 2), 4) - out).abs().max() > 100 * cfg.tolerance
+        assert (
+            unpatchify(split.from_sequence(wrong), (1, 2, 2), 4) - out
+        ).abs().max() > 100 * cfg.tolerance
         other = DemoTaskConfig.from_task_config({**SMALL, "seed": 1}).build_model()
         assert (other(latent, t) - out).abs().max() > 100 * cfg.tolerance
 
 
 # ------------------------------------------------------------------ multi-rank
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("world, engine, task, split", [
-    (1, {}, {}, (1, 1)),
-    (2, {"cp_size": 2}, {}, (2, 1)),
-    (8, {"cp_size": 4, "pp_size": 2}, {}, (2, 2)),
-    (2, {"cp_size": 2}, {"frames": 3}, (1, 2)),
-    (2, {"pp_size": 2}, {"depth": 3}, (1, 1)),
-    (2, {"tp_size": 2}, {}, (1, 1)),
-    (4, {"cp_size": 2, "pp_size": 2}, {"dtype": "bfloat16", "frames": 3}, (1, 2)),
-    (4, {"cp_size": 2, "dp_size": 2, "order": "cp-dp-tp-pp"}, {"batch": 2}, (2, 1)),
-], ids=["1rank", "cp2", "cp4-pp2", "cp2-over-H", "pp2", "tp2-replicated", "cp2-pp2-bf16", "cp2-dp2"])
-def test_demo_matches_single_process(world: int, engine: dict[str, Any], task: dict[str, Any],
-                                     split: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    "world, engine, task, split",
+    [
+        (1, {}, {}, (1, 1)),
+        (2, {"cp_size": 2}, {}, (2, 1)),
+        (8, {"cp_size": 4, "pp_size": 2}, {}, (2, 2)),
+        (2, {"cp_size": 2}, {"frames": 3}, (1, 2)),
+        (2, {"pp_size": 2}, {"depth": 3}, (1, 1)),
+        (2, {"tp_size": 2}, {}, (1, 1)),
+        (4, {"cp_size": 2, "pp_size": 2}, {"dtype": "bfloat16", "frames": 3}, (1, 2)),
+        (4, {"cp_size": 2, "dp_size": 2, "order": "cp-dp-tp-pp"}, {"batch": 2}, (2, 1)),
+    ],
+    ids=[
+        "1rank",
+        "cp2",
+        "cp4-pp2",
+        "cp2-over-H",
+        "pp2",
+        "tp2-replicated",
+        "cp2-pp2-bf16",
+        "cp2-dp2",
+    ],
+)
+def test_demo_matches_single_process(
+    world: int, engine: dict[str, Any], task: dict[str, Any], split: tuple[int, int]
+) -> None:
     results = run_task("demo", world, engine, {**SMALL, **task})
     head = results[0]
-    layout = Layout(world, **{k: v for k, v in engine.items() if k.endswith("_size") or k == "order"})
+    layout = Layout(
+        world, **{k: v for k, v in engine.items() if k.endswith("_size") or k == "order"}
+    )
     assert head["ok"] is True, head
     assert head["max_abs_err"] <= head["atol"]
     assert head["layout"] == layout.sizes
@@ -187,16 +236,21 @@ def test_demo_matches_single_process(world: int, engine: dict[str, Any], task: d
 
 @pytest.mark.slow
 def test_demo_bad_cp_raises_on_every_rank() -> None:
-    results = run_task("demo", 2, {"cp_size": 2}, {**SMALL, "frames": 3, "height": 6}, allow_failures=True)
+    results = run_task(
+        "demo", 2, {"cp_size": 2}, {**SMALL, "frames": 3, "height": 6}, allow_failures=True
+    )
     for r in results:
         assert "ConfigError" in r and "engine.cp_size=2 cannot split" in r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, engine", [
-    (8, {"tp_size": 2, "cp_size": 2, "pp_size": 2, "order": "tp-cp-pp-dp"}),
-    (8, {"cp_size": 2, "pp_size": 2, "dp_size": 2, "order": "dp-pp-cp-tp"}),
-])
+@pytest.mark.parametrize(
+    "world, engine",
+    [
+        (8, {"tp_size": 2, "cp_size": 2, "pp_size": 2, "order": "tp-cp-pp-dp"}),
+        (8, {"cp_size": 2, "pp_size": 2, "dp_size": 2, "order": "dp-pp-cp-tp"}),
+    ],
+)
 def test_layout_rows_match_topology(world: int, engine: dict[str, Any]) -> None:
     results = run_task("layout", world, engine)
     head = results[0]
@@ -217,8 +271,13 @@ def test_layout_rows_match_topology(world: int, engine: dict[str, Any]) -> None:
 def test_format_ranks() -> None:
     from wf_launch.tasks.layout import format_ranks
 
-    assert [format_ranks(r) for r in ([3], [0, 4], [0, 1, 2, 3], [0, 4, 8, 12], [0, 1, 5])] == \
-        ["3", "0,4", "0-3", "0-12:4", "0,1,5"]
+    assert [format_ranks(r) for r in ([3], [0, 4], [0, 1, 2, 3], [0, 4, 8, 12], [0, 1, 5])] == [
+        "3",
+        "0,4",
+        "0-3",
+        "0-12:4",
+        "0,1,5",
+    ]
     assert format_ranks([*list(range(0, 40, 3)), 41]).endswith("...(+7)")
 
 

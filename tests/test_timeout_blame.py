@@ -43,8 +43,14 @@ def test_torch_and_gloo_timeouts_are_timeouts() -> None:
     assert res == {"gloo_all_reduce": True, "wrapped": True, "store_wait": True}
 
 
-@pytest.mark.parametrize("exc", [ValueError("bad timeout"), TimeoutError("my own timeout"),
-                                 RuntimeError("deadline exceeded in my parser"),
-                                 KeyError("Timed out waiting")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("bad timeout"),
+        TimeoutError("my own timeout"),
+        RuntimeError("deadline exceeded in my parser"),
+        KeyError("Timed out waiting"),
+    ],
+)
 def test_a_word_in_a_user_error_is_not_a_timeout(exc: BaseException) -> None:
     assert not is_timeout_error(exc)

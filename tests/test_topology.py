@@ -26,7 +26,9 @@ def test_megatron_cp_docstring_example() -> None:
     assert L.groups("tp-cp") == [list(range(8))]
 
 
-@pytest.mark.parametrize("order", ["-".join(p) for p in itertools.permutations(["tp", "cp", "pp", "dp"])])
+@pytest.mark.parametrize(
+    "order", ["-".join(p) for p in itertools.permutations(["tp", "cp", "pp", "dp"])]
+)
 def test_every_permutation_is_a_bijection_with_innermost_first_strides(order: str) -> None:
     L = Layout(24, tp_size=2, cp_size=3, pp_size=2, dp_size=2, order=order)
     dims = order.split("-")
@@ -58,17 +60,22 @@ def test_dp_defaults_to_what_the_world_leaves() -> None:
     assert L.dp_size == 4 and L.describe() == "tp=2 cp=2 pp=1 dp=4 (order tp-cp-pp-dp, 16 ranks)"
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"order": "tp-xp-pp-dp"}, "unknown token(s) ['xp']"),
-    ({"order": "tp-tp-pp-dp"}, "token(s) ['tp'] appear more than once"),
-    ({"order": "tp-pp-dp", "cp_size": 2}, "token(s) ['cp'] have size > 1 but are missing"),
-    ({"tp_size": 0}, "tp_size must be an integer >= 1"),
-    ({"pp_size": -2}, "pp_size must be an integer >= 1"),
-    ({"cp_size": 3}, "tp*cp*pp = 3 does not divide the world size 8"),
-    ({"tp_size": 2, "dp_size": 2}, "tp*cp*pp*dp = 4 != world size 8"),
-    ({"order": ""}, "order must be"),
-])
-def test_bad_layouts_raise_one_value_error_naming_order_sizes_and_world(kwargs: dict, needle: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"order": "tp-xp-pp-dp"}, "unknown token(s) ['xp']"),
+        ({"order": "tp-tp-pp-dp"}, "token(s) ['tp'] appear more than once"),
+        ({"order": "tp-pp-dp", "cp_size": 2}, "token(s) ['cp'] have size > 1 but are missing"),
+        ({"tp_size": 0}, "tp_size must be an integer >= 1"),
+        ({"pp_size": -2}, "pp_size must be an integer >= 1"),
+        ({"cp_size": 3}, "tp*cp*pp = 3 does not divide the world size 8"),
+        ({"tp_size": 2, "dp_size": 2}, "tp*cp*pp*dp = 4 != world size 8"),
+        ({"order": ""}, "order must be"),
+    ],
+)
+def test_bad_layouts_raise_one_value_error_naming_order_sizes_and_world(
+    kwargs: dict, needle: str
+) -> None:
     with pytest.raises(ValueError) as info:
         Layout(8, **kwargs)
     msg = str(info.value)
@@ -100,9 +107,13 @@ def test_from_engine_takes_dp_from_the_world(dp: object) -> None:
 
 
 def test_from_engine_world_is_the_product_when_not_given() -> None:
-    L = Layout.from_engine({"tp_size": 2, "cp_size": 3, "pp_size": 2, "dp_size": 2, "order": "tp-cp-pp-dp"})
+    L = Layout.from_engine(
+        {"tp_size": 2, "cp_size": 3, "pp_size": 2, "dp_size": 2, "order": "tp-cp-pp-dp"}
+    )
     assert L.world_size == 24 and L.sizes == {"tp": 2, "cp": 3, "pp": 2, "dp": 2}
-    assert Layout.from_engine({"dp_size": 4}) == Layout(4)  # absent tp/cp/pp are 1, order the default
+    assert Layout.from_engine({"dp_size": 4}) == Layout(
+        4
+    )  # absent tp/cp/pp are 1, order the default
     with pytest.raises(ValueError, match=r"tp\*cp\*pp\*dp = 8 != world size 4"):
         Layout.from_engine({"tp_size": 2, "dp_size": 4}, 4)
     with pytest.raises(ValueError, match=r"cp_size must be an integer >= 1, got 'x'"):

@@ -17,15 +17,28 @@ from wf_tune_tasks import layout_key, memory_gb, tokens_per_s
 from wf_launch.rundir.record import RunRecord, Status
 from wf_launch.tools.tune.measure import Measurement, measure_point
 from wf_launch.tools.tune.search import Options, round_steps, select
-from wf_launch.tools.tune.space import Point, TuneError, build_space, layouts, parse_also, split_command
+from wf_launch.tools.tune.space import (
+    Point,
+    TuneError,
+    build_space,
+    layouts,
+    parse_also,
+    split_command,
+)
 from wf_launch.tools.tune.state import TuneState
 
 CLOCKWORK = ["task=clockwork", "task.modules=[wf_tune_tasks]"]
 
 
 def tune(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wf_launch.tune", *args], capture_output=True, text=True,
-                          timeout=timeout, env=cli_env(), cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "wf_launch.tune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(),
+        cwd=cwd,
+    )
 
 
 # ------------------------------------------------------------------ space and selection
@@ -34,8 +47,14 @@ def test_layouts_are_every_factorisation_once(world: int) -> None:
     found = layouts(world)
     assert all(d["tp"] * d["cp"] * d["pp"] * d["dp"] == world for d in found)
     assert len({tuple(d.values()) for d in found}) == len(found)
-    brute = [(a, b, c, d) for a in range(1, world + 1) for b in range(1, world + 1) for c in range(1, world + 1)
-             for d in range(1, world + 1) if a * b * c * d == world]
+    brute = [
+        (a, b, c, d)
+        for a in range(1, world + 1)
+        for b in range(1, world + 1)
+        for c in range(1, world + 1)
+        for d in range(1, world + 1)
+        if a * b * c * d == world
+    ]
     assert len(found) == len(brute)
 
 
@@ -46,40 +65,71 @@ def test_space_is_layouts_times_also_values() -> None:
     assert len(points) == 20 * 3 * 2 and len({p.id for p in points}) == len(points)
     p = points[5]
     assert p.overrides()[:4] == [f"engine.{d}_size={p.layout[d]}" for d in ("tp", "cp", "pp", "dp")]
-    assert p.label.endswith("micro_batches=4 batch=2") and p.id == "t05-tp1-cp1-pp1-dp8-micro_batches4-batch2"
+    assert (
+        p.label.endswith("micro_batches=4 batch=2")
+        and p.id == "t05-tp1-cp1-pp1-dp8-micro_batches4-batch2"
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["task=train"], "world_size=N is required"),
-    (["task=train", "world_size=0"], "world_size=0 is not allowed"),
-    (["task=train", "world_size=8", "engine.pp_size=2"], "fixes a size the tuner must choose"),
-    (["task=train", "world_size=8", "hydra.sweep.dir=x"], "the tuner sets hydra.sweep.dir itself"),
-    (["task=train", "world_size=8", "task.steps=1,2"], "the full length of a run"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["task=train"], "world_size=N is required"),
+        (["task=train", "world_size=0"], "world_size=0 is not allowed"),
+        (["task=train", "world_size=8", "engine.pp_size=2"], "fixes a size the tuner must choose"),
+        (
+            ["task=train", "world_size=8", "hydra.sweep.dir=x"],
+            "the tuner sets hydra.sweep.dir itself",
+        ),
+        (["task=train", "world_size=8", "task.steps=1,2"], "the full length of a run"),
+    ],
+)
 def test_command_line_checks(args: list[str], message: str) -> None:
     with pytest.raises(TuneError, match=message):
         split_command(args, "steps")
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("engine.cp_size=1,2", "chooses engine.cp_size itself"), ("task.micro_batches", "expected KEY=V1,V2"),
-    ("task.x=interval(0,1)", "only discrete values"), ("task.x=1,1", "a value is given twice")])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("engine.cp_size=1,2", "chooses engine.cp_size itself"),
+        ("task.micro_batches", "expected KEY=V1,V2"),
+        ("task.x=interval(0,1)", "only discrete values"),
+        ("task.x=1,1", "a value is given twice"),
+    ],
+)
 def test_also_checks(spec: str, message: str) -> None:
     with pytest.raises(TuneError, match=message):
         parse_also([spec])
 
 
 def _m(trial: str, value: float, spread: float = 0.0, status: str = "ok") -> Measurement:
-    return Measurement(trial, 0, status, value=value, p25=value * (1 - spread), p75=value * (1 + spread))
+    return Measurement(
+        trial, 0, status, value=value, p25=value * (1 - spread), p75=value * (1 + spread)
+    )
 
 
 def test_select_keeps_the_better_half_less_the_clearly_worse() -> None:
-    ms = [_m("a", 100), _m("b", 95), _m("c", 60, 0.05), _m("d", 50), _m("e", 10), _m("g", 5),
-          _m("f", 0, status="failed")]
+    ms = [
+        _m("a", 100),
+        _m("b", 95),
+        _m("c", 60, 0.05),
+        _m("d", 50),
+        _m("e", 10),
+        _m("g", 5),
+        _m("f", 0, status="failed"),
+    ]
     kept, dropped = select(ms, "tokens_per_s", cutoff=0.3)
-    assert kept == ["a", "b"] and set(dropped) == {"c", "d", "e", "g"}  # the failed one is not ranked at all
+    assert kept == ["a", "b"] and set(dropped) == {
+        "c",
+        "d",
+        "e",
+        "g",
+    }  # the failed one is not ranked at all
     assert "more than 30% below" in dropped["c"] and "worse half" in dropped["d"]
-    kept, _ = select([_m("a", 100), _m("b", 72, 0.05), _m("c", 50), _m("d", 40)], "tokens_per_s", cutoff=0.3)
+    kept, _ = select(
+        [_m("a", 100), _m("b", 72, 0.05), _m("c", 50), _m("d", 40)], "tokens_per_s", cutoff=0.3
+    )
     assert kept == ["a", "b"]  # 72 +5% = 75.6 is within 30% of 100: its spread counts in its favour
     kept, _ = select([_m("a", 1.0), _m("b", 2.0), _m("c", 1.2)], "step_time", cutoff=0.0)
     assert kept == ["a"]  # step time: lower is better; 3 // 2 = 1 kept
@@ -97,13 +147,23 @@ def test_measurement_from_progress_timestamps(tmp_path: Path) -> None:
     for step, t in enumerate([10.0, 10.5, 10.7, 10.9, 11.2, 11.4], start=1):
         lines += [json.dumps({"rank": r, "step": step, "time": t - 0.01 * r}) for r in (1, 0)]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    RunRecord(Status.OK, run_dir=str(run), final=True, results={"0": {"tokens_per_step": 100}},
-              timings={"wall_s": 3.0}, layout={"tp": 1, "cp": 1, "pp": 1, "dp": 2}).write()
-    m = measure_point(run, "t00", 0, "tokens_per_s", warmup=2, steps=6, sizes={"tp": 1, "cp": 1, "pp": 1, "dp": 2})
+    RunRecord(
+        Status.OK,
+        run_dir=str(run),
+        final=True,
+        results={"0": {"tokens_per_step": 100}},
+        timings={"wall_s": 3.0},
+        layout={"tp": 1, "cp": 1, "pp": 1, "dp": 2},
+    ).write()
+    m = measure_point(
+        run, "t00", 0, "tokens_per_s", warmup=2, steps=6, sizes={"tp": 1, "cp": 1, "pp": 1, "dp": 2}
+    )
     assert m.status == "ok" and m.measured == 4  # steps 3..6; steps 1 and 2 are the warm-up
     assert m.step_time == pytest.approx(0.2) and m.value == pytest.approx(500.0)
     assert m.p25 <= m.value <= m.p75 and m.overhead_s == pytest.approx(3.0 - 6 * 0.2)
-    wrong = measure_point(run, "t00", 0, "tokens_per_s", 2, 6, sizes={"tp": 1, "cp": 2, "pp": 1, "dp": 1})
+    wrong = measure_point(
+        run, "t00", 0, "tokens_per_s", 2, 6, sizes={"tp": 1, "cp": 2, "pp": 1, "dp": 1}
+    )
     assert wrong.status == "failed" and "not its layout tp1 cp2 pp1 dp1" in wrong.cause
     none = measure_point(run, "t00", 0, "loss", 2, 6)
     assert none.status == "no_metric" and "'loss'" in none.cause
@@ -111,8 +171,18 @@ def test_measurement_from_progress_timestamps(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ pruning, through the real CLI
 def test_dry_run_prunes_by_validation_and_memory_exactly(tmp_path: Path) -> None:
-    proc = tune([*CLOCKWORK, "world_size=4", "--also", "task.micro_batches=1,2", "--mem-gb", "4", "--dry-run"],
-                tmp_path)
+    proc = tune(
+        [
+            *CLOCKWORK,
+            "world_size=4",
+            "--also",
+            "task.micro_batches=1,2",
+            "--mem-gb",
+            "4",
+            "--dry-run",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     expect = {"invalid": 0, "memory": 0, "valid": 0}
     for point in build_space(4, [("task.micro_batches", ["1", "2"])]):
@@ -125,24 +195,45 @@ def test_dry_run_prunes_by_validation_and_memory_exactly(tmp_path: Path) -> None
             expect["valid"] += 1
     assert expect == {"invalid": 7, "memory": 3, "valid": 10}
     out = proc.stdout
-    assert f"pruned by validation: {expect['invalid']}\n" in out and f"pruned by memory: {expect['memory']} " in out
-    assert f"to measure: {expect['valid']}\n" in out and "rounds (at most): 10 -> 5 -> 2 -> 1" in out
+    assert (
+        f"pruned by validation: {expect['invalid']}\n" in out
+        and f"pruned by memory: {expect['memory']} " in out
+    )
+    assert (
+        f"to measure: {expect['valid']}\n" in out and "rounds (at most): 10 -> 5 -> 2 -> 1" in out
+    )
     assert "engine.cp_size=4 is not allowed: must divide task.seq=2" in out
     assert "estimated 4.5 GB per rank > --mem-gb 4" in out
     assert not (tmp_path / "tunes").exists()  # a dry run writes nothing
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["world_size=4", "engine.dp_size=2"], "'engine.dp_size=2' fixes a size the tuner must choose"),
-    (["world_size=4", "--mem-gb", "0.1"], "--mem-gb 0.1 prunes every valid layout (5): the smallest estimate is "
-                                          "1.5 GB per rank (tp1 cp2 pp1 dp2)"),
-    (["world_size=3", "launcher=slurm", "launcher.nodes=2"], "world_size=3: no layout fits: all 4 point(s) were "
-                                                             "refused by validation"),
-    (["world_size=4", "--also", "task.micro_batches=1,2", "task.micro_batches=2"], "give the values to search in "
-                                                                                  "--also only"),
-    (["world_size=4", "task.steps=2"], "leaves fewer than 2 steps to time after --warmup 2"),
-    (["world_size=4", "--cutoff", "1.5"], "--cutoff 1.5 is not allowed: expected a fraction in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["world_size=4", "engine.dp_size=2"],
+            "'engine.dp_size=2' fixes a size the tuner must choose",
+        ),
+        (
+            ["world_size=4", "--mem-gb", "0.1"],
+            "--mem-gb 0.1 prunes every valid layout (5): the smallest estimate is "
+            "1.5 GB per rank (tp1 cp2 pp1 dp2)",
+        ),
+        (
+            ["world_size=3", "launcher=slurm", "launcher.nodes=2"],
+            "world_size=3: no layout fits: all 4 point(s) were refused by validation",
+        ),
+        (
+            ["world_size=4", "--also", "task.micro_batches=1,2", "task.micro_batches=2"],
+            "give the values to search in --also only",
+        ),
+        (["world_size=4", "task.steps=2"], "leaves fewer than 2 steps to time after --warmup 2"),
+        (
+            ["world_size=4", "--cutoff", "1.5"],
+            "--cutoff 1.5 is not allowed: expected a fraction in [0, 1)",
+        ),
+    ],
+)
 def test_bad_input_exits_2_with_the_reason(tmp_path: Path, args: list[str], message: str) -> None:
     proc = tune([*CLOCKWORK, *args, "--dir", str(tmp_path / "t")], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -157,9 +248,20 @@ def test_a_task_without_a_steps_field_is_refused(tmp_path: Path) -> None:
 
 def test_resume_refuses_another_tunes_directory(tmp_path: Path) -> None:
     other = tmp_path / "other"
-    state = TuneState(other, {"world_size": 2, "overrides": CLOCKWORK, "also": [], "mem_gb": None,
-                              "metric": "tokens_per_s", "warmup": 2, "min_steps": 4, "cutoff": 0.3,
-                              "steps_field": "steps"})
+    state = TuneState(
+        other,
+        {
+            "world_size": 2,
+            "overrides": CLOCKWORK,
+            "also": [],
+            "mem_gb": None,
+            "metric": "tokens_per_s",
+            "warmup": 2,
+            "min_steps": 4,
+            "cutoff": 0.3,
+            "steps_field": "steps",
+        },
+    )
     other.mkdir()
     state.save()
     proc = tune(["--resume", str(other), *CLOCKWORK, "world_size=4"], tmp_path)
@@ -171,14 +273,23 @@ def test_resume_refuses_another_tunes_directory(tmp_path: Path) -> None:
 
 def test_known_function_has_a_clear_best() -> None:
     """The tests' task ranks its layouts by construction (guards the other tests' expectations)."""
-    values = sorted((tokens_per_s(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb),
-                     layout_key(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb)) for lay in layouts(2) for mb in (1, 2))
+    values = sorted(
+        (
+            tokens_per_s(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb),
+            layout_key(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb),
+        )
+        for lay in layouts(2)
+        for mb in (1, 2)
+    )
     assert values[-1][1] == "tp1-cp1-pp1-dp2-mb2" and values[-1][0] > 1.1 * values[-2][0]
 
 
 def test_state_round_trips_and_counts_time_over_sessions(tmp_path: Path) -> None:
     state = TuneState(tmp_path, {"world_size": 2})
-    state.space = [Point(0, (("tp", 1), ("cp", 1), ("pp", 1), ("dp", 2))).to_json() | {"verdict": {"status": "valid"}}]
+    state.space = [
+        Point(0, (("tp", 1), ("cp", 1), ("pp", 1), ("dp", 2))).to_json()
+        | {"verdict": {"status": "valid"}}
+    ]
     state.add(_m("t00-tp1-cp1-pp1-dp2", 5.0))
     time.sleep(0.05)
     state.save()
@@ -191,9 +302,18 @@ def test_round_command_runs_private_ray_trials_one_after_another(tmp_path: Path)
     """A private Ray instance shares this machine's cores: its trials go one by one; a cluster's side by side."""
     from wf_launch.tools.tune.rounds import sweep_argv
 
-    private = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train", "launcher=ray"], "steps", "ray")
-    cluster = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train", "launcher=ray", "launcher.address=h:6379"],
-                         "steps", "ray")
+    private = sweep_argv(
+        tmp_path, 0, ["t0", "t1"], 6, ["task=train", "launcher=ray"], "steps", "ray"
+    )
+    cluster = sweep_argv(
+        tmp_path,
+        0,
+        ["t0", "t1"],
+        6,
+        ["task=train", "launcher=ray", "launcher.address=h:6379"],
+        "steps",
+        "ray",
+    )
     local = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train"], "steps", "local")
     assert "hydra/launcher=basic" in private
     assert "hydra/launcher=basic" not in cluster and "hydra/launcher=basic" not in local

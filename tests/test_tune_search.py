@@ -31,11 +31,19 @@ def tune_cmd(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "wf_launch.tune", *args]
 
 
-def best_of(world: int, mbs: tuple[int, ...], exclude: set[str] = frozenset(), unit: float = 0.03) -> str:
+def best_of(
+    world: int, mbs: tuple[int, ...], exclude: set[str] = frozenset(), unit: float = 0.03
+) -> str:
     """The layout key the known function ranks first among the valid, not excluded points."""
-    scored = [(tokens_per_s(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb, unit),
-               layout_key(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb))
-              for lay in layouts(world) for mb in mbs if 2 % lay["cp"] == 0 and lay["pp"] <= mb]
+    scored = [
+        (
+            tokens_per_s(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb, unit),
+            layout_key(lay["tp"], lay["cp"], lay["pp"], lay["dp"], mb),
+        )
+        for lay in layouts(world)
+        for mb in mbs
+        if 2 % lay["cp"] == 0 and lay["pp"] <= mb
+    ]
     return max(s for s in scored if s[1] not in exclude)[1]
 
 
@@ -45,45 +53,96 @@ def key_of(point: dict) -> str:
 
 
 def test_search_finds_the_known_best_and_records_failures(tmp_path: Path) -> None:
-    failing = {"raise_at": "tp2-cp1-pp1-dp1-mb1", "oom_at": "tp1-cp1-pp1-dp2-mb2", "stall_at": "tp1-cp2-pp1-dp1-mb2"}
+    failing = {
+        "raise_at": "tp2-cp1-pp1-dp1-mb1",
+        "oom_at": "tp1-cp1-pp1-dp2-mb2",
+        "stall_at": "tp1-cp2-pp1-dp1-mb2",
+    }
     d = tmp_path / "tune"
-    proc = subprocess.run(tune_cmd([*CLOCKWORK, "world_size=2", "task.steps=20", "--also", "task.micro_batches=1,2",
-                                    *FAST, "--stall-s", "3", "--dir", str(d),
-                                    *(f"task.{k}=[{v}]" for k, v in failing.items())]),
-                          capture_output=True, text=True, timeout=240, env=cli_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        tune_cmd(
+            [
+                *CLOCKWORK,
+                "world_size=2",
+                "task.steps=20",
+                "--also",
+                "task.micro_batches=1,2",
+                *FAST,
+                "--stall-s",
+                "3",
+                "--dir",
+                str(d),
+                *(f"task.{k}=[{v}]" for k, v in failing.items()),
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((d / "tune.json").read_text())
     by_key = {key_of(p): p for p in state["space"]}
     expected = best_of(2, (1, 2), set(failing.values()))
     assert state["winner"] == by_key[expected]["id"] and state["status"] == "done"
-    assert [p["verdict"]["status"] for p in state["space"]].count("invalid") == 1  # pp2 with one micro-batch
-    assert [len(r["trials"]) for r in state["rounds"]] == [7, 2]  # 4 measured in round 0: the better 2 go on
+    assert [p["verdict"]["status"] for p in state["space"]].count(
+        "invalid"
+    ) == 1  # pp2 with one micro-batch
+    assert [len(r["trials"]) for r in state["rounds"]] == [
+        7,
+        2,
+    ]  # 4 measured in round 0: the better 2 go on
 
     r0 = {m["trial"]: m for m in state["measurements"] if m["round"] == 0}
-    raised, oom, stalled = (r0[by_key[failing[k]]["id"]] for k in ("raise_at", "oom_at", "stall_at"))
-    assert raised["status"] == "failed" and "ValueError: clockwork: layout tp2-cp1-pp1-dp1-mb1 refuses" in raised["cause"]
+    raised, oom, stalled = (
+        r0[by_key[failing[k]]["id"]] for k in ("raise_at", "oom_at", "stall_at")
+    )
+    assert (
+        raised["status"] == "failed"
+        and "ValueError: clockwork: layout tp2-cp1-pp1-dp1-mb1 refuses" in raised["cause"]
+    )
     assert oom["status"] == "oom" and "MemoryError" in oom["cause"]
     assert stalled["status"] == "stalled" and "no progress for 3 s" in stalled["cause"]
-    assert "wf_tune_tasks.py" in stalled["cause"] and "time.sleep(3600)" in stalled["cause"]  # where its ranks were
+    assert (
+        "wf_tune_tasks.py" in stalled["cause"] and "time.sleep(3600)" in stalled["cause"]
+    )  # where its ranks were
     for m in r0.values():
         if m["status"] == "ok":
             key = next(k for k, p in by_key.items() if p["id"] == m["trial"])
             truth = tokens_per_s(*(int(key.split("-")[i][2:]) for i in range(5)))
-            assert m["value"] == pytest.approx(truth, rel=0.1), (key, m)  # the known function, measured
+            assert m["value"] == pytest.approx(truth, rel=0.1), (
+                key,
+                m,
+            )  # the known function, measured
 
     md = (d / "tune_report.md").read_text()
     assert f"**Winner: {by_key[expected]['label']}**" in md and md.count("\n| t0") == 8
-    for word in ("refuses at step 2", "oom in round 0", "stalled in round 0", "pruned (invalid)", "dropped after round"):
+    for word in (
+        "refuses at step 2",
+        "oom in round 0",
+        "stalled in round 0",
+        "pruned (invalid)",
+        "dropped after round",
+    ):
         assert word in md, word
     assert (d / "tune_chart.png").read_bytes().startswith(PNG)
-    assert len((d / "tune_report.csv").read_text().splitlines()) == 1 + 7 + 2 + 1  # a row per measurement, pruned
+    assert (
+        len((d / "tune_report.csv").read_text().splitlines()) == 1 + 7 + 2 + 1
+    )  # a row per measurement, pruned
 
     best = yaml.safe_load((d / "best.yaml").read_text())
     assert best["layout"] == {**by_key[expected]["sizes"], "world_size": 2}
     command = shlex.split(best["command"])
     assert command[:3] == ["python", "-m", "wf_launch"] and command[3:] == best["overrides"]
-    run = subprocess.run([sys.executable, *command[1:], f"hydra.run.dir={tmp_path / 'best'}"], capture_output=True,
-                         text=True, timeout=120, env=cli_env(), cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, *command[1:], f"hydra.run.dir={tmp_path / 'best'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr  # best.yaml's command runs the winner
     ran = json.loads((tmp_path / "best" / "result.json").read_text())
     assert {k: ran["layout"][k] for k in ("tp", "cp", "pp", "dp")} == by_key[expected]["sizes"]
@@ -100,10 +159,29 @@ def _measured(d: Path) -> int:
 
 def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
     d = tmp_path / "tune"
-    args = [*CLOCKWORK, "world_size=2", "task.steps=20", "task.unit_s=0.05", "--also", "task.micro_batches=1,2",
-            "--warmup", "1", "--min-steps", "3", "--dir", str(d)]
-    proc = subprocess.Popen(tune_cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env(), cwd=tmp_path, start_new_session=True)
+    args = [
+        *CLOCKWORK,
+        "world_size=2",
+        "task.steps=20",
+        "task.unit_s=0.05",
+        "--also",
+        "task.micro_batches=1,2",
+        "--warmup",
+        "1",
+        "--min-steps",
+        "3",
+        "--dir",
+        str(d),
+    ]
+    proc = subprocess.Popen(
+        tune_cmd(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while _measured(d) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -115,10 +193,18 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
     assert state["status"] == "interrupted" and state["rounds"][0]["status"] == "interrupted"
     done = {m["trial"]: m["run_dir"] for m in state["measurements"] if m["status"] == "ok"}
     assert len(done) >= 2
-    stamps = {t: json.loads((Path(r) / "result.json").read_text())["finished_at"] for t, r in done.items()}
+    stamps = {
+        t: json.loads((Path(r) / "result.json").read_text())["finished_at"] for t, r in done.items()
+    }
 
-    resumed = subprocess.run(tune_cmd(["--resume", str(d)]), capture_output=True, text=True, timeout=240,
-                             env=cli_env(), cwd=tmp_path)
+    resumed = subprocess.run(
+        tune_cmd(["--resume", str(d)]),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"{len(done)} of 7 trial(s) measured before are kept" in resumed.stdout
     for trial, run_dir in done.items():  # not rerun: the same record, one attempt
@@ -131,21 +217,45 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
     winner = next(p for p in state["space"] if p["id"] == state["winner"])
     assert key_of(winner) == best_of(2, (1, 2), unit=0.05)
 
-    again = subprocess.run(tune_cmd(["--resume", str(d)]), capture_output=True, text=True, timeout=60,
-                           env=cli_env(), cwd=tmp_path)
+    again = subprocess.run(
+        tune_cmd(["--resume", str(d)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert again.returncode == 0 and "has finished; nothing to resume" in again.stdout
-    other = subprocess.run(tune_cmd(["--resume", str(d), *CLOCKWORK, "world_size=4"]), capture_output=True,
-                           text=True, timeout=60, env=cli_env(), cwd=tmp_path)
-    assert other.returncode == 2 and "holds another tune" in other.stderr and "world_size: 2" in other.stderr
+    other = subprocess.run(
+        tune_cmd(["--resume", str(d), *CLOCKWORK, "world_size=4"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert (
+        other.returncode == 2
+        and "holds another tune" in other.stderr
+        and "world_size: 2" in other.stderr
+    )
     assert leftover_processes(str(d)) == []
 
 
 def test_a_task_without_a_metric_is_refused_after_its_first_trial(tmp_path: Path) -> None:
     d = tmp_path / "tune"
-    proc = subprocess.run(tune_cmd([*CLOCKWORK, "world_size=4", "task.report=false", *FAST, "--dir", str(d)]),
-                          capture_output=True, text=True, timeout=120, env=cli_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        tune_cmd([*CLOCKWORK, "world_size=4", "task.report=false", *FAST, "--dir", str(d)]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "the task has no metric to tune" in proc.stderr and "neither 'tokens_per_s'" in proc.stderr
+    assert (
+        "the task has no metric to tune" in proc.stderr and "neither 'tokens_per_s'" in proc.stderr
+    )
     assert "--metric step_time" in proc.stderr
     state = json.loads((d / "tune.json").read_text())
     assert state["status"] == "failed" and len(state["rounds"][0]["trials"]) == 5
@@ -158,9 +268,28 @@ def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> No
     t0 = time.monotonic()
     # Steps of 0.45 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take over 40 s
     # anywhere, so the 20 s budget cuts it; its first trial ends well within the budget even on a loaded machine.
-    proc = subprocess.run(tune_cmd([*CLOCKWORK, "world_size=4", "task.steps=30", "task.unit_s=0.3", "--also",
-                                    "task.micro_batches=1,2", *FAST, "--budget-s", "20", "--dir", str(d)]),
-                          capture_output=True, text=True, timeout=240, env=cli_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        tune_cmd(
+            [
+                *CLOCKWORK,
+                "world_size=4",
+                "task.steps=30",
+                "task.unit_s=0.3",
+                "--also",
+                "task.micro_batches=1,2",
+                *FAST,
+                "--budget-s",
+                "20",
+                "--dir",
+                str(d),
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "winner (--budget-s spent):" in proc.stdout

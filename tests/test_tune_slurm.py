@@ -15,19 +15,43 @@ from slurm_fixture import SlurmCluster
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_tune_on_slurm_submits_each_round_as_a_job_array(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_tune_on_slurm_submits_each_round_as_a_job_array(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     d = tmp_path / "tune"
-    proc = subprocess.run([sys.executable, "-m", "wf_launch.tune", "task=clockwork", "task.modules=[wf_tune_tasks]",
-                           "launcher=slurm", "world_size=2", "task.steps=12", "--warmup", "1", "--min-steps", "3",
-                           "--dir", str(d)], capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch.tune",
+            "task=clockwork",
+            "task.modules=[wf_tune_tasks]",
+            "launcher=slurm",
+            "world_size=2",
+            "task.steps=12",
+            "--warmup",
+            "1",
+            "--min-steps",
+            "3",
+            "--dir",
+            str(d),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((d / "tune.json").read_text())
     assert state["launcher"] == "slurm"
     r0 = d / "rounds" / "r0"
     points = sorted((p for p in r0.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    assert len(points) == len(state["rounds"][0]["trials"]) == 3  # tp2, cp2, dp2 (pp2 needs 2 micro-batches)
+    assert (
+        len(points) == len(state["rounds"][0]["trials"]) == 3
+    )  # tp2, cp2, dp2 (pp2 needs 2 micro-batches)
     ids = [json.loads((p / "slurm_job.json").read_text())["job_id"] for p in points]
     array = ids[0].split("_")[0]
     assert ids == [f"{array}_{n}" for n in range(3)]  # one sbatch: the round is a job array

@@ -16,16 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # (module, dotted attribute) of Hydra's public API that hydra_plugins/, wf_launch/cli.py,
 # wf_launch/sweep_report.py and tests/test_hydra_launcher.py use.
 HYDRA_NAMES = [
-    ("hydra.plugins.launcher", "Launcher"), ("hydra.plugins.launcher", "Launcher.setup"),
+    ("hydra.plugins.launcher", "Launcher"),
+    ("hydra.plugins.launcher", "Launcher.setup"),
     ("hydra.plugins.launcher", "Launcher.launch"),
-    ("hydra.core.utils", "run_job"), ("hydra.core.utils", "configure_log"), ("hydra.core.utils", "setup_globals"),
-    ("hydra.core.utils", "filter_overrides"), ("hydra.core.utils", "JobReturn.return_value"),
-    ("hydra.core.utils", "JobStatus.COMPLETED"), ("hydra.types", "HydraContext"), ("hydra.types", "TaskFunction"),
-    ("hydra.core.config_store", "ConfigStore.store"), ("hydra.core.config_loader", "ConfigLoader.load_sweep_config"),
+    ("hydra.core.utils", "run_job"),
+    ("hydra.core.utils", "configure_log"),
+    ("hydra.core.utils", "setup_globals"),
+    ("hydra.core.utils", "filter_overrides"),
+    ("hydra.core.utils", "JobReturn.return_value"),
+    ("hydra.core.utils", "JobStatus.COMPLETED"),
+    ("hydra.types", "HydraContext"),
+    ("hydra.types", "TaskFunction"),
+    ("hydra.core.config_store", "ConfigStore.store"),
+    ("hydra.core.config_loader", "ConfigLoader.load_sweep_config"),
     ("hydra.core.config_loader", "ConfigLoader.list_groups"),
     ("hydra.core.config_loader", "ConfigLoader.get_group_options"),
-    ("hydra.core.global_hydra", "GlobalHydra.config_loader"), ("hydra.core.object_type", "ObjectType.CONFIG"),
-    ("hydra.core.object_type", "ObjectType.GROUP"), ("hydra.core.hydra_config", "HydraConfig.get"),
+    ("hydra.core.global_hydra", "GlobalHydra.config_loader"),
+    ("hydra.core.object_type", "ObjectType.CONFIG"),
+    ("hydra.core.object_type", "ObjectType.GROUP"),
+    ("hydra.core.hydra_config", "HydraConfig.get"),
     ("hydra.core.plugins", "Plugins.discover"),
     ("hydra.core.override_parser.overrides_parser", "OverridesParser.parse_overrides"),
     ("hydra.core.override_parser.types", "Override.get_key_element"),
@@ -50,9 +59,11 @@ def _version(dist: str) -> str:
 def test_submitit_names_we_rely_on_exist() -> None:
     problems = submitit_adapter.check_names()
     if problems:
-        pytest.fail(f"submitit {submitit_adapter.submitit_version()} lacks or changed what "
-                    "wf_launch/launchers/slurm/submitit_adapter.py relies on:\n  " + "\n  ".join(problems),
-                    pytrace=False)
+        pytest.fail(
+            f"submitit {submitit_adapter.submitit_version()} lacks or changed what "
+            "wf_launch/launchers/slurm/submitit_adapter.py relies on:\n  " + "\n  ".join(problems),
+            pytrace=False,
+        )
 
 
 def test_hydra_names_we_rely_on_exist() -> None:
@@ -65,8 +76,11 @@ def test_hydra_names_we_rely_on_exist() -> None:
         except (ImportError, AttributeError) as exc:
             problems.append(f"{module}.{dotted}: {type(exc).__name__}: {exc}")
     if problems:
-        pytest.fail(f"hydra-core {_version('hydra-core')} lacks public names wf_slurm and wf_launch use:\n  "
-                    + "\n  ".join(problems), pytrace=False)
+        pytest.fail(
+            f"hydra-core {_version('hydra-core')} lacks public names wf_slurm and wf_launch use:\n  "
+            + "\n  ".join(problems),
+            pytrace=False,
+        )
 
 
 def _sources() -> list[Path]:
@@ -83,12 +97,18 @@ def test_no_module_imports_hydra_internal() -> None:
 
 @pytest.mark.skipif(not (ROOT / "pyproject.toml").is_file(), reason="needs the source tree")
 def test_submitit_private_names_only_in_the_adapter() -> None:
-    private = re.compile(r"\b(_make_sbatch_string|_convert_mem|_submitit_command_str|submitit\.core\._submit|"
-                         r"from submitit\S* import _\w+)")
+    private = re.compile(
+        r"\b(_make_sbatch_string|_convert_mem|_submitit_command_str|submitit\.core\._submit|"
+        r"from submitit\S* import _\w+)"
+    )
     adapter = Path(submitit_adapter.__file__).resolve()
-    offenders = [str(p.relative_to(ROOT)) for p in _sources()
-                 if p.resolve() != adapter and "tests" not in p.relative_to(ROOT).parts
-                 and private.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in _sources()
+        if p.resolve() != adapter
+        and "tests" not in p.relative_to(ROOT).parts
+        and private.search(p.read_text())
+    ]
     assert offenders == []
 
 
@@ -107,20 +127,34 @@ def test_torch_private_names_we_rely_on_exist() -> None:
 
     problems = torch_private.check_names()
     if problems:
-        pytest.fail(f"torch {torch.__version__} lacks or changed private names that "
-                    "worldfoundry/core/torch_private.py relies on (adapt the adapter, nothing else):\n  "
-                    + "\n  ".join(problems), pytrace=False)
+        pytest.fail(
+            f"torch {torch.__version__} lacks or changed private names that "
+            "worldfoundry/core/torch_private.py relies on (adapt the adapter, nothing else):\n  "
+            + "\n  ".join(problems),
+            pytrace=False,
+        )
 
 
 def test_a_renamed_torch_private_name_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from worldfoundry.core import torch_private
 
-    monkeypatch.setattr(torch_private, "PRIVATE_NAMES", (
-        *torch_private.PRIVATE_NAMES,
-        ("torch", "_foreach_renamed_", "attr", "probe"),
-        ("torch.distributed.elastic.multiprocessing.api", "MultiprocessContext._renamed_pc", "self", "probe"),
-    ))
+    monkeypatch.setattr(
+        torch_private,
+        "PRIVATE_NAMES",
+        (
+            *torch_private.PRIVATE_NAMES,
+            ("torch", "_foreach_renamed_", "attr", "probe"),
+            (
+                "torch.distributed.elastic.multiprocessing.api",
+                "MultiprocessContext._renamed_pc",
+                "self",
+                "probe",
+            ),
+        ),
+    )
     problems = torch_private.check_names()
     assert len(problems) == 2, problems
     assert any("torch._foreach_renamed_ (probe): AttributeError" in p for p in problems), problems
-    assert any("MultiprocessContext no longer assigns self._renamed_pc" in p for p in problems), problems
+    assert any("MultiprocessContext no longer assigns self._renamed_pc" in p for p in problems), (
+        problems
+    )

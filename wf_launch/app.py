@@ -30,7 +30,11 @@ from .tasks.registry import task_config_class
 
 __all__ = ["resolve", "run"]
 
-_HYDRA_FILES = {"config": files.hydra_config, "hydra": files.hydra_job, "overrides": files.hydra_overrides}
+_HYDRA_FILES = {
+    "config": files.hydra_config,
+    "hydra": files.hydra_job,
+    "overrides": files.hydra_overrides,
+}
 """Where each part of Hydra's record of the command goes (``.hydra/``)."""
 
 
@@ -52,14 +56,24 @@ def _resolved(cfg: DictConfig) -> dict[str, Any]:
 def _record_invalid(run_dir: Path, overrides: list[str], message: str, cfg: DictConfig) -> None:
     """Leave ``result.json`` (status 'invalid', the error) so sweep reports can list the point."""
     task = OmegaConf.select(cfg, "task.name", default=None, throw_on_resolution_failure=False)
-    launcher = OmegaConf.select(cfg, "launcher.name", default=None, throw_on_resolution_failure=False)
-    RunRecord(Status.INVALID, run_dir=str(run_dir), overrides=list(overrides), final=True,
-              task=task if isinstance(task, str) else None, launcher=launcher if isinstance(launcher, str) else None,
-              failure={"cause": "invalid_config", "message": message}, finished_at=time.time()).write()
+    launcher = OmegaConf.select(
+        cfg, "launcher.name", default=None, throw_on_resolution_failure=False
+    )
+    RunRecord(
+        Status.INVALID,
+        run_dir=str(run_dir),
+        overrides=list(overrides),
+        final=True,
+        task=task if isinstance(task, str) else None,
+        launcher=launcher if isinstance(launcher, str) else None,
+        failure={"cause": "invalid_config", "message": message},
+        finished_at=time.time(),
+    ).write()
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: list[str],
-        hydra_record: dict[str, str] | None = None) -> RunOutcome:
+def run(
+    cfg: DictConfig, run_dir: Path, overrides: list[str], hydra_record: dict[str, str] | None = None
+) -> RunOutcome:
     """Claim the run directory, validate ``cfg``, write the run record's inputs, and launch (or print the plan).
 
     A run directory holds one run: launching into one that holds a run (or that a
@@ -75,9 +89,12 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str],
     claim = None
     if not dry_run:
         try:
-            claim = rundir_claim.claim(run_dir, OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
-                                       OmegaConf.select(cfg, "launcher.resume", default=False) is True,
-                                       is_live=_existing_run_live)
+            claim = rundir_claim.claim(
+                run_dir,
+                OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
+                OmegaConf.select(cfg, "launcher.resume", default=False) is True,
+                is_live=_existing_run_live,
+            )
         except rundir_claim.RunDirInUse as exc:
             print(printable(f"wf_launch: {exc}"), file=sys.stderr)
             return RunOutcome(Status.INVALID, run_dir, str(exc))
@@ -118,9 +135,14 @@ def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) 
     if record is None or not record.final:
         message = "interrupted by SIGINT (Ctrl-C) while the run was starting: no rank had started"
         task = OmegaConf.select(cfg, "task.name", default=None, throw_on_resolution_failure=False)
-        record = RunRecord.finalize(run_dir, Status.INTERRUPTED, signal_name="SIGINT", overrides=list(overrides),
-                                    task=task if isinstance(task, str) else None,
-                                    failure={"cause": "interrupt", "signal": "SIGINT", "message": message})
+        record = RunRecord.finalize(
+            run_dir,
+            Status.INTERRUPTED,
+            signal_name="SIGINT",
+            overrides=list(overrides),
+            task=task if isinstance(task, str) else None,
+            failure={"cause": "interrupt", "signal": "SIGINT", "message": message},
+        )
         hint = resume_hint(run_dir, overrides)
         record_summary = f"{message}\n  {hint}" if hint else message
     else:
@@ -132,7 +154,9 @@ def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) 
     return outcome
 
 
-def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], dry_run: bool) -> RunOutcome:
+def _validate_and_launch(
+    cfg: DictConfig, run_dir: Path, overrides: list[str], dry_run: bool
+) -> RunOutcome:
     try:
         config = _resolved(cfg)
         layout = validate_run_config(config)
@@ -145,19 +169,30 @@ def _validate_and_launch(cfg: DictConfig, run_dir: Path, overrides: list[str], d
     launcher = get_launcher(plan.launcher)
     if dry_run:
         task_text = task_config_class(plan.task).build(config["task"]).describe(plan)
-        print(f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}"
-              + (f"\n\n{task_text}" if task_text else ""))
+        print(
+            f"{plan.layout.describe()}\n\n{plan.layout_table()}\n\n{launcher.describe(plan)}"
+            + (f"\n\n{task_text}" if task_text else "")
+        )
         return RunOutcome(Status.DRY_RUN, run_dir)
     os.chmod(run_dir, run_dir_mode(config["launcher"].get("run_dir_mode", "0700")))
     setup_launcher_logging(run_dir / files.LAUNCHER_LOG)
     atomic_write_text(files.config_path(run_dir), OmegaConf.to_yaml(OmegaConf.create(config)))
-    atomic_write_text(run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
-    logger.debug(f"run id {ensure_run_id(run_dir)}")  # written once: every attempt, requeue and resume reads it
+    atomic_write_text(
+        run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
+    )
+    logger.debug(
+        f"run id {ensure_run_id(run_dir)}"
+    )  # written once: every attempt, requeue and resume reads it
     outcome = launcher.launch(plan)
     if outcome.status not in (Status.SUBMITTED, Status.INVALID):
-        logger.info(final_line(outcome))  # every launcher's run ends with it; the root cause follows
+        logger.info(
+            final_line(outcome)
+        )  # every launcher's run ends with it; the root cause follows
     if outcome.summary:
-        print(printable(outcome.summary, multiline=True), file=sys.stderr if outcome.exit_code else sys.stdout,
-              flush=True)
+        print(
+            printable(outcome.summary, multiline=True),
+            file=sys.stderr if outcome.exit_code else sys.stdout,
+            flush=True,
+        )
     logger.complete()
     return outcome

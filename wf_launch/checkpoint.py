@@ -15,8 +15,18 @@ from wf_launch.rank.checkpoint import (
 from wf_launch.rank.script_api import latest_step, load, save, wait
 from wf_launch.tools.checkpoint import main
 
-__all__ = ["COMMIT_FILE", "CheckpointRefused", "Checkpointer", "Scope", "complete_checkpoints", "latest_step", "load",
-           "main", "save", "wait"]
+__all__ = [
+    "COMMIT_FILE",
+    "CheckpointRefused",
+    "Checkpointer",
+    "Scope",
+    "complete_checkpoints",
+    "latest_step",
+    "load",
+    "main",
+    "save",
+    "wait",
+]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,8 +38,11 @@ def _hydra_record(cfg: DictConfig) -> dict[str, str]:
     claimed, so a refused launch or a dry run never touches a run directory's ``.hydra/``.
     """
     hydra_cfg = HydraConfig.instance().cfg
-    return {"config": OmegaConf.to_yaml(cfg), "hydra": OmegaConf.to_yaml(hydra_cfg),
-            "overrides": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task)}
+    return {
+        "config": OmegaConf.to_yaml(cfg),
+        "hydra": OmegaConf.to_yaml(hydra_cfg),
+        "overrides": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task),
+    }
 
 
 def _task_modules_from_argv(argv: list[str]) -> list[str]:
@@ -59,7 +62,10 @@ def _app(cfg: DictConfig) -> object:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    if hc.mode == RunMode.MULTIRUN and OmegaConf.select(cfg, "launcher.resume", default=False) is True:
+    if (
+        hc.mode == RunMode.MULTIRUN
+        and OmegaConf.select(cfg, "launcher.resume", default=False) is True
+    ):
         from .tools.sweep.resume import kept_outcome
 
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
@@ -67,7 +73,9 @@ def _app(cfg: DictConfig) -> object:
             return kept
     _restore_full_error()
     try:
-        overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # as typed: ${...} unresolved
+        overrides = OmegaConf.to_container(
+            hc.overrides.task, resolve=False
+        )  # as typed: ${...} unresolved
         outcome = run(cfg, run_dir, [str(o) for o in overrides], _hydra_record(cfg))
     finally:
         os.environ[_FULL_ERROR] = "1"  # the next sweep point's composition errors reach _main too
@@ -141,7 +149,10 @@ def main() -> None:
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
     except KeyboardInterrupt:
-        print("wf_launch: interrupted (Ctrl-C) before the run started; nothing was launched", file=sys.stderr)
+        print(
+            "wf_launch: interrupted (Ctrl-C) before the run started; nothing was launched",
+            file=sys.stderr,
+        )
         code = 128 + signal.SIGINT
     from loguru import logger
 
@@ -161,10 +172,15 @@ def _main(argv: list[str]) -> int:
         register_configs()
         refuse_schemas(argv)
         OmegaConf.register_new_resolver("wf_uid", lambda: _UID, replace=True)
-        OmegaConf.register_new_resolver("wf_config_groups", config_groups_help if _shows_hydra_config(argv)
-                                        else str, replace=True)
+        OmegaConf.register_new_resolver(
+            "wf_config_groups",
+            config_groups_help if _shows_hydra_config(argv) else str,
+            replace=True,
+        )
         with _hydra_raises():
-            hydra.main(version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config")(_app)()
+            hydra.main(
+                version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config"
+            )(_app)()
     except Exception as exc:
         error = hydra_config_error(exc, argv)
         if error is None:

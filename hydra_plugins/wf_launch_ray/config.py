@@ -12,4 +12,6 @@ class WfRayLauncherConf:
     _target_: str = "hydra_plugins.wf_launch_ray.wf_ray_launcher.WfRayLauncher"
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="wf_ray", node=WfRayLauncherConf, provider="wf_launch")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="wf_ray", node=WfRayLauncherConf, provider="wf_launch"
+)

@@ -12,5 +12,6 @@ class WfSlurmLauncherConf:
     _target_: str = "hydra_plugins.wf_launch_slurm.wf_slurm_launcher.WfSlurmLauncher"
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="wf_slurm", node=WfSlurmLauncherConf,
-                             provider="wf_launch")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="wf_slurm", node=WfSlurmLauncherConf, provider="wf_launch"
+)

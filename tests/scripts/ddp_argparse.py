@@ -18,9 +18,20 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                 "TORCHELASTIC_MAX_RESTARTS")
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
 
 
 def main() -> None:
@@ -35,7 +46,11 @@ def main() -> None:
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, args.hidden), torch.nn.Tanh(), torch.nn.Linear(args.hidden, 1)))
+    model = DDP(
+        torch.nn.Sequential(
+            torch.nn.Linear(8, args.hidden), torch.nn.Tanh(), torch.nn.Linear(args.hidden, 1)
+        )
+    )
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 * step + rank)
@@ -48,12 +63,22 @@ def main() -> None:
         total = loss.detach().clone()
         dist.all_reduce(total)
         print(f"rank {rank} step {step} loss {total.item() / world:.6f}", flush=True)
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.module.parameters())).hexdigest()
+    digest = hashlib.sha256(
+        b"".join(p.detach().numpy().tobytes() for p in model.module.parameters())
+    ).hexdigest()
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
-            json.dump({"final_loss": total.item() / world, "weights_sha256": digest, "argv": sys.argv,
-                       "cwd": os.getcwd(), "file": os.path.abspath(__file__),
-                       "env": {k: os.environ.get(k) for k in TORCHRUN_VARS}}, f)
+            json.dump(
+                {
+                    "final_loss": total.item() / world,
+                    "weights_sha256": digest,
+                    "argv": sys.argv,
+                    "cwd": os.getcwd(),
+                    "file": os.path.abspath(__file__),
+                    "env": {k: os.environ.get(k) for k in TORCHRUN_VARS},
+                },
+                f,
+            )
     dist.destroy_process_group()
 
 

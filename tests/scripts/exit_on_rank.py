@@ -1,6 +1,6 @@
 """A torchrun script one of whose ranks calls ``sys.exit(CODE)`` while the others wait in a barrier.
 
-    torchrun --nproc-per-node 2 exit_on_rank.py --rank 1 --code 3
+torchrun --nproc-per-node 2 exit_on_rank.py --rank 1 --code 3
 """
 
 import argparse

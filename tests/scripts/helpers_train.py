@@ -60,8 +60,14 @@ def main() -> None:
             break
         if step % 2 == 0:
             checkpoint.save(step, state)
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()
-    summary = {"final_loss": state["progress"]["losses"][-1], "weights_sha256": digest, "steps_done": step}
+    digest = hashlib.sha256(
+        b"".join(p.detach().numpy().tobytes() for p in net.parameters())
+    ).hexdigest()
+    summary = {
+        "final_loss": state["progress"]["losses"][-1],
+        "weights_sha256": digest,
+        "steps_done": step,
+    }
     report_result(summary)
     if rank == 0 and args.out:
         with open(args.out, "w") as f:

@@ -43,7 +43,9 @@ class InprocLauncher:
 
     def validate(self, cfg: InprocLauncherConfig, layout: Any, engine: Any) -> None:
         if layout.world_size != 1:
-            raise config_error("launcher.name", "inproc", f"runs one rank; the layout has {layout.world_size}")
+            raise config_error(
+                "launcher.name", "inproc", f"runs one rank; the layout has {layout.world_size}"
+            )
 
     def describe(self, plan: Any) -> str:
         return f"launcher      inproc ({plan.launcher_config.greeting}): 1 rank in this process"
@@ -57,6 +59,12 @@ class InprocLauncher:
             rank_main(spec)
         finally:
             sys.stdout, sys.stderr = stdout, stderr
-        record = RunRecord.finalize(plan.run_dir, Status.OK, launcher=self.name, task=plan.task,
-                                    overrides=plan.overrides, timings={"wall_s": round(time.time() - t0, 4)})
+        record = RunRecord.finalize(
+            plan.run_dir,
+            Status.OK,
+            launcher=self.name,
+            task=plan.task,
+            overrides=plan.overrides,
+            timings={"wall_s": round(time.time() - t0, 4)},
+        )
         return RunOutcome.of(record, plan.run_dir)

@@ -43,7 +43,12 @@ def whoami(ctx: TaskContext) -> dict[str, Any]:
     ctx.groups["world"].barrier()
     if attempt == ctx.cfg.fail_attempt:
         raise RuntimeError(f"attempt {attempt} fails, as asked")
-    return {"rank": ctx.rank, "run_id": ctx.run_id, "env": os.environ.get("WF_RUN_ID"), "attempt": attempt}
+    return {
+        "rank": ctx.rank,
+        "run_id": ctx.run_id,
+        "env": os.environ.get("WF_RUN_ID"),
+        "attempt": attempt,
+    }
 
 
 @dataclass

@@ -33,7 +33,9 @@ def resumable(ctx: TaskContext) -> dict[str, Any]:
 def _save(ctx: TaskContext) -> None:
     """Every rank saves its own state when SLURM warns of the time limit."""
     tmp = _state_file(ctx).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": ctx.rank, "steps": getattr(ctx, "steps", 0), "time": time.time()}))
+    tmp.write_text(
+        json.dumps({"rank": ctx.rank, "steps": getattr(ctx, "steps", 0), "time": time.time()})
+    )
     os.replace(tmp, _state_file(ctx))
 
 

@@ -29,12 +29,17 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
     if ctx.rank == cfg["rank"]:
         if cfg["how"] == "raise":
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
-        if cfg["how"] == "raise_unrecordable":  # its failure record cannot be written (as on a full disk)
+        if (
+            cfg["how"] == "raise_unrecordable"
+        ):  # its failure record cannot be written (as on a full disk)
             (ctx.run_dir / "logs" / f"rank{ctx.rank}.error.json").mkdir()
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
         if cfg["how"] == "raise_timeout_word":
             raise ValueError(f"rank {ctx.rank}: bad timeout value 0")
-        if cfg["how"] == "raise_first_attempt" and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+        if (
+            cfg["how"] == "raise_first_attempt"
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+        ):
             raise ValueError(f"rank {ctx.rank} fails its first attempt")
         if cfg["how"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -54,9 +59,13 @@ def echo(ctx: TaskContext) -> dict[str, Any]:
     """Returns what a task sees, so tests can check the context."""
     print(f"hello from rank {ctx.rank}")
     return {
-        "rank": ctx.rank, "world_size": ctx.world_size, "coords": ctx.coords,
-        "cp_ranks": ctx.groups["cp"].ranks, "has_pp": ctx.pp is not None,
-        "run_dir": str(ctx.run_dir), "device": str(ctx.device),
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "coords": ctx.coords,
+        "cp_ranks": ctx.groups["cp"].ranks,
+        "has_pp": ctx.pp is not None,
+        "run_dir": str(ctx.run_dir),
+        "device": str(ctx.device),
         "started": ctx.config["engine"]["order"],
     }
 
@@ -90,7 +99,11 @@ def preloaded(ctx: TaskContext) -> dict[str, Any]:
     """Which process imported the module this task preloads: the launcher (forked ranks) or the rank itself."""
     import wf_preloaded
 
-    return {"imported_by": wf_preloaded.IMPORTED_BY, "rank_pid": os.getpid(), "parent_pid": os.getppid()}
+    return {
+        "imported_by": wf_preloaded.IMPORTED_BY,
+        "rank_pid": os.getpid(),
+        "parent_pid": os.getppid(),
+    }
 
 
 @register_task("listeners")
@@ -99,5 +112,10 @@ def listeners(ctx: TaskContext) -> dict[str, Any]:
     import psutil
 
     ctx.groups["world"].barrier()
-    return {"listening": sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("inet")
-                                if c.status == psutil.CONN_LISTEN)}
+    return {
+        "listening": sorted(
+            f"{c.laddr.ip}:{c.laddr.port}"
+            for c in psutil.Process().net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        )
+    }

@@ -64,10 +64,15 @@ class ClockworkConfig(TaskConfig):
         positive_int("task.micro_batches", self.micro_batches)
         if engine is not None:
             if self.seq % engine.cp_size:
-                raise config_error("engine.cp_size", engine.cp_size, f"must divide task.seq={self.seq}")
+                raise config_error(
+                    "engine.cp_size", engine.cp_size, f"must divide task.seq={self.seq}"
+                )
             if engine.pp_size > self.micro_batches:
-                raise config_error("task.micro_batches", self.micro_batches,
-                                   f"an integer >= engine.pp_size={engine.pp_size}")
+                raise config_error(
+                    "task.micro_batches",
+                    self.micro_batches,
+                    f"an integer >= engine.pp_size={engine.pp_size}",
+                )
 
     def estimate_memory_gb(self, layout: dict[str, Any]) -> float:
         return memory_gb(layout["tp"], layout["cp"], layout["pp"], layout["dp"], self.micro_batches)
@@ -96,12 +101,18 @@ def clockwork(ctx: TaskContext) -> dict[str, Any]:
     ctx.groups["world"].barrier()
     if not ctx.is_main or not cfg.report:
         return {"layout_key": key}
-    return {"layout_key": key, "tokens_per_step": tokens_per_step(sizes["dp"], cfg.micro_batches),
-            "tokens_per_s": tokens_per_step(sizes["dp"], cfg.micro_batches) * cfg.steps / elapsed}
+    return {
+        "layout_key": key,
+        "tokens_per_step": tokens_per_step(sizes["dp"], cfg.micro_batches),
+        "tokens_per_s": tokens_per_step(sizes["dp"], cfg.micro_batches) * cfg.steps / elapsed,
+    }
 
 
-@register_task("train_peak", config=__import__("wf_launch.tasks.train", fromlist=["TrainConfig"]).TrainConfig,
-               preload=__import__("wf_launch.tasks.train", fromlist=["PRELOAD"]).PRELOAD)
+@register_task(
+    "train_peak",
+    config=__import__("wf_launch.tasks.train", fromlist=["TrainConfig"]).TrainConfig,
+    preload=__import__("wf_launch.tasks.train", fromlist=["PRELOAD"]).PRELOAD,
+)
 def train_peak(ctx: TaskContext) -> dict[str, Any]:
     """``task=train``, then every rank's peak resident memory (``ru_maxrss``), gathered to rank 0."""
     import resource

@@ -22,6 +22,20 @@ from .fields import (
 )
 from .task import TaskConfig
 
-__all__ = ["BACKENDS", "NCCL_BACKENDS", "ConfigError", "EngineConfig", "TaskConfig", "check_bool", "check_choice",
-           "check_int", "check_number", "check_single_line", "config_error", "is_int", "is_number", "normalize_backend",
-           "positive_int"]
+__all__ = [
+    "BACKENDS",
+    "NCCL_BACKENDS",
+    "ConfigError",
+    "EngineConfig",
+    "TaskConfig",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_single_line",
+    "config_error",
+    "is_int",
+    "is_number",
+    "normalize_backend",
+    "positive_int",
+]

@@ -17,8 +17,15 @@ from worldfoundry.core.distributed.topology import DIMS, Layout, parse_order
 
 from .fields import check_choice, check_number, config_error, positive_int, unknown_field
 
-__all__ = ["BACKENDS", "MAX_TIMEOUT_MINUTES", "MAX_WORLD_SIZE", "MIN_TIMEOUT_MINUTES", "NCCL_BACKENDS",
-           "EngineConfig", "normalize_backend"]
+__all__ = [
+    "BACKENDS",
+    "MAX_TIMEOUT_MINUTES",
+    "MAX_WORLD_SIZE",
+    "MIN_TIMEOUT_MINUTES",
+    "NCCL_BACKENDS",
+    "EngineConfig",
+    "normalize_backend",
+]
 
 NCCL_BACKENDS = tuple(b for b in BACKENDS if "nccl" in b)
 MIN_TIMEOUT_MINUTES = 0.001 / 60
@@ -76,24 +83,41 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for the first value that is not allowed."""
-        check_choice("engine.distributed_backend", self.distributed_backend if self.backend not in BACKENDS
-                     else self.backend, BACKENDS)
-        check_number("engine.distributed_timeout_minutes", self.distributed_timeout_minutes,
-                     MIN_TIMEOUT_MINUTES, MAX_TIMEOUT_MINUTES,
-                     allowed=f"expected minutes from {MIN_TIMEOUT_MINUTES:.6g} (1 ms) to {MAX_TIMEOUT_MINUTES} "
-                             "(a week); fractions allowed, e.g. 0.5")
-        check_number("engine.init_timeout_s", self.init_timeout_s, 1, MAX_TIMEOUT_MINUTES * 60, unit="seconds",
-                     note="(how long ranks may take to join the process groups)")
+        check_choice(
+            "engine.distributed_backend",
+            self.distributed_backend if self.backend not in BACKENDS else self.backend,
+            BACKENDS,
+        )
+        check_number(
+            "engine.distributed_timeout_minutes",
+            self.distributed_timeout_minutes,
+            MIN_TIMEOUT_MINUTES,
+            MAX_TIMEOUT_MINUTES,
+            allowed=f"expected minutes from {MIN_TIMEOUT_MINUTES:.6g} (1 ms) to {MAX_TIMEOUT_MINUTES} "
+            "(a week); fractions allowed, e.g. 0.5",
+        )
+        check_number(
+            "engine.init_timeout_s",
+            self.init_timeout_s,
+            1,
+            MAX_TIMEOUT_MINUTES * 60,
+            unit="seconds",
+            note="(how long ranks may take to join the process groups)",
+        )
         for d in DIMS:
             positive_int(f"engine.{d}_size", getattr(self, f"{d}_size"))
         if self.world_size > MAX_WORLD_SIZE:
-            raise config_error("engine.tp_size*cp_size*pp_size*dp_size", self.world_size,
-                               f"the world size must be at most {MAX_WORLD_SIZE} ranks (c10d ranks are 32-bit)")
+            raise config_error(
+                "engine.tp_size*cp_size*pp_size*dp_size",
+                self.world_size,
+                f"the world size must be at most {MAX_WORLD_SIZE} ranks (c10d ranks are 32-bit)",
+            )
         try:
             parse_order(self.order, self.sizes, self.world_size)
         except ValueError as exc:
-            raise config_error("engine.order", self.order,
-                               f"a '-'-joined permutation of {'/'.join(DIMS)} ({exc})") from None
+            raise config_error(
+                "engine.order", self.order, f"a '-'-joined permutation of {'/'.join(DIMS)} ({exc})"
+            ) from None
 
     def layout(self) -> Layout:
         """The layout these sizes describe (world size = their product)."""

@@ -14,8 +14,21 @@ from typing import Any, TypeVar
 
 from worldfoundry.core.validation import is_finite_number, is_int, is_number
 
-__all__ = ["ConfigError", "check_bool", "check_choice", "check_int", "check_number", "check_single_line",
-           "closest", "config_error", "is_finite_number", "is_int", "is_number", "positive_int", "unknown_field"]
+__all__ = [
+    "ConfigError",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_single_line",
+    "closest",
+    "config_error",
+    "is_finite_number",
+    "is_int",
+    "is_number",
+    "positive_int",
+    "unknown_field",
+]
 
 T = TypeVar("T")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -38,7 +51,9 @@ def closest(name: str, known: Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
-def unknown_field(field_name: str, value: Any, known: Iterable[str], owner: str = "") -> ConfigError:
+def unknown_field(
+    field_name: str, value: Any, known: Iterable[str], owner: str = ""
+) -> ConfigError:
     """'engine.cp_sise=2 is not allowed: no such field (did you mean engine.cp_size?); allowed fields: [...]'.
 
     ``owner`` names what lacks the field ('train' -> 'train has no such field; ...').
@@ -47,15 +62,20 @@ def unknown_field(field_name: str, value: Any, known: Iterable[str], owner: str 
     parent, _, leaf = field_name.rpartition(".")
     guess = closest(leaf, known)
     meant = f" (did you mean {parent + '.' if parent else ''}{guess}?)" if guess else ""
-    return config_error(field_name, value, f"{owner + ' has ' if owner else ''}no such field{meant}; "
-                                           f"allowed fields: {known}")
+    return config_error(
+        field_name,
+        value,
+        f"{owner + ' has ' if owner else ''}no such field{meant}; allowed fields: {known}",
+    )
 
 
 def _with(text: str, note: str) -> str:
     return f"{text} {note}" if note else text
 
 
-def _bounds(kind: str, low: float | None, high: float | None, low_open: bool, high_open: bool, unit: str) -> str:
+def _bounds(
+    kind: str, low: float | None, high: float | None, low_open: bool, high_open: bool, unit: str
+) -> str:
     unit = f" {unit}" if unit else ""
     if low is not None and high is not None:
         if low_open or high_open:
@@ -68,10 +88,18 @@ def _bounds(kind: str, low: float | None, high: float | None, low_open: bool, hi
     return f"expected {kind}{unit}"
 
 
-def check_int(field: str, value: Any, low: int | None = None, high: int | None = None, note: str = "") -> int:
+def check_int(
+    field: str, value: Any, low: int | None = None, high: int | None = None, note: str = ""
+) -> int:
     """``value`` if it is an integer (not a bool) in ``[low, high]``; else :class:`ConfigError`."""
-    if not is_int(value) or (low is not None and value < low) or (high is not None and value > high):
-        raise config_error(field, value, _with(_bounds("an integer", low, high, False, False, ""), note))
+    if (
+        not is_int(value)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
+        raise config_error(
+            field, value, _with(_bounds("an integer", low, high, False, False, ""), note)
+        )
     return value
 
 
@@ -80,9 +108,18 @@ def positive_int(field: str, value: Any, note: str = "") -> int:
     return check_int(field, value, low=1, note=note)
 
 
-def check_number(field: str, value: Any, low: float | None = None, high: float | None = None, *,
-                 low_open: bool = False, high_open: bool = False, unit: str = "", note: str = "",
-                 allowed: str = "") -> float:
+def check_number(
+    field: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    unit: str = "",
+    note: str = "",
+    allowed: str = "",
+) -> float:
     """``value`` if it is a finite number (int or float, not a bool) within the bounds; else :class:`ConfigError`.
 
     ``low_open`` / ``high_open`` exclude the bound itself (``(0, 60]``); ``unit`` names what is
@@ -95,7 +132,9 @@ def check_number(field: str, value: Any, low: float | None = None, high: float |
         ok = value < high if high_open else value <= high
     if not ok:
         kind = "a number" if not unit else ""
-        text = allowed or _bounds(kind, low, high, low_open, high_open, unit).replace("expected  ", "expected ")
+        text = allowed or _bounds(kind, low, high, low_open, high_open, unit).replace(
+            "expected  ", "expected "
+        )
         raise config_error(field, value, _with(text, note))
     return value
 
@@ -121,4 +160,6 @@ def check_single_line(field: str, value: Any, what: str = "a single line", why: 
     Non-strings pass: their type is checked elsewhere. ``why`` says what a newline would do there.
     """
     if isinstance(value, str) and _CONTROL.search(value):
-        raise config_error(field, value, f"{what} without control characters" + (f" ({why})" if why else ""))
+        raise config_error(
+            field, value, f"{what} without control characters" + (f" ({why})" if why else "")
+        )

@@ -32,8 +32,10 @@ def run_layout(config: Any) -> Layout:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"its config's layout is not valid: {exc}") from None
     if layout.world_size > MAX_READ_WORLD:
-        raise ValueError(f"its config's world size {layout.world_size} is more than the {MAX_READ_WORLD} ranks "
-                         "a tool reads back")
+        raise ValueError(
+            f"its config's world size {layout.world_size} is more than the {MAX_READ_WORLD} ranks "
+            "a tool reads back"
+        )
     return layout
 
 

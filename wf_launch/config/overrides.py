@@ -37,7 +37,9 @@ def group_options(group: str) -> list[str]:
     names: set[str] = set()
     try:
         folder = files("wf_launch.conf").joinpath(*group.split("/"))
-        names |= {p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")}
+        names |= {
+            p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+        }
     except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError):
         pass
     try:
@@ -56,8 +58,10 @@ def refuse_schemas(argv: Iterable[str]) -> None:
         group, value = split
         for choice in (c.strip() for c in value.strip("[]").split(",")):
             if choice.endswith(SCHEMA_SUFFIX):
-                raise ConfigError(f"{group}={choice} is not allowed: {choice} is an internal schema, not an option; "
-                                  f"choose one of {group_options(group)}")
+                raise ConfigError(
+                    f"{group}={choice} is not allowed: {choice} is an internal schema, not an option; "
+                    f"choose one of {group_options(group)}"
+                )
 
 
 def _override(argv: Iterable[str], key: str) -> str | None:
@@ -70,10 +74,16 @@ def _override(argv: Iterable[str], key: str) -> str | None:
 
 
 def _field_names(kind: Any) -> list[str]:
-    return sorted(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else []
+    return (
+        sorted(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else []
+    )
 
 
-_CONVERSIONS = {"Integer": "expected an integer", "Float": "expected a number", "Boolean": "expected true or false"}
+_CONVERSIONS = {
+    "Integer": "expected an integer",
+    "Float": "expected a number",
+    "Boolean": "expected true or false",
+}
 
 
 def _wrong_type(cause: BaseException) -> str:
@@ -92,7 +102,7 @@ def _unknown_key(cause: Any, argv: list[str]) -> ConfigError:
     text = f"{override} is not allowed: {owner} has no field {leaf!r}"
     guess = closest(leaf, known)
     if guess:
-        meant = (f"{parent}.{guess}" if parent else guess) + override[len(full_key):]
+        meant = (f"{parent}.{guess}" if parent else guess) + override[len(full_key) :]
         text += f"; did you mean {meant}?"
     return ConfigError(text + (f" ({owner}'s fields: {known})" if known else ""))
 
@@ -101,8 +111,9 @@ def _missing_option(exc: Any) -> ConfigError:
     group, _, option = str(exc.missing_cfg_file).rpartition("/")
     options = group_options(group)
     guess = closest(option, options)
-    text = f"{group}={option} is not allowed: choose one of {options}" + (f"; did you mean {group}={guess}?"
-                                                                             if guess else "")
+    text = f"{group}={option} is not allowed: choose one of {options}" + (
+        f"; did you mean {group}={guess}?" if guess else ""
+    )
     if group == "task":
         text += " (a task of your own module: task=NAME 'task.modules=[my_pkg.tasks]')"
     return ConfigError(text)
@@ -115,18 +126,31 @@ def _first_line(exc: BaseException) -> str:
 
 def hydra_config_error(exc: BaseException, argv: list[str]) -> ConfigError | None:
     """The config error ``exc`` (raised while Hydra composed the config) stands for; None when it is not one."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
 
     if isinstance(exc, ConfigError):
         return exc
     if isinstance(exc, MissingConfigException) and getattr(exc, "missing_cfg_file", None):
         return _missing_option(exc)
     if isinstance(exc, OverrideParseException):
-        return ConfigError(f"{_first_line(exc)} (the override syntax: "
-                           "https://hydra.cc/docs/advanced/override_grammar/basic/)")
+        return ConfigError(
+            f"{_first_line(exc)} (the override syntax: "
+            "https://hydra.cc/docs/advanced/override_grammar/basic/)"
+        )
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) else exc
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(
+        cause, "full_key", None
+    ):
         return _unknown_key(cause, argv)
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         override = _override(argv, str(cause.full_key)) or str(cause.full_key)

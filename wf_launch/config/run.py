@@ -51,7 +51,9 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
     launcher.validate(launcher_cfg, layout, engine)
     task = cfg.get("task") or {}
     if not isinstance(task.get("name"), str) or not task["name"]:
-        raise config_error("task.name", task.get("name"), "the name of a registered task (task=NAME)")
+        raise config_error(
+            "task.name", task.get("name"), "the name of a registered task (task=NAME)"
+        )
     try:
         get_task(task["name"])
     except KeyError as exc:

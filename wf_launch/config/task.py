@@ -50,7 +50,9 @@ class TaskConfig:
         unknown = sorted(str(k) for k in task if k not in known)
         if unknown:
             task_name = task.get("name", cls.__name__)
-            raise unknown_field(f"task.{unknown[0]}", task[unknown[0]], known - {"name", "modules"}, owner=task_name)
+            raise unknown_field(
+                f"task.{unknown[0]}", task[unknown[0]], known - {"name", "modules"}, owner=task_name
+            )
         values = {k: task[k] for k in known if k in task}
         for key, value in values.items():
             if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
@@ -60,8 +62,11 @@ class TaskConfig:
         return cls(**values)
 
     @classmethod
-    def from_task_config(cls: type[T], task: Mapping[str, Any],
-                         engine: EngineConfig | Mapping[str, Any] | None = None) -> T:
+    def from_task_config(
+        cls: type[T],
+        task: Mapping[str, Any],
+        engine: EngineConfig | Mapping[str, Any] | None = None,
+    ) -> T:
         """:meth:`build`, then :meth:`validate` (with the engine when given)."""
         cfg = cls.build(task)
         if isinstance(engine, Mapping):

@@ -13,9 +13,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .fields import check_bool, check_choice, check_number, check_single_line, config_error, unknown_field
+from .fields import (
+    check_bool,
+    check_choice,
+    check_number,
+    check_single_line,
+    config_error,
+    unknown_field,
+)
 
-__all__ = ["TRACKERS", "MLflowConfig", "TensorBoardConfig", "TrackingConfig", "WandbConfig", "enabled_trackers"]
+__all__ = [
+    "TRACKERS",
+    "MLflowConfig",
+    "TensorBoardConfig",
+    "TrackingConfig",
+    "WandbConfig",
+    "enabled_trackers",
+]
 
 PACKAGE = "worldfoundry-launch"
 TRACKERS: dict[str, str] = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
@@ -70,15 +84,23 @@ class TrackingConfig:
         """The ``tracking`` section as a checked dataclass (a run config without one tracks nothing)."""
         section = dict(section or {})
         _check_keys("tracking", section, cls)
-        sub = {name: kind for name, kind in (("tensorboard", TensorBoardConfig), ("mlflow", MLflowConfig),
-                                             ("wandb", WandbConfig))}
+        sub = {
+            name: kind
+            for name, kind in (
+                ("tensorboard", TensorBoardConfig),
+                ("mlflow", MLflowConfig),
+                ("wandb", WandbConfig),
+            )
+        }
         values: dict[str, Any] = {}
         for key, value in section.items():
             if key in sub:
                 if not isinstance(value, Mapping):
                     raise config_error(f"tracking.{key}", value, f"a mapping of {key}'s fields")
                 _check_keys(f"tracking.{key}", value, sub[key])
-                values[key] = sub[key](**{k: (list(v) if k == "tags" else v) for k, v in value.items()})
+                values[key] = sub[key](
+                    **{k: (list(v) if k == "tags" else v) for k, v in value.items()}
+                )
             else:
                 values[key] = value
         cfg = cls(**values)
@@ -91,26 +113,45 @@ class TrackingConfig:
         for name in TRACKERS:
             check_bool(f"tracking.{name}.enabled", getattr(self, name).enabled)
         check_number("tracking.flush_s", self.flush_s, 0, 3600, low_open=True, unit="seconds")
-        check_number("tracking.close_timeout_s", self.close_timeout_s, 0, 3600, unit="seconds",
-                     note="(how long a rank waits at its end for the trackers to write what they hold)")
+        check_number(
+            "tracking.close_timeout_s",
+            self.close_timeout_s,
+            0,
+            3600,
+            unit="seconds",
+            note="(how long a rank waits at its end for the trackers to write what they hold)",
+        )
         if self.mlflow.enabled:
             for key in ("uri", "experiment", "run_name"):
                 value = getattr(self.mlflow, key)
                 if value is not None and (not isinstance(value, str) or not value.strip()):
-                    raise config_error(f"tracking.mlflow.{key}", value, "a non-empty string" +
-                                       ("" if key == "experiment" else " or null"))
+                    raise config_error(
+                        f"tracking.mlflow.{key}",
+                        value,
+                        "a non-empty string" + ("" if key == "experiment" else " or null"),
+                    )
                 check_single_line(f"tracking.mlflow.{key}", value)
         if self.wandb.enabled:
-            check_choice("tracking.wandb.mode", self.wandb.mode, WANDB_MODES,
-                         note="(null: W&B's own default, WANDB_MODE)")
+            check_choice(
+                "tracking.wandb.mode",
+                self.wandb.mode,
+                WANDB_MODES,
+                note="(null: W&B's own default, WANDB_MODE)",
+            )
             for key in ("project", "entity", "name", "group"):
                 check_single_line(f"tracking.wandb.{key}", getattr(self.wandb, key))
             if not isinstance(self.wandb.project, str) or not self.wandb.project.strip():
-                raise config_error("tracking.wandb.project", self.wandb.project, "a non-empty string")
+                raise config_error(
+                    "tracking.wandb.project", self.wandb.project, "a non-empty string"
+                )
         for name in enabled_trackers(self):
             if not _installed(TRACKERS[name]):
-                raise config_error("tracking", name, f"the {TRACKERS[name]} library is not installed in this "
-                                   f"environment; install it with: pip install '{PACKAGE}[{name}]'")
+                raise config_error(
+                    "tracking",
+                    name,
+                    f"the {TRACKERS[name]} library is not installed in this "
+                    f"environment; install it with: pip install '{PACKAGE}[{name}]'",
+                )
 
 
 def enabled_trackers(cfg: TrackingConfig | Mapping[str, Any] | None) -> list[str]:
@@ -118,7 +159,11 @@ def enabled_trackers(cfg: TrackingConfig | Mapping[str, Any] | None) -> list[str
     if cfg is None:
         return []
     if isinstance(cfg, Mapping):
-        return [name for name in TRACKERS if isinstance(cfg.get(name), Mapping) and cfg[name].get("enabled") is True]
+        return [
+            name
+            for name in TRACKERS
+            if isinstance(cfg.get(name), Mapping) and cfg[name].get("enabled") is True
+        ]
     return [name for name in TRACKERS if getattr(cfg, name).enabled]
 
 

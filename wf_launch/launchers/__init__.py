@@ -13,7 +13,13 @@ import importlib
 from typing import Any
 
 from .base import DetachedLauncher, Launcher, LauncherConfig, LauncherHooks
-from .registry import ENTRY_POINT_GROUP, get_launcher, load_launchers, register_launcher, registered_launchers
+from .registry import (
+    ENTRY_POINT_GROUP,
+    get_launcher,
+    load_launchers,
+    register_launcher,
+    registered_launchers,
+)
 
 _LAZY = {
     "LaunchPlan": "wf_launch.launchers.launch_plan",
@@ -26,9 +32,25 @@ _LAZY = {
     "config_error": "wf_launch.config.fields",
 }
 
-__all__ = ["ATTEMPT_ENV", "ENTRY_POINT_GROUP", "DetachedLauncher", "LaunchPlan", "Launcher", "LauncherConfig",
-           "LauncherHooks", "RankSpec", "RunOutcome", "RunRecord", "Status", "config_error", "get_launcher",
-           "load_launchers", "rank_main", "register_launcher", "registered_launchers"]
+__all__ = [
+    "ATTEMPT_ENV",
+    "ENTRY_POINT_GROUP",
+    "DetachedLauncher",
+    "LaunchPlan",
+    "Launcher",
+    "LauncherConfig",
+    "LauncherHooks",
+    "RankSpec",
+    "RunOutcome",
+    "RunRecord",
+    "Status",
+    "config_error",
+    "get_launcher",
+    "load_launchers",
+    "rank_main",
+    "register_launcher",
+    "registered_launchers",
+]
 
 
 def __getattr__(name: str) -> Any:

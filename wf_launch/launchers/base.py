@@ -34,7 +34,14 @@ if TYPE_CHECKING:
     from ..rundir.record import RunRecord
     from .launch_plan import LaunchPlan
 
-__all__ = ["DetachedLauncher", "Launcher", "LauncherConfig", "LauncherHooks", "run_dir_mode", "with_hooks"]
+__all__ = [
+    "DetachedLauncher",
+    "Launcher",
+    "LauncherConfig",
+    "LauncherHooks",
+    "run_dir_mode",
+    "with_hooks",
+]
 
 C = TypeVar("C", bound="LauncherConfig")
 
@@ -50,8 +57,10 @@ def run_dir_mode(value: Any) -> int:
         raise ValueError("an octal mode string such as '0700' or '0750'")
     mode = int(value, 8)
     if mode & 0o700 != 0o700 or mode & 0o022:
-        raise ValueError("an octal mode string such as '0700' or '0750' that leaves the owner rwx and gives no "
-                         "one else write access (others could plant files the launcher and the job read)")
+        raise ValueError(
+            "an octal mode string such as '0700' or '0750' that leaves the owner rwx and gives no "
+            "one else write access (others could plant files the launcher and the job read)"
+        )
     return mode
 
 
@@ -76,8 +85,12 @@ class LauncherConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in launcher if k not in known)
         if unknown:
-            raise unknown_field(f"launcher.{unknown[0]}", launcher[unknown[0]], known,
-                                owner=f"launcher={launcher.get('name')}")
+            raise unknown_field(
+                f"launcher.{unknown[0]}",
+                launcher[unknown[0]],
+                known,
+                owner=f"launcher={launcher.get('name')}",
+            )
         return cls(**{k: launcher[k] for k in known if k in launcher})
 
     def validate(self, world_size: int) -> None:
@@ -86,22 +99,43 @@ class LauncherConfig:
         if ranks is not None:
             bad = [r for r in ranks if not (is_int(r) and 0 <= r < world_size)]
             if bad:
-                raise config_error("launcher.console_ranks", list(ranks),
-                                   f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)")
-        check_number("launcher.max_log_mb", self.max_log_mb, 0, unit="MB", note="per rank log (0 = no cap)")
-        check_number("launcher.max_metrics_mb", self.max_metrics_mb, 0, unit="MB", note=f"{files.METRICS} (0 = no cap)")
+                raise config_error(
+                    "launcher.console_ranks",
+                    list(ranks),
+                    f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)",
+                )
+        check_number(
+            "launcher.max_log_mb", self.max_log_mb, 0, unit="MB", note="per rank log (0 = no cap)"
+        )
+        check_number(
+            "launcher.max_metrics_mb",
+            self.max_metrics_mb,
+            0,
+            unit="MB",
+            note=f"{files.METRICS} (0 = no cap)",
+        )
         try:
             run_dir_mode(self.run_dir_mode)
         except ValueError as exc:
             raise config_error("launcher.run_dir_mode", self.run_dir_mode, str(exc)) from None
         for key in ("progress_interval_s", "stall_warning_s"):
-            check_number(f"launcher.{key}", getattr(self, key), 0.1, 7 * 24 * 3600, unit="seconds",
-                         note="(0.1 s to a week)")
+            check_number(
+                f"launcher.{key}",
+                getattr(self, key),
+                0.1,
+                7 * 24 * 3600,
+                unit="seconds",
+                note="(0.1 s to a week)",
+            )
         for key in ("dry_run", "overwrite", "resume"):
             check_bool(f"launcher.{key}", getattr(self, key))
         if self.overwrite and self.resume:
-            raise config_error("launcher.resume", True, "not together with launcher.overwrite=true (resume "
-                               "continues the run in the directory; overwrite moves it aside): choose one")
+            raise config_error(
+                "launcher.resume",
+                True,
+                "not together with launcher.overwrite=true (resume "
+                "continues the run in the directory; overwrite moves it aside): choose one",
+            )
 
 
 @runtime_checkable
@@ -186,12 +220,17 @@ class LauncherHooks:
 
     def kill_node(self, run_dir: Path, rank: int) -> str:
         """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by default."""
-        raise NotImplementedError(f"launcher={self.name} has no nodes to kill (nodekill needs launcher=ray)")
+        raise NotImplementedError(
+            f"launcher={self.name} has no nodes to kill (nodekill needs launcher=ray)"
+        )
 
 
 def with_hooks(cls: type) -> type:
     """``cls`` itself when it subclasses :class:`LauncherHooks`, else a subclass with the hooks' defaults mixed in."""
     if issubclass(cls, LauncherHooks):
         return cls
-    return type(cls.__name__, (cls, LauncherHooks), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                                      "__doc__": cls.__doc__})
+    return type(
+        cls.__name__,
+        (cls, LauncherHooks),
+        {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__},
+    )

@@ -63,13 +63,23 @@ class LaunchPlan:
             edge = TABLE_EDGE_ROWS
             shown = [*range(edge), *range(L.world_size - edge, L.world_size)]
         head = ["rank", *DIMS, *(f"{d} group" for d in DIMS)]
-        rows = [[str(r), *(str(L.coords(r)[d]) for d in DIMS), *(_members(L, r, d) for d in DIMS)] for r in shown]
+        rows = [
+            [str(r), *(str(L.coords(r)[d]) for d in DIMS), *(_members(L, r, d) for d in DIMS)]
+            for r in shown
+        ]
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*row) for row in rows)]
+        lines = [
+            fmt.format(*head),
+            fmt.format(*("-" * w for w in widths)),
+            *(fmt.format(*row) for row in rows),
+        ]
         if len(shown) < L.world_size:
-            lines.insert(2 + TABLE_EDGE_ROWS, f"... {L.world_size - len(shown)} more ranks, not shown "
-                                              f"(the table lists every rank up to {max_rows})")
+            lines.insert(
+                2 + TABLE_EDGE_ROWS,
+                f"... {L.world_size - len(shown)} more ranks, not shown "
+                f"(the table lists every rank up to {max_rows})",
+            )
         return "\n".join(lines)
 
 

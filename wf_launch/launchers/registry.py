@@ -15,10 +15,20 @@ from typing import Any, TypeVar
 from ..config.fields import config_error
 from .base import LauncherConfig, with_hooks
 
-__all__ = ["ENTRY_POINT_GROUP", "get_launcher", "load_launchers", "register_launcher", "registered_launchers"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "get_launcher",
+    "load_launchers",
+    "register_launcher",
+    "registered_launchers",
+]
 
 ENTRY_POINT_GROUP = "wf_launch.launchers"
-_BUILTINS = {"local": "wf_launch.launchers.local", "slurm": "wf_launch.launchers.slurm", "ray": "wf_launch.launchers.ray"}
+_BUILTINS = {
+    "local": "wf_launch.launchers.local",
+    "slurm": "wf_launch.launchers.slurm",
+    "ray": "wf_launch.launchers.ray",
+}
 _REGISTRY: dict[str, type] = {}
 _LOADED = False
 
@@ -33,18 +43,27 @@ def register_launcher(cls: L) -> L:
     """
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"register_launcher: {cls!r} needs a class attribute 'name' (a non-empty string)")
+        raise ValueError(
+            f"register_launcher: {cls!r} needs a class attribute 'name' (a non-empty string)"
+        )
     config = getattr(cls, "config_class", None)
     if not (isinstance(config, type) and issubclass(config, LauncherConfig)):
-        raise ValueError(f"register_launcher: {cls.__qualname__}.config_class must subclass "
-                         "wf_launch.launchers.LauncherConfig")
+        raise ValueError(
+            f"register_launcher: {cls.__qualname__}.config_class must subclass "
+            "wf_launch.launchers.LauncherConfig"
+        )
     missing = [m for m in ("validate", "describe", "launch") if not callable(getattr(cls, m, None))]
     if missing:
         raise ValueError(f"register_launcher: {cls.__qualname__} lacks {missing}")
     existing = _REGISTRY.get(name)
-    if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"launcher {name!r} is already registered by "
-                         f"{existing.__module__}.{existing.__qualname__}")
+    if existing is not None and (existing.__module__, existing.__qualname__) != (
+        cls.__module__,
+        cls.__qualname__,
+    ):
+        raise ValueError(
+            f"launcher {name!r} is already registered by "
+            f"{existing.__module__}.{existing.__qualname__}"
+        )
     _REGISTRY[name] = with_hooks(cls)
     return cls
 
@@ -60,8 +79,10 @@ def load_launchers() -> None:
         try:
             obj = ep.load()
         except Exception as exc:
-            raise ImportError(f"entry point {ep.name!r} = {ep.value!r} in group {ENTRY_POINT_GROUP!r} "
-                              f"failed to load: {exc}") from exc
+            raise ImportError(
+                f"entry point {ep.name!r} = {ep.value!r} in group {ENTRY_POINT_GROUP!r} "
+                f"failed to load: {exc}"
+            ) from exc
         if isinstance(obj, type):
             register_launcher(obj)
     _LOADED = True
@@ -80,5 +101,7 @@ def get_launcher(name: str) -> Any:
     if name not in _REGISTRY:
         load_launchers()
     if name not in _REGISTRY:
-        raise config_error("launcher.name", name, f"choose one of {sorted(_REGISTRY)} (launcher=NAME)")
+        raise config_error(
+            "launcher.name", name, f"choose one of {sorted(_REGISTRY)} (launcher=NAME)"
+        )
     return _REGISTRY[name]()

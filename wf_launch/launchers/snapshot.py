@@ -50,13 +50,42 @@ from pathlib import Path
 from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json
 
-__all__ = ["CODE_DIR", "MANIFEST", "SECRET_PATTERNS", "SnapshotError", "job_setup", "project_root", "take"]
+__all__ = [
+    "CODE_DIR",
+    "MANIFEST",
+    "SECRET_PATTERNS",
+    "SnapshotError",
+    "job_setup",
+    "project_root",
+    "take",
+]
 
 CODE_DIR = files.CODE
 MANIFEST = files.SNAPSHOT_MANIFEST
-SECRET_PATTERNS = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
-                   "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_rsa.*", "id_dsa.*", "id_ecdsa.*",
-                   "id_ed25519.*", ".netrc", ".pgpass", ".git-credentials", ".pypirc", "*.kdbx")
+SECRET_PATTERNS = (
+    ".env",
+    ".env.*",
+    "*.env",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "id_rsa",
+    "id_dsa",
+    "id_ecdsa",
+    "id_ed25519",
+    "id_rsa.*",
+    "id_dsa.*",
+    "id_ecdsa.*",
+    "id_ed25519.*",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".pypirc",
+    "*.kdbx",
+)
 """File names a snapshot never copies (matched against the name, not the path)."""
 _RUN_MARKERS = (files.LOCK, files.SNAPSHOT_MANIFEST)
 
@@ -72,8 +101,13 @@ def project_root() -> Path | None:
 
     here = Path(wf_launch.__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0 or not out.stdout.strip():
@@ -83,15 +117,22 @@ def project_root() -> Path | None:
 
 
 def _git_paths(root: Path, *args: str) -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z", *args], cwd=root, capture_output=True, timeout=60, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "-z", *args], cwd=root, capture_output=True, timeout=60, check=True
+    )
     return sorted({f for f in out.stdout.decode(errors="surrogateescape").split("\0") if f})
 
 
 def _missing_submodules(root: Path) -> list[str]:
     """Submodules (gitlinks) of the checkout that are not checked out: their files cannot be copied."""
-    out = subprocess.run(["git", "ls-files", "-z", "--stage"], cwd=root, capture_output=True, timeout=60, check=True)
-    links = [line.split("\t", 1)[1] for line in out.stdout.decode(errors="surrogateescape").split("\0")
-             if line.startswith("160000 ") and "\t" in line]
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--stage"], cwd=root, capture_output=True, timeout=60, check=True
+    )
+    links = [
+        line.split("\t", 1)[1]
+        for line in out.stdout.decode(errors="surrogateescape").split("\0")
+        if line.startswith("160000 ") and "\t" in line
+    ]
     return sorted(p for p in links if not (root / p / ".git").exists())
 
 
@@ -104,7 +145,9 @@ def is_secret(rel: str) -> bool:
 def _inside_a_run(root: Path, rel: str) -> bool:
     """Whether ``rel`` lies in a run directory or an earlier snapshot under ``root`` (never copied)."""
     for parent in Path(rel).parents:
-        if parent != Path(".") and any((root / parent / marker).exists() for marker in _RUN_MARKERS):
+        if parent != Path(".") and any(
+            (root / parent / marker).exists() for marker in _RUN_MARKERS
+        ):
             return True
     return False
 
@@ -129,16 +172,20 @@ def _link_target(root: Path, rel: str) -> Path | None:
     except (RuntimeError, OSError):
         return None
     if target != root and root not in target.parents:
-        raise SnapshotError(f"launcher.snapshot: {rel} is a link out of the checkout ({os.readlink(src)} -> "
-                            f"{target}); refusing to snapshot it. Make it point inside {root}, remove it, or set "
-                            "launcher.snapshot=false")
+        raise SnapshotError(
+            f"launcher.snapshot: {rel} is a link out of the checkout ({os.readlink(src)} -> "
+            f"{target}); refusing to snapshot it. Make it point inside {root}, remove it, or set "
+            "launcher.snapshot=false"
+        )
     return target
 
 
 def _plan(root: Path, untracked: bool) -> _Plan:
     plan = _Plan(missing_submodules=_missing_submodules(root))
     tracked = set(_git_paths(root, "--cached", "--recurse-submodules"))
-    others = [p for p in _git_paths(root, "--others", "--exclude-standard") if not _inside_a_run(root, p)]
+    others = [
+        p for p in _git_paths(root, "--others", "--exclude-standard") if not _inside_a_run(root, p)
+    ]
     if untracked:
         tracked |= set(others)
     else:
@@ -150,7 +197,9 @@ def _plan(root: Path, untracked: bool) -> _Plan:
             plan.excluded.append(rel)
         elif target is not None and target.is_dir() and src.is_symlink():
             plan.entries.append((rel, "dirlink"))
-        elif target is not None and target.is_file():  # else deleted, a broken link, or a submodule folder
+        elif (
+            target is not None and target.is_file()
+        ):  # else deleted, a broken link, or a submodule folder
             plan.entries.append((rel, "file"))
             plan.size += target.stat().st_size
     return plan
@@ -159,12 +208,16 @@ def _plan(root: Path, untracked: bool) -> _Plan:
 def _check_size(plan: _Plan, root: Path, max_bytes: int | None) -> None:
     if max_bytes is None or plan.size <= max_bytes:
         return
-    biggest = sorted(((root / rel).resolve().stat().st_size, rel) for rel, kind in plan.entries if kind == "file")
+    biggest = sorted(
+        ((root / rel).resolve().stat().st_size, rel) for rel, kind in plan.entries if kind == "file"
+    )
     top = ", ".join(f"{rel} ({size / 2**20:.1f} MB)" for size, rel in biggest[::-1][:3])
-    raise SnapshotError(f"launcher.snapshot: the code snapshot of {root} would copy {plan.size / 2**20:.1f} MB in "
-                        f"{len(plan.entries)} files, more than launcher.snapshot_max_mb={max_bytes / 2**20:g}; the "
-                        f"largest: {top}. Untrack or ignore big files, raise launcher.snapshot_max_mb, or set "
-                        "launcher.snapshot=false")
+    raise SnapshotError(
+        f"launcher.snapshot: the code snapshot of {root} would copy {plan.size / 2**20:.1f} MB in "
+        f"{len(plan.entries)} files, more than launcher.snapshot_max_mb={max_bytes / 2**20:g}; the "
+        f"largest: {top}. Untrack or ignore big files, raise launcher.snapshot_max_mb, or set "
+        "launcher.snapshot=false"
+    )
 
 
 def _copy(root: Path, tmp: Path, plan: _Plan) -> None:
@@ -182,7 +235,9 @@ def _copy(root: Path, tmp: Path, plan: _Plan) -> None:
         os.chmod(target, 0o700 if executable else 0o600)
 
 
-def take(dest: Path, root: Path, untracked: bool = False, max_bytes: int | None = None) -> dict[str, object]:
+def take(
+    dest: Path, root: Path, untracked: bool = False, max_bytes: int | None = None
+) -> dict[str, object]:
     """Copy the project's files at ``root`` into ``dest`` (created owner-only; an existing copy is kept); its
     manifest. :class:`SnapshotError` when it cannot be taken as asked (nothing is copied then)."""
     manifest = read_json(dest / MANIFEST) if (dest / MANIFEST).exists() else None
@@ -196,12 +251,24 @@ def take(dest: Path, root: Path, untracked: bool = False, max_bytes: int | None 
     tmp.mkdir(mode=0o700)
     os.chmod(tmp, 0o700)
     _copy(root, tmp, plan)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                            timeout=10).stdout.strip() or None
-    manifest = {"source": str(root), "commit": commit, "files": len(plan.entries), "bytes": plan.size,
-                "untracked": untracked, "excluded": plan.excluded, "untracked_left_out": len(plan.left_untracked),
-                "submodules_missing": plan.missing_submodules, "taken_at": time.time(),
-                "seconds": round(time.monotonic() - t0, 3)}
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        or None
+    )
+    manifest = {
+        "source": str(root),
+        "commit": commit,
+        "files": len(plan.entries),
+        "bytes": plan.size,
+        "untracked": untracked,
+        "excluded": plan.excluded,
+        "untracked_left_out": len(plan.left_untracked),
+        "submodules_missing": plan.missing_submodules,
+        "taken_at": time.time(),
+        "seconds": round(time.monotonic() - t0, 3),
+    }
     atomic_write_json(tmp / MANIFEST, manifest)
     tmp.rename(dest)
     _report(plan)
@@ -213,21 +280,29 @@ def _report(plan: _Plan) -> None:
     from loguru import logger
 
     if plan.excluded:
-        logger.warning(f"code snapshot: left out {len(plan.excluded)} secret-looking file(s): "
-                       f"{', '.join(plan.excluded[:5])}{' ...' if len(plan.excluded) > 5 else ''}")
+        logger.warning(
+            f"code snapshot: left out {len(plan.excluded)} secret-looking file(s): "
+            f"{', '.join(plan.excluded[:5])}{' ...' if len(plan.excluded) > 5 else ''}"
+        )
     if plan.left_untracked:
-        logger.warning(f"code snapshot: {len(plan.left_untracked)} untracked file(s) not copied (git add them, or "
-                       f"launcher.snapshot_untracked=true): {', '.join(plan.left_untracked[:5])}"
-                       f"{' ...' if len(plan.left_untracked) > 5 else ''}")
+        logger.warning(
+            f"code snapshot: {len(plan.left_untracked)} untracked file(s) not copied (git add them, or "
+            f"launcher.snapshot_untracked=true): {', '.join(plan.left_untracked[:5])}"
+            f"{' ...' if len(plan.left_untracked) > 5 else ''}"
+        )
     if plan.missing_submodules:
-        logger.warning(f"code snapshot: submodule(s) not checked out, not in the snapshot: "
-                       f"{', '.join(plan.missing_submodules)}")
+        logger.warning(
+            f"code snapshot: submodule(s) not checked out, not in the snapshot: "
+            f"{', '.join(plan.missing_submodules)}"
+        )
 
 
 def job_setup(code: Path, root: Path, pythonpath: str | None = None) -> list[str]:
     """Batch-script lines that make the job's ranks import from the copy at ``code`` of the checkout ``root``."""
     entries = [str(code)]
-    for entry in (pythonpath if pythonpath is not None else os.environ.get("PYTHONPATH", "")).split(os.pathsep):
+    for entry in (pythonpath if pythonpath is not None else os.environ.get("PYTHONPATH", "")).split(
+        os.pathsep
+    ):
         if not entry:
             continue
         path = Path(entry).resolve()

@@ -32,8 +32,12 @@ def setup_launcher_logging(log_file: Path | None) -> Any:
     logger.remove()
     logger.configure(extra={"label": "launcher", "rank": -1})
     tty = _on_terminal()
-    logger.add(_console if tty else sys.stderr, colorize=tty, level="INFO",
-               format="<green>{time:HH:mm:ss.SSS}</green> <magenta>[wf_launch]</magenta> <level>{level: <7}</level> {message}")
+    logger.add(
+        _console if tty else sys.stderr,
+        colorize=tty,
+        level="INFO",
+        format="<green>{time:HH:mm:ss.SSS}</green> <magenta>[wf_launch]</magenta> <level>{level: <7}</level> {message}",
+    )
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         logger.add(str(log_file), format=FILE_FORMAT, level="DEBUG", buffering=1)

@@ -64,12 +64,20 @@ def console_ranks(config: dict[str, Any], world_size: int) -> list[int]:
     return [r for r in ranks if is_int(r) and 0 <= r < world_size]
 
 
-def progress_monitor(run_dir: Path, config: dict[str, Any], label_of: Callable[[int], str],
-                     write: Callable[[str], None]) -> ProgressMonitor:
+def progress_monitor(
+    run_dir: Path,
+    config: dict[str, Any],
+    label_of: Callable[[int], str],
+    write: Callable[[str], None],
+) -> ProgressMonitor:
     """The run's progress display, set up from its ``launcher.progress_interval_s`` and ``stall_warning_s``."""
     lc = config.get("launcher") if isinstance(config.get("launcher"), dict) else {}
-    view = ProgressView(Path(run_dir), run_layout(config).world_size, label_of,
-                        _seconds(lc.get("stall_warning_s"), 300))
+    view = ProgressView(
+        Path(run_dir),
+        run_layout(config).world_size,
+        label_of,
+        _seconds(lc.get("stall_warning_s"), 300),
+    )
     return ProgressMonitor(view, _seconds(lc.get("progress_interval_s"), 10), write=write)
 
 
@@ -101,8 +109,13 @@ class LiveView:
     which is redrawn below them.
     """
 
-    def __init__(self, run_dirs: list[Path], write: Callable[[str], None], state_of: StateOf | None = None,
-                 backlog: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dirs: list[Path],
+        write: Callable[[str], None],
+        state_of: StateOf | None = None,
+        backlog: int | None = None,
+    ) -> None:
         self._write = write
         self.backlog = backlog
         self.runs = [Path(d) for d in run_dirs]
@@ -116,12 +129,17 @@ class LiveView:
             config = files.read_config(self.runs[0])
             layout = run_layout(config)
             self.console = console_ranks(config, layout.world_size)
-            self._monitor = progress_monitor(self.runs[0], config, lambda r: rank_label(r, layout.coords(r)),
-                                             self.write)
+            self._monitor = progress_monitor(
+                self.runs[0], config, lambda r: rank_label(r, layout.coords(r)), self.write
+            )
 
     def write(self, line: str) -> None:
         """Show ``line`` (what a run wrote, or its scheduler said: control characters escaped) above the bar."""
-        line = printable(line if len(line) <= _MAX_LINE else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)")
+        line = printable(
+            line
+            if len(line) <= _MAX_LINE
+            else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)"
+        )
         bar = self._monitor._bar if self._monitor is not None else None
         if bar is None:
             self._write(line)
@@ -147,7 +165,11 @@ class LiveView:
     def _stream(self, run_dir: Path) -> None:
         """Write the console ranks' new complete log lines, as '[r0 tp0 cp0 pp0 dp0] message'."""
         logs = files.rank_files(run_dir, "log")
-        for rank in self.console if len(self.console) <= len(logs) else sorted(set(self.console) & set(logs)):
+        for rank in (
+            self.console
+            if len(self.console) <= len(logs)
+            else sorted(set(self.console) & set(logs))
+        ):
             path = files.rank_log(run_dir, rank)
             offset = self._offsets.get(path)
             first = offset is None and self.backlog is not None
@@ -161,14 +183,16 @@ class LiveView:
                 continue
             end = data.rfind(b"\n")
             if end < 0:
-                if len(data) == _READ_BYTES:  # one line longer than a read: skipped, never re-read for ever
+                if (
+                    len(data) == _READ_BYTES
+                ):  # one line longer than a read: skipped, never re-read for ever
                     self._offsets[path] = (offset or 0) + len(data)
                 continue
             self._offsets[path] = (offset or 0) + end + 1
             lines = data[:end].decode(errors="replace").splitlines()
             if first:
                 lines = lines[1:] if offset else lines  # the first one may be cut
-                lines = lines[-self.backlog:] if self.backlog else []
+                lines = lines[-self.backlog :] if self.backlog else []
             for line in lines:
                 self.write(console_form(line))
 

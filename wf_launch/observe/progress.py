@@ -52,13 +52,24 @@ class ProgressView:
         t0, s0 = self._history[0]
         rate = (step - s0) / (now - t0) if now > t0 and step > s0 else None
         eta = (total - step) / rate if rate and total is not None and total > step else None
-        return {"step": step, "total": total, "rate": rate, "eta_s": eta, "slowest": slowest,
-                "reported": len(states), "metrics": (states.get(0) or {}).get("metrics") or {}, "states": states}
+        return {
+            "step": step,
+            "total": total,
+            "rate": rate,
+            "eta_s": eta,
+            "slowest": slowest,
+            "reported": len(states),
+            "metrics": (states.get(0) or {}).get("metrics") or {},
+            "states": states,
+        }
 
     def line(self, snap: dict[str, Any]) -> str:
         """'step 340/1000 (34%), 2.1 steps/s, ETA 5 min; slowest rank 5 (tp0 cp1 pp1 dp0); loss=0.12'."""
         total = snap["total"]
-        parts = [f"step {snap['step']}" + (f"/{total} ({100 * snap['step'] / total:.0f}%)" if total else "")]
+        parts = [
+            f"step {snap['step']}"
+            + (f"/{total} ({100 * snap['step'] / total:.0f}%)" if total else "")
+        ]
         if snap["rate"]:
             parts.append(f"{snap['rate']:.3g} steps/s")
         if snap["eta_s"] is not None:
@@ -68,7 +79,9 @@ class ProgressView:
             text += f"; slowest rank {snap['slowest']} ({self.label_of(snap['slowest']).split(' ', 1)[-1]})"
         if snap["reported"] < self.world_size:
             text += f"; {snap['reported']}/{self.world_size} ranks reporting"
-        metrics = printable(", ".join(f"{k}={_fmt(v)}" for k, v in list(snap["metrics"].items())[:4]))
+        metrics = printable(
+            ", ".join(f"{k}={_fmt(v)}" for k, v in list(snap["metrics"].items())[:4])
+        )
         return f"{text}; {metrics}" if metrics else text
 
     def stalls(self, snap: dict[str, Any], now: float | None = None) -> list[str]:
@@ -78,10 +91,16 @@ class ProgressView:
         for rank, state in sorted(snap["states"].items()):
             idle = now - float(state.get("time") or now)
             done = state.get("total") is not None and state["step"] >= state["total"]
-            if idle >= self.stall_warning_s and not done and self._warned.get(rank) != state["step"]:
+            if (
+                idle >= self.stall_warning_s
+                and not done
+                and self._warned.get(rank) != state["step"]
+            ):
                 self._warned[rank] = state["step"]
-                out.append(f"rank {rank} ({self.label_of(rank).split(' ', 1)[-1]}): no progress for "
-                           f"{idle:.0f} s, last at step {state['step']}")
+                out.append(
+                    f"rank {rank} ({self.label_of(rank).split(' ', 1)[-1]}): no progress for "
+                    f"{idle:.0f} s, last at step {state['step']}"
+                )
         return out
 
 
@@ -105,11 +124,19 @@ class ProgressMonitor:
     place instead.
     """
 
-    def __init__(self, view: ProgressView, interval_s: float = 10.0, write: Callable[[str], None] | None = None,
-                 tty: bool | None = None, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        view: ProgressView,
+        interval_s: float = 10.0,
+        write: Callable[[str], None] | None = None,
+        tty: bool | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
         self.view = view
         self.interval_s = interval_s
-        self.write = write or (lambda line: print(f"wf_launch: {line}", file=sys.stderr, flush=True))
+        self.write = write or (
+            lambda line: print(f"wf_launch: {line}", file=sys.stderr, flush=True)
+        )
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.poll_s = poll_s
         self._stop = threading.Event()
@@ -155,8 +182,15 @@ class ProgressMonitor:
         from tqdm import tqdm
 
         if self._bar is None:
-            self._bar = tqdm(total=snap["total"], initial=snap["step"], desc="wf_launch", unit="step",
-                             file=sys.stderr, dynamic_ncols=True, leave=True)  # initial: a rate from here on
+            self._bar = tqdm(
+                total=snap["total"],
+                initial=snap["step"],
+                desc="wf_launch",
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=True,
+            )  # initial: a rate from here on
         if snap["total"] is not None and self._bar.total != snap["total"]:
             self._bar.total = snap["total"]
         self._bar.n = snap["step"]

@@ -20,7 +20,15 @@ from .stacks import (
     spot_of,
 )
 
-__all__ = ["FailureGroup", "explain_failure", "failure_summary", "group_failures", "root_cause", "signal_name"]
+__all__ = [
+    "FailureGroup",
+    "explain_failure",
+    "failure_summary",
+    "group_failures",
+    "root_cause",
+    "signal_name",
+]
+
 
 def signal_name(signum: int) -> str:
     """'SIGKILL' for 9, or 'signal 77' for a number without a name."""
@@ -30,8 +38,12 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def root_cause(records: list[dict[str, Any]], exits: dict[int, int], world_size: int | None = None,
-               dumps: dict[int, list[Frame]] | None = None) -> dict[str, Any] | None:
+def root_cause(
+    records: list[dict[str, Any]],
+    exits: dict[int, int],
+    world_size: int | None = None,
+    dumps: dict[int, list[Frame]] | None = None,
+) -> dict[str, Any] | None:
     """Pick the failure that explains the run.
 
     ``exits`` maps ranks that ended badly to their exit code, read as the failure
@@ -60,12 +72,21 @@ def root_cause(records: list[dict[str, Any]], exits: dict[int, int], world_size:
         code = exits[rank]
         if code < 0:
             return _signal_cause(rank, code)
-        return {"rank": rank, "cause": "exit", "type": "Exit", "message": f"exited with code {code}"}
+        return {
+            "rank": rank,
+            "cause": "exit",
+            "type": "Exit",
+            "message": f"exited with code {code}",
+        }
     return None
 
 
-def _stuck(records: list[dict[str, Any]], world_size: int | None, dumps: dict[int, list[Frame]],
-           exits: dict[int, int]) -> dict[str, Any] | None:
+def _stuck(
+    records: list[dict[str, Any]],
+    world_size: int | None,
+    dumps: dict[int, list[Frame]],
+    exits: dict[int, int],
+) -> dict[str, Any] | None:
     """The timed-out collective's verdict: who waited where, who never arrived and where each of those was.
 
     A rank never arrived when it left no record of its own and its stack dump (if
@@ -74,10 +95,15 @@ def _stuck(records: list[dict[str, Any]], world_size: int | None, dumps: dict[in
     timed = [r for r in records if r.get("kind") == "timeout"]
     if not timed or not world_size:
         return None
-    if any(r.get("kind") == "exception" and not PEER_LOSS.search(r.get("message", "")) for r in records):
+    if any(
+        r.get("kind") == "exception" and not PEER_LOSS.search(r.get("message", "")) for r in records
+    ):
         return None
-    waiting = {r["rank"]: spot_of(parse_traceback(r.get("traceback", ""))) for r in records
-               if r.get("kind") == "timeout" or PEER_LOSS.search(r.get("message", ""))}
+    waiting = {
+        r["rank"]: spot_of(parse_traceback(r.get("traceback", "")))
+        for r in records
+        if r.get("kind") == "timeout" or PEER_LOSS.search(r.get("message", ""))
+    }
     timed_spots = [waiting[r["rank"]] for r in timed]
     common = max(set(timed_spots), key=timed_spots.count)
     recorded = {r["rank"] for r in records}
@@ -86,26 +112,47 @@ def _stuck(records: list[dict[str, Any]], world_size: int | None, dumps: dict[in
     if not never:
         return None
     first = min(timed, key=lambda r: r.get("time", 0.0))
-    spots = {**waiting, **{r: s for r, s in dumped.items() if s == common}, **{r: dumped[r] for r in never if r in dumped}}
-    stuck = {str(r): dumped[r].as_record() if r in dumped else {"frame": None, "note": "no stack dump (the rank had ended)"}
-             for r in never}
+    spots = {
+        **waiting,
+        **{r: s for r, s in dumped.items() if s == common},
+        **{r: dumped[r] for r in never if r in dumped},
+    }
+    stuck = {
+        str(r): dumped[r].as_record()
+        if r in dumped
+        else {"frame": None, "note": "no stack dump (the rank had ended)"}
+        for r in never
+    }
     return {**first, "cause": "stuck", "missing_ranks": never, "stuck": stuck, "_spots": spots}
 
 
 def _signal_cause(rank: int, exit_code: int) -> dict[str, Any]:
     name = signal_name(-exit_code)
-    return {"rank": rank, "cause": "signal", "signal": name, "type": "Signal", "message": f"killed by {name}"}
+    return {
+        "rank": rank,
+        "cause": "signal",
+        "signal": name,
+        "type": "Signal",
+        "message": f"killed by {name}",
+    }
 
 
-def explain_failure(run_dir: Path, exits: dict[int, int], label_of: Any, coords_of: Any,
-                    world_size: int | None = None, dumps: dict[int, list[Frame]] | None = None,
-                    ) -> tuple[dict[str, Any], str] | None:
+def explain_failure(
+    run_dir: Path,
+    exits: dict[int, int],
+    label_of: Any,
+    coords_of: Any,
+    world_size: int | None = None,
+    dumps: dict[int, list[Frame]] | None = None,
+) -> tuple[dict[str, Any], str] | None:
     """The root cause of a failed run, shaped for ``result.json``, and its summary (None: nothing explains it).
 
     Without ``dumps``, the last stack dump each rank left in its stacks file is used.
     """
     if dumps is None and world_size:
-        dumps = read_last_dumps(run_dir, [r for r in files.rank_files(run_dir, "stacks") if r < world_size])
+        dumps = read_last_dumps(
+            run_dir, [r for r in files.rank_files(run_dir, "stacks") if r < world_size]
+        )
     records = load_failure_records(run_dir)
     cause = root_cause(records, exits, world_size, dumps)
     if cause is None:
@@ -121,8 +168,9 @@ def explain_failure(run_dir: Path, exits: dict[int, int], label_of: Any, coords_
     return cause, summary
 
 
-def failure_summary(cause: dict[str, Any], label_of: Any, run_dir: Path,
-                    records: list[dict[str, Any]] | None = None) -> str:
+def failure_summary(
+    cause: dict[str, Any], label_of: Any, run_dir: Path, records: list[dict[str, Any]] | None = None
+) -> str:
     """One human summary: the root cause (rank, coordinates, what happened, log), then every other failure once.
 
     Ranks that failed with the same exception at the same place are one entry, with one traceback
@@ -138,11 +186,16 @@ def failure_summary(cause: dict[str, Any], label_of: Any, run_dir: Path,
         return "\n".join(lines + [line for g in groups for line in g.describe(label_of, run_dir)])
     first = next((g for g in groups if rank in g.ranks), None)
     if first is None or len(first.ranks) == 1:
-        lines = [f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: {_first_line(cause['message'])}",
-                 f"  log: {log}", *(first.traceback_lines() if first is not None else [])]
+        lines = [
+            f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: {_first_line(cause['message'])}",
+            f"  log: {log}",
+            *(first.traceback_lines() if first is not None else []),
+        ]
     else:
         lines = first.describe(label_of, run_dir)
-    return "\n".join(lines + [line for g in groups if g is not first for line in g.describe(label_of, run_dir)])
+    return "\n".join(
+        lines + [line for g in groups if g is not first for line in g.describe(label_of, run_dir)]
+    )
 
 
 def _stuck_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:
@@ -153,10 +206,16 @@ def _stuck_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:
     if spots:
         lines += describe_groups(group_spots(spots), label_of)
     else:
-        lines.append(f"  rank {rank} ({label_of(rank)}) gave up waiting: {cause['type']}: "
-                     f"{_first_line(cause['message'])}")
+        lines.append(
+            f"  rank {rank} ({label_of(rank)}) gave up waiting: {cause['type']}: "
+            f"{_first_line(cause['message'])}"
+        )
     lines.append(f"  logs: {', '.join(str(files.rank_log(run_dir, m)) for m in missing)}")
-    dumped = [str(files.rank_stacks(run_dir, m)) for m in missing if (cause.get("stuck") or {}).get(str(m), {}).get("frame")]
+    dumped = [
+        str(files.rank_stacks(run_dir, m))
+        for m in missing
+        if (cause.get("stuck") or {}).get(str(m), {}).get("frame")
+    ]
     if dumped:
         lines.append(f"  stacks: {', '.join(dumped)}")
     return "\n".join(lines)
@@ -175,21 +234,29 @@ class FailureGroup:
 
     def traceback_lines(self) -> list[str]:
         """The group's one traceback (its first rank's), indented."""
-        return [f"  {line}" for line in self.traceback.rstrip().splitlines()] if self.traceback else []
+        return (
+            [f"  {line}" for line in self.traceback.rstrip().splitlines()] if self.traceback else []
+        )
 
     def describe(self, label_of: Any, run_dir: Path) -> list[str]:
         """'ranks 0-7 (8 ranks) failed alike: ValueError: bad shape', their logs and one traceback."""
         first = self.ranks[0]
-        who = (f"rank {first} ({label_of(first)})" if len(self.ranks) == 1
-               else f"ranks {rank_ranges(self.ranks)} ({len(self.ranks)} ranks)")
+        who = (
+            f"rank {first} ({label_of(first)})"
+            if len(self.ranks) == 1
+            else f"ranks {rank_ranges(self.ranks)} ({len(self.ranks)} ranks)"
+        )
         message = _first_line(self.messages[0])
         if len(set(self.messages)) > 1:
             message += f" (the message varies by rank; rank {first}'s)"
         if self.peer_loss:
             return [f"{who} lost a peer (a consequence): {self.type}: {message}"]
         verb = "failed" if len(self.ranks) == 1 else "failed alike"
-        logs = (str(files.rank_log(run_dir, first)) if len(self.ranks) == 1
-                else f"{files.rank_log(run_dir, first)} (and each rank's logs/rank{{r}}.log)")
+        logs = (
+            str(files.rank_log(run_dir, first))
+            if len(self.ranks) == 1
+            else f"{files.rank_log(run_dir, first)} (and each rank's logs/rank{{r}}.log)"
+        )
         return [f"{who} {verb}: {self.type}: {message}", f"  log: {logs}", *self.traceback_lines()]
 
 
@@ -205,16 +272,26 @@ def group_failures(records: list[dict[str, Any]]) -> list[FailureGroup]:
         where = frames[0].where() if frames else None
         message = str(record.get("message", ""))
         peer = bool(PEER_LOSS.search(message))
-        key = (peer, record.get("type"), None if peer else where, _NUMBER.sub("#", _first_line(message)))
+        key = (
+            peer,
+            record.get("type"),
+            None if peer else where,
+            _NUMBER.sub("#", _first_line(message)),
+        )
         group = groups.get(key)
         if group is None:
-            groups[key] = FailureGroup([], str(record.get("type")), [], where, str(record.get("traceback") or ""), peer)
+            groups[key] = FailureGroup(
+                [], str(record.get("type")), [], where, str(record.get("traceback") or ""), peer
+            )
             group = groups[key]
         group.ranks.append(int(record.get("rank", -1)))
         group.messages.append(message)
     for group in groups.values():
         order = sorted(range(len(group.ranks)), key=lambda i: group.ranks[i])
-        group.ranks, group.messages = [group.ranks[i] for i in order], [group.messages[i] for i in order]
+        group.ranks, group.messages = (
+            [group.ranks[i] for i in order],
+            [group.messages[i] for i in order],
+        )
     return sorted(groups.values(), key=lambda g: g.peer_loss)
 
 

@@ -47,12 +47,17 @@ __all__ = [
     "trigger",
 ]
 
-_LIBRARY = re.compile(r"[/\\](torch[/\\]|threading\.py|contextlib\.py|multiprocessing[/\\]|runpy\.py|"
-                      r"importlib[/\\])|^<")
-_PROJECT = re.compile(r"[/\\](worldfoundry[/\\]core[/\\]distributed|wf_launch[/\\](rank|observe|launchers)"
-                      r"|submitit[/\\])")
-_GENERIC = frozenset({"wrapper", "inner", "_fn", "fn", "__call__", "_wrapped_call_impl", "_call_impl"})
-
+_LIBRARY = re.compile(
+    r"[/\\](torch[/\\]|threading\.py|contextlib\.py|multiprocessing[/\\]|runpy\.py|"
+    r"importlib[/\\])|^<"
+)
+_PROJECT = re.compile(
+    r"[/\\](worldfoundry[/\\]core[/\\]distributed|wf_launch[/\\](rank|observe|launchers)"
+    r"|submitit[/\\])"
+)
+_GENERIC = frozenset(
+    {"wrapper", "inner", "_fn", "fn", "__call__", "_wrapped_call_impl", "_call_impl"}
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,9 @@ def _short(path: str) -> str:
     relative to the working directory, or the file name alone for a long absolute path."""
     p = Path(path)
     for parent in p.parents:
-        if (parent / files.SNAPSHOT_MANIFEST).is_file():  # a SLURM code snapshot (launchers/slurm/snapshot.py)
+        if (
+            parent / files.SNAPSHOT_MANIFEST
+        ).is_file():  # a SLURM code snapshot (launchers/slurm/snapshot.py)
             return str(p.relative_to(parent))
     try:
         return str(p.relative_to(Path.cwd()))
@@ -116,10 +123,15 @@ _TB_FRAME = re.compile(r'^\s+File "(.*)", line (\d+), in (.+)$')
 
 def parse_traceback(text: str) -> list[Frame]:
     """The frames (innermost first) of a Python traceback's last chained exception."""
-    blocks = re.split(r"\n(?:The above exception was the direct cause|During handling of the above exception)",
-                      text or "")
-    frames = [Frame(m.group(1), int(m.group(2)), m.group(3).strip())
-              for m in map(_TB_FRAME.match, blocks[-1].splitlines()) if m]
+    blocks = re.split(
+        r"\n(?:The above exception was the direct cause|During handling of the above exception)",
+        text or "",
+    )
+    frames = [
+        Frame(m.group(1), int(m.group(2)), m.group(3).strip())
+        for m in map(_TB_FRAME.match, blocks[-1].splitlines())
+        if m
+    ]
     return frames[::-1]
 
 
@@ -133,8 +145,12 @@ class Spot:
     def as_record(self) -> dict[str, Any]:
         """The spot as ``result.json`` records a stuck rank: frame, function, source line, library call."""
         f = self.frame
-        return {"frame": f.where() if f else None, "function": f.function if f else None,
-                "source": f.source() if f else None, "waits_in": self.waits_in}
+        return {
+            "frame": f.where() if f else None,
+            "function": f.function if f else None,
+            "source": f.source() if f else None,
+            "waits_in": self.waits_in,
+        }
 
     def text(self) -> str:
         if self.frame is None:
@@ -143,7 +159,9 @@ class Spot:
         if self.waits_in:
             return f"wait{{s}} in {self.waits_in} at {where}"
         source = self.frame.source()
-        return f"{{is}} at {self.frame.where()} in {self.frame.function}" + (f": {source}" if source else "")
+        return f"{{is}} at {self.frame.where()} in {self.frame.function}" + (
+            f": {source}" if source else ""
+        )
 
 
 def spot_of(frames: list[Frame]) -> Spot:
@@ -156,7 +174,9 @@ def spot_of(frames: list[Frame]) -> Spot:
     for wanted in (lambda f: not f.is_library, lambda f: f.is_project):
         for i, frame in enumerate(frames):
             if wanted(frame):
-                inner = [f.function for f in frames[:i] if f.is_library and f.function not in _GENERIC]
+                inner = [
+                    f.function for f in frames[:i] if f.is_library and f.function not in _GENERIC
+                ]
                 return Spot(frame, inner[-1] if inner else None)
     return Spot(None)
 
@@ -181,7 +201,9 @@ def read_last_dumps(run_dir: Path | str, ranks: Iterable[int]) -> dict[int, list
             text = files.rank_stacks(run_dir, rank).read_text(errors="replace")
         except OSError:
             continue
-        frames = main_thread_frames(last_dump(text), (read_pid_file(run_dir, rank) or {}).get("main_thread"))
+        frames = main_thread_frames(
+            last_dump(text), (read_pid_file(run_dir, rank) or {}).get("main_thread")
+        )
         if frames:
             out[rank] = frames
     return out
@@ -193,8 +215,9 @@ def main_thread_frames(dump: dict[int, list[Frame]], main_thread: int | None) ->
     return next(iter(dump.values()), [])
 
 
-def trigger(pids: dict[int, int], sender: Callable[[int, int], None] = os.kill,
-            signum: int = DUMP_SIGNAL) -> set[int]:
+def trigger(
+    pids: dict[int, int], sender: Callable[[int, int], None] = os.kill, signum: int = DUMP_SIGNAL
+) -> set[int]:
     """Send ``signum`` (:data:`DUMP_SIGNAL`) to each rank's pid; returns the ranks that were signalled.
 
     A pid that is not a single process (0, negative: a process group or every process) is never signalled.
@@ -211,8 +234,13 @@ def trigger(pids: dict[int, int], sender: Callable[[int, int], None] = os.kill,
     return sent
 
 
-def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, int], wait_s: float = 2.0,
-                  alive: Callable[[int], bool] | None = None) -> dict[int, list[Frame]]:
+def collect_dumps(
+    run_dir: Path | str,
+    ranks: Iterable[int],
+    offsets: dict[int, int],
+    wait_s: float = 2.0,
+    alive: Callable[[int], bool] | None = None,
+) -> dict[int, list[Frame]]:
     """Each rank's main-thread frames from what it appended to its stacks file after ``offsets``.
 
     Waits up to ``wait_s`` for the dumps to arrive (a rank writes its dump from a
@@ -223,7 +251,9 @@ def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, 
     pending, out = set(ranks), {}
     deadline = time.monotonic() + wait_s
     while pending:
-        gone = {r for r in pending if alive is not None and not alive(r)}  # before reading: a last dump counts
+        gone = {
+            r for r in pending if alive is not None and not alive(r)
+        }  # before reading: a last dump counts
         for rank in sorted(pending):
             path = files.rank_stacks(run_dir, rank)
             try:
@@ -233,7 +263,9 @@ def collect_dumps(run_dir: Path | str, ranks: Iterable[int], offsets: dict[int, 
             except OSError:
                 continue
             dump = parse_faulthandler(text)
-            frames = main_thread_frames(dump, (read_pid_file(run_dir, rank) or {}).get("main_thread"))
+            frames = main_thread_frames(
+                dump, (read_pid_file(run_dir, rank) or {}).get("main_thread")
+            )
             if frames and text.endswith("\n"):
                 out[rank] = frames
                 pending.discard(rank)
@@ -264,7 +296,9 @@ def rank_ranges(ranks: Iterable[int]) -> str:
         j = i
         while j + 1 < len(items) and items[j + 1] == items[j] + 1:
             j += 1
-        parts.append(f"{items[i]}-{items[j]}" if j - i >= 2 else ",".join(map(str, items[i:j + 1])))
+        parts.append(
+            f"{items[i]}-{items[j]}" if j - i >= 2 else ",".join(map(str, items[i : j + 1]))
+        )
         i = j + 1
     return ",".join(parts)
 
@@ -277,8 +311,11 @@ def group_spots(spots: dict[int, Spot]) -> list[tuple[list[int], Spot]]:
     return sorted(((r, s) for s, r in groups.items()), key=lambda g: (-len(g[0]), g[0][0]))
 
 
-def describe_groups(groups: list[tuple[list[int], Spot]], label_of: Callable[[int], str] | None = None,
-                    indent: str = "  ") -> list[str]:
+def describe_groups(
+    groups: list[tuple[list[int], Spot]],
+    label_of: Callable[[int], str] | None = None,
+    indent: str = "  ",
+) -> list[str]:
     """One line per group: 'ranks 0-4,6,7 wait in ...' or 'rank 5 (tp0 cp1 pp1 dp0) is at ...'."""
     lines = []
     for ranks, spot in groups:
@@ -304,8 +341,13 @@ def local_pids(run_dir: Path | str, world_size: int) -> dict[int, int]:
     return out
 
 
-def live_autopsy(run_dir: Path | str, world_size: int, label_of: Callable[[int], str],
-                 signal_ranks: Callable[[Path, int], set[int]], wait_s: float = 5.0) -> tuple[int, list[str]]:
+def live_autopsy(
+    run_dir: Path | str,
+    world_size: int,
+    label_of: Callable[[int], str],
+    signal_ranks: Callable[[Path, int], set[int]],
+    wait_s: float = 5.0,
+) -> tuple[int, list[str]]:
     """Dump and group the stacks of a running run's ranks now: (ranks that answered, report lines).
 
     ``signal_ranks(run_dir, signum)`` is the run's launcher's way to reach its ranks
@@ -322,6 +364,8 @@ def live_autopsy(run_dir: Path | str, world_size: int, label_of: Callable[[int],
     lines += describe_groups(group_spots({r: spot_of(f) for r, f in dumps.items()}), label_of)
     silent = sorted(expected - set(dumps))
     if silent:
-        lines.append(f"  ranks {rank_ranges(silent)} gave no dump (ended, or stopped in a signal-blocking call)")
+        lines.append(
+            f"  ranks {rank_ranges(silent)} gave no dump (ended, or stopped in a signal-blocking call)"
+        )
     lines.append(f"  full dumps: {files.stacks_glob(run_dir)}")
     return len(dumps), lines

@@ -26,11 +26,19 @@ __all__ = ["RankWatch", "StartupTimeout"]
 class StartupTimeout(Exception):
     """Ranks did not join the process groups within ``engine.init_timeout_s``."""
 
-    def __init__(self, timeout_s: float, phase: str, done: int, missing: list[int],
-                 dumps: dict[int, list[Frame]]) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        phase: str,
+        done: int,
+        missing: list[int],
+        dumps: dict[int, list[Frame]],
+    ) -> None:
         who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {rank_ranges(missing)}"
-        super().__init__(f"start-up timed out after {timeout_s:g} s (engine.init_timeout_s): "
-                         f"{done}/{done + len(missing)} ranks {phase}; {who} never did")
+        super().__init__(
+            f"start-up timed out after {timeout_s:g} s (engine.init_timeout_s): "
+            f"{done}/{done + len(missing)} ranks {phase}; {who} never did"
+        )
         self.timeout_s = timeout_s
         self.missing = missing
         self.dumps = dumps
@@ -39,9 +47,17 @@ class StartupTimeout(Exception):
 class RankWatch:
     """Start-up heartbeat and bound, and stack autopsies, for the ranks of one launch."""
 
-    def __init__(self, run_dir: Path, world_size: int, label_of: Callable[[int], str], init_timeout_s: float,
-                 write: Callable[[str], None], heartbeat_after_s: float = 5.0, heartbeat_every_s: float = 5.0,
-                 progress: Any = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        world_size: int,
+        label_of: Callable[[int], str],
+        init_timeout_s: float,
+        write: Callable[[str], None],
+        heartbeat_after_s: float = 5.0,
+        heartbeat_every_s: float = 5.0,
+        progress: Any = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.world_size = world_size
         self.label_of = label_of
@@ -49,7 +65,9 @@ class RankWatch:
         self.write = write
         self.heartbeat_after_s = heartbeat_after_s
         self.heartbeat_every_s = heartbeat_every_s
-        self.progress = progress  # a ProgressMonitor ticked from here: no thread in the forking launcher
+        self.progress = (
+            progress  # a ProgressMonitor ticked from here: no thread in the forking launcher
+        )
         self.restart()
 
     def restart(self) -> None:
@@ -63,7 +81,9 @@ class RankWatch:
 
     def reached(self, phase: str) -> set[int]:
         """Ranks that have ``arrived`` at ``dist_init`` or ``joined`` the groups."""
-        return {r for r in range(self.world_size) if files.rank_marker(self.run_dir, r, phase).exists()}
+        return {
+            r for r in range(self.world_size) if files.rank_marker(self.run_dir, r, phase).exists()
+        }
 
     def joined(self) -> set[int]:
         return self.reached("joined")
@@ -78,7 +98,9 @@ class RankWatch:
         if len(joined) == self.world_size:
             self._all_joined = True
             if time.monotonic() - self.started >= self.heartbeat_after_s:
-                self.write(f"all {self.world_size} ranks joined in {time.monotonic() - self.started:.0f} s")
+                self.write(
+                    f"all {self.world_size} ranks joined in {time.monotonic() - self.started:.0f} s"
+                )
             return
         now = time.monotonic()
         elapsed = now - self.started
@@ -89,12 +111,18 @@ class RankWatch:
             raise StartupTimeout(self.init_timeout_s, phase, len(done), missing, self.autopsy(pids))
         if elapsed >= self.heartbeat_after_s and now - self._last_beat >= self.heartbeat_every_s:
             self._last_beat = now
-            who = f"rank {missing[0]} ({self.label_of(missing[0]).split(' ', 1)[-1]})" if len(missing) == 1 \
+            who = (
+                f"rank {missing[0]} ({self.label_of(missing[0]).split(' ', 1)[-1]})"
+                if len(missing) == 1
                 else f"ranks {rank_ranges(missing)}"
-            self.write(f"{len(done)}/{self.world_size} ranks {phase}; waiting for {who}, {elapsed:.0f} s")
+            )
+            self.write(
+                f"{len(done)}/{self.world_size} ranks {phase}; waiting for {who}, {elapsed:.0f} s"
+            )
 
-    def autopsy(self, pids: dict[int, int], wait_s: float = 2.0,
-                alive: Callable[[int], bool] | None = None) -> dict[int, list[Frame]]:
+    def autopsy(
+        self, pids: dict[int, int], wait_s: float = 2.0, alive: Callable[[int], bool] | None = None
+    ) -> dict[int, list[Frame]]:
         """Dump the stacks of the ranks in ``pids`` (rank -> pid) now; each one's main-thread frames.
 
         ``alive`` (rank -> still running?) lets it stop waiting for a rank that exited instead of dumping.

@@ -89,16 +89,27 @@ def _setup(spec: RankSpec) -> _Rank:
     env = LaunchEnv.from_environ()
     run_dir = Path(spec.run_dir)
     coords = layout_of(spec.config).coords(env.rank)
-    os.environ[RUN_ID_ENV] = ensure_run_id(run_dir)  # ctx.run_id; scripts and child processes inherit it
+    os.environ[RUN_ID_ENV] = ensure_run_id(
+        run_dir
+    )  # ctx.run_id; scripts and child processes inherit it
     console = spec.console_ranks is None or env.rank in spec.console_ranks
     log_path = files.rank_log(run_dir, env.rank)
-    log = setup_rank_logging(log_path, env.rank, rank_label(env.rank, coords), console, max_log_mb=spec.max_log_mb)
+    log = setup_rank_logging(
+        log_path, env.rank, rank_label(env.rank, coords), console, max_log_mb=spec.max_log_mb
+    )
     fault_file = open(log_path, "a")  # noqa: SIM115 - kept open for faulthandler until exit
     faulthandler.enable(file=fault_file)
     keep_open = [fault_file, stackdump.install(run_dir, env.rank)]
     _set_threads(spec.threads_per_rank)
-    rank = _Rank(spec, env.rank, env.world_size, coords, log, keep_open,
-                 {"start_s": round(t_start - spec.launch_time, 4), "t_start": t_start})
+    rank = _Rank(
+        spec,
+        env.rank,
+        env.world_size,
+        coords,
+        log,
+        keep_open,
+        {"start_s": round(t_start - spec.launch_time, 4), "t_start": t_start},
+    )
     if spec.preempt is not None:
         rank.preempt = PreemptHandler(spec.preempt, run_dir, env.rank, env.world_size, log)
     return rank
@@ -142,7 +153,9 @@ def _handle_signals(r: _Rank, task: Any) -> None:
     """Preemption (the launcher's policy) or SIGTERM reach the task through its context's stop flag."""
     from . import script_api
 
-    script_api.bind(r.ctx)  # wf_launch.progress / should_stop / checkpoint / report_result work in any task
+    script_api.bind(
+        r.ctx
+    )  # wf_launch.progress / should_stop / checkpoint / report_result work in any task
     if r.preempt is not None:
         r.preempt.task, r.preempt.ctx = task, r.ctx
     else:
@@ -163,7 +176,9 @@ def _finish_task(r: _Rank, barrier: Any = None) -> None:
             _end_attempt(r, f"preempted: {spec.preempt.signal} (stop flag)")
             requeue_after_stop(spec.preempt, r.run_dir, ctx, r.rank, r.log, barrier)
     stopped = ctx.stop is not None and ctx.stop.agreed
-    _end_attempt(r, f"stop flag: {ctx.stop.requested or 'another rank'}" if stopped else "completed")
+    _end_attempt(
+        r, f"stop flag: {ctx.stop.requested or 'another rank'}" if stopped else "completed"
+    )
     _close_reporter(r, "interrupted" if stopped else "ok")
 
 
@@ -195,16 +210,27 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         r.timings["task_s"] = round(time.time() - r.timings["t_init"], 4)
         _finish_task(r)
         timings = {k: v for k, v in r.timings.items() if not k.startswith("t_")}
-        gathered = _gather_to_rank0({"rank": r.rank, "coords": r.coords, "result": value, "timings": timings,
-                                     "host": socket.gethostname()})
+        gathered = _gather_to_rank0(
+            {
+                "rank": r.rank,
+                "coords": r.coords,
+                "result": value,
+                "timings": timings,
+                "host": socket.gethostname(),
+            }
+        )
         if gathered is not None and spec.write_result:
             _write_success(spec, gathered)
-        from worldfoundry.core.distributed import groups  # imports torch: not before a script does (fresh)
+        from worldfoundry.core.distributed import (
+            groups,
+        )  # imports torch: not before a script does (fresh)
 
         groups.destroy_model_parallel()
         return value
     except Preempted:
-        if r.ctx is not None and not (attempts.read(r.run_dir, current_attempt()) or {}).get("ended_by"):
+        if r.ctx is not None and not (attempts.read(r.run_dir, current_attempt()) or {}).get(
+            "ended_by"
+        ):
             _end_attempt(r, f"preempted: {spec.preempt.signal}")
         _close_reporter(r, "interrupted")
         r.log.warning(f"rank {r.rank} leaves for the requeue")
@@ -236,12 +262,26 @@ def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
     value = _json_checked(r.spec.config["task"]["name"], task(r.ctx))
     r.timings["task_s"] = round(time.time() - r.timings["t_init"], 4)
     timings = {k: v for k, v in r.timings.items() if not k.startswith("t_")}
-    exits.write_exit(r.run_dir, r.rank, current_attempt(), exit_code=0, result=value, timings=timings,
-                     host=socket.gethostname(), coords=r.coords)
+    exits.write_exit(
+        r.run_dir,
+        r.rank,
+        current_attempt(),
+        exit_code=0,
+        result=value,
+        timings=timings,
+        host=socket.gethostname(),
+        coords=r.coords,
+    )
 
     def every_rank() -> list[dict[str, Any]]:
-        return exits.wait_for_exits(r.run_dir, r.world_size, current_attempt(), on_wait=lambda missing: r.log.info(
-            f"rank 0 waits for ranks {missing} to end (the run's results are gathered when every rank is done)"))
+        return exits.wait_for_exits(
+            r.run_dir,
+            r.world_size,
+            current_attempt(),
+            on_wait=lambda missing: r.log.info(
+                f"rank 0 waits for ranks {missing} to end (the run's results are gathered when every rank is done)"
+            ),
+        )
 
     _finish_task(r, barrier=every_rank if r.rank == 0 else lambda: None)
     if r.rank == 0 and r.spec.write_result:
@@ -272,15 +312,19 @@ def _record(r: _Rank, exc: BaseException) -> None:
     if is_peer_loss(exc):
         log.warning(f"rank {r.rank} lost a peer: {type(exc).__name__}: {str(exc)[:200]}")
         log.opt(exception=exc).debug("traceback")
-    elif getattr(exc, "exit_code", None) is not None:  # a script's sys.exit(n): where it was called is in the message
+    elif (
+        getattr(exc, "exit_code", None) is not None
+    ):  # a script's sys.exit(n): where it was called is in the message
         log.error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
         log.opt(exception=exc).debug("traceback")
     else:
         log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
     if write_exc is not None:
-        r.log.error(f"rank {r.rank} could not write its failure record {files.rank_error(r.run_dir, r.rank)} "
-                    f"({type(write_exc).__name__}: {write_exc}); its failure is the "
-                    f"{type(exc).__name__} above")
+        r.log.error(
+            f"rank {r.rank} could not write its failure record {files.rank_error(r.run_dir, r.rank)} "
+            f"({type(write_exc).__name__}: {write_exc}); its failure is the "
+            f"{type(exc).__name__} above"
+        )
     _close_reporter(r, "failed")
 
 
@@ -302,7 +346,9 @@ def _json_checked(task: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise TypeError(f"task {task!r} returned {type(value).__name__}; a task returns a JSON-able dict")
+        raise TypeError(
+            f"task {task!r} returned {type(value).__name__}; a task returns a JSON-able dict"
+        )
     try:
         json.dumps(value)
     except (TypeError, ValueError) as exc:
@@ -328,9 +374,12 @@ def _write_success(spec: RankSpec, gathered: list[dict[str, Any]]) -> None:
 
     layout = layout_of(spec.config)
     RunRecord(
-        status=Status.OK, run_dir=str(spec.run_dir), task=spec.config["task"]["name"],
+        status=Status.OK,
+        run_dir=str(spec.run_dir),
+        task=spec.config["task"]["name"],
         layout={**layout.sizes, "order": "-".join(layout.dims), "world_size": layout.world_size},
         results={str(g["rank"]): g["result"] for g in gathered},
         timings={"ranks": {str(g["rank"]): g["timings"] for g in gathered}},
-        hosts=sorted({g["host"] for g in gathered}), finished_at=time.time(),
+        hosts=sorted({g["host"] for g in gathered}),
+        finished_at=time.time(),
     ).write()

@@ -18,7 +18,9 @@ from ..rundir.failures import is_peer_loss_message, write_failure_record
 
 __all__ = ["current_attempt", "is_peer_loss", "is_timeout_error", "record_failure"]
 
-_GLOO_TIMEOUT = re.compile(r"^\[[^\]]*gloo[^\]]*\] Timed out|^Application timeout caused pair closure")
+_GLOO_TIMEOUT = re.compile(
+    r"^\[[^\]]*gloo[^\]]*\] Timed out|^Application timeout caused pair closure"
+)
 _TIMEOUT_WORDS = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
 
 
@@ -42,7 +44,9 @@ def is_timeout_error(exc: BaseException) -> bool:
     import torch.distributed as dist
 
     for e in _chain(exc):
-        if isinstance(e, (dist.DistStoreError, dist.DistBackendError)) and _TIMEOUT_WORDS.search(str(e)):
+        if isinstance(e, (dist.DistStoreError, dist.DistBackendError)) and _TIMEOUT_WORDS.search(
+            str(e)
+        ):
             return True
         if type(e) is RuntimeError and _GLOO_TIMEOUT.search(str(e)):
             return True
@@ -62,10 +66,15 @@ def current_attempt() -> int:
         return 0
 
 
-def record_failure(run_dir: Path | str, rank: int, coords: dict[str, int], exc: BaseException) -> dict[str, Any]:
+def record_failure(
+    run_dir: Path | str, rank: int, coords: dict[str, int], exc: BaseException
+) -> dict[str, Any]:
     """Write this rank's failure record (atomically) and return it."""
-    kind = "timeout" if is_timeout_error(exc) else (
-        "interrupt" if isinstance(exc, KeyboardInterrupt) else "exception")
+    kind = (
+        "timeout"
+        if is_timeout_error(exc)
+        else ("interrupt" if isinstance(exc, KeyboardInterrupt) else "exception")
+    )
     record = {
         "rank": rank,
         "coords": coords,

@@ -38,7 +38,14 @@ __all__ = ["FORWARDED", "FRESH_ENTRY", "in_fresh_interpreter", "mark_fresh", "ru
 FRESH_ENTRY = "wf_launch.rank.fresh_entry"
 """The module the fresh interpreter runs (``python -m``)."""
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGURG)
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGURG,
+)
 """Signals the supervisor passes on to the fresh interpreter."""
 
 _state = {"fresh": False}
@@ -101,7 +108,9 @@ def _leave_as(code: int, spec: Any) -> dict[str, Any]:
         except (OSError, ValueError):
             pass  # SIGKILL / SIGSTOP: no handler to reset
         os.kill(os.getpid(), -code)
-        time.sleep(5)  # a signal that does not end the process (it was caught elsewhere): leave anyway
+        time.sleep(
+            5
+        )  # a signal that does not end the process (it was caught elsewhere): leave anyway
         flush_and_exit(128 - code)
     flush_and_exit(code)
     return {}

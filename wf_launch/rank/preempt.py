@@ -30,8 +30,16 @@ class Preempted(BaseException):
 
 
 def _marker(run_dir: Path | str, rank: int, **fields: Any) -> None:
-    atomic_write_json(files.rank_preempt(run_dir, rank), {
-        "rank": rank, **fields, "time": time.time(), "host": socket.gethostname(), "pid": os.getpid()})
+    atomic_write_json(
+        files.rank_preempt(run_dir, rank),
+        {
+            "rank": rank,
+            **fields,
+            "time": time.time(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        },
+    )
 
 
 class PreemptHandler:
@@ -40,8 +48,16 @@ class PreemptHandler:
     ``policy.wait_s`` passed); then every rank raises :class:`Preempted`. With no requeue left
     the task goes on until the time limit ends it."""
 
-    def __init__(self, policy: Any, run_dir: Path | str, rank: int, world_size: int, log: Any) -> None:
-        self.policy, self.run_dir, self.rank, self.world_size, self.log = policy, run_dir, rank, world_size, log
+    def __init__(
+        self, policy: Any, run_dir: Path | str, rank: int, world_size: int, log: Any
+    ) -> None:
+        self.policy, self.run_dir, self.rank, self.world_size, self.log = (
+            policy,
+            run_dir,
+            rank,
+            world_size,
+            log,
+        )
         self.task: Any = None
         self.ctx: Any = None
         self.busy = False
@@ -58,7 +74,9 @@ class PreemptHandler:
             return
         self.busy = True
         restart = self.policy.restart()
-        self.log.warning(f"rank {self.rank}: {signal.Signals(signum).name} (preemption / time limit)")
+        self.log.warning(
+            f"rank {self.rank}: {signal.Signals(signum).name} (preemption / time limit)"
+        )
         outcome = self._run_hook()
         requeue = self.policy.allowed()
         _marker(self.run_dir, self.rank, restart=restart, hook=outcome, requeue=requeue)
@@ -88,8 +106,10 @@ class PreemptHandler:
     def _wait_for_peers(self, restart: int) -> None:
         deadline = time.monotonic() + self.policy.wait_s
         while time.monotonic() < deadline:
-            done = [(read_json(files.rank_preempt(self.run_dir, r)) or {}).get("restart")
-                    for r in range(self.world_size)]
+            done = [
+                (read_json(files.rank_preempt(self.run_dir, r)) or {}).get("restart")
+                for r in range(self.world_size)
+            ]
             if all(d == restart for d in done):
                 return
             time.sleep(0.1)
@@ -108,14 +128,27 @@ def stop_on_sigterm(ctx: Any) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def requeue_after_stop(policy: Any, run_dir: Path | str, ctx: Any, rank: int, log: Any,
-                       barrier: Callable[[], None] | None = None) -> None:
+def requeue_after_stop(
+    policy: Any,
+    run_dir: Path | str,
+    ctx: Any,
+    rank: int,
+    log: Any,
+    barrier: Callable[[], None] | None = None,
+) -> None:
     """Every rank agreed to stop (the task saved and returned): rank 0 requeues the job, all leave quietly.
 
     ``barrier`` (default: the world group's) returns on rank 0 once every rank got this far.
     """
     restart = policy.restart()
-    _marker(run_dir, rank, restart=restart, hook="stop flag", requeue=True, signal_at=ctx.stop.requested_at)
+    _marker(
+        run_dir,
+        rank,
+        restart=restart,
+        hook="stop flag",
+        requeue=True,
+        signal_at=ctx.stop.requested_at,
+    )
     (barrier or ctx.groups["world"].barrier)()
     if rank == 0:
         log.warning("every rank stopped at the same step: requeueing the job")

@@ -48,8 +48,15 @@ def publish_interval(default: float = 0.5) -> float:
 class ProgressReporter:
     """One rank's progress: cheap to call at every step."""
 
-    def __init__(self, run_dir: Path | str, rank: int, publish_s: float = 0.5, max_metrics_bytes: int = 0,
-                 warn: Any = None, sink: Any = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path | str,
+        rank: int,
+        publish_s: float = 0.5,
+        max_metrics_bytes: int = 0,
+        warn: Any = None,
+        sink: Any = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.sink = sink  # the rank's experiment trackers (a TrackerHub: ``log(step, metrics)``, ``close(status)``)
         self.rank = rank
@@ -68,9 +75,11 @@ class ProgressReporter:
     def __call__(self, step: int, total: int | None = None, **metrics: Any) -> None:
         if metrics and not RESERVED_METRICS.isdisjoint(metrics):
             name = sorted(RESERVED_METRICS.intersection(metrics))[0]
-            raise ValueError(f"ctx.progress(..., {name}=...): {name!r} is a reserved name: every {files.METRICS} line "
-                             f"has the columns {sorted(RESERVED_METRICS)}, set by the reporter; give the metric "
-                             f"another name (e.g. {name}_value)")
+            raise ValueError(
+                f"ctx.progress(..., {name}=...): {name!r} is a reserved name: every {files.METRICS} line "
+                f"has the columns {sorted(RESERVED_METRICS)}, set by the reporter; give the metric "
+                f"another name (e.g. {name}_value)"
+            )
         now = time.time()
         self.step = int(step)
         if total is not None:
@@ -81,14 +90,17 @@ class ProgressReporter:
             self._append(now, metrics)
         if metrics and self.sink is not None:
             self.sink.log(self.step, metrics)
-        if now - self._last_publish >= self.publish_s or (self.total is not None and self.step >= self.total):
+        if now - self._last_publish >= self.publish_s or (
+            self.total is not None and self.step >= self.total
+        ):
             self.publish(now)
 
     def _append(self, now: float, metrics: dict[str, Any]) -> None:
         if self.capped:
             return
-        line = json.dumps({"rank": self.rank, "step": self.step, "time": round(now, 6), **metrics},
-                          default=plain)
+        line = json.dumps(
+            {"rank": self.rank, "step": self.step, "time": round(now, 6), **metrics}, default=plain
+        )
         try:
             if self._metrics_file is None:
                 self._metrics_file = open(files.metrics_file(self.run_dir), "a", buffering=1 << 16)  # noqa: SIM115
@@ -106,8 +118,14 @@ class ProgressReporter:
                 self._check_cap(os.fstat(self._metrics_file.fileno()).st_size)
             except OSError:
                 pass
-        state = {"rank": self.rank, "step": self.step, "total": self.total, "time": now,
-                 "metrics": self.metrics, "pid": os.getpid()}
+        state = {
+            "rank": self.rank,
+            "step": self.step,
+            "total": self.total,
+            "time": now,
+            "metrics": self.metrics,
+            "pid": os.getpid(),
+        }
         with self._lock:
             publish_state(self.run_dir, self.rank, state)
 
@@ -117,9 +135,11 @@ class ProgressReporter:
             return
         self.capped = True
         if self._warn is not None:
-            self._warn(f"{files.metrics_file(self.run_dir)} reached launcher.max_metrics_mb "
-                       f"({self.max_metrics_bytes / 2**20:g} MB): rank {self.rank} writes no more metrics to it "
-                       "(its progress is still published)")
+            self._warn(
+                f"{files.metrics_file(self.run_dir)} reached launcher.max_metrics_mb "
+                f"({self.max_metrics_bytes / 2**20:g} MB): rank {self.rank} writes no more metrics to it "
+                "(its progress is still published)"
+            )
 
     def close(self, status: str = "ok") -> None:
         """Publish the last state, close ``metrics.jsonl``, then the trackers with how the attempt ended

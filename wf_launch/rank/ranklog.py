@@ -16,12 +16,23 @@ from loguru import logger
 
 from ..rundir import files
 
-__all__ = ["CLEAR_LINE", "CONSOLE_FORMAT", "FILE_FORMAT", "FILE_ONLY", "RankLogSink", "setup_rank_logging"]
+__all__ = [
+    "CLEAR_LINE",
+    "CONSOLE_FORMAT",
+    "FILE_FORMAT",
+    "FILE_ONLY",
+    "RankLogSink",
+    "setup_rank_logging",
+]
 
-CONSOLE_FORMAT = ("<green>{time:HH:mm:ss.SSS}</green> <cyan>[{extra[label]}]</cyan> "
-                  "<level>{level: <7}</level> {message}")
-FILE_FORMAT = ("{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | [{extra[label]}] "
-               "{name}:{function}:{line} | {message}")
+CONSOLE_FORMAT = (
+    "<green>{time:HH:mm:ss.SSS}</green> <cyan>[{extra[label]}]</cyan> "
+    "<level>{level: <7}</level> {message}"
+)
+FILE_FORMAT = (
+    "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | [{extra[label]}] "
+    "{name}:{function}:{line} | {message}"
+)
 
 
 class RankLogSink:
@@ -61,14 +72,18 @@ class RankLogSink:
                 self._size += size
                 return
             if self._tail is None:
-                self._file.write(f"... log capped at {half} bytes (launcher.max_log_mb); the newest lines are in "
-                                 f"{self.tail_path} and {self.tail_path}.1\n")
+                self._file.write(
+                    f"... log capped at {half} bytes (launcher.max_log_mb); the newest lines are in "
+                    f"{self.tail_path} and {self.tail_path}.1\n"
+                )
                 self._file.flush()
-                self._tail, self._size = open(self.tail_path, "w", encoding="utf-8", errors="replace"), 0  # noqa: SIM115
+                self._tail = open(self.tail_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+                self._size = 0
             if self._size + size > half and self._size:
                 self._tail.close()
                 self.tail_path.replace(self.tail_path.with_name(self.tail_path.name + ".1"))
-                self._tail, self._size = open(self.tail_path, "w", encoding="utf-8", errors="replace"), 0  # noqa: SIM115
+                self._tail = open(self.tail_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+                self._size = 0
             self._tail.write(message)
             self._tail.flush()
             self._size += size
@@ -76,8 +91,10 @@ class RankLogSink:
             self.dropped += 1
             if self.dropped == 1:
                 try:
-                    sys.__stderr__.write(f"wf_launch: cannot write {self.path} ({type(exc).__name__}: {exc}); "
-                                         "dropping log lines from now on\n")
+                    sys.__stderr__.write(
+                        f"wf_launch: cannot write {self.path} ({type(exc).__name__}: {exc}); "
+                        "dropping log lines from now on\n"
+                    )
                     sys.__stderr__.flush()
                 except (OSError, ValueError, AttributeError):
                     pass
@@ -122,7 +139,9 @@ class _LogStream(io.TextIOBase):
     line that never ends is flushed in pieces of ``max_pending`` characters.
     """
 
-    def __init__(self, name: str, fallback: TextIO, refresh_s: float = 1.0, max_pending: int = 1 << 16) -> None:
+    def __init__(
+        self, name: str, fallback: TextIO, refresh_s: float = 1.0, max_pending: int = 1 << 16
+    ) -> None:
         self._name = name
         self._parts: list[str] = []
         self._pending = 0
@@ -177,8 +196,14 @@ class _LogStream(io.TextIOBase):
         return False
 
 
-def setup_rank_logging(log_file: Path, rank: int, label: str, console: bool,
-                       capture_prints: bool = True, max_log_mb: float = 0) -> Any:
+def setup_rank_logging(
+    log_file: Path,
+    rank: int,
+    label: str,
+    console: bool,
+    capture_prints: bool = True,
+    max_log_mb: float = 0,
+) -> Any:
     """Route this rank's loguru records to ``log_file`` (and stderr if ``console``).
 
     ``print()`` and warnings become records too (``capture_prints``), so every
@@ -190,12 +215,28 @@ def setup_rank_logging(log_file: Path, rank: int, label: str, console: bool,
     logger.remove()
     logger.configure(extra={"label": label, "rank": rank})
     max_bytes = int(max_log_mb * (1 << 20)) if max_log_mb and max_log_mb > 0 else None
-    logger.add(RankLogSink(log_file, max_bytes), format=FILE_FORMAT, level="DEBUG", enqueue=False,
-               colorize=False, backtrace=False, diagnose=False, catch=False)
+    logger.add(
+        RankLogSink(log_file, max_bytes),
+        format=FILE_FORMAT,
+        level="DEBUG",
+        enqueue=False,
+        colorize=False,
+        backtrace=False,
+        diagnose=False,
+        catch=False,
+    )
     if console:
         colorize = bool(getattr(sys.__stderr__, "isatty", lambda: False)())
-        logger.add(_console_sink, format=CONSOLE_FORMAT, level="INFO", colorize=colorize,
-                   backtrace=False, diagnose=False, catch=False, filter=_for_console)
+        logger.add(
+            _console_sink,
+            format=CONSOLE_FORMAT,
+            level="INFO",
+            colorize=colorize,
+            backtrace=False,
+            diagnose=False,
+            catch=False,
+            filter=_for_console,
+        )
     if capture_prints:
         sys.stdout = _LogStream("stdout", sys.__stdout__)
         sys.stderr = _LogStream("stderr", sys.__stderr__)

@@ -22,8 +22,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..tasks.context import TaskContext
 
-__all__ = ["RESERVED_KEYS", "bind", "bound", "latest_step", "load", "progress", "report_result", "reported", "save",
-           "should_stop", "unbind", "wait"]
+__all__ = [
+    "RESERVED_KEYS",
+    "bind",
+    "bound",
+    "latest_step",
+    "load",
+    "progress",
+    "report_result",
+    "reported",
+    "save",
+    "should_stop",
+    "unbind",
+    "wait",
+]
 
 RESERVED_KEYS = frozenset({"exit_code"})
 """Keys of a rank's result that wf_launch fills itself (``report_result`` refuses them)."""
@@ -80,7 +92,9 @@ def report_result(result: dict[str, Any]) -> None:
         raise TypeError(f"report_result(result): keys must be strings, got {bad[0]!r}")
     reserved = sorted(RESERVED_KEYS & set(result))
     if reserved:
-        raise ValueError(f"report_result(result): {reserved[0]!r} is filled in by wf_launch; use another key")
+        raise ValueError(
+            f"report_result(result): {reserved[0]!r} is filled in by wf_launch; use another key"
+        )
     try:
         json.dumps(result)
     except (TypeError, ValueError) as exc:

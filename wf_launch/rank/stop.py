@@ -31,7 +31,9 @@ class StopFlag:
 
     def __init__(self, group: Any = None, every: int = 10) -> None:
         if not is_int(every) or every < 1:
-            raise ValueError(f"StopFlag(every={every!r}): expected an integer >= 1 (agree every N calls)")
+            raise ValueError(
+                f"StopFlag(every={every!r}): expected an integer >= 1 (agree every N calls)"
+            )
         self.group = group
         self.every = every
         self.calls = 0
@@ -89,9 +91,14 @@ class StopFlag:
                 return True
         from worldfoundry.core.distributed.backends import group_device
 
-        self._buf = torch.tensor([1 if self.requested is not None else 0], dtype=torch.int32,
-                                 device=group_device(self.group, control=True))  # CUDA on an NCCL-only group
-        self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self._buf = torch.tensor(
+            [1 if self.requested is not None else 0],
+            dtype=torch.int32,
+            device=group_device(self.group, control=True),
+        )  # CUDA on an NCCL-only group
+        self._work = dist.all_reduce(
+            self._buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True
+        )
         return False
 
     def forget(self) -> None:

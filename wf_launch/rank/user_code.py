@@ -32,6 +32,7 @@ from worldfoundry.core.validation import is_int
 
 __all__ = ["ScriptExit", "call_function", "run_module", "run_path", "teardown"]
 
+
 class ScriptExit(Exception):
     """The code called ``sys.exit(n)`` with ``n != 0``: the rank fails and exits with ``exit_code``."""
 
@@ -56,7 +57,10 @@ def _exit_of(exc: SystemExit) -> tuple[int, str | None]:
     if code is None:
         return 0, None
     if is_int(code):
-        return code & 0xFF, None  # what the process would exit with: sys.exit(-1) is 255, sys.exit(256) is 0
+        return (
+            code & 0xFF,
+            None,
+        )  # what the process would exit with: sys.exit(-1) is 255, sys.exit(256) is 0
     return 1, str(code)
 
 
@@ -100,8 +104,9 @@ def _as_main(argv: list[str], path0: str) -> Iterator[None]:
         if message is not None:
             print(message, file=sys.stderr)
         if code != 0:  # with the traceback of the sys.exit call
-            raise ScriptExit(code, _innermost(exc.__traceback__), message).with_traceback(exc.__traceback__) \
-                from None
+            raise ScriptExit(code, _innermost(exc.__traceback__), message).with_traceback(
+                exc.__traceback__
+            ) from None
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path

@@ -33,12 +33,31 @@ from worldfoundry.core.validation import is_int, is_number
 from . import files
 from .io import UnreadableFile, atomic_write_json, read_json
 
-__all__ = ["cause_of_exits", "checked", "close", "collect", "count", "describe", "last_step", "numbers", "read",
-           "update"]
+__all__ = [
+    "cause_of_exits",
+    "checked",
+    "close",
+    "collect",
+    "count",
+    "describe",
+    "last_step",
+    "numbers",
+    "read",
+    "update",
+]
 
-_FIELDS = ("started_at", "ended_at", "resumed_from", "last_step", "ended_by", "layout_from", "layout_to")
+_FIELDS = (
+    "started_at",
+    "ended_at",
+    "resumed_from",
+    "last_step",
+    "ended_by",
+    "layout_from",
+    "layout_to",
+)
 _CHECKS: dict[str, tuple[Any, str]] = {
-    "started_at": (is_number, "a time"), "ended_at": (is_number, "a time"),
+    "started_at": (is_number, "a time"),
+    "ended_at": (is_number, "a time"),
     "resumed_from": (lambda v: is_int(v) and v >= 0, "a step (an integer >= 0)"),
     "last_step": (lambda v: is_int(v) and v >= 0, "a step (an integer >= 0)"),
     "ended_by": (lambda v: isinstance(v, str), "text"),
@@ -69,7 +88,9 @@ def read(run_dir: Path | str, attempt: int) -> dict[str, Any] | None:
         return None
 
 
-def update(run_dir: Path | str, attempt: int, overwrite: bool = True, **fields: Any) -> dict[str, Any]:
+def update(
+    run_dir: Path | str, attempt: int, overwrite: bool = True, **fields: Any
+) -> dict[str, Any]:
     """Merge ``fields`` into attempt ``attempt``'s marker and write it atomically.
 
     With ``overwrite=False`` a field already recorded keeps its value (the launcher
@@ -103,8 +124,11 @@ def last_step(run_dir: Path | str, world_size: int, since: float | None = None) 
     """The furthest step any rank published (``ctx.progress``), counting only reports after ``since``."""
     from .progress import read_progress
 
-    steps = [s["step"] for s in read_progress(run_dir, world_size).values()
-             if since is None or float(s.get("time") or 0) >= since]
+    steps = [
+        s["step"]
+        for s in read_progress(run_dir, world_size).values()
+        if since is None or float(s.get("time") or 0) >= since
+    ]
     return max(steps) if steps else None
 
 
@@ -130,8 +154,15 @@ def close(run_dir: Path | str, attempt: int, world_size: int, ended_by: str) -> 
     the step the attempt resumed from (an attempt that made no step ended where it began).
     """
     marker = read(run_dir, attempt) or {}
-    steps = [s for s in (marker.get("last_step"), last_step(run_dir, world_size, marker.get("started_at")),
-                         marker.get("resumed_from")) if s is not None]
+    steps = [
+        s
+        for s in (
+            marker.get("last_step"),
+            last_step(run_dir, world_size, marker.get("started_at")),
+            marker.get("resumed_from"),
+        )
+        if s is not None
+    ]
     update(run_dir, attempt, overwrite=False, ended_by=ended_by, ended_at=time.time())
     return update(run_dir, attempt, last_step=max(steps) if steps else None)
 
@@ -150,8 +181,10 @@ def collect(run_dir: Path | str, problems: list[str] | None = None) -> list[dict
             marker = checked(files.attempt_file(run_dir, n))
         except (OSError, ValueError) as exc:
             if problems is not None:
-                problems.append(f"unreadable: {files.attempt_file(run_dir, n)}, "
-                                f"{getattr(exc, 'why', None) or exc}")
+                problems.append(
+                    f"unreadable: {files.attempt_file(run_dir, n)}, "
+                    f"{getattr(exc, 'why', None) or exc}"
+                )
             continue
         if marker is None:
             continue
@@ -159,8 +192,14 @@ def collect(run_dir: Path | str, problems: list[str] | None = None) -> list[dict
         if previous is not None and previous.get("last_step") is not None:
             lost = max(0, previous["last_step"] - (marker.get("resumed_from") or 0))
         cause = "launch" if previous is None else str(previous.get("ended_by") or "unknown")
-        out.append({"attempt": n, "cause": cause, **{key: marker.get(key) for key in _FIELDS},
-                    "steps_lost": lost})
+        out.append(
+            {
+                "attempt": n,
+                "cause": cause,
+                **{key: marker.get(key) for key in _FIELDS},
+                "steps_lost": lost,
+            }
+        )
         previous = marker
     return out
 
@@ -171,9 +210,12 @@ def describe(entries: list[dict[str, Any]]) -> list[str]:
     def show(value: Any) -> str:
         return "-" if value is None else str(value)
 
-    return [f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step {show(a.get('resumed_from'))}"
-            f"{_layout_change(a)}, reached step {show(a.get('last_step'))}, steps lost {show(a.get('steps_lost'))}; "
-            f"ended by {show(a.get('ended_by'))}" for a in entries]
+    return [
+        f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step {show(a.get('resumed_from'))}"
+        f"{_layout_change(a)}, reached step {show(a.get('last_step'))}, steps lost {show(a.get('steps_lost'))}; "
+        f"ended by {show(a.get('ended_by'))}"
+        for a in entries
+    ]
 
 
 def _layout_change(entry: dict[str, Any]) -> str:
@@ -183,7 +225,11 @@ def _layout_change(entry: dict[str, Any]) -> str:
         return ""
 
     def sizes(layout: dict[str, Any]) -> str:
-        shown = [f"{d}={layout.get(d)}" for d in ("tp", "cp", "pp", "dp") if layout.get(d) not in (1, None)]
+        shown = [
+            f"{d}={layout.get(d)}"
+            for d in ("tp", "cp", "pp", "dp")
+            if layout.get(d) not in (1, None)
+        ]
         return " ".join(shown) or "1 rank"
 
     return f" at a new layout ({sizes(before)} -> {sizes(after)})"

@@ -21,8 +21,17 @@ from . import files
 from .io import open_regular
 from .record import RecordError, RunRecord, Status
 
-__all__ = ["OWNER_ONLY", "RunDirClaim", "RunDirInUse", "claim", "launch_alive", "lock_holder", "make_private",
-           "private_umask", "remove_made_folders"]
+__all__ = [
+    "OWNER_ONLY",
+    "RunDirClaim",
+    "RunDirInUse",
+    "claim",
+    "launch_alive",
+    "lock_holder",
+    "make_private",
+    "private_umask",
+    "remove_made_folders",
+]
 
 OWNER_ONLY = 0o700
 """The mode of a run directory until its config is known to be valid (then ``launcher.run_dir_mode``)."""
@@ -73,7 +82,11 @@ def lock_holder(run_dir: Path | str) -> tuple[int | None, str | None]:
             words = f.read(512).decode(errors="replace").split()
     except (OSError, ValueError):
         return None, None
-    pid = int(words[0]) if words and words[0].isascii() and words[0].isdigit() and len(words[0]) < 10 else None
+    pid = (
+        int(words[0])
+        if words and words[0].isascii() and words[0].isdigit() and len(words[0]) < 10
+        else None
+    )
     return pid, (words[1] if len(words) > 1 else None)
 
 
@@ -83,10 +96,14 @@ def _lock(run_dir: Path) -> int:
     import fcntl
 
     try:
-        fd = os.open(run_dir / files.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(
+            run_dir / files.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
     except OSError as exc:
-        raise RunDirInUse(f"run directory {run_dir}: cannot open its lock file {files.LOCK} "
-                          f"({exc.strerror or exc}); choose another hydra.run.dir") from None
+        raise RunDirInUse(
+            f"run directory {run_dir}: cannot open its lock file {files.LOCK} "
+            f"({exc.strerror or exc}); choose another hydra.run.dir"
+        ) from None
     deadline = time.monotonic() + _LOCK_RETRY_S
     while True:
         try:
@@ -98,16 +115,22 @@ def _lock(run_dir: Path) -> int:
                 continue
             pid, host = lock_holder(run_dir)
             os.close(fd)
-            raise RunDirInUse(f"run directory {run_dir} is in use by a live launch (pid {pid or '?'}"
-                              f"{f' on {host}' if host and host != socket.gethostname() else ''}); "
-                              "choose another hydra.run.dir") from None
+            raise RunDirInUse(
+                f"run directory {run_dir} is in use by a live launch (pid {pid or '?'}"
+                f"{f' on {host}' if host and host != socket.gethostname() else ''}); "
+                "choose another hydra.run.dir"
+            ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     return fd
 
 
-def claim(run_dir: Path, overwrite: bool = False, resume: bool = False,
-          is_live: Callable[[Path], bool] | None = None) -> RunDirClaim:
+def claim(
+    run_dir: Path,
+    overwrite: bool = False,
+    resume: bool = False,
+    is_live: Callable[[Path], bool] | None = None,
+) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
 
     Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
@@ -121,21 +144,27 @@ def claim(run_dir: Path, overwrite: bool = False, resume: bool = False,
     left still runs). Once claimed, the directory is made owner-only (0700).
     """
     if overwrite and resume:
-        raise RunDirInUse("launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the run "
-                          "in the directory aside, resume continues it)")
+        raise RunDirInUse(
+            "launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the run "
+            "in the directory aside, resume continues it)"
+        )
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = _lock(run_dir)
     try:
         held = _held_by(run_dir)
         if held and (overwrite or resume) and is_live is not None:
-            _refuse_if_live(run_dir, is_live, "launcher.resume=true" if resume else "launcher.overwrite=true")
+            _refuse_if_live(
+                run_dir, is_live, "launcher.resume=true" if resume else "launcher.overwrite=true"
+            )
         if held and resume:
             _resumable(run_dir)
         elif held and not overwrite:
-            raise RunDirInUse(f"run directory {run_dir} already holds a run ({held}); choose another "
-                              "hydra.run.dir, or pass launcher.overwrite=true to move that run aside"
-                              + _or_resume(run_dir))
+            raise RunDirInUse(
+                f"run directory {run_dir} already holds a run ({held}); choose another "
+                "hydra.run.dir, or pass launcher.overwrite=true to move that run aside"
+                + _or_resume(run_dir)
+            )
         elif held:
             _move_aside(run_dir)
         os.chmod(run_dir, OWNER_ONLY)
@@ -150,12 +179,16 @@ def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -
     try:
         live = is_live(run_dir)
     except (OSError, ValueError) as exc:
-        raise RunDirInUse(f"run directory {run_dir}: cannot tell whether its run has ended ({exc}); {what} "
-                          "refused") from None
+        raise RunDirInUse(
+            f"run directory {run_dir}: cannot tell whether its run has ended ({exc}); {what} "
+            "refused"
+        ) from None
     if live:
-        raise RunDirInUse(f"run directory {run_dir} holds a run that is still going; {what} would move or write "
-                          "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
-                          f"--cancel {run_dir})")
+        raise RunDirInUse(
+            f"run directory {run_dir} holds a run that is still going; {what} would move or write "
+            "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
+            f"--cancel {run_dir})"
+        )
 
 
 def _or_resume(run_dir: Path) -> str:
@@ -167,7 +200,9 @@ def _or_resume(run_dir: Path) -> str:
 
 
 def _move_aside(run_dir: Path) -> None:
-    aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    aside = run_dir.with_name(
+        f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    )
     aside.mkdir(mode=OWNER_ONLY)
     os.chmod(aside, OWNER_ONLY)  # whatever the umask
     for entry in run_dir.iterdir():
@@ -185,8 +220,10 @@ def _resumable(run_dir: Path) -> None:
     except RecordError:
         record = None
     if record is not None and record.status is Status.OK and record.final:
-        raise RunDirInUse(f"run directory {run_dir} holds a run that completed (status 'ok'); nothing to "
-                          "resume: choose another hydra.run.dir, or launcher.overwrite=true to start afresh")
+        raise RunDirInUse(
+            f"run directory {run_dir} holds a run that completed (status 'ok'); nothing to "
+            "resume: choose another hydra.run.dir, or launcher.overwrite=true to start afresh"
+        )
     if path.exists():
         (run_dir / files.LOGS).mkdir(exist_ok=True)
         os.replace(path, files.result_before_attempt(run_dir, count(run_dir)))
@@ -213,7 +250,9 @@ def launch_alive(run_dir: Path | str) -> bool:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         pid, host = lock_holder(run_dir)
-        return not (pid == os.getpid() and host == socket.gethostname())  # our own claim is not a live run
+        return not (
+            pid == os.getpid() and host == socket.gethostname()
+        )  # our own claim is not a live run
     except OSError as exc:
         if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
             raise

@@ -45,8 +45,11 @@ def _module_file(name: str) -> Path | None:
         spec = find_spec(name)
     except (ImportError, ValueError):
         return None
-    return Path(spec.origin) if spec is not None and spec.origin and spec.origin not in ("built-in", "frozen") \
+    return (
+        Path(spec.origin)
+        if spec is not None and spec.origin and spec.origin not in ("built-in", "frozen")
         else None
+    )
 
 
 def code_provenance(config: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -60,9 +63,14 @@ def code_provenance(config: dict[str, Any] | None = None) -> dict[str, dict[str,
         version = metadata.version("worldfoundry-launch")
     except metadata.PackageNotFoundError:
         version = None
-    out: dict[str, dict[str, Any]] = {"wf_launch": {"path": str(here), "version": version, **(_checkout(here) or {})}}
+    out: dict[str, dict[str, Any]] = {
+        "wf_launch": {"path": str(here), "version": version, **(_checkout(here) or {})}
+    }
     task = (config or {}).get("task") or {}
-    sources = [(f"task.modules[{i}]", _module_file(str(m))) for i, m in enumerate(task.get("modules") or [])]
+    sources = [
+        (f"task.modules[{i}]", _module_file(str(m)))
+        for i, m in enumerate(task.get("modules") or [])
+    ]
     if isinstance(task.get("path"), str):
         sources.append(("task.path", Path(task["path"]).expanduser().resolve()))
     if isinstance(task.get("module"), str):
@@ -84,7 +92,9 @@ def _cuda_available(torch: Any) -> bool:
     return torch.cuda.device_count() > 0
 
 
-def environment_info(cwd: Path | str | None = None, config: dict[str, Any] | None = None) -> dict[str, Any]:
+def environment_info(
+    cwd: Path | str | None = None, config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Versions, host, the code's provenance, and ``git_commit`` / ``git_dirty``: those of the task's own code
     when it lives in a git checkout, else of wf_launch's checkout, else of the working directory's."""
     import torch
@@ -102,10 +112,17 @@ def environment_info(cwd: Path | str | None = None, config: dict[str, Any] | Non
         "cwd": str(cwd),
         "sources": code,
     }
-    ordered = [v for k, v in code.items() if k != "wf_launch"] + [code["wf_launch"], _checkout(cwd) or {}]
+    ordered = [v for k, v in code.items() if k != "wf_launch"] + [
+        code["wf_launch"],
+        _checkout(cwd) or {},
+    ]
     source = next((c for c in ordered if c.get("git_commit")), None)
     if source is not None:
-        info.update(git_commit=source["git_commit"], git_dirty=source["git_dirty"], git_root=source["git_root"])
+        info.update(
+            git_commit=source["git_commit"],
+            git_dirty=source["git_dirty"],
+            git_root=source["git_root"],
+        )
     return info
 
 

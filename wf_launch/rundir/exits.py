@@ -24,8 +24,10 @@ __all__ = ["read_exits", "wait_for_exits", "write_exit"]
 
 def write_exit(run_dir: Path | str, rank: int, attempt: int, **fields: Any) -> None:
     """Rank ``rank``'s exit record of ``attempt``: ``exit_code``, ``result``, ``timings``, ``host``, ``coords``."""
-    atomic_write_json(files.rank_exit(run_dir, rank), {"rank": rank, "attempt": attempt, **fields,
-                                                        "time": time.time()})
+    atomic_write_json(
+        files.rank_exit(run_dir, rank),
+        {"rank": rank, "attempt": attempt, **fields, "time": time.time()},
+    )
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -46,9 +48,14 @@ def read_exits(run_dir: Path | str, world_size: int, attempt: int) -> dict[int, 
     return out
 
 
-def wait_for_exits(run_dir: Path | str, world_size: int, attempt: int, poll_s: float = 0.002,
-                   max_poll_s: float = 0.02, on_wait: Callable[[list[int]], None] | None = None
-                   ) -> list[dict[str, Any]]:
+def wait_for_exits(
+    run_dir: Path | str,
+    world_size: int,
+    attempt: int,
+    poll_s: float = 0.002,
+    max_poll_s: float = 0.02,
+    on_wait: Callable[[list[int]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Every rank's exit record of ``attempt``, in rank order, once all exist.
 
     Waits as long as it takes: a rank that fails or hangs is the launcher's to handle

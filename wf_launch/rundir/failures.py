@@ -11,11 +11,19 @@ from worldfoundry.core.validation import is_int, is_number
 from . import files
 from .io import atomic_write_json, read_json
 
-__all__ = ["PEER_LOSS", "is_peer_loss_message", "load_failure_records", "valid_failure_record",
-           "write_failure_record"]
+__all__ = [
+    "PEER_LOSS",
+    "is_peer_loss_message",
+    "load_failure_records",
+    "valid_failure_record",
+    "write_failure_record",
+]
 
-PEER_LOSS = re.compile(r"connection closed by peer|connection reset|broken pipe|"
-                       r"ProcessGroup.*abort|NCCL communicator was aborted", re.IGNORECASE)
+PEER_LOSS = re.compile(
+    r"connection closed by peer|connection reset|broken pipe|"
+    r"ProcessGroup.*abort|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
 """Messages that only say another rank went away (a consequence, not a cause)."""
 
 
@@ -34,9 +42,15 @@ def valid_failure_record(record: Any, rank: int | None = None) -> bool:
         return False
     if rank is not None and record["rank"] != rank:
         return False
-    texts = all(isinstance(record.get(k, ""), str) for k in ("kind", "type", "message", "traceback", "log"))
-    return (texts and is_number(record.get("time", 0.0)) and is_int(record.get("attempt", 0))
-            and isinstance(record.get("coords", {}), dict))
+    texts = all(
+        isinstance(record.get(k, ""), str) for k in ("kind", "type", "message", "traceback", "log")
+    )
+    return (
+        texts
+        and is_number(record.get("time", 0.0))
+        and is_int(record.get("attempt", 0))
+        and isinstance(record.get("coords", {}), dict)
+    )
 
 
 def load_failure_records(run_dir: Path | str) -> list[dict[str, Any]]:
@@ -55,4 +69,6 @@ def load_failure_records(run_dir: Path | str) -> list[dict[str, Any]]:
         if digits.isdigit() and valid_failure_record(record, int(digits)):
             records.append(record)
     last = max((r.get("attempt", 0) for r in records), default=0)
-    return sorted((r for r in records if r.get("attempt", 0) == last), key=lambda r: r.get("time", 0.0))
+    return sorted(
+        (r for r in records if r.get("attempt", 0) == last), key=lambda r: r.get("time", 0.0)
+    )

@@ -13,15 +13,74 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CHECKPOINTS", "CODE", "CONFIG", "ELASTIC_LOGS", "ENVIRONMENT", "FORMAT_VERSION", "HYDRA", "LAUNCHER_LOG", "LOCK", "LOGS",
-    "MARKERS", "METRICS", "MLFLOW_STORE", "OVERRIDES", "RAY_RUN", "RESULT", "RUN_ID", "SLURM_JOB",
-    "SNAPSHOT_MANIFEST", "SUBMITIT", "SWEEP_CHART", "SWEEP_CSV", "SWEEP_MD", "SWEEP_PLAN", "SWEEP_SCALING",
-    "SWEEP_STEPS", "TENSORBOARD", "TRACKING", "TUNE_ASIDE", "TUNE_BEST", "TUNE_CHART", "TUNE_CONF", "TUNE_CSV",
-    "TUNE_MD", "TUNE_ROUNDS", "TUNE_STATE", "WANDB", "attempt_file", "attempt_number", "config_path", "hydra_config",
-    "hydra_job", "hydra_overrides", "launcher_name", "metrics_chart", "metrics_file", "mlflow_store", "rank_error",
-    "rank_errors", "rank_exit", "rank_files", "rank_log", "rank_marker", "rank_pid", "rank_preempt", "rank_progress",
-    "rank_stacks", "rank_tail_log", "read_config", "result_before_attempt", "run_id_file", "stacks_glob",
-    "tensorboard_dir", "tracker_lock", "tracker_run_file", "tracker_state", "tune_round_dir", "tune_round_log",
+    "CHECKPOINTS",
+    "CODE",
+    "CONFIG",
+    "ELASTIC_LOGS",
+    "ENVIRONMENT",
+    "FORMAT_VERSION",
+    "HYDRA",
+    "LAUNCHER_LOG",
+    "LOCK",
+    "LOGS",
+    "MARKERS",
+    "METRICS",
+    "MLFLOW_STORE",
+    "OVERRIDES",
+    "RAY_RUN",
+    "RESULT",
+    "RUN_ID",
+    "SLURM_JOB",
+    "SNAPSHOT_MANIFEST",
+    "SUBMITIT",
+    "SWEEP_CHART",
+    "SWEEP_CSV",
+    "SWEEP_MD",
+    "SWEEP_PLAN",
+    "SWEEP_SCALING",
+    "SWEEP_STEPS",
+    "TENSORBOARD",
+    "TRACKING",
+    "TUNE_ASIDE",
+    "TUNE_BEST",
+    "TUNE_CHART",
+    "TUNE_CONF",
+    "TUNE_CSV",
+    "TUNE_MD",
+    "TUNE_ROUNDS",
+    "TUNE_STATE",
+    "WANDB",
+    "attempt_file",
+    "attempt_number",
+    "config_path",
+    "hydra_config",
+    "hydra_job",
+    "hydra_overrides",
+    "launcher_name",
+    "metrics_chart",
+    "metrics_file",
+    "mlflow_store",
+    "rank_error",
+    "rank_errors",
+    "rank_exit",
+    "rank_files",
+    "rank_log",
+    "rank_marker",
+    "rank_pid",
+    "rank_preempt",
+    "rank_progress",
+    "rank_stacks",
+    "rank_tail_log",
+    "read_config",
+    "result_before_attempt",
+    "run_id_file",
+    "stacks_glob",
+    "tensorboard_dir",
+    "tracker_lock",
+    "tracker_run_file",
+    "tracker_state",
+    "tune_round_dir",
+    "tune_round_log",
     "wandb_dir",
 ]
 
@@ -59,7 +118,12 @@ SWEEP_SCALING, SWEEP_STEPS = "sweep_scaling.png", "sweep_steps.png"
 """A sweep directory's own files: Hydra's plan, and the report (:mod:`wf_launch.tools.sweep`)."""
 
 TUNE_STATE, TUNE_MD, TUNE_CSV, TUNE_CHART, TUNE_BEST = (
-    "tune.json", "tune_report.md", "tune_report.csv", "tune_chart.png", "best.yaml")
+    "tune.json",
+    "tune_report.md",
+    "tune_report.csv",
+    "tune_chart.png",
+    "best.yaml",
+)
 TUNE_CONF, TUNE_ROUNDS, TUNE_ASIDE = "conf", "rounds", "aside"
 """A tune directory's own files (:mod:`wf_launch.tools.tune`): its state, the report, the winner, the trial
 configs, one sweep directory per round, and trials set aside on a resume."""
@@ -68,8 +132,13 @@ MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
 """What a launch leaves in its run directory: any of them means the directory holds a run."""
 
 _RANK_FILES = {
-    "log": "rank{}.log", "error": "rank{}.error.json", "progress": "rank{}.progress.json",
-    "stacks": "rank{}.stacks", "pid": "rank{}.pid", "preempt": "rank{}.preempt.json", "exit": "rank{}.exit.json",
+    "log": "rank{}.log",
+    "error": "rank{}.error.json",
+    "progress": "rank{}.progress.json",
+    "stacks": "rank{}.stacks",
+    "pid": "rank{}.pid",
+    "preempt": "rank{}.preempt.json",
+    "exit": "rank{}.exit.json",
 }
 
 
@@ -107,8 +176,13 @@ def rank_files(run_dir: Path | str, kind: str) -> dict[int, Path]:
     except OSError:
         return {}
     for path in paths:
-        digits = path.name[len(prefix):len(path.name) - len(suffix)]
-        if digits.isascii() and digits.isdigit() and len(digits) <= 9 and str(int(digits)) == digits:
+        digits = path.name[len(prefix) : len(path.name) - len(suffix)]
+        if (
+            digits.isascii()
+            and digits.isdigit()
+            and len(digits) <= 9
+            and str(int(digits)) == digits
+        ):
             found[int(digits)] = path
     return dict(sorted(found.items()))
 
@@ -158,7 +232,12 @@ def attempt_file(run_dir: Path | str, attempt: int) -> Path:
 def attempt_number(path: Path) -> int | None:
     """The attempt a file from :func:`attempt_file` records (None: not such a file, or a number over 9 digits)."""
     digits = path.stem.removeprefix("attempt")
-    ok = path.suffix == ".json" and path.stem.startswith("attempt") and digits.isascii() and digits.isdigit()
+    ok = (
+        path.suffix == ".json"
+        and path.stem.startswith("attempt")
+        and digits.isascii()
+        and digits.isdigit()
+    )
     return int(digits) if ok and len(digits) <= 9 else None
 
 
@@ -179,7 +258,11 @@ def run_id_file(run_dir: Path | str) -> Path:
 
 def tracker_state(run_dir: Path | str, tracker: str, rank: int = 0) -> Path:
     """Tracker ``tracker``'s state on ``rank`` (``tracking/NAME.json``; ``NAME.rankR.json`` for other ranks)."""
-    return Path(run_dir) / TRACKING / (f"{tracker}.json" if rank == 0 else f"{tracker}.rank{rank}.json")
+    return (
+        Path(run_dir)
+        / TRACKING
+        / (f"{tracker}.json" if rank == 0 else f"{tracker}.rank{rank}.json")
+    )
 
 
 def tracker_run_file(run_dir: Path | str, tracker: str) -> Path:

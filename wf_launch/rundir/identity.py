@@ -48,7 +48,9 @@ def read_run_id(run_dir: Path | str) -> str | None:
     except OSError as exc:
         raise RunIdError(f"{path}: cannot read the run id ({exc})") from None
     if not _VALID.fullmatch(text):
-        raise RunIdError(f"{path}: {text[:80]!r} is not a run id (expected 1-64 letters, digits, '-' or '_')")
+        raise RunIdError(
+            f"{path}: {text[:80]!r} is not a run id (expected 1-64 letters, digits, '-' or '_')"
+        )
     return text
 
 

@@ -16,8 +16,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_RECORD_BYTES", "UnreadableFile", "atomic_write_json", "atomic_write_text", "open_regular",
-           "read_bytes", "read_json"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "UnreadableFile",
+    "atomic_write_json",
+    "atomic_write_text",
+    "open_regular",
+    "read_bytes",
+    "read_json",
+]
 
 MAX_RECORD_BYTES = 64 << 20
 """The largest JSON or YAML record of a run that is read (64 MiB): a bigger one is refused, not loaded."""
@@ -80,7 +87,9 @@ def read_bytes(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
     try:
         size = os.fstat(fd).st_size
         if size > limit:
-            raise UnreadableFile(path, f"{size} bytes, more than the {limit} a record may have (not loaded)")
+            raise UnreadableFile(
+                path, f"{size} bytes, more than the {limit} a record may have (not loaded)"
+            )
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)
     except OSError as exc:

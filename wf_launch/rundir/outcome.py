@@ -32,7 +32,14 @@ class RunOutcome:
         return exit_code_of(self.status, self.signal)
 
     @classmethod
-    def of(cls, record: RunRecord, run_dir: Path | None = None, summary: str | None = None) -> RunOutcome:
+    def of(
+        cls, record: RunRecord, run_dir: Path | None = None, summary: str | None = None
+    ) -> RunOutcome:
         """The outcome a written record stands for (``summary`` defaults to rank 0's)."""
-        return cls(record.status, run_dir or Path(record.run_dir), record.summary if summary is None else summary,
-                   record, record.signal)
+        return cls(
+            record.status,
+            run_dir or Path(record.run_dir),
+            record.summary if summary is None else summary,
+            record,
+            record.signal,
+        )

@@ -23,7 +23,14 @@ from worldfoundry.core.validation import is_int
 from . import files
 from .io import read_json
 
-__all__ = ["NODE_ENV", "live_rank_pid", "pid_record", "process_start", "read_pid_file", "write_pid_file"]
+__all__ = [
+    "NODE_ENV",
+    "live_rank_pid",
+    "pid_record",
+    "process_start",
+    "read_pid_file",
+    "write_pid_file",
+]
 
 
 NODE_ENV = "WF_NODE"
@@ -54,8 +61,13 @@ def _started_at(pid: int) -> float | None:
 def pid_record() -> dict[str, Any]:
     """What a rank records about its own process: pid, host, main thread, start time, node."""
     host = socket.gethostname()
-    return {"pid": os.getpid(), "host": host, "main_thread": threading.main_thread().ident,
-            "start": process_start(os.getpid()), "node": os.environ.get(NODE_ENV) or host}
+    return {
+        "pid": os.getpid(),
+        "host": host,
+        "main_thread": threading.main_thread().ident,
+        "start": process_start(os.getpid()),
+        "node": os.environ.get(NODE_ENV) or host,
+    }
 
 
 def write_pid_file(run_dir: Path | str, rank: int) -> None:

@@ -26,6 +26,9 @@ def read_placement(run_dir: Path | str, world_size: int) -> dict[str, dict[str, 
         except (OSError, ValueError):
             continue
         if isinstance(info, dict):
-            out[str(rank)] = {"host": info.get("host"), "node": info.get("node") or info.get("host"),
-                              "pid": info.get("pid")}
+            out[str(rank)] = {
+                "host": info.get("host"),
+                "node": info.get("node") or info.get("host"),
+                "pid": info.get("pid"),
+            }
     return out

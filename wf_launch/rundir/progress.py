@@ -40,8 +40,12 @@ def valid_state(state: Any) -> bool:
     if not isinstance(state, dict) or not (is_int(state.get("step")) and state["step"] >= 0):
         return False
     total, when, pid = state.get("total"), state.get("time"), state.get("pid")
-    return ((total is None or (is_int(total) and total > 0)) and (when is None or is_finite_number(when))
-            and (pid is None or is_int(pid)) and isinstance(state.get("metrics", {}), dict))
+    return (
+        (total is None or (is_int(total) and total > 0))
+        and (when is None or is_finite_number(when))
+        and (pid is None or is_int(pid))
+        and isinstance(state.get("metrics", {}), dict)
+    )
 
 
 def read_progress(run_dir: Path | str, world_size: int) -> dict[int, dict[str, Any]]:

@@ -26,14 +26,24 @@ from .io import UnreadableFile, atomic_write_json, read_json
 try:
     from enum import StrEnum
 except ImportError:  # Python 3.10
+
     class StrEnum(str, Enum):  # type: ignore[no-redef]
         """A str-valued Enum whose str() is its value."""
 
         def __str__(self) -> str:
             return str(self.value)
 
-__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "RecordError", "RunRecord", "Status",
-           "exit_code_of"]
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "RecordError",
+    "RunRecord",
+    "Status",
+    "exit_code_of",
+]
 
 
 class Status(StrEnum):
@@ -83,10 +93,21 @@ def exit_code_of(status: Status | str, signal_name: str | None = None) -> int:
 
 
 _KINDS: dict[str, tuple[type, ...]] = {
-    "run_dir": (str,), "task": (str, type(None)), "launcher": (str, type(None)), "overrides": (list,),
-    "layout": (dict, type(None)), "results": (dict,), "timings": (dict,), "hosts": (list,),
-    "failure": (dict, type(None)), "exits": (dict, type(None)), "attempts": (list,),
-    "environment": (dict, type(None)), "signal": (str, type(None)), "run_id": (str, type(None)), "finished_at": (int, float, type(None)),
+    "run_dir": (str,),
+    "task": (str, type(None)),
+    "launcher": (str, type(None)),
+    "overrides": (list,),
+    "layout": (dict, type(None)),
+    "results": (dict,),
+    "timings": (dict,),
+    "hosts": (list,),
+    "failure": (dict, type(None)),
+    "exits": (dict, type(None)),
+    "attempts": (list,),
+    "environment": (dict, type(None)),
+    "signal": (str, type(None)),
+    "run_id": (str, type(None)),
+    "finished_at": (int, float, type(None)),
 }
 """The JSON type each record field must have (a reader relies on it)."""
 
@@ -170,7 +191,9 @@ class RunRecord:
     def summary(self) -> str:
         """What rank 0's result asks the launcher to print: its ``summary`` or ``table``, if any."""
         rank0 = self.results.get("0") or {}
-        return str(rank0.get("summary") or rank0.get("table") or "") if isinstance(rank0, dict) else ""
+        return (
+            str(rank0.get("summary") or rank0.get("table") or "") if isinstance(rank0, dict) else ""
+        )
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:
@@ -178,7 +201,9 @@ class RunRecord:
         out: dict[str, Any] = {"status": str(self.status)}
         if self.final:
             out["exit_code"] = self.exit_code
-        out["format_version"] = files.FORMAT_VERSION  # what this code writes, whatever version it read
+        out["format_version"] = (
+            files.FORMAT_VERSION
+        )  # what this code writes, whatever version it read
         for f in fields(self):
             if f.name in ("status", "final", "extra", "format_version"):
                 continue
@@ -198,8 +223,9 @@ class RunRecord:
         try:
             status = Status(data.get("status"))
         except (ValueError, TypeError):
-            raise RecordError(where, f"unknown status {data.get('status')!r}; known: "
-                                     f"{[str(s) for s in Status]}") from None
+            raise RecordError(
+                where, f"unknown status {data.get('status')!r}; known: {[str(s) for s in Status]}"
+            ) from None
         known = {f.name for f in fields(cls)} - {"status", "final", "extra", "format_version"}
         values = {k: data[k] for k in known if k in data}
         version = data.get("format_version", 0)  # a record from before the format was versioned
@@ -208,10 +234,17 @@ class RunRecord:
         problem = _field_problem(values)
         if problem:
             raise RecordError(where, problem)
-        return cls(status=status, final="exit_code" in data, format_version=version,
-                   extra={k: v for k, v in data.items()
-                          if k not in known and k not in ("status", "exit_code", "format_version")},
-                   **values)
+        return cls(
+            status=status,
+            final="exit_code" in data,
+            format_version=version,
+            extra={
+                k: v
+                for k, v in data.items()
+                if k not in known and k not in ("status", "exit_code", "format_version")
+            },
+            **values,
+        )
 
     # ------------------------------------------------------------------ files
     @staticmethod
@@ -241,8 +274,15 @@ class RunRecord:
         atomic_write_json(self.path(run_dir or self.run_dir), self.to_json())
 
     @classmethod
-    def finalize(cls, run_dir: Path | str, status: Status | str, /, *, signal_name: str | None = None,
-                 **facts: Any) -> RunRecord:
+    def finalize(
+        cls,
+        run_dir: Path | str,
+        status: Status | str,
+        /,
+        *,
+        signal_name: str | None = None,
+        **facts: Any,
+    ) -> RunRecord:
         """Merge the launcher's facts into the run's record (rank 0's, if any), mark it final, write it.
 
         ``facts`` are record fields (``run_dir`` too) or extra fields. A dict fact is merged into the same dict of the existing record

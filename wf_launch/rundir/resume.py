@@ -45,5 +45,9 @@ def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
     from ..rank.checkpoint import complete_checkpoints
 
     found = complete_checkpoints(run_dir)
-    start = f"from its checkpoint of step {found[-1][0]}" if found else "from the start (it saved no checkpoint)"
+    start = (
+        f"from its checkpoint of step {found[-1][0]}"
+        if found
+        else "from the start (it saved no checkpoint)"
+    )
     return f"continue it {start}: {resume_command(run_dir, overrides)}"

@@ -30,7 +30,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CPAttention", "DiTBlock", "FinalLayer", "PatchGridSplit", "VDiT", "gather_kv_with_grad", "patchify", "sincos_3d", "stage_blocks", "timestep_embedding", "unpatchify"]
+__all__ = [
+    "CPAttention",
+    "DiTBlock",
+    "FinalLayer",
+    "PatchGridSplit",
+    "VDiT",
+    "gather_kv_with_grad",
+    "patchify",
+    "sincos_3d",
+    "stage_blocks",
+    "timestep_embedding",
+    "unpatchify",
+]
 
 Patch = tuple[int, int, int]
 
@@ -70,8 +82,10 @@ class PatchGridSplit:
     def __post_init__(self) -> None:
         nt, nh, _ = self.grid
         if self.cp_t < 1 or self.cp_h < 1 or nt % self.cp_t or nh % self.cp_h:
-            raise ValueError(f"PatchGridSplit: cp_t={self.cp_t} and cp_h={self.cp_h} must divide the patch "
-                             f"grid's T={nt} and H={nh}")
+            raise ValueError(
+                f"PatchGridSplit: cp_t={self.cp_t} and cp_h={self.cp_h} must divide the patch "
+                f"grid's T={nt} and H={nh}"
+            )
 
     @classmethod
     def plan(cls, latent_shape: Sequence[int], patch: Patch, cp_size: int) -> PatchGridSplit:
@@ -85,13 +99,17 @@ class PatchGridSplit:
         block = find_split(torch.Size(latent_shape), cp_size, tuple(patch))
         bt, bh, bw = (int(v) for v in block)
         if bw != w or t % bt or h % bh:
-            raise RuntimeError(f"find_split({tuple(latent_shape)}, cp_size={cp_size}, patch={tuple(patch)}) "
-                               f"returned block {tuple(block)}, which does not tile the latent "
-                               f"(T={t}, H={h}, W={w})")
+            raise RuntimeError(
+                f"find_split({tuple(latent_shape)}, cp_size={cp_size}, patch={tuple(patch)}) "
+                f"returned block {tuple(block)}, which does not tile the latent "
+                f"(T={t}, H={h}, W={w})"
+            )
         split = cls(grid, t // bt, h // bh)
         if split.cp_size != cp_size:
-            raise RuntimeError(f"find_split block {tuple(block)} gives {split.cp_size} blocks, "
-                               f"expected cp_size={cp_size}")
+            raise RuntimeError(
+                f"find_split block {tuple(block)} gives {split.cp_size} blocks, "
+                f"expected cp_size={cp_size}"
+            )
         return split
 
     @property
@@ -135,14 +153,17 @@ class PatchGridSplit:
             raise ValueError(f"cp_rank={cp_rank} out of range for {self.cp_size} CP ranks")
         bt, bh, nw = self.block
         rt, rh = divmod(cp_rank, self.cp_h)
-        t, h, w = torch.meshgrid(torch.arange(bt) + rt * bt, torch.arange(bh) + rh * bh,
-                                 torch.arange(nw), indexing="ij")
+        t, h, w = torch.meshgrid(
+            torch.arange(bt) + rt * bt, torch.arange(bh) + rh * bh, torch.arange(nw), indexing="ij"
+        )
         return torch.stack([t, h, w], dim=-1).reshape(-1, 3)
 
 
 def _sincos(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
     half = dim // 2
-    freqs = torch.exp(-math.log(base) * torch.arange(half, dtype=torch.float64, device=pos.device) / half)
+    freqs = torch.exp(
+        -math.log(base) * torch.arange(half, dtype=torch.float64, device=pos.device) / half
+    )
     angles = pos.to(torch.float64)[:, None] * freqs[None]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
@@ -151,8 +172,10 @@ def sincos_3d(positions: torch.Tensor, hidden: int) -> torch.Tensor:
     """Fixed 3D sin-cos embedding (L, hidden) of (L, 3) patch coordinates (float64)."""
     dh = 2 * (hidden // 6)
     dt = hidden - 2 * dh
-    return torch.cat([_sincos(positions[:, 0], dt), _sincos(positions[:, 1], dh),
-                      _sincos(positions[:, 2], dh)], dim=-1)
+    return torch.cat(
+        [_sincos(positions[:, 0], dt), _sincos(positions[:, 1], dh), _sincos(positions[:, 2], dh)],
+        dim=-1,
+    )
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -216,7 +239,9 @@ class CPAttention(nn.Module):
                 from worldfoundry.core.distributed import cat_outputs_cp
 
                 k, v = cat_outputs_cp(kv, 1, cp_group).chunk(2, dim=-1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
@@ -229,8 +254,9 @@ class DiTBlock(nn.Module):
         self.attn = CPAttention(hidden, heads)
         self.norm2 = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         inner = int(hidden * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(hidden, inner), nn.GELU(approximate="tanh"),
-                                 nn.Linear(inner, hidden))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, inner), nn.GELU(approximate="tanh"), nn.Linear(inner, hidden)
+        )
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 6 * hidden))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, cp_group: Any = None) -> torch.Tensor:
@@ -273,19 +299,29 @@ class VDiT(nn.Module):
     weight traffic (:meth:`seeded`).
     """
 
-    def __init__(self, channels: int, patch: Patch, hidden: int, heads: int, depth: int,
-                 mlp_ratio: float = 4.0) -> None:
+    def __init__(
+        self,
+        channels: int,
+        patch: Patch,
+        hidden: int,
+        heads: int,
+        depth: int,
+        mlp_ratio: float = 4.0,
+    ) -> None:
         super().__init__()
         self.channels, self.patch, self.hidden = channels, tuple(patch), hidden
         patch_dim = channels * math.prod(patch)
         self.patch_embed = nn.Linear(patch_dim, hidden)
-        self.t_embed = nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        self.t_embed = nn.Sequential(
+            nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden)
+        )
         self.blocks = nn.ModuleList(DiTBlock(hidden, heads, mlp_ratio) for _ in range(depth))
         self.final = FinalLayer(hidden, patch_dim)
 
     @classmethod
-    def seeded(cls, seed: int, *, dtype: torch.dtype = torch.float32, device: Any = "cpu",
-               **kwargs: Any) -> VDiT:
+    def seeded(
+        cls, seed: int, *, dtype: torch.dtype = torch.float32, device: Any = "cpu", **kwargs: Any
+    ) -> VDiT:
         """Build with torch's default init under ``seed`` (global RNG left untouched), then cast."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -302,8 +338,9 @@ class VDiT(nn.Module):
         pos = sincos_3d(positions, self.hidden).to(device=patches.device, dtype=patches.dtype)
         return self.patch_embed(patches) + pos
 
-    def run_blocks(self, x: torch.Tensor, c: torch.Tensor, blocks: range | None = None,
-                   cp_group: Any = None) -> torch.Tensor:
+    def run_blocks(
+        self, x: torch.Tensor, c: torch.Tensor, blocks: range | None = None, cp_group: Any = None
+    ) -> torch.Tensor:
         """Run ``blocks`` (default all) on this rank's tokens."""
         for i in blocks if blocks is not None else range(len(self.blocks)):
             x = self.blocks[i](x, c, cp_group)

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CallConfig", "call", "resolve_target"]
 
-_TARGET = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+_TARGET = re.compile(
+    r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"
+)
 
 
 @dataclass
@@ -52,8 +54,11 @@ class CallConfig(OwnGroupConfig):
         fn = resolve_target(self.target, Path(self.workdir))
         kwargs = _kwargs(self.kwargs)
         if "ctx" in kwargs and _asks_for_ctx(fn):
-            raise config_error("task.kwargs", kwargs, "keyword arguments other than ctx (wf_launch passes the "
-                                                      "rank's context as ctx)")
+            raise config_error(
+                "task.kwargs",
+                kwargs,
+                "keyword arguments other than ctx (wf_launch passes the rank's context as ctx)",
+            )
         try:
             signature = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -61,15 +66,22 @@ class CallConfig(OwnGroupConfig):
         try:
             signature.bind(**kwargs, **({"ctx": None} if _asks_for_ctx(fn) else {}))
         except TypeError as exc:
-            raise config_error("task.kwargs", kwargs, f"the keyword arguments of {self.target}"
-                                                      f"{inspect.signature(fn)}: {exc}") from None
+            raise config_error(
+                "task.kwargs",
+                kwargs,
+                f"the keyword arguments of {self.target}{inspect.signature(fn)}: {exc}",
+            ) from None
 
     def describe(self, plan: LaunchPlan) -> str:
         module, _, attr = str(self.target).partition(":")
         args = ", ".join(f"{k}={v!r}" for k, v in _kwargs(self.kwargs).items())
         code = f"import {module} as m; m.{attr}({args})"
-        return "\n".join([f"call          {self.target}({args}) in each rank's own process",
-                          *describe_ranks(plan, self.workdir, ["-c", code])])
+        return "\n".join(
+            [
+                f"call          {self.target}({args}) in each rank's own process",
+                *describe_ranks(plan, self.workdir, ["-c", code]),
+            ]
+        )
 
 
 def _asks_for_ctx(fn: Callable[..., Any]) -> bool:
@@ -83,9 +95,14 @@ def _asks_for_ctx(fn: Callable[..., Any]) -> bool:
 def _kwargs(kwargs: Any) -> dict[str, Any]:
     if kwargs is None:
         return {}
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
-        raise config_error("task.kwargs", kwargs, "a mapping of keyword argument names to values, "
-                                                  "e.g. 'task.kwargs={lr:0.1,steps:10}'")
+    if not isinstance(kwargs, dict) or not all(
+        isinstance(k, str) and k.isidentifier() for k in kwargs
+    ):
+        raise config_error(
+            "task.kwargs",
+            kwargs,
+            "a mapping of keyword argument names to values, e.g. 'task.kwargs={lr:0.1,steps:10}'",
+        )
     return dict(kwargs)
 
 
@@ -114,16 +131,22 @@ def resolve_target(target: Any, workdir: Path) -> Callable[..., Any]:
         try:
             obj: Any = importlib.import_module(m["module"])
         except ImportError as exc:
-            raise config_error("task.target", target, f"an importable module (import {m['module']} failed: "
-                                                      f"{exc})") from None
+            raise config_error(
+                "task.target", target, f"an importable module (import {m['module']} failed: {exc})"
+            ) from None
     for part in m["attr"].split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise config_error("task.target", target, f"a function of {m['module']} ({part!r} does not "
-                                                      "exist there)") from None
+            raise config_error(
+                "task.target",
+                target,
+                f"a function of {m['module']} ({part!r} does not exist there)",
+            ) from None
     if not callable(obj):
-        raise config_error("task.target", target, f"a callable ({m['attr']} is a {type(obj).__name__})")
+        raise config_error(
+            "task.target", target, f"a callable ({m['attr']} is a {type(obj).__name__})"
+        )
     return obj
 
 
@@ -134,7 +157,9 @@ def _as_result(value: Any, target: str) -> dict[str, Any]:
     try:
         json.dumps(out)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{target} returned {type(value).__name__}, which is not JSON-able: {exc}") from exc
+        raise TypeError(
+            f"{target} returned {type(value).__name__}, which is not JSON-able: {exc}"
+        ) from exc
     return out
 
 

@@ -83,10 +83,16 @@ class TaskContext:
 
             from ..rank.checkpoint import Checkpointer
 
-            seed = getattr(self.cfg, "seed", 0)  # RNG states re-derived after a layout change start from it
-            self._checkpointer = Checkpointer(self.run_dir, keep=int(getattr(self.cfg, "keep", 3)),
-                                              async_save=bool(getattr(self.cfg, "async_save", False)),
-                                              record_attempt=True, seed=seed if is_int(seed) else 0)
+            seed = getattr(
+                self.cfg, "seed", 0
+            )  # RNG states re-derived after a layout change start from it
+            self._checkpointer = Checkpointer(
+                self.run_dir,
+                keep=int(getattr(self.cfg, "keep", 3)),
+                async_save=bool(getattr(self.cfg, "async_save", False)),
+                record_attempt=True,
+                seed=seed if is_int(seed) else 0,
+            )
         return self._checkpointer
 
     def should_stop(self) -> bool:
@@ -141,10 +147,20 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
     task = dict(config.get("task", {}))
     run_id, reporter = _reporter(config, run_dir, world.rank, log)
     return TaskContext(
-        cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=world.rank,
-        world_size=world.world_size, local_rank=LaunchEnv.from_environ().local_rank,
-        device=device, coords=layout.coords(world.rank), groups=groups, pp=pp,
-        run_dir=Path(run_dir), log=log, run_id=run_id, reporter=reporter,
+        cfg=task_config_class(task["name"]).build(task),
+        config=config,
+        task_config=task,
+        rank=world.rank,
+        world_size=world.world_size,
+        local_rank=LaunchEnv.from_environ().local_rank,
+        device=device,
+        coords=layout.coords(world.rank),
+        groups=groups,
+        pp=pp,
+        run_dir=Path(run_dir),
+        log=log,
+        run_id=run_id,
+        reporter=reporter,
         stop=StopFlag(world.cpu_group),
     )
 
@@ -168,9 +184,20 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
     task = dict(config.get("task", {}))
     run_id, reporter = _reporter(config, run_dir, env.rank, log)
     return TaskContext(
-        cfg=task_config_class(task["name"]).build(task), config=config, task_config=task, rank=env.rank,
-        world_size=env.world_size, local_rank=env.local_rank, device=None, coords=layout_of(config).coords(env.rank),
-        groups={}, pp=None, run_dir=Path(run_dir), log=log, run_id=run_id, reporter=reporter,
+        cfg=task_config_class(task["name"]).build(task),
+        config=config,
+        task_config=task,
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=None,
+        coords=layout_of(config).coords(env.rank),
+        groups={},
+        pp=None,
+        run_dir=Path(run_dir),
+        log=log,
+        run_id=run_id,
+        reporter=reporter,
         stop=StopFlag(None, every=1),
     )
 
@@ -184,4 +211,6 @@ def _reporter(config: dict[str, Any], run_dir: Path, rank: int, log: Any) -> tup
 
     run_id = os.environ.get(RUN_ID_ENV) or read_run_id(run_dir) or ""
     sink = open_trackers(config, run_dir, rank, run_id, _attempt(), log)
-    return run_id, ProgressReporter(run_dir, rank, publish_interval(), _metrics_cap(config), warn=log.warning, sink=sink)
+    return run_id, ProgressReporter(
+        run_dir, rank, publish_interval(), _metrics_cap(config), warn=log.warning, sink=sink
+    )

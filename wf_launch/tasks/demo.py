@@ -50,8 +50,11 @@ from .registry import register_task
 
 __all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split"]
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
-                                  "bfloat16": torch.bfloat16}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+}
 MAX_WIDTH = 1 << 16
 """The widest demo model (``hidden``); the demo runs on CPUs."""
 MAX_MLP_RATIO = 64.0
@@ -92,29 +95,54 @@ class DemoTaskConfig(TaskConfig):
         With the run's ``engine``, also check that its ``cp_size`` can split the latent.
         """
         check_int("task.seed", self.seed, low=0)
-        for name in ("batch", "channels", "frames", "height", "width", "hidden", "heads", "depth", "repeats"):
+        for name in (
+            "batch",
+            "channels",
+            "frames",
+            "height",
+            "width",
+            "hidden",
+            "heads",
+            "depth",
+            "repeats",
+        ):
             positive_int(f"task.{name}", getattr(self, name))
         check_int("task.warmup", self.warmup, low=0)
-        if (not isinstance(self.patch, (list, tuple)) or len(self.patch) != 3
-                or not all(is_int(p) and p >= 1 for p in self.patch)):
+        if (
+            not isinstance(self.patch, (list, tuple))
+            or len(self.patch) != 3
+            or not all(is_int(p) and p >= 1 for p in self.patch)
+        ):
             raise config_error("task.patch", self.patch, "expected three integers >= 1: [t, h, w]")
         for name, p in zip(("frames", "height", "width"), self.patch):
             if getattr(self, name) % p:
-                raise config_error(f"task.{name}", getattr(self, name),
-                                   f"must be a multiple of its patch size {p} (patch={list(self.patch)})")
+                raise config_error(
+                    f"task.{name}",
+                    getattr(self, name),
+                    f"must be a multiple of its patch size {p} (patch={list(self.patch)})",
+                )
         if self.hidden % 2 or not 6 <= self.hidden <= MAX_WIDTH:
-            raise config_error("task.hidden", self.hidden,
-                               f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)")
+            raise config_error(
+                "task.hidden",
+                self.hidden,
+                f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)",
+            )
         if self.hidden % self.heads:
             raise config_error("task.heads", self.heads, f"must divide task.hidden={self.hidden}")
-        ratio_text = f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1"
-        check_number("task.mlp_ratio", self.mlp_ratio, 0, MAX_MLP_RATIO, low_open=True, allowed=ratio_text)
+        ratio_text = (
+            f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1"
+        )
+        check_number(
+            "task.mlp_ratio", self.mlp_ratio, 0, MAX_MLP_RATIO, low_open=True, allowed=ratio_text
+        )
         if int(self.hidden * self.mlp_ratio) < 1:
             raise config_error("task.mlp_ratio", self.mlp_ratio, ratio_text)
         check_choice("task.dtype", self.dtype, DTYPES)
         check_bool("task.check", self.check)
         if self.atol is not None:
-            check_number("task.atol", self.atol, 0, low_open=True, note="or null for the dtype's default")
+            check_number(
+                "task.atol", self.atol, 0, low_open=True, note="or null for the dtype's default"
+            )
         if engine is not None:
             plan_split(self, engine.cp_size)
 
@@ -132,12 +160,24 @@ class DemoTaskConfig(TaskConfig):
 
     def build_model(self, device: Any = "cpu") -> VDiT:
         """The seeded model, identical on every rank."""
-        return VDiT.seeded(self.seed, dtype=self.torch_dtype, device=device, channels=self.channels,
-                           patch=tuple(self.patch), hidden=self.hidden, heads=self.heads,
-                           depth=self.depth, mlp_ratio=float(self.mlp_ratio))
+        return VDiT.seeded(
+            self.seed,
+            dtype=self.torch_dtype,
+            device=device,
+            channels=self.channels,
+            patch=tuple(self.patch),
+            hidden=self.hidden,
+            heads=self.heads,
+            depth=self.depth,
+            mlp_ratio=float(self.mlp_ratio),
+        )
 
-    def make_sample(self, sample_seed: int, device: Any = "cpu", latent: bool = True,
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def make_sample(
+        self,
+        sample_seed: int,
+        device: Any = "cpu",
+        latent: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Seeded diffusion times (B,) and, if ``latent``, a latent (B, C, T, H, W); generated on CPU."""
         gen = torch.Generator().manual_seed(sample_seed)
         t = torch.rand(self.batch, generator=gen, dtype=torch.float64)
@@ -156,7 +196,8 @@ def plan_split(cfg: DemoTaskConfig, cp_size: int) -> PatchGridSplit:
             f"{cfg.frames // pt} patch frames x {cfg.height // ph} patch rows "
             f"(task.frames={cfg.frames}, task.height={cfg.height}, task.patch={list(cfg.patch)}); "
             f"cp_size must be (a divisor of the patch frames) x (a divisor of the patch rows), "
-            f"W is never split ({exc})") from exc
+            f"W is never split ({exc})"
+        ) from exc
 
 
 def _wait(handle: Any) -> None:
@@ -196,9 +237,19 @@ class _Forward:
         model = cfg.build_model(ctx.device)
         first, last = stage == 0, stage == n_stages - 1
         needs_latent = cp.rank == min(cp.ranks) and (first or (last and cfg.check))
-        t, latent = cfg.make_sample(cfg.seed + 1 + ctx.coords["dp"], ctx.device, latent=needs_latent)
-        return cls(cfg, ctx, model, split, stage_blocks(cfg.depth, n_stages, stage), t, latent,
-                   split.positions(cp.rank_in_group).to(ctx.device))
+        t, latent = cfg.make_sample(
+            cfg.seed + 1 + ctx.coords["dp"], ctx.device, latent=needs_latent
+        )
+        return cls(
+            cfg,
+            ctx,
+            model,
+            split,
+            stage_blocks(cfg.depth, n_stages, stage),
+            t,
+            latent,
+            split.positions(cp.rank_in_group).to(ctx.device),
+        )
 
     @property
     def first(self) -> bool:
@@ -224,7 +275,11 @@ class _Forward:
         cp_pg = ctx.groups["cp"] if ctx.groups["cp"].world_size > 1 else None
         c = self.model.condition(self.t)
         if self.first:
-            seq = self.split.to_sequence(patchify(self.latent, tuple(cfg.patch))) if self.cp_source else None
+            seq = (
+                self.split.to_sequence(patchify(self.latent, tuple(cfg.patch)))
+                if self.cp_source
+                else None
+            )
             x = self.model.embed(broadcast_split_tensor(seq, 1, cp_pg), self.positions)
         else:
             x = ctx.pp.recv_prev_data(self.shard, cfg.torch_dtype)
@@ -265,9 +320,13 @@ def demo(ctx: TaskContext) -> dict[str, Any]:
     with torch.inference_mode():
         out, forward_s = _timed(fwd)
         row: dict[str, Any] = {
-            "rank": ctx.rank, "coords": dict(ctx.coords), "stage": ctx.coords["pp"],
-            "blocks": [fwd.blocks.start, fwd.blocks.stop], "cp_block": list(fwd.split.block),
-            "shard_shape": list(fwd.shard), "forward_s": forward_s,
+            "rank": ctx.rank,
+            "coords": dict(ctx.coords),
+            "stage": ctx.coords["pp"],
+            "blocks": [fwd.blocks.start, fwd.blocks.stop],
+            "cp_block": list(fwd.split.block),
+            "shard_shape": list(fwd.shard),
+            "forward_s": forward_s,
         }
         if fwd.last and fwd.cp_source:
             row.update(_check(cfg, fwd.model, fwd.split, out, fwd.latent, fwd.t, forward_s, ctx))
@@ -276,19 +335,33 @@ def demo(ctx: TaskContext) -> dict[str, Any]:
     if not ctx.is_main:
         return row
     summary = _summarize(cfg, fwd.split, rows, ctx)
-    ctx.log.info(f"demo: {summary['layout_text']}: {summary['tokens']} tokens, "
-                 f"{summary['tokens_per_s']:.0f} tokens/s, max_abs_err={summary['max_abs_err']}, "
-                 f"ok={summary['ok']}")
+    ctx.log.info(
+        f"demo: {summary['layout_text']}: {summary['tokens']} tokens, "
+        f"{summary['tokens_per_s']:.0f} tokens/s, max_abs_err={summary['max_abs_err']}, "
+        f"ok={summary['ok']}"
+    )
     return {**row, **summary}
 
 
-def _check(cfg: DemoTaskConfig, model: VDiT, split: PatchGridSplit, out: torch.Tensor,
-           latent: torch.Tensor | None, t: torch.Tensor, forward_s: float, ctx: TaskContext,
-           ) -> dict[str, Any]:
+def _check(
+    cfg: DemoTaskConfig,
+    model: VDiT,
+    split: PatchGridSplit,
+    out: torch.Tensor,
+    latent: torch.Tensor | None,
+    t: torch.Tensor,
+    forward_s: float,
+    ctx: TaskContext,
+) -> dict[str, Any]:
     """On the rank holding the output: error against the single-process forward, and throughput."""
     tokens = cfg.batch * split.tokens
-    res: dict[str, Any] = {"holds_output": True, "output_shape": list(out.shape), "tokens": tokens,
-                           "tokens_per_s": tokens / forward_s, "atol": cfg.tolerance}
+    res: dict[str, Any] = {
+        "holds_output": True,
+        "output_shape": list(out.shape),
+        "tokens": tokens,
+        "tokens_per_s": tokens / forward_s,
+        "atol": cfg.tolerance,
+    }
     if not cfg.check:
         return {**res, "max_abs_err": None, "ok": True}
     ref = model(latent, t)
@@ -299,12 +372,18 @@ def _check(cfg: DemoTaskConfig, model: VDiT, split: PatchGridSplit, out: torch.T
     _sync(ctx.device)
     ref_s = (time.perf_counter() - start) / cfg.repeats
     err = (out.double() - ref.double()).abs().max().item()
-    return {**res, "max_abs_err": err, "ok": bool(err <= cfg.tolerance),
-            "ref_forward_s": ref_s, "ref_tokens_per_s": tokens / ref_s}
+    return {
+        **res,
+        "max_abs_err": err,
+        "ok": bool(err <= cfg.tolerance),
+        "ref_forward_s": ref_s,
+        "ref_tokens_per_s": tokens / ref_s,
+    }
 
 
-def _summarize(cfg: DemoTaskConfig, split: PatchGridSplit, rows: list[dict[str, Any]],
-               ctx: TaskContext) -> dict[str, Any]:
+def _summarize(
+    cfg: DemoTaskConfig, split: PatchGridSplit, rows: list[dict[str, Any]], ctx: TaskContext
+) -> dict[str, Any]:
     """Rank 0's view of the run, from every rank's row."""
     layout = get_layout()
     holders = [r for r in rows if r.get("holds_output")]
@@ -312,21 +391,30 @@ def _summarize(cfg: DemoTaskConfig, split: PatchGridSplit, rows: list[dict[str, 
     pt, ph, _ = cfg.patch
     bt, bh, _ = split.block
     return {
-        "layout": layout.sizes, "layout_text": layout.describe(), "order": "-".join(layout.dims),
+        "layout": layout.sizes,
+        "layout_text": layout.describe(),
+        "order": "-".join(layout.dims),
         "tokens": cfg.batch * split.tokens,
         "tokens_per_s": min(r["tokens_per_s"] for r in holders),
-        "ref_tokens_per_s": min((r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r),
-                                default=None),
-        "max_abs_err": max(errs) if errs else None, "atol": cfg.tolerance,
-        "ok": all(r["ok"] for r in holders) and len(holders) == layout.world_size // (
-            layout.cp_size * layout.pp_size),
+        "ref_tokens_per_s": min(
+            (r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r), default=None
+        ),
+        "max_abs_err": max(errs) if errs else None,
+        "atol": cfg.tolerance,
+        "ok": all(r["ok"] for r in holders)
+        and len(holders) == layout.world_size // (layout.cp_size * layout.pp_size),
         "output_ranks": [r["rank"] for r in holders],
-        "cp_split": {"cp_t": split.cp_t, "cp_h": split.cp_h,
-                     "block_latent": [bt * pt, bh * ph, cfg.width]},
-        "stage_blocks": [list(r["blocks"]) for r in rows if r["coords"]["tp"] == 0
-                         and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0],
+        "cp_split": {
+            "cp_t": split.cp_t,
+            "cp_h": split.cp_h,
+            "block_latent": [bt * pt, bh * ph, cfg.width],
+        },
+        "stage_blocks": [
+            list(r["blocks"])
+            for r in rows
+            if r["coords"]["tp"] == 0 and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0
+        ],
         "tp_replicated": layout.tp_size > 1,
         "dp_samples": f"dp replica d uses sample seed {cfg.seed} + 1 + d",
         "config": asdict(cfg),
     }
-

@@ -41,11 +41,15 @@ def check_group(group: Any, device: Any) -> list[str]:
     dist.all_gather(gathered, me, group=group.device_group)
     errors = []
     if int(total.item()) != sum(group.ranks):
-        errors.append(f"{group.name}: all_reduce of global ranks gave {int(total.item())}, "
-                      f"members {group.ranks} sum to {sum(group.ranks)}")
+        errors.append(
+            f"{group.name}: all_reduce of global ranks gave {int(total.item())}, "
+            f"members {group.ranks} sum to {sum(group.ranks)}"
+        )
     seen = [int(t.item()) for t in gathered]
     if seen != list(group.ranks):
-        errors.append(f"{group.name}: all_gather of global ranks gave {seen}, expected {group.ranks}")
+        errors.append(
+            f"{group.name}: all_gather of global ranks gave {seen}, expected {group.ranks}"
+        )
     return errors
 
 
@@ -65,15 +69,25 @@ def format_ranks(ranks: list[int]) -> str:
 def render_table(rows: list[dict[str, Any]], title: str = "") -> str:
     """Text table, one line per rank: host, local rank, tp/cp/pp/dp coordinates, group members, check."""
     header = ["rank", "host", "local", *DIMS, *(f"{g} group" for g in GROUPS), "check"]
-    body = [[str(r["rank"]), str(r["host"]), str(r["local_rank"]),
-             *(str(r["coords"][d]) for d in DIMS),
-             *(format_ranks(r["groups"][g]) for g in GROUPS),
-             "ok" if r["ok"] else "FAIL"] for r in rows]
+    body = [
+        [
+            str(r["rank"]),
+            str(r["host"]),
+            str(r["local_rank"]),
+            *(str(r["coords"][d]) for d in DIMS),
+            *(format_ranks(r["groups"][g]) for g in GROUPS),
+            "ok" if r["ok"] else "FAIL",
+        ]
+        for r in rows
+    ]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     numeric = {0, 2, 3, 4, 5, 6}
-    lines = ["  ".join(c.rjust(w) if i in numeric else c.ljust(w)
-                       for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-             for line in [header, *body]]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))
+        ).rstrip()
+        for line in [header, *body]
+    ]
     return "\n".join(([title] if title else []) + lines)
 
 
@@ -84,18 +98,26 @@ def _cross_check(rows: list[dict[str, Any]]) -> list[str]:
     layout = get_layout()
     errors = []
     if [r["rank"] for r in rows] != list(range(layout.world_size)):
-        errors.append(f"rows are from ranks {[r['rank'] for r in rows]}, expected 0..{layout.world_size - 1}")
+        errors.append(
+            f"rows are from ranks {[r['rank'] for r in rows]}, expected 0..{layout.world_size - 1}"
+        )
         return errors
     for r in rows:
         if r["coords"] != layout.coords(r["rank"]):
-            errors.append(f"rank {r['rank']}: coords {r['coords']} != layout's {layout.coords(r['rank'])}")
+            errors.append(
+                f"rank {r['rank']}: coords {r['coords']} != layout's {layout.coords(r['rank'])}"
+            )
         for g in GROUPS:
             members = r["groups"][g]
             if members != layout.group_of(r["rank"], g):
-                errors.append(f"rank {r['rank']}: {g} group {members} != layout's "
-                              f"{layout.group_of(r['rank'], g)}")
+                errors.append(
+                    f"rank {r['rank']}: {g} group {members} != layout's "
+                    f"{layout.group_of(r['rank'], g)}"
+                )
             if any(rows[m]["groups"][g] != members for m in members):
-                errors.append(f"rank {r['rank']}: members of its {g} group {members} do not all agree")
+                errors.append(
+                    f"rank {r['rank']}: members of its {g} group {members} do not all agree"
+                )
     return errors
 
 
@@ -106,10 +128,14 @@ def layout(ctx: TaskContext) -> dict[str, Any]:
     for name in ("world", *GROUPS):
         errors += check_group(ctx.groups[name], ctx.device)
     row = {
-        "rank": ctx.rank, "host": socket.gethostname(), "local_rank": ctx.local_rank,
-        "device": str(ctx.device), "coords": dict(ctx.coords),
+        "rank": ctx.rank,
+        "host": socket.gethostname(),
+        "local_rank": ctx.local_rank,
+        "device": str(ctx.device),
+        "coords": dict(ctx.coords),
         "groups": {g: list(ctx.groups[g].ranks) for g in GROUPS},
-        "ok": not errors, "errors": errors,
+        "ok": not errors,
+        "errors": errors,
     }
     world = ctx.groups["world"]
     rows: list[Any] = [None] * ctx.world_size
@@ -123,5 +149,11 @@ def layout(ctx: TaskContext) -> dict[str, Any]:
     table = render_table(rows, f"layout: {get_layout().describe()}")
     if cross:
         table += "\n" + "\n".join(f"! {e}" for e in cross)
-    return {"ok": ok, "layout": get_layout().sizes, "order": "-".join(get_layout().dims),
-            "rows": rows, "errors": [e for r in rows for e in r["errors"]] + cross, "table": table}
+    return {
+        "ok": ok,
+        "layout": get_layout().sizes,
+        "order": "-".join(get_layout().dims),
+        "rows": rows,
+        "errors": [e for r in rows for e in r["errors"]] + cross,
+        "table": table,
+    }

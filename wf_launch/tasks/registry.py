@@ -12,8 +12,16 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
-__all__ = ["ENTRY_POINT_GROUP", "get_task", "load_task_modules", "register_task", "registered_configs",
-           "task_config_class", "task_owns_group", "task_preload"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "get_task",
+    "load_task_modules",
+    "register_task",
+    "registered_configs",
+    "task_config_class",
+    "task_owns_group",
+    "task_preload",
+]
 
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
@@ -21,13 +29,20 @@ _TASKS: dict[str, TaskFn] = {}
 _CONFIGS: dict[str, type] = {}
 _PRELOAD: dict[str, tuple[str, ...]] = {}
 _OWN_GROUP: set[str] = set()
-_BUILTINS = {"demo": "wf_launch.tasks.demo", "layout": "wf_launch.tasks.layout", "noop": "wf_launch.tasks.noop",
-             "train": "wf_launch.tasks.train", "script": "wf_launch.tasks.script", "call": "wf_launch.tasks.call"}
+_BUILTINS = {
+    "demo": "wf_launch.tasks.demo",
+    "layout": "wf_launch.tasks.layout",
+    "noop": "wf_launch.tasks.noop",
+    "train": "wf_launch.tasks.train",
+    "script": "wf_launch.tasks.script",
+    "call": "wf_launch.tasks.call",
+}
 ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 
-def register_task(name: str, config: type | None = None, preload: Iterable[str] = (),
-                  own_group: bool = False) -> Callable[[TaskFn], TaskFn]:
+def register_task(
+    name: str, config: type | None = None, preload: Iterable[str] = (), own_group: bool = False
+) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``).
 
     ``config`` is an optional dataclass subclassing
@@ -54,8 +69,10 @@ def register_task(name: str, config: type | None = None, preload: Iterable[str] 
     from ..config import TaskConfig
 
     if config is not None and not (isinstance(config, type) and issubclass(config, TaskConfig)):
-        raise ValueError(f"register_task({name!r}): config={config!r} must be a dataclass subclassing "
-                         "wf_launch.config.TaskConfig")
+        raise ValueError(
+            f"register_task({name!r}): config={config!r} must be a dataclass subclassing "
+            "wf_launch.config.TaskConfig"
+        )
 
     modules = (preload,) if isinstance(preload, str) else tuple(preload)
     if not all(isinstance(m, str) and m.strip() for m in modules):
@@ -63,10 +80,15 @@ def register_task(name: str, config: type | None = None, preload: Iterable[str] 
 
     def deco(fn: TaskFn) -> TaskFn:
         existing = _TASKS.get(name)
-        if existing is not None and existing is not fn and (
-                existing.__module__, existing.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"task {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}")
+        if (
+            existing is not None
+            and existing is not fn
+            and (existing.__module__, existing.__qualname__) != (fn.__module__, fn.__qualname__)
+        ):
+            raise ValueError(
+                f"task {name!r} is already registered by "
+                f"{existing.__module__}.{existing.__qualname__}"
+            )
         _TASKS[name] = fn
         if config is not None:
             _CONFIGS[name] = config
@@ -92,8 +114,10 @@ def load_task_modules(modules: Iterable[str] = (), builtins: bool = True) -> Non
         try:
             ep.load()
         except Exception as exc:
-            raise ImportError(f"entry point {ep.name!r} = {ep.value!r} in group "
-                              f"{ENTRY_POINT_GROUP!r} failed to load: {exc}") from exc
+            raise ImportError(
+                f"entry point {ep.name!r} = {ep.value!r} in group "
+                f"{ENTRY_POINT_GROUP!r} failed to load: {exc}"
+            ) from exc
     for mod in modules:
         try:
             importlib.import_module(mod)
@@ -108,8 +132,9 @@ def get_task(name: str) -> TaskFn:
     try:
         return _TASKS[name]
     except KeyError:
-        raise KeyError(f"task.name={name!r} is not registered; registered tasks: "
-                       f"{sorted(_TASKS)}") from None
+        raise KeyError(
+            f"task.name={name!r} is not registered; registered tasks: {sorted(_TASKS)}"
+        ) from None
 
 
 def task_config_class(name: str) -> type:

@@ -54,10 +54,15 @@ class OwnGroupConfig(TaskConfig):
 
     def validate(self, engine: EngineConfig | None = None) -> None:
         if not isinstance(self.workdir, str) or not Path(self.workdir).is_dir():
-            raise config_error("task.workdir", self.workdir, "an existing directory (default: where the command "
-                                                             "was started)")
+            raise config_error(
+                "task.workdir",
+                self.workdir,
+                "an existing directory (default: where the command was started)",
+            )
         check_bool("task.fresh_interpreter", self.fresh_interpreter)
-        positive_int("task.keep", self.keep, note="(complete checkpoints kept by wf_launch.checkpoint)")
+        positive_int(
+            "task.keep", self.keep, note="(complete checkpoints kept by wf_launch.checkpoint)"
+        )
 
 
 @dataclass
@@ -73,8 +78,12 @@ class ScriptConfig(OwnGroupConfig):
         super().validate(engine)
         if (self.path is None) == (self.module is None):
             which = "both are set" if self.path is not None else "neither is set"
-            raise config_error("task.path", self.path, f"set exactly one of task.path (a script) and task.module "
-                                                       f"(python -m pkg.train); {which}")
+            raise config_error(
+                "task.path",
+                self.path,
+                f"set exactly one of task.path (a script) and task.module "
+                f"(python -m pkg.train); {which}",
+            )
         argv_of(self.args)
         if self.path is not None:
             _check_path(self.path, Path(self.workdir))
@@ -82,11 +91,20 @@ class ScriptConfig(OwnGroupConfig):
             _check_module(self.module, Path(self.workdir))
 
     def describe(self, plan: LaunchPlan) -> str:
-        where = (self.path if self.path is not None else f"-m {self.module}")
-        head = f"script        {where} as __main__ " + ("in a fresh interpreter per rank (task.fresh_interpreter)"
-                                                    if self.fresh_interpreter else "in each rank's own process")
-        command = ([_shown_path(self.path, self.workdir, plan)] if self.path is not None else ["-m", str(self.module)])
-        return "\n".join([head, *describe_ranks(plan, self.workdir, [*command, *argv_of(self.args)])])
+        where = self.path if self.path is not None else f"-m {self.module}"
+        head = f"script        {where} as __main__ " + (
+            "in a fresh interpreter per rank (task.fresh_interpreter)"
+            if self.fresh_interpreter
+            else "in each rank's own process"
+        )
+        command = (
+            [_shown_path(self.path, self.workdir, plan)]
+            if self.path is not None
+            else ["-m", str(self.module)]
+        )
+        return "\n".join(
+            [head, *describe_ranks(plan, self.workdir, [*command, *argv_of(self.args)])]
+        )
 
 
 def argv_of(args: Any) -> list[str]:
@@ -95,7 +113,11 @@ def argv_of(args: Any) -> list[str]:
     ConfigError naming ``task.args`` for anything else (not a list, a nested list, a mapping, null).
     """
     if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
-        raise config_error("task.args", args, "a list of strings, e.g. 'task.args=[--lr,0.1,--cp,${engine.cp_size}]'")
+        raise config_error(
+            "task.args",
+            args,
+            "a list of strings, e.g. 'task.args=[--lr,0.1,--cp,${engine.cp_size}]'",
+        )
     out = []
     for i, arg in enumerate(args):
         if isinstance(arg, bool):
@@ -103,8 +125,12 @@ def argv_of(args: Any) -> list[str]:
         elif isinstance(arg, (str, int, float)):
             out.append(str(arg))
         else:
-            raise config_error(f"task.args[{i}]", arg, "a string (or a number, passed as its text); quote "
-                                                     "arguments with commas or brackets: 'task.args=[\"a,b\"]'")
+            raise config_error(
+                f"task.args[{i}]",
+                arg,
+                "a string (or a number, passed as its text); quote "
+                "arguments with commas or brackets: 'task.args=[\"a,b\"]'",
+            )
     return out
 
 
@@ -134,7 +160,8 @@ def find_module(module: str, workdir: Path) -> bool:
         locations = list(spec.submodule_search_locations or [])
     if spec is not None:
         return spec.submodule_search_locations is None or any(
-            (Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations)
+            (Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations
+        )
     import importlib.util
 
     try:
@@ -145,10 +172,16 @@ def find_module(module: str, workdir: Path) -> bool:
 
 def _check_module(module: Any, workdir: Path) -> None:
     if not isinstance(module, str) or not _MODULE.fullmatch(module):
-        raise config_error("task.module", module, "a dotted module name, e.g. pkg.train (python -m pkg.train)")
+        raise config_error(
+            "task.module", module, "a dotted module name, e.g. pkg.train (python -m pkg.train)"
+        )
     if not find_module(module, workdir):
-        raise config_error("task.module", module, f"a module python -m can run from {workdir} (no module "
-                                                  f"{module!r} on the path, or a package without __main__.py)")
+        raise config_error(
+            "task.module",
+            module,
+            f"a module python -m can run from {workdir} (no module "
+            f"{module!r} on the path, or a package without __main__.py)",
+        )
 
 
 def _shown_path(path: str, workdir: str, plan: LaunchPlan) -> str:
@@ -170,19 +203,42 @@ def describe_ranks(plan: LaunchPlan, workdir: str, command: list[str]) -> list[s
 
     world = plan.world_size
     per_node = world // max(1, int(getattr(plan.launcher_config, "nodes", 1) or 1))
-    envs = [torchrun_environ(plan.config, plan.run_dir, {
-        "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r % per_node), "LOCAL_WORLD_SIZE": str(per_node),
-        "MASTER_ADDR": "<first node>" if per_node < world else "127.0.0.1", "MASTER_PORT": "<chosen at launch>",
-        "TORCHELASTIC_RUN_ID": "<chosen at launch>"}) for r in range(world)]
+    envs = [
+        torchrun_environ(
+            plan.config,
+            plan.run_dir,
+            {
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r % per_node),
+                "LOCAL_WORLD_SIZE": str(per_node),
+                "MASTER_ADDR": "<first node>" if per_node < world else "127.0.0.1",
+                "MASTER_PORT": "<chosen at launch>",
+                "TORCHELASTIC_RUN_ID": "<chosen at launch>",
+            },
+        )
+        for r in range(world)
+    ]
     common = {k: v for k, v in envs[0].items() if all(e[k] == v for e in envs)}
     varying = [k for k in [*TORCHRUN_VARS, *envs[0]] if k not in common]
-    lines = [f"working dir   {workdir}", "environment   " + " ".join(f"{k}={shlex.quote(v)}" for k, v in common.items())]
-    shown = range(world) if world <= 2 * DESCRIBE_EDGE else [*range(DESCRIBE_EDGE), *range(world - DESCRIBE_EDGE, world)]
+    lines = [
+        f"working dir   {workdir}",
+        "environment   " + " ".join(f"{k}={shlex.quote(v)}" for k, v in common.items()),
+    ]
+    shown = (
+        range(world)
+        if world <= 2 * DESCRIBE_EDGE
+        else [*range(DESCRIBE_EDGE), *range(world - DESCRIBE_EDGE, world)]
+    )
     python = shlex.join([sys.executable, *command])
     for r in shown:
         if world > 2 * DESCRIBE_EDGE and r == world - DESCRIBE_EDGE:
             lines.append(f"... {world - 2 * DESCRIBE_EDGE} more ranks")
-        lines.append(f"rank {r:<8} " + " ".join(f"{k}={envs[r][k]}" for k in dict.fromkeys(varying)) + f" {python}")
+        lines.append(
+            f"rank {r:<8} "
+            + " ".join(f"{k}={envs[r][k]}" for k in dict.fromkeys(varying))
+            + f" {python}"
+        )
     return lines
 
 
@@ -227,7 +283,9 @@ def script(ctx: TaskContext) -> dict[str, Any]:
     args = argv_of(cfg.args)
     if cfg.path is not None:
         path = in_code_copy(workdir / cfg.path, copy)
-        user_code.run_path(cfg.path if path == workdir / cfg.path else str(path), args)  # argv[0] as given
+        user_code.run_path(
+            cfg.path if path == workdir / cfg.path else str(path), args
+        )  # argv[0] as given
     else:
         user_code.run_module(str(cfg.module), args, str(in_code_copy(workdir, copy)))
     user_code.teardown(ctx)

@@ -30,9 +30,22 @@ from ..config.layout import layout_of
 __all__ = ["RUN_DIR_ENV", "TORCHRUN_VARS", "export", "torchrun_environ"]
 
 RUN_DIR_ENV = "WF_RUN_DIR"
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
 """torchrun's variables, in the order the dry run shows them."""
 
 
@@ -48,8 +61,9 @@ def _max_restarts(config: Mapping[str, Any]) -> int:
     return int(value) if isinstance(value, int) else 0
 
 
-def torchrun_environ(config: Mapping[str, Any], run_dir: Path | str,
-                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def torchrun_environ(
+    config: Mapping[str, Any], run_dir: Path | str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The variables a rank of ``config`` sees, given what its launcher set in ``environ`` (default: ours).
 
     A launcher's own values win; the rest follow torchrun: ``GROUP_RANK`` is the node
@@ -61,11 +75,18 @@ def torchrun_environ(config: Mapping[str, Any], run_dir: Path | str,
     here = LaunchEnv.from_environ(dict(env))
     nodes = -(-here.world_size // here.local_world_size)
     defaults = {
-        "RANK": str(here.rank), "LOCAL_RANK": str(here.local_rank), "WORLD_SIZE": str(here.world_size),
-        "LOCAL_WORLD_SIZE": str(here.local_world_size), "GROUP_RANK": str(here.rank // here.local_world_size),
-        "GROUP_WORLD_SIZE": str(nodes), "ROLE_NAME": "default", "ROLE_RANK": str(here.rank),
-        "ROLE_WORLD_SIZE": str(here.world_size), "MASTER_ADDR": "127.0.0.1",
-        "TORCHELASTIC_RUN_ID": Path(run_dir).name, "TORCHELASTIC_RESTART_COUNT": env.get(ATTEMPT_ENV) or "0",
+        "RANK": str(here.rank),
+        "LOCAL_RANK": str(here.local_rank),
+        "WORLD_SIZE": str(here.world_size),
+        "LOCAL_WORLD_SIZE": str(here.local_world_size),
+        "GROUP_RANK": str(here.rank // here.local_world_size),
+        "GROUP_WORLD_SIZE": str(nodes),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(here.rank),
+        "ROLE_WORLD_SIZE": str(here.world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "TORCHELASTIC_RUN_ID": Path(run_dir).name,
+        "TORCHELASTIC_RESTART_COUNT": env.get(ATTEMPT_ENV) or "0",
         "TORCHELASTIC_MAX_RESTARTS": str(_max_restarts(config)),
     }
     out = {k: env.get(k) or v for k, v in defaults.items()}
@@ -74,7 +95,11 @@ def torchrun_environ(config: Mapping[str, Any], run_dir: Path | str,
     elif here.world_size == 1:
         out["MASTER_PORT"] = _free_port()
     layout = layout_of(config)
-    engine = {**config["engine"], **{f"{d}_size": n for d, n in layout.sizes.items()}, "order": "-".join(layout.dims)}
+    engine = {
+        **config["engine"],
+        **{f"{d}_size": n for d, n in layout.sizes.items()},
+        "order": "-".join(layout.dims),
+    }
     out.update(engine_environ(engine))
     out[RUN_DIR_ENV] = str(Path(run_dir).absolute())
     return out

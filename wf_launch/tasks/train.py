@@ -64,8 +64,23 @@ from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, time
 from .context import TaskContext
 from .registry import register_task
 
-__all__ = ["LOSSES", "SCOPES", "Placement", "Stage", "TrainConfig", "Trainer", "build", "load", "make_batch",
-           "reference_run", "report", "sample_seed", "state_sha256", "train", "train_step"]
+__all__ = [
+    "LOSSES",
+    "SCOPES",
+    "Placement",
+    "Stage",
+    "TrainConfig",
+    "Trainer",
+    "build",
+    "load",
+    "make_batch",
+    "reference_run",
+    "report",
+    "sample_seed",
+    "state_sha256",
+    "train",
+    "train_step",
+]
 
 LOSSES = ("flow", "denoise")
 PROTOTYPES = 4
@@ -119,10 +134,18 @@ class TrainConfig(TaskConfig):
 
         for name in ("steps", "micro_batches", "keep"):
             positive_int(f"task.{name}", getattr(self, name))
-        check_int("task.checkpoint_every", self.checkpoint_every, low=0,
-                  note="(0: save only when the run is asked to stop)")
-        check_int("task.global_batch", self.global_batch, low=0,
-                  note="(0: engine.dp_size * task.batch * task.micro_batches)")
+        check_int(
+            "task.checkpoint_every",
+            self.checkpoint_every,
+            low=0,
+            note="(0: save only when the run is asked to stop)",
+        )
+        check_int(
+            "task.global_batch",
+            self.global_batch,
+            low=0,
+            note="(0: engine.dp_size * task.batch * task.micro_batches)",
+        )
         check_number("task.lr", self.lr, 0, low_open=True)
         check_number("task.weight_decay", self.weight_decay, 0)
         check_number("task.ema_beta", self.ema_beta, 0, 1, allowed="expected a number in [0, 1]")
@@ -136,13 +159,19 @@ class TrainConfig(TaskConfig):
             if self.global_batch:
                 self.micro_batches_at(self.global_batch, engine.dp_size, engine.pp_size)
             elif engine.pp_size > 1 and self.micro_batches < engine.pp_size:
-                raise config_error("task.micro_batches", self.micro_batches,
-                                   f"GPipe needs at least one micro-batch per pipeline stage: an integer "
-                                   f">= engine.pp_size={engine.pp_size}")
+                raise config_error(
+                    "task.micro_batches",
+                    self.micro_batches,
+                    f"GPipe needs at least one micro-batch per pipeline stage: an integer "
+                    f">= engine.pp_size={engine.pp_size}",
+                )
             if self.depth < engine.pp_size:
-                raise config_error("task.depth", self.depth,
-                                   f"every pipeline stage needs a block: an integer >= engine.pp_size="
-                                   f"{engine.pp_size}")
+                raise config_error(
+                    "task.depth",
+                    self.depth,
+                    f"every pipeline stage needs a block: an integer >= engine.pp_size="
+                    f"{engine.pp_size}",
+                )
             self.plan_split(engine.cp_size)
 
     def default_global_batch(self, dp_size: int) -> int:
@@ -153,14 +182,20 @@ class TrainConfig(TaskConfig):
         """Micro-batches per replica at a layout: ``global_batch / (dp_size * batch)``; ConfigError if it cannot."""
         per = dp_size * self.batch
         if global_batch % per:
-            raise config_error("task.global_batch", global_batch,
-                               f"a multiple of engine.dp_size * task.batch = {dp_size} * {self.batch} = {per} (every "
-                               "replica runs whole micro-batches of task.batch samples)")
+            raise config_error(
+                "task.global_batch",
+                global_batch,
+                f"a multiple of engine.dp_size * task.batch = {dp_size} * {self.batch} = {per} (every "
+                "replica runs whole micro-batches of task.batch samples)",
+            )
         micro = global_batch // per
         if pp_size > 1 and micro < pp_size:
-            raise config_error("task.global_batch", global_batch,
-                               f">= engine.dp_size * task.batch * engine.pp_size = {per * pp_size} (GPipe needs at "
-                               "least one micro-batch per pipeline stage)")
+            raise config_error(
+                "task.global_batch",
+                global_batch,
+                f">= engine.dp_size * task.batch * engine.pp_size = {per * pp_size} (GPipe needs at "
+                "least one micro-batch per pipeline stage)",
+            )
         return micro
 
     def estimate_memory_gb(self, layout: dict[str, Any]) -> float:
@@ -170,8 +205,22 @@ class TrainConfig(TaskConfig):
         return estimate_memory_gb(self, layout)
 
     def _model_fields(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("seed", "batch", "channels", "frames", "height", "width",
-                                              "patch", "hidden", "heads", "depth", "mlp_ratio")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "seed",
+                "batch",
+                "channels",
+                "frames",
+                "height",
+                "width",
+                "patch",
+                "hidden",
+                "heads",
+                "depth",
+                "mlp_ratio",
+            )
+        }
 
     def plan_split(self, cp_size: int) -> PatchGridSplit:
         """The CP plan of the latent, with an error naming the config when CP cannot split it."""
@@ -183,7 +232,8 @@ class TrainConfig(TaskConfig):
                 f"engine.cp_size={cp_size} is not allowed: the sequence of {self.frames // pt} patch frames x "
                 f"{self.height // ph} patch rows (task.frames={self.frames}, task.height={self.height}, "
                 f"task.patch={list(self.patch)}) splits over cp_size = (a divisor of the patch frames) x "
-                f"(a divisor of the patch rows) ranks ({exc})") from exc
+                f"(a divisor of the patch rows) ranks ({exc})"
+            ) from exc
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int, int]:
@@ -191,8 +241,15 @@ class TrainConfig(TaskConfig):
 
     def build_model(self) -> VDiT:
         """The seeded full model (float32, CPU), identical on every rank and in the reference."""
-        return VDiT.seeded(self.seed, channels=self.channels, patch=tuple(self.patch), hidden=self.hidden,
-                           heads=self.heads, depth=self.depth, mlp_ratio=float(self.mlp_ratio)).train()
+        return VDiT.seeded(
+            self.seed,
+            channels=self.channels,
+            patch=tuple(self.patch),
+            hidden=self.hidden,
+            heads=self.heads,
+            depth=self.depth,
+            mlp_ratio=float(self.mlp_ratio),
+        ).train()
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
@@ -201,8 +258,12 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def make_batch(cfg: TrainConfig, step: int, first: int, count: int,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_batch(
+    cfg: TrainConfig,
+    step: int,
+    first: int,
+    count: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Samples ``first .. first + count - 1`` of step ``step``'s global batch: times (B,), noisy latents x_t
     and regression targets (B, C, T, H, W), float32 on the CPU. The same samples whatever the split.
 
@@ -242,8 +303,9 @@ class Stage(nn.Module):
         self.t_embed = full.t_embed if first else None
         self.final = full.final if last else None
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, positions: torch.Tensor,
-                cp_group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, cond: torch.Tensor, positions: torch.Tensor, cp_group: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.patch_embed is not None:
             c = self.t_embed(timestep_embedding(cond, self.hidden).to(x.dtype))
             x = self.patch_embed(x) + sincos_3d(positions, self.hidden).to(x)
@@ -294,12 +356,21 @@ def _reversed_pp(pp: Any) -> Any:
     from worldfoundry.core.distributed.pipeline import PPScheduler
 
     g = pp.group
-    back = GroupCoordinator(f"{g.name}-reversed", list(reversed(g.ranks)), g.rank, g.device_group, g.cpu_group)
+    back = GroupCoordinator(
+        f"{g.name}-reversed", list(reversed(g.ranks)), g.rank, g.device_group, g.cpu_group
+    )
     return PPScheduler(back, device=pp.device, timeout=pp.timeout, tag=pp.tag + _BACKWARD_TAG)
 
 
-PRELOAD = (DYNAMO_MODULE, "torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor",
-           "wf_launch.rank.checkpoint", "worldfoundry.core.distributed.ema", "worldfoundry.core.distributed.fsdp")
+PRELOAD = (
+    DYNAMO_MODULE,
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "wf_launch.rank.checkpoint",
+    "worldfoundry.core.distributed.ema",
+    "worldfoundry.core.distributed.fsdp",
+)
 """What every rank of ``train`` imports: the local launcher imports it once, before forking."""
 
 
@@ -327,8 +398,16 @@ class Placement:
     @classmethod
     def of(cls, ctx: TaskContext, cfg: TrainConfig) -> Placement:
         cp = ctx.groups["cp"]
-        return cls(ctx.coords["pp"], ctx.groups["pp"].world_size, ctx.coords["dp"], ctx.groups["dp"].world_size,
-                   cp.rank_in_group, cp.world_size, cp if cp.world_size > 1 else None, cfg.plan_split(cp.world_size))
+        return cls(
+            ctx.coords["pp"],
+            ctx.groups["pp"].world_size,
+            ctx.coords["dp"],
+            ctx.groups["dp"].world_size,
+            cp.rank_in_group,
+            cp.world_size,
+            cp if cp.world_size > 1 else None,
+            cfg.plan_split(cp.world_size),
+        )
 
 
 SCOPES = {"progress": "replicated"}
@@ -372,18 +451,25 @@ def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
     place = Placement.of(ctx, cfg)
     # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
     # Stage's outputs are views of FSDP2's own hooks and linear layers, and nothing edits them in place.
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStage\) returned a view tensor")
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(FSDPStage\) returned a view tensor"
+    )
     blocks = stage_blocks(cfg.depth, place.n_stages, place.stage_id)
     stage = Stage(cfg.build_model(), blocks, place.first, place.last).to(ctx.device)
     ema = copy.deepcopy(stage).requires_grad_(False)
     shard_group = ctx.groups["dp-cp"]
-    mesh = DeviceMesh.from_group(shard_group.device_group, group_device(shard_group).type,
-                                 mesh_dim_names=("dp_cp",))
+    mesh = DeviceMesh.from_group(
+        shard_group.device_group, group_device(shard_group).type, mesh_dim_names=("dp_cp",)
+    )
     fsdp2_wrap(stage, mesh=mesh)
     fsdp2_wrap(ema, mesh=mesh)
     opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    progress: dict[str, Any] = {"step": 0, "loss_curve": [], "attempts": [],
-                                "data": {"seed": cfg.seed, "global_batch": None, "next_step": 1}}
+    progress: dict[str, Any] = {
+        "step": 0,
+        "loss_curve": [],
+        "attempts": [],
+        "data": {"seed": cfg.seed, "global_batch": None, "next_step": 1},
+    }
     back = _reversed_pp(ctx.pp) if place.n_stages > 1 else None
     return Trainer(cfg, ctx, place, stage, ema, opt, progress, DTensorFastEmaModelUpdater(), back)
 
@@ -394,9 +480,12 @@ def _global_batch(t: Trainer) -> int:
     if saved is None:
         return t.cfg.default_global_batch(t.place.dp_size)
     if t.cfg.global_batch and t.cfg.global_batch != saved:
-        raise config_error("task.global_batch", t.cfg.global_batch,
-                           f"the run being resumed trains with a global batch of {saved} samples per step: leave "
-                           f"task.global_batch unset (0) or set it to {saved}")
+        raise config_error(
+            "task.global_batch",
+            t.cfg.global_batch,
+            f"the run being resumed trains with a global batch of {saved} samples per step: leave "
+            f"task.global_batch unset (0) or set it to {saved}",
+        )
     return int(saved)
 
 
@@ -411,8 +500,10 @@ def load(t: Trainer) -> int | None:
     except ConfigError as exc:
         if t.progress["data"].get("global_batch") is None:
             raise
-        raise ConfigError(f"{exc}; it is the global batch of the run being resumed (kept by its checkpoint): "
-                          "resume at a layout that splits it") from None
+        raise ConfigError(
+            f"{exc}; it is the global batch of the run being resumed (kept by its checkpoint): "
+            "resume at a layout that splits it"
+        ) from None
     t.progress["data"]["global_batch"] = t.global_batch
     attempts = t.progress["attempts"]
     attempt = max(launch_attempt(), attempts[-1]["attempt"] + 1 if attempts else 0)
@@ -421,12 +512,21 @@ def load(t: Trainer) -> int | None:
     if report is not None and report.changed:
         from wf_launch.rank.checkpoint.format import describe_layout
 
-        entry["layout"] = {"from": describe_layout(report.layout_from), "to": describe_layout(report.layout_to)}
+        entry["layout"] = {
+            "from": describe_layout(report.layout_from),
+            "to": describe_layout(report.layout_to),
+        }
     attempts.append(entry)
     if resumed is not None:
-        moved = f" at a new layout ({entry['layout']['from']} -> {entry['layout']['to']})" if "layout" in entry else ""
-        t.ctx.log.info(f"train: attempt {attempt} resumes from step {resumed}{moved}; global batch {t.global_batch} "
-                       f"= {t.place.dp_size} replica(s) x {t.micro} micro-batch(es) x {t.cfg.batch}")
+        moved = (
+            f" at a new layout ({entry['layout']['from']} -> {entry['layout']['to']})"
+            if "layout" in entry
+            else ""
+        )
+        t.ctx.log.info(
+            f"train: attempt {attempt} resumes from step {resumed}{moved}; global batch {t.global_batch} "
+            f"= {t.place.dp_size} replica(s) x {t.micro} micro-batch(es) x {t.cfg.batch}"
+        )
     return resumed
 
 
@@ -434,10 +534,12 @@ def _local_seq(t: Trainer, latent: torch.Tensor) -> torch.Tensor:
     """This CP rank's block of a latent's patch sequence, on the rank's device."""
     split, n = t.place.split, t.place.split.tokens_per_rank
     seq = split.to_sequence(patchify(latent, tuple(t.cfg.patch)))
-    return seq[:, t.place.cp_rank * n:(t.place.cp_rank + 1) * n].contiguous().to(t.ctx.device)
+    return seq[:, t.place.cp_rank * n : (t.place.cp_rank + 1) * n].contiguous().to(t.ctx.device)
 
 
-def _forward_all(t: Trainer, step: int, positions: torch.Tensor) -> tuple[list[tuple[Any, ...]], float]:
+def _forward_all(
+    t: Trainer, step: int, positions: torch.Tensor
+) -> tuple[list[tuple[Any, ...]], float]:
     """GPipe's forward half: every micro-batch through this stage; activations go to the next stage."""
     cfg, pl, pp = t.cfg, t.place, t.ctx.pp
     x_shape, c_shape = (cfg.batch, pl.split.tokens_per_rank, cfg.hidden), (cfg.batch, cfg.hidden)
@@ -499,16 +601,26 @@ def train_step(t: Trainer, step: int, positions: torch.Tensor) -> float:
     return total.item() / (t.micro * t.place.dp_size * t.place.cp_size)
 
 
-def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float) -> dict[str, Any]:
+def report(
+    t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float
+) -> dict[str, Any]:
     """Gather the full weights to rank 0; rank 0 returns the run's results, every other rank its place."""
     from worldfoundry.core.distributed import gather_state_dicts, get_layout
 
     ctx, cfg, progress = t.ctx, t.cfg, t.progress
     rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
     weights, ema_weights = full_state(t.stage), full_state(t.ema)
-    parts = gather_state_dicts({"model": weights, "ema": ema_weights} if rep else {}, dst=0,
-                               group=ctx.groups["world"].cpu_group)
-    row = {"rank": ctx.rank, "coords": dict(ctx.coords), "stage": t.place.stage_id, "blocks": t.stage.block_ids}
+    parts = gather_state_dicts(
+        {"model": weights, "ema": ema_weights} if rep else {},
+        dst=0,
+        group=ctx.groups["world"].cpu_group,
+    )
+    row = {
+        "rank": ctx.rank,
+        "coords": dict(ctx.coords),
+        "stage": t.place.stage_id,
+        "blocks": t.stage.block_ids,
+    }
     if not ctx.is_main:
         return row
     full_w: dict[str, torch.Tensor] = {}
@@ -520,18 +632,30 @@ def report(t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elaps
     tokens_per_step = t.global_batch * t.place.split.tokens
     res: dict[str, Any] = {
         **row,
-        "steps_done": progress["step"], "steps": cfg.steps, "stopped": stopped,
-        "final_loss": curve[-1] if curve else None, "loss_curve": curve,
-        "weights_sha256": state_sha256(full_w), "ema_sha256": state_sha256(full_e),
-        "attempts": list(progress["attempts"]), "resumed_from": resumed,
-        "tokens_per_s": tokens_per_step * steps_run / elapsed if steps_run and elapsed > 0 else None,
-        "tokens_per_step": tokens_per_step, "global_batch": t.global_batch, "micro_batches": t.micro,
-        "layout": get_layout().sizes, "config": asdict(cfg),
+        "steps_done": progress["step"],
+        "steps": cfg.steps,
+        "stopped": stopped,
+        "final_loss": curve[-1] if curve else None,
+        "loss_curve": curve,
+        "weights_sha256": state_sha256(full_w),
+        "ema_sha256": state_sha256(full_e),
+        "attempts": list(progress["attempts"]),
+        "resumed_from": resumed,
+        "tokens_per_s": tokens_per_step * steps_run / elapsed
+        if steps_run and elapsed > 0
+        else None,
+        "tokens_per_step": tokens_per_step,
+        "global_batch": t.global_batch,
+        "micro_batches": t.micro,
+        "layout": get_layout().sizes,
+        "config": asdict(cfg),
     }
     if cfg.check_reference and not stopped:
         res.update(_compare(cfg, t.global_batch, curve, full_w, full_e))
-    ctx.log.info(f"train: {progress['step']}/{cfg.steps} steps, loss {res['final_loss']}, "
-                 f"weights {res['weights_sha256'][:12]}")
+    ctx.log.info(
+        f"train: {progress['step']}/{cfg.steps} steps, loss {res['final_loss']}, "
+        f"weights {res['weights_sha256'][:12]}"
+    )
     return res
 
 
@@ -545,11 +669,19 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     """
     cfg: TrainConfig = ctx.cfg
     if ctx.stop is not None and ctx.stop.calls == 0:
-        ctx.stop.every = 1  # a step dwarfs one tiny async all-reduce; a stop then lands within two steps
+        ctx.stop.every = (
+            1  # a step dwarfs one tiny async all-reduce; a stop then lands within two steps
+        )
     t = build(ctx, cfg)
     resumed = load(t)
     positions = t.place.split.positions(t.place.cp_rank).to(ctx.device)
-    progress, start_step, sleep_total, stopped, saved_at = t.progress, t.progress["step"], 0.0, False, resumed
+    progress, start_step, sleep_total, stopped, saved_at = (
+        t.progress,
+        t.progress["step"],
+        0.0,
+        False,
+        resumed,
+    )
     ctx.groups["world"].barrier()
     t0 = time.perf_counter()
     while progress["step"] < cfg.steps:
@@ -575,8 +707,11 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     return report(t, resumed, stopped, progress["step"] - start_step, elapsed)
 
 
-def reference_run(cfg: TrainConfig, global_batch: int, steps: int,
-                  ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def reference_run(
+    cfg: TrainConfig,
+    global_batch: int,
+    steps: int,
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One process, no parallelism: the same model, global batches (in micro-batches of ``batch``) and optimizer."""
     from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
 
@@ -610,15 +745,25 @@ def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-def _compare(cfg: TrainConfig, global_batch: int, curve: list[float], weights: dict[str, torch.Tensor],
-             ema: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _compare(
+    cfg: TrainConfig,
+    global_batch: int,
+    curve: list[float],
+    weights: dict[str, torch.Tensor],
+    ema: dict[str, torch.Tensor],
+) -> dict[str, Any]:
     """The run against :func:`reference_run`: loss curve and final (EMA) weights, max abs errors."""
     with torch.random.fork_rng(devices=[]):
         ref_curve, ref_w, ref_e = reference_run(cfg, global_batch, len(curve))
     loss_err = max(abs(a - b) for a, b in zip(curve, ref_curve))
     w_err, e_err = _max_err(weights, ref_w), _max_err(ema, ref_e)
     worst = max(loss_err, w_err, e_err)
-    return {"reference_loss_curve": ref_curve, "reference_loss_err": loss_err,
-            "reference_weights_err": w_err, "reference_ema_err": e_err,
-            "reference_max_abs_err": worst, "reference_atol": cfg.reference_atol,
-            "reference_ok": bool(worst <= cfg.reference_atol)}
+    return {
+        "reference_loss_curve": ref_curve,
+        "reference_loss_err": loss_err,
+        "reference_weights_err": w_err,
+        "reference_ema_err": e_err,
+        "reference_max_abs_err": worst,
+        "reference_atol": cfg.reference_atol,
+        "reference_ok": bool(worst <= cfg.reference_atol),
+    }

@@ -38,8 +38,16 @@ from ._vdit import stage_blocks
 if TYPE_CHECKING:
     from .train import TrainConfig
 
-__all__ = ["ACT_GATHERED", "ACT_HIDDEN", "CPU_GATHERED", "CPU_RUNTIME_GB", "CPU_UNSHARDED", "estimate_memory_gb",
-           "micro_batches", "stage_parameters"]
+__all__ = [
+    "ACT_GATHERED",
+    "ACT_HIDDEN",
+    "CPU_GATHERED",
+    "CPU_RUNTIME_GB",
+    "CPU_UNSHARDED",
+    "estimate_memory_gb",
+    "micro_batches",
+    "stage_parameters",
+]
 
 BYTES = 4
 GB = 2**30

@@ -55,16 +55,30 @@ def _row(path: Path, complete: set[Path]) -> dict[str, Any] | None:
     hidden = hidden_step(path.name)
     if step is None and hidden is None:
         return None
-    row: dict[str, Any] = {"step": step if step is not None else hidden[0], "path": str(path), "size": _size(path),
-                           "complete": path in complete, "seq": None, "time": None, "layout": None, "world_size": None}
+    row: dict[str, Any] = {
+        "step": step if step is not None else hidden[0],
+        "path": str(path),
+        "size": _size(path),
+        "complete": path in complete,
+        "seq": None,
+        "time": None,
+        "layout": None,
+        "world_size": None,
+    }
     if (path / COMMIT_FILE).is_file():
         try:
             commit = read_commit(path)
-            row.update(seq=commit.seq, time=commit.time, layout=commit.layout, world_size=commit.world_size)
+            row.update(
+                seq=commit.seq, time=commit.time, layout=commit.layout, world_size=commit.world_size
+            )
         except CheckpointUnreadable as exc:
             row["problem"] = str(exc)
     if path in complete:
-        row["state"] = "complete" if step is not None else "complete (hidden: a save of this step was interrupted)"
+        row["state"] = (
+            "complete"
+            if step is not None
+            else "complete (hidden: a save of this step was interrupted)"
+        )
     elif hidden is not None and hidden[1] == "del":
         row["state"] = "being deleted"
     else:
@@ -76,7 +90,9 @@ def list_checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     """Every checkpoint directory of ``run_dir``: complete ones in commit order, then the others."""
     root = Path(run_dir) / files.CHECKPOINTS
     order = [p for _, p in complete_checkpoints(run_dir)]
-    rows = [r for p in (sorted(root.iterdir()) if root.is_dir() else []) if (r := _row(p, set(order)))]
+    rows = [
+        r for p in (sorted(root.iterdir()) if root.is_dir() else []) if (r := _row(p, set(order)))
+    ]
     rank = {p: i for i, p in enumerate(order)}
     return sorted(rows, key=lambda r: (rank.get(Path(r["path"]), len(rank)), r["step"]))
 
@@ -97,8 +113,10 @@ def render_list(rows: list[dict[str, Any]], run_dir: Path) -> str:
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])) if r["time"] else "-"
         layout = describe_layout(r["layout"], r["world_size"]) if r["world_size"] else "-"
-        lines.append(f"{r['step']:>8}  {r['seq'] if r['seq'] is not None else '-':>6}  {when:<19}  "
-                     f"{_human(r['size']):>9}  {layout:<46}  {r['state']}")
+        lines.append(
+            f"{r['step']:>8}  {r['seq'] if r['seq'] is not None else '-':>6}  {when:<19}  "
+            f"{_human(r['size']):>9}  {layout:<46}  {r['state']}"
+        )
     return "\n".join(lines)
 
 
@@ -109,9 +127,13 @@ def module_entries(directory: Path, metadata: Any) -> list[str]:
     except CheckpointUnreadable as exc:
         raise ExportError(str(exc)) from None
     if entries:
-        return sorted(n for n, e in entries.items() if isinstance(e, dict) and e.get("kind") == "module")
+        return sorted(
+            n for n, e in entries.items() if isinstance(e, dict) and e.get("kind") == "module"
+        )
     keys = metadata.state_dict_metadata
-    return sorted({k.split(".", 1)[0] for k in keys if ".state." not in k and ".param_groups." not in k})
+    return sorted(
+        {k.split(".", 1)[0] for k in keys if ".state." not in k and ".param_groups." not in k}
+    )
 
 
 def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, Any]:
@@ -124,32 +146,46 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
 
     metadata = read_metadata(directory) if metadata is None else metadata
     prefix = f"{entry}."
-    full = {key[len(prefix):]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-            for key, md in metadata.state_dict_metadata.items()
-            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    full = {
+        key[len(prefix) :]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+    }
     if not full:
         raise ExportError(f"{directory}: no tensors under entry {entry!r}")
     with warnings.catch_warnings():  # DCP warns that no process group is up: none is needed here
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load({entry: full}, storage_reader=SafeReader(directory, metadata), planner=SafeLoadPlanner(directory),
-                 no_dist=True)
+        warnings.filterwarnings(
+            "ignore", message=".*assuming the intent is to load in a single process"
+        )
+        dcp.load(
+            {entry: full},
+            storage_reader=SafeReader(directory, metadata),
+            planner=SafeLoadPlanner(directory),
+            no_dist=True,
+        )
     return full
 
 
 def _pick(run_dir: Path, step: int | None) -> Path:
     complete = complete_checkpoints(run_dir)
     if not complete:
-        raise ExportError(f"{run_dir}: no complete checkpoint in {Path(run_dir) / files.CHECKPOINTS}")
+        raise ExportError(
+            f"{run_dir}: no complete checkpoint in {Path(run_dir) / files.CHECKPOINTS}"
+        )
     if step is None:
         return complete[-1][1]
     found = [p for s, p in complete if s == step]
     if not found:
-        raise ExportError(f"--step {step}: no complete checkpoint of that step; complete steps: "
-                          f"{[s for s, _ in complete]}")
+        raise ExportError(
+            f"--step {step}: no complete checkpoint of that step; complete steps: "
+            f"{[s for s, _ in complete]}"
+        )
     return found[0]
 
 
-def export(run_dir: Path, out: Path, step: int | None, entry: str | None, ema: bool) -> dict[str, Any]:
+def export(
+    run_dir: Path, out: Path, step: int | None, entry: str | None, ema: bool
+) -> dict[str, Any]:
     """Write one module entry of a checkpoint as a plain ``torch.save`` state dict; what was written."""
     import torch
 
@@ -161,11 +197,21 @@ def export(run_dir: Path, out: Path, step: int | None, entry: str | None, ema: b
     except CheckpointUnreadable as exc:
         raise ExportError(str(exc)) from None
     modules = module_entries(directory, metadata)
-    name = "ema" if ema else entry if entry is not None else ("model" if "model" in modules else
-                                                                 modules[0] if len(modules) == 1 else None)
+    name = (
+        "ema"
+        if ema
+        else entry
+        if entry is not None
+        else ("model" if "model" in modules else modules[0] if len(modules) == 1 else None)
+    )
     if name is None or name not in modules:
-        what = "--ema: no module entry 'ema'" if ema else f"--entry {name}: no such module entry" if name else \
-            "several module entries: choose one with --entry"
+        what = (
+            "--ema: no module entry 'ema'"
+            if ema
+            else f"--entry {name}: no such module entry"
+            if name
+            else "several module entries: choose one with --entry"
+        )
         raise ExportError(f"{directory}: {what}; module entries: {modules}")
     state = consolidate(directory, name, metadata)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,26 +219,46 @@ def export(run_dir: Path, out: Path, step: int | None, entry: str | None, ema: b
     torch.save(state, part)
     os.replace(part, out)
     commit = read_commit(directory)
-    return {"step": commit.step, "entry": name, "tensors": len(state), "out": str(out),
-            "numel": sum(t.numel() for t in state.values()), "bytes": out.stat().st_size,
-            "layout": describe_layout(commit.layout, commit.world_size)}
+    return {
+        "step": commit.step,
+        "entry": name,
+        "tensors": len(state),
+        "out": str(out),
+        "numel": sum(t.numel() for t in state.values()),
+        "bytes": out.stat().st_size,
+        "layout": describe_layout(commit.layout, commit.world_size),
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m wf_launch.checkpoint",
-                                description="List a run's checkpoints, or export one module of a checkpoint as a "
-                                            "plain torch.save state dict (full tensors, no process group).")
+    p = argparse.ArgumentParser(
+        prog="python -m wf_launch.checkpoint",
+        description="List a run's checkpoints, or export one module of a checkpoint as a "
+        "plain torch.save state dict (full tensors, no process group).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("list", help="every checkpoint: step, commit order, time, size, layout, complete or not")
+    ls = sub.add_parser(
+        "list", help="every checkpoint: step, commit order, time, size, layout, complete or not"
+    )
     ls.add_argument("run_dir", type=Path)
     ls.add_argument("--json", action="store_true", help="one JSON list instead of the table")
-    ex = sub.add_parser("export", help="one module entry of a checkpoint -> a torch.save state dict")
+    ex = sub.add_parser(
+        "export", help="one module entry of a checkpoint -> a torch.save state dict"
+    )
     ex.add_argument("run_dir", type=Path)
-    ex.add_argument("--out", type=Path, required=True, help="where to write the state dict (e.g. model.pt)")
-    ex.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest commit)")
+    ex.add_argument(
+        "--out", type=Path, required=True, help="where to write the state dict (e.g. model.pt)"
+    )
+    ex.add_argument(
+        "--step", type=int, default=None, help="the checkpoint's step (default: the newest commit)"
+    )
     which = ex.add_mutually_exclusive_group()
-    which.add_argument("--ema", action="store_true", help="the module entry 'ema' (the EMA weights)")
-    which.add_argument("--entry", default=None, help="the module entry (default: 'model', or the only one)")
+    which.add_argument(
+        "--ema", action="store_true", help="the module entry 'ema' (the EMA weights)"
+    )
+    which.add_argument(
+        "--entry", default=None, help="the module entry (default: 'model', or the only one)"
+    )
     return p
 
 
@@ -212,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, CheckpointRefused, CheckpointUnreadable) as exc:
         print(f"wf_launch.checkpoint: {exc}", file=sys.stderr)
         return 2
-    print(f"exported entry {done['entry']!r} of step {done['step']} (saved at {done['layout']}): {done['tensors']} "
-          f"tensors, {done['numel']:,} values, {_human(done['bytes'])} -> {done['out']}")
+    print(
+        f"exported entry {done['entry']!r} of step {done['step']} (saved at {done['layout']}): {done['tensors']} "
+        f"tensors, {done['numel']:,} values, {_human(done['bytes'])} -> {done['out']}"
+    )
     return 0

@@ -71,7 +71,14 @@ KINDS = {"local": ("kill9", "sigterm"), "slurm": ("usr2",), "ray": ("kill9", "no
 RANKED = ("kill9", "nodekill")
 """Kinds that take a rank (``kill9:RANK@STEP``; ``nodekill:RANK@STEP``: the node that runs RANK)."""
 COMPARED = ("weights_sha256", "final_loss")
-OWNED = ("hydra.run.dir", "hydra.sweep.dir", "launcher.resume", "launcher.overwrite", "launcher.wait", "launcher")
+OWNED = (
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+    "launcher.resume",
+    "launcher.overwrite",
+    "launcher.wait",
+    "launcher",
+)
 _SPEC = re.compile(r"(?P<kind>[a-z0-9]+)(?::(?P<rank>\d+))?@(?P<step>\d+)")
 
 
@@ -98,11 +105,15 @@ def parse_injections(text: str, backend: str) -> list[Injection]:
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         m = _SPEC.fullmatch(item)
         if m is None:
-            raise DrillError(f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, e.g. kill9@12,sigterm@20")
+            raise DrillError(
+                f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, e.g. kill9@12,sigterm@20"
+            )
         kind, step = m["kind"], int(m["step"])
         if kind not in KINDS[backend]:
-            raise DrillError(f"--inject {item!r}: {kind!r} is not an interruption of the {backend} backend; "
-                             f"choose from {list(KINDS[backend])}")
+            raise DrillError(
+                f"--inject {item!r}: {kind!r} is not an interruption of the {backend} backend; "
+                f"choose from {list(KINDS[backend])}"
+            )
         if m["rank"] is not None and kind not in RANKED:
             raise DrillError(f"--inject {item!r}: only {' and '.join(RANKED)} take a rank")
         if step < 1:
@@ -120,8 +131,10 @@ def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injec
     """``n`` interruptions of the backend's kinds at distinct random steps in ``[2, total - 2]`` (a stop is agreed
     a step after it is asked, and a kill must come after a checkpoint)."""
     if not 1 <= n <= total - 3:
-        raise DrillError(f"--random {n}: expected 1 .. {max(total - 3, 0)} (the task runs {total} steps; "
-                         "interruptions land between step 2 and step total - 2)")
+        raise DrillError(
+            f"--random {n}: expected 1 .. {max(total - 3, 0)} (the task runs {total} steps; "
+            "interruptions land between step 2 and step total - 2)"
+        )
     rng = random.Random(seed)
     steps = sorted(rng.sample(range(2, total - 1), n))
     return [Injection(rng.choice(KINDS[backend]), s) for s in steps]
@@ -141,8 +154,13 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
     from ..config.run import register_configs
     from ..tasks.registry import load_task_modules
 
-    mods = [m.strip().strip("'\"") for o in overrides if o.lstrip("+~").startswith("task.modules=")
-            for m in o.split("=", 1)[1].strip("[]").split(",") if m.strip()]
+    mods = [
+        m.strip().strip("'\"")
+        for o in overrides
+        if o.lstrip("+~").startswith("task.modules=")
+        for m in o.split("=", 1)[1].strip("[]").split(",")
+        if m.strip()
+    ]
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     try:
         load_task_modules(mods)
@@ -173,7 +191,9 @@ def _resolved(section: Any, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def check_injections(injections: list[Injection], task: dict[str, Any], given: set[str]) -> tuple[list[str], list[str]]:
+def check_injections(
+    injections: list[Injection], task: dict[str, Any], given: set[str]
+) -> tuple[list[str], list[str]]:
     """Refuse an injection that proves nothing; returns (overrides the drill adds, what it says about them).
 
     An injection at or past the task's last step lands when there is nothing left to interrupt, and a stop
@@ -187,26 +207,38 @@ def check_injections(injections: list[Injection], task: dict[str, Any], given: s
         last = steps - (2 if inj.kind in STOP_KINDS else 1) if isinstance(steps, int) else None
         if last is not None and inj.step > last:
             why = "its stop is agreed a step later, " if inj.kind in STOP_KINDS else ""
-            raise DrillError(f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and {why}an "
-                             f"interruption there leaves nothing to resume: choose a step <= {max(last, 0)}, or raise "
-                             "task.steps")
+            raise DrillError(
+                f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and {why}an "
+                f"interruption there leaves nothing to resume: choose a step <= {max(last, 0)}, or raise "
+                "task.steps"
+            )
     if not isinstance(every, int):
         return [], []
-    uncovered = [i for i in injections if i.kind in RANKED and not any(
-        s.kind in STOP_KINDS and s.step < i.step for s in injections) and not (0 < every < i.step)]
+    uncovered = [
+        i
+        for i in injections
+        if i.kind in RANKED
+        and not any(s.kind in STOP_KINDS and s.step < i.step for s in injections)
+        and not (0 < every < i.step)
+    ]
     if not uncovered:
         return [], []
     kind, first = min((i.step, i.kind) for i in uncovered)[::-1]
     if "task.checkpoint_every" in given:
-        raise DrillError(f"--inject {kind}@{first}: no checkpoint precedes it (task.checkpoint_every={every}), so the "
-                         f"restart starts from scratch and proves nothing about resuming; choose "
-                         f"task.checkpoint_every between 1 and {first - 1}, or a later step")
+        raise DrillError(
+            f"--inject {kind}@{first}: no checkpoint precedes it (task.checkpoint_every={every}), so the "
+            f"restart starts from scratch and proves nothing about resuming; choose "
+            f"task.checkpoint_every between 1 and {first - 1}, or a later step"
+        )
     if first < 2:
-        raise DrillError(f"--inject {kind}@{first}: no checkpoint can precede step {first}; choose a step >= 2")
+        raise DrillError(
+            f"--inject {kind}@{first}: no checkpoint can precede step {first}; choose a step >= 2"
+        )
     chosen = max(1, (first - 1) // 2)
     return [f"task.checkpoint_every={chosen}"], [
         f"{kind}@{first} needs a checkpoint before it and task.checkpoint_every was {every} (0: save only on a stop), "
-        f"so the drill sets task.checkpoint_every={chosen} (for both runs)"]
+        f"so the drill sets task.checkpoint_every={chosen} (for both runs)"
+    ]
 
 
 # ------------------------------------------------------------------ running the CLI
@@ -215,8 +247,13 @@ def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[byt
     publishes its progress at every step, so interruptions land at the step asked for."""
     env = {**os.environ, PUBLISH_ENV: "0"}
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
@@ -257,14 +294,24 @@ class _Run:
 class Drill:
     """The two runs, the injections, the verdict."""
 
-    def __init__(self, overrides: list[str], backend: str, directory: Path, timeout_s: float,
-                 poll_s: float = 0.05, resume_with: list[str] | None = None, atol: float | None = None) -> None:
+    def __init__(
+        self,
+        overrides: list[str],
+        backend: str,
+        directory: Path,
+        timeout_s: float,
+        poll_s: float = 0.05,
+        resume_with: list[str] | None = None,
+        atol: float | None = None,
+    ) -> None:
         self.overrides = overrides
         self.backend = backend
         self.dir = directory
         self.timeout_s = timeout_s
         self.poll_s = poll_s
-        self.resume_with = resume_with or []  # overrides of every relaunch: the run continues at another layout
+        self.resume_with = (
+            resume_with or []
+        )  # overrides of every relaunch: the run continues at another layout
         self.atol = atol  # compare within this tolerance instead of bitwise
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -274,11 +321,15 @@ class Drill:
             return drill_layout.relaunch_overrides(run.overrides, self.resume_with)
         return [*run.overrides, "launcher.resume=true"]
 
-    def _relaunch_after_saved_stop(self, run: _Run, log: Path, attempt: int, deadline: float) -> None:
+    def _relaunch_after_saved_stop(
+        self, run: _Run, log: Path, attempt: int, deadline: float
+    ) -> None:
         """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch at the new layout."""
         proc = self._proc
         if not drill_layout.wait_for_saved_stop(run.run_dir, attempt, proc, deadline):
-            raise DrillError(f"usr2: the run never recorded its stop (attempt {attempt}); see {log}")
+            raise DrillError(
+                f"usr2: the run never recorded its stop (attempt {attempt}); see {log}"
+            )
         _stop(proc)
         run.exit_codes.append(proc.returncode if proc is not None else -1)
         self._proc = _cli(self._relaunch(run), run.run_dir, log)
@@ -293,7 +344,9 @@ class Drill:
         if kills and "launcher.max_restarts" not in given:
             extra.append(f"launcher.max_restarts={kills}")
         if self.backend == "local" and "launcher.shutdown_timeout_s" not in given:
-            extra.append("launcher.shutdown_timeout_s=60")  # SIGTERM: time for the task to save and return
+            extra.append(
+                "launcher.shutdown_timeout_s=60"
+            )  # SIGTERM: time for the task to save and return
         return extra + self.overrides
 
     def reference(self) -> _Run:
@@ -319,7 +372,9 @@ class Drill:
             self._inject(run, injections, log, deadline)
             run.exit_codes.append(_finish(self._proc, deadline))
         except BaseException:
-            _stop(self._proc)  # never leave a run behind (on SLURM its launcher cancels the job on SIGTERM)
+            _stop(
+                self._proc
+            )  # never leave a run behind (on SLURM its launcher cancels the job on SIGTERM)
             raise
         run.wall_s = time.monotonic() - t0
         _time_lost(run.run_dir, injections)
@@ -333,8 +388,9 @@ class Drill:
             proc = self._proc
             state = self._wait_for_step(proc, run.run_dir, inj.step, since, seen_pids, deadline)
             if state is None:
-                raise DrillError(f"the run ended before step {inj.step} ({inj.kind} never injected); "
-                                 f"see {log}")
+                raise DrillError(
+                    f"the run ended before step {inj.step} ({inj.kind} never injected); see {log}"
+                )
             inj.reached_step = max(s["step"] for s in state.values())
             seen_pids |= {int(s["pid"]) for s in state.values() if s.get("pid")}
             inj.at = time.time()
@@ -343,11 +399,15 @@ class Drill:
             elif inj.kind == "kill9":
                 rank = max(state) if inj.rank is None else inj.rank
                 if rank not in state:
-                    raise DrillError(f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(state)})")
+                    raise DrillError(
+                        f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(state)})"
+                    )
                 pid = live_rank_pid(run.run_dir, rank)
                 if pid is None or pid != state[rank].get("pid"):
-                    raise DrillError(f"kill9:{rank}: rank {rank}'s recorded pid {state[rank].get('pid')} is not its "
-                                     "live process on this host (stale or foreign); refusing to signal it")
+                    raise DrillError(
+                        f"kill9:{rank}: rank {rank}'s recorded pid {state[rank].get('pid')} is not its "
+                        "live process on this host (stale or foreign); refusing to signal it"
+                    )
                 os.kill(pid, signal.SIGKILL)
                 inj.rank, inj.target = rank, f"pid {state[rank]['pid']}"
             elif inj.kind == "sigterm":
@@ -360,22 +420,34 @@ class Drill:
                 launcher = get_launcher(self.backend)
                 attempt = attempts.count(run.run_dir) - 1
                 if not launcher.signal_ranks(run.run_dir, signal.SIGUSR2):
-                    raise DrillError(f"usr2: {launcher.status_label(run.run_dir)} could not be signalled")
+                    raise DrillError(
+                        f"usr2: {launcher.status_label(run.run_dir)} could not be signalled"
+                    )
                 inj.target = launcher.status_label(run.run_dir)
                 if self.resume_with:
                     self._relaunch_after_saved_stop(run, log, attempt, deadline)
             since = inj.at
 
-    def _wait_for_step(self, proc: subprocess.Popen[bytes], run_dir: Path, step: int, since: float,
-                       old_pids: set[int], deadline: float) -> dict[int, dict[str, Any]] | None:
+    def _wait_for_step(
+        self,
+        proc: subprocess.Popen[bytes],
+        run_dir: Path,
+        step: int,
+        since: float,
+        old_pids: set[int],
+        deadline: float,
+    ) -> dict[int, dict[str, Any]] | None:
         """Every rank's progress once one has reached ``step`` in this attempt (None: the run ended first)."""
         world = None
         while time.monotonic() < deadline:
             if world is None and files.config_path(run_dir).exists():
                 world = _world_size(run_dir)
             if world is not None:
-                state = {r: s for r, s in read_progress(run_dir, world).items()
-                         if float(s.get("time") or 0) > since and int(s.get("pid") or 0) not in old_pids}
+                state = {
+                    r: s
+                    for r, s in read_progress(run_dir, world).items()
+                    if float(s.get("time") or 0) > since and int(s.get("pid") or 0) not in old_pids
+                }
                 if state and max(s["step"] for s in state.values()) >= step:
                     return state
             if proc.poll() is not None:
@@ -435,7 +507,11 @@ def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
         if not later or later[0]["attempt"] == 0:
             continue
         nxt = later[0]
-        last = markers[nxt["attempt"] - 1].get("last_step") if nxt["attempt"] - 1 < len(markers) else None
+        last = (
+            markers[nxt["attempt"] - 1].get("last_step")
+            if nxt["attempt"] - 1 < len(markers)
+            else None
+        )
         if last is None:
             continue
         before = [t for t, s in lines if t < nxt["started_at"] and s == last]
@@ -453,7 +529,9 @@ def _rank0(run_dir: Path) -> tuple[RunRecord | None, dict[str, Any]]:
     return record, res if isinstance(res, dict) else {}
 
 
-def verdict(drill: Drill, reference: _Run, interrupted: _Run, injections: list[Injection]) -> dict[str, Any]:
+def verdict(
+    drill: Drill, reference: _Run, interrupted: _Run, injections: list[Injection]
+) -> dict[str, Any]:
     """The summary (``drill.json``): both runs' facts, each injection, and whether the results are identical."""
     ref_rec, ref = _rank0(reference.run_dir)
     int_rec, got = _rank0(interrupted.run_dir)
@@ -463,17 +541,31 @@ def verdict(drill: Drill, reference: _Run, interrupted: _Run, injections: list[I
     attempts = int_rec.attempts if int_rec is not None else []
 
     def side(run: _Run, rec: RunRecord | None, res: dict[str, Any]) -> dict[str, Any]:
-        return {"run_dir": str(run.run_dir), "status": None if rec is None else str(rec.status),
-                "launches": run.launches, "exit_codes": run.exit_codes, "wall_s": round(run.wall_s, 3),
-                **{k: res.get(k) for k in COMPARED}}
+        return {
+            "run_dir": str(run.run_dir),
+            "status": None if rec is None else str(rec.status),
+            "launches": run.launches,
+            "exit_codes": run.exit_codes,
+            "wall_s": round(run.wall_s, 3),
+            **{k: res.get(k) for k in COMPARED},
+        }
 
-    summary = {"backend": drill.backend, "overrides": drill.overrides, "identical": identical,
-               "compared": list(COMPARED), "missing": missing,
-               "reference": side(reference, ref_rec, ref), "interrupted": side(interrupted, int_rec, got),
-               "injections": [asdict(i) for i in injections], "attempts": attempts,
-               "time_lost_s": round(interrupted.wall_s - reference.wall_s, 3)}
+    summary = {
+        "backend": drill.backend,
+        "overrides": drill.overrides,
+        "identical": identical,
+        "compared": list(COMPARED),
+        "missing": missing,
+        "reference": side(reference, ref_rec, ref),
+        "interrupted": side(interrupted, int_rec, got),
+        "injections": [asdict(i) for i in injections],
+        "attempts": attempts,
+        "time_lost_s": round(interrupted.wall_s - reference.wall_s, 3),
+    }
     if drill.atol is not None:
-        tolerance = drill_layout.compare_within(ref, got, reference.run_dir, interrupted.run_dir, drill.atol)
+        tolerance = drill_layout.compare_within(
+            ref, got, reference.run_dir, interrupted.run_dir, drill.atol
+        )
         tolerance["within"] = tolerance["within"] and ok
         summary.update(resume_with=drill.resume_with, tolerance=tolerance)
     return summary
@@ -486,18 +578,26 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"drill verdict: {word} ({', '.join(summary['compared'])})"]
     if "tolerance" in summary:
         lines = drill_layout.render_tolerance(summary["tolerance"])
-        lines.append(f"  bitwise: {word.lower()}; relaunched with {' '.join(summary['resume_with']) or '-'}")
+        lines.append(
+            f"  bitwise: {word.lower()}; relaunched with {' '.join(summary['resume_with']) or '-'}"
+        )
     for name, s in (("reference", ref), ("interrupted", got)):
-        lines.append(f"  {name:<11} {s['status']}, {s['launches']} launch(es), {s['wall_s']:.1f} s, "
-                     f"weights_sha256={str(s['weights_sha256'])[:16]}..., final_loss={s['final_loss']}")
+        lines.append(
+            f"  {name:<11} {s['status']}, {s['launches']} launch(es), {s['wall_s']:.1f} s, "
+            f"weights_sha256={str(s['weights_sha256'])[:16]}..., final_loss={s['final_loss']}"
+        )
     if summary["missing"]:
-        lines.append(f"  the reference's rank 0 returned no {summary['missing']}: nothing to compare")
+        lines.append(
+            f"  the reference's rank 0 returned no {summary['missing']}: nothing to compare"
+        )
     lines.append(f"  attempts made: {len(summary['attempts'])}")
     lines += [f"    {line}" for line in attempts.describe(summary["attempts"])]
     for i in summary["injections"]:
         lost = "?" if i["time_lost_s"] is None else f"{i['time_lost_s']:.2f} s"
-        lines.append(f"  {i['kind']} at step {i['reached_step']} ({i['target']}): time lost {lost} "
-                     "(downtime + steps done twice)")
+        lines.append(
+            f"  {i['kind']} at step {i['reached_step']} ({i['target']}): time lost {lost} "
+            "(downtime + steps done twice)"
+        )
     lines.append(f"  wall-clock difference: {summary['time_lost_s']:+.1f} s")
     return "\n".join(lines)
 
@@ -507,32 +607,66 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.drill",
         description="Run a task twice (uninterrupted, then with injected preemptions or rank kills) and check "
-                    "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
+        "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
         epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=20 "
-               "task.checkpoint_every=4 --inject kill9@6,sigterm@12\n  python -m wf_launch.drill task=train "
-               "launcher.address=HEAD:6379 launcher.nodes=2 engine.dp_size=4 task.steps=20 --backend ray "
-               "--inject kill9@4,nodekill@8\n  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
-               "task.steps=20 --backend slurm --inject usr2@10",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("overrides", nargs="*", help="Hydra overrides of the run (not hydra.run.dir, launcher=, "
-                   "launcher.resume / overwrite / wait: the drill sets those)")
+        "task.checkpoint_every=4 --inject kill9@6,sigterm@12\n  python -m wf_launch.drill task=train "
+        "launcher.address=HEAD:6379 launcher.nodes=2 engine.dp_size=4 task.steps=20 --backend ray "
+        "--inject kill9@4,nodekill@8\n  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
+        "task.steps=20 --backend slurm --inject usr2@10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides of the run (not hydra.run.dir, launcher=, "
+        "launcher.resume / overwrite / wait: the drill sets those)",
+    )
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--inject", metavar="SPEC", help="comma-separated KIND@STEP: kill9[:RANK]@STEP and "
-                     "sigterm@STEP (local), usr2@STEP (slurm), kill9[:RANK]@STEP and nodekill[:RANK]@STEP (ray)")
-    how.add_argument("--random", metavar="N", type=int, help="N interruptions of the backend's kinds at random "
-                     "steps (default: 2)")
+    how.add_argument(
+        "--inject",
+        metavar="SPEC",
+        help="comma-separated KIND@STEP: kill9[:RANK]@STEP and "
+        "sigterm@STEP (local), usr2@STEP (slurm), kill9[:RANK]@STEP and nodekill[:RANK]@STEP (ray)",
+    )
+    how.add_argument(
+        "--random",
+        metavar="N",
+        type=int,
+        help="N interruptions of the backend's kinds at random steps (default: 2)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
-    p.add_argument("--backend", choices=sorted(KINDS), default="local", help="where the runs go (default local)")
-    p.add_argument("--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
-    p.add_argument("--resume-with", metavar="OVERRIDES", default=None,
-                   help="Hydra overrides every relaunch of the interrupted run adds, e.g. 'engine.dp_size=2 "
-                        "engine.cp_size=2': it resumes at that layout (needs a sigterm@ locally, usr2@ on slurm)")
-    p.add_argument("--atol", type=float, default=None,
-                   help="compare loss curve, final loss and final weights within this absolute tolerance instead "
-                        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})")
-    p.add_argument("--dry-run", action="store_true", help="check the arguments and the injections against the "
-                   "task's config, print the plan, run nothing")
+    p.add_argument(
+        "--backend",
+        choices=sorted(KINDS),
+        default="local",
+        help="where the runs go (default local)",
+    )
+    p.add_argument(
+        "--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)"
+    )
+    p.add_argument(
+        "--resume-with",
+        metavar="OVERRIDES",
+        default=None,
+        help="Hydra overrides every relaunch of the interrupted run adds, e.g. 'engine.dp_size=2 "
+        "engine.cp_size=2': it resumes at that layout (needs a sigterm@ locally, usr2@ on slurm)",
+    )
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help="compare loss curve, final loss and final weights within this absolute tolerance instead "
+        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the arguments and the injections against the "
+        "task's config, print the plan, run nothing",
+    )
     return p
 
 
@@ -540,14 +674,18 @@ def _check_overrides(overrides: list[str]) -> None:
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if o.startswith("-"):
-            raise DrillError(f"{o!r}: unknown option (see --help); Hydra's -m sweeps are not drilled")
+            raise DrillError(
+                f"{o!r}: unknown option (see --help); Hydra's -m sweeps are not drilled"
+            )
         if "=" not in o:
             raise DrillError(f"{o!r}: not a Hydra override (KEY=VALUE)")
         if key in OWNED:
             raise DrillError(f"{o!r}: the drill sets {key} itself (use --backend / --dir)")
 
 
-def _plan(args: argparse.Namespace) -> tuple[list[str], list[Injection] | None, list[str], float | None]:
+def _plan(
+    args: argparse.Namespace,
+) -> tuple[list[str], list[Injection] | None, list[str], float | None]:
     """The checked overrides (with what the drill adds), injections (None: random, after the reference run),
     ``--resume-with``'s overrides and the tolerance."""
     _check_overrides(args.overrides)
@@ -572,27 +710,44 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides, injections, resume_with, atol = _plan(args)
         if args.dry_run:
-            planned = "random, after the reference run" if injections is None else \
-                ", ".join(f"{i.kind}@{i.step}" for i in injections)
+            planned = (
+                "random, after the reference run"
+                if injections is None
+                else ", ".join(f"{i.kind}@{i.step}" for i in injections)
+            )
             relaunch = f"; relaunches add {' '.join(resume_with)}" if resume_with else ""
-            print(f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={args.backend}, twice; "
-                  f"interruptions: {planned}{relaunch}")
+            print(
+                f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={args.backend}, twice; "
+                f"interruptions: {planned}{relaunch}"
+            )
             return 0
         directory = args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")
         if directory.exists() and any(directory.iterdir()):
             raise DrillError(f"--dir {directory}: not empty (a drill directory holds one drill)")
         directory.mkdir(parents=True, exist_ok=True)
-        drill = Drill(overrides, args.backend, directory.absolute(), args.timeout, resume_with=resume_with, atol=atol)
+        drill = Drill(
+            overrides,
+            args.backend,
+            directory.absolute(),
+            args.timeout,
+            resume_with=resume_with,
+            atol=atol,
+        )
         print(f"drill: reference run in {drill.dir / 'reference'}", flush=True)
         reference = drill.reference()
         if reference.exit_codes[-1] != 0:
-            raise DrillError(f"the reference run failed (exit code {reference.exit_codes[-1]}); "
-                             f"see {drill.dir / 'reference.log'}")
+            raise DrillError(
+                f"the reference run failed (exit code {reference.exit_codes[-1]}); "
+                f"see {drill.dir / 'reference.log'}"
+            )
         if injections is None:
             total = _total_steps(reference.run_dir)
             injections = random_injections(args.random or 2, total, args.backend, args.seed)
-        print(f"drill: interrupted run in {drill.dir / 'interrupted'}: "
-              f"{', '.join(f'{i.kind}@{i.step}' for i in injections)}", flush=True)
+        print(
+            f"drill: interrupted run in {drill.dir / 'interrupted'}: "
+            f"{', '.join(f'{i.kind}@{i.step}' for i in injections)}",
+            flush=True,
+        )
         interrupted = drill.interrupted(injections)
     except DrillError as exc:
         print(f"wf_launch.drill: {exc}", file=sys.stderr)
@@ -605,25 +760,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["identical"] else 1
 
 
-def _layout_options(args: argparse.Namespace, injections: list[Injection] | None) -> tuple[list[str], float | None]:
+def _layout_options(
+    args: argparse.Namespace, injections: list[Injection] | None
+) -> tuple[list[str], float | None]:
     """``--resume-with`` as overrides (checked like the run's) and the tolerance (``--atol``, or the default)."""
     try:
-        resume_with = drill_layout.parse_resume_with(args.resume_with, args.backend,
-                                                     None if injections is None else [i.kind for i in injections])
+        resume_with = drill_layout.parse_resume_with(
+            args.resume_with,
+            args.backend,
+            None if injections is None else [i.kind for i in injections],
+        )
     except ValueError as exc:
         raise DrillError(str(exc)) from None
     _check_overrides(resume_with)
     if args.atol is not None and not (args.atol > 0 and args.atol != float("inf")):
         raise DrillError(f"--atol {args.atol}: expected a finite tolerance > 0")
-    return resume_with, args.atol if args.atol is not None else (drill_layout.DEFAULT_ATOL if resume_with else None)
+    return resume_with, args.atol if args.atol is not None else (
+        drill_layout.DEFAULT_ATOL if resume_with else None
+    )
 
 
 def _total_steps(run_dir: Path) -> int:
     totals = [s.get("total") for s in read_progress(run_dir, _world_size(run_dir)).values()]
     totals = [t for t in totals if isinstance(t, int)]
     if not totals:
-        raise DrillError("--random: the reference run published no total (ctx.progress(step, total)); "
-                         "pass --inject KIND@STEP instead")
+        raise DrillError(
+            "--random: the reference run published no total (ctx.progress(step, total)); "
+            "pass --inject KIND@STEP instead"
+        )
     return max(totals)
 
 

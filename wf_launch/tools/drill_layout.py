@@ -22,8 +22,15 @@ from typing import Any
 from ..rank.checkpoint.format import CheckpointUnreadable, complete_checkpoints
 from ..rank.checkpoint.safe_read import CheckpointRefused
 
-__all__ = ["DEFAULT_ATOL", "RELAUNCHING", "compare_within", "parse_resume_with", "relaunch_overrides",
-           "render_tolerance", "wait_for_saved_stop"]
+__all__ = [
+    "DEFAULT_ATOL",
+    "RELAUNCHING",
+    "compare_within",
+    "parse_resume_with",
+    "relaunch_overrides",
+    "render_tolerance",
+    "wait_for_saved_stop",
+]
 
 DEFAULT_ATOL = 1e-4
 """The tolerance of a drill across layouts unless ``--atol`` says otherwise (see docs/checkpointing.md)."""
@@ -38,10 +45,14 @@ def parse_resume_with(text: str | None, backend: str, kinds: list[str] | None) -
         return []
     overrides = shlex.split(text)
     if not overrides:
-        raise ValueError("--resume-with: no override given (e.g. --resume-with 'engine.dp_size=2 engine.cp_size=2')")
+        raise ValueError(
+            "--resume-with: no override given (e.g. --resume-with 'engine.dp_size=2 engine.cp_size=2')"
+        )
     if kinds is None or RELAUNCHING[backend] not in kinds:
-        raise ValueError(f"--resume-with needs --inject with a {RELAUNCHING[backend]}@STEP: on the {backend} backend "
-                         f"that is the interruption after which the run is launched again (at the new layout)")
+        raise ValueError(
+            f"--resume-with needs --inject with a {RELAUNCHING[backend]}@STEP: on the {backend} backend "
+            f"that is the interruption after which the run is launched again (at the new layout)"
+        )
     return overrides
 
 
@@ -52,7 +63,9 @@ def relaunch_overrides(overrides: list[str], resume_with: list[str]) -> list[str
     return [*kept, *resume_with, "launcher.resume=true"]
 
 
-def _curve_diff(ref: dict[str, Any], got: dict[str, Any]) -> tuple[float | None, int | None, str | None]:
+def _curve_diff(
+    ref: dict[str, Any], got: dict[str, Any]
+) -> tuple[float | None, int | None, str | None]:
     a, b = ref.get("loss_curve"), got.get("loss_curve")
     if not (isinstance(a, list) and isinstance(b, list)) or not a:
         return None, None, "no loss_curve in rank 0's results"
@@ -74,8 +87,10 @@ def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], s
 
     ref, got = _final_checkpoint(reference), _final_checkpoint(interrupted)
     if ref is None or got is None or ref[0] != got[0]:
-        return {}, (f"no checkpoint at the same final step in both runs (reference: {ref and ref[0]}, "
-                    f"interrupted: {got and got[0]}); task=train saves one with task.save_final=true")
+        return {}, (
+            f"no checkpoint at the same final step in both runs (reference: {ref and ref[0]}, "
+            f"interrupted: {got and got[0]}); task=train saves one with task.save_final=true"
+        )
     from ..rank.checkpoint.safe_read import read_metadata
 
     out: dict[str, Any] = {}
@@ -84,27 +99,46 @@ def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], s
         for entry in entries:
             a, b = consolidate(ref[1], entry), consolidate(got[1], entry)
             if sorted(a) != sorted(b):
-                return {}, f"entry {entry!r}: the runs' parameter names differ: {sorted(set(a) ^ set(b))[:5]}"
-            diffs = sorted(((float((a[k].double() - b[k].double()).abs().max()), k) for k in a), reverse=True)
-            out[entry] = {"max_abs": diffs[0][0] if diffs else 0.0,
-                          "largest": [[k, d] for d, k in diffs[:_LARGEST]]}
+                return (
+                    {},
+                    f"entry {entry!r}: the runs' parameter names differ: {sorted(set(a) ^ set(b))[:5]}",
+                )
+            diffs = sorted(
+                ((float((a[k].double() - b[k].double()).abs().max()), k) for k in a), reverse=True
+            )
+            out[entry] = {
+                "max_abs": diffs[0][0] if diffs else 0.0,
+                "largest": [[k, d] for d, k in diffs[:_LARGEST]],
+            }
     except (CheckpointRefused, CheckpointUnreadable, OSError, ValueError) as exc:
         return {}, f"the final checkpoints could not be read: {exc}"
     return out, None
 
 
-def compare_within(ref: dict[str, Any], got: dict[str, Any], reference: Path, interrupted: Path,
-                   atol: float) -> dict[str, Any]:
+def compare_within(
+    ref: dict[str, Any], got: dict[str, Any], reference: Path, interrupted: Path, atol: float
+) -> dict[str, Any]:
     """Rank 0's loss curve, final loss and the final weights of both runs, against ``atol``."""
     curve, at_step, curve_problem = _curve_diff(ref, got)
     final = None
-    if isinstance(ref.get("final_loss"), (int, float)) and isinstance(got.get("final_loss"), (int, float)):
+    if isinstance(ref.get("final_loss"), (int, float)) and isinstance(
+        got.get("final_loss"), (int, float)
+    ):
         final = abs(float(ref["final_loss"]) - float(got["final_loss"]))
     weights, weights_problem = _weights_diff(reference, interrupted)
-    measured = [v for v in (curve, final, *(w["max_abs"] for w in weights.values())) if v is not None]
+    measured = [
+        v for v in (curve, final, *(w["max_abs"] for w in weights.values())) if v is not None
+    ]
     within = curve is not None and final is not None and all(v <= atol for v in measured)
-    return {"atol": atol, "within": within, "loss_curve_max_abs": curve, "loss_curve_worst_step": at_step,
-            "final_loss_abs": final, "weights": weights, "problems": [p for p in (curve_problem, weights_problem) if p]}
+    return {
+        "atol": atol,
+        "within": within,
+        "loss_curve_max_abs": curve,
+        "loss_curve_worst_step": at_step,
+        "final_loss_abs": final,
+        "weights": weights,
+        "problems": [p for p in (curve_problem, weights_problem) if p],
+    }
 
 
 def render_tolerance(tol: dict[str, Any]) -> list[str]:
@@ -118,8 +152,10 @@ def render_tolerance(tol: dict[str, Any]) -> list[str]:
 
     step = tol["loss_curve_worst_step"]
     at = f" (step {step})" if step else ""
-    lines.append(f"  largest differences: loss curve {fmt(tol['loss_curve_max_abs'])}{at}, "
-                 f"final_loss {fmt(tol['final_loss_abs'])}")
+    lines.append(
+        f"  largest differences: loss curve {fmt(tol['loss_curve_max_abs'])}{at}, "
+        f"final_loss {fmt(tol['final_loss_abs'])}"
+    )
     for entry, w in tol["weights"].items():
         shown = ", ".join(f"{name} {fmt(d)}" for name, d in w["largest"])
         lines.append(f"    {entry}: max {fmt(w['max_abs'])}: {shown}")
@@ -127,7 +163,9 @@ def render_tolerance(tol: dict[str, Any]) -> list[str]:
     return lines
 
 
-def wait_for_saved_stop(run_dir: Path, attempt: int, proc: Any, deadline: float, poll_s: float = 0.2) -> bool:
+def wait_for_saved_stop(
+    run_dir: Path, attempt: int, proc: Any, deadline: float, poll_s: float = 0.2
+) -> bool:
     """Wait until attempt ``attempt`` of the run recorded how it ended (the stop was agreed and saved).
 
     False when the launch ended first or the deadline passed.

@@ -26,7 +26,16 @@ from ..rundir import files
 from ..rundir.io import open_regular, read_bytes
 from ..rundir.text import printable
 
-__all__ = ["MAX_POINTS", "Series", "expand_runs", "load_metrics", "main", "metric_lines", "render", "run_labels"]
+__all__ = [
+    "MAX_POINTS",
+    "Series",
+    "expand_runs",
+    "load_metrics",
+    "main",
+    "metric_lines",
+    "render",
+    "run_labels",
+]
 
 Series = dict[str, dict[str, list[tuple[int, float]]]]
 """metric -> line label -> [(step, value)]."""
@@ -97,6 +106,7 @@ def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, flo
                 out[name][rank].add((row["step"], float(value)))
     return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
 
+
 def _is_run(path: Path) -> bool:
     return files.metrics_file(path).is_file() or files.config_path(path).is_file()
 
@@ -109,7 +119,10 @@ def expand_runs(paths: list[Path]) -> list[Path]:
             runs.append(path)
             continue
         points = [p for p in path.iterdir() if p.is_dir() and _is_run(p)] if path.is_dir() else []
-        runs += sorted(points, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+        runs += sorted(
+            points,
+            key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
+        )
     return runs
 
 
@@ -137,7 +150,10 @@ def run_labels(runs: list[Path]) -> dict[Path, str]:
         own = [o for o in given[run] if o not in common and not o.startswith("hydra.")]
         labels[run] = " ".join(own) if own else run.name
     if len(set(labels.values())) < len(labels):
-        labels = {run: f"{run.name}: {label}" if label != run.name else label for run, label in labels.items()}
+        labels = {
+            run: f"{run.name}: {label}" if label != run.name else label
+            for run, label in labels.items()
+        }
     return labels
 
 
@@ -149,13 +165,21 @@ def collect(runs: list[Path], all_ranks: bool) -> Series:
         for metric, by_rank in load_metrics(run).items():
             ranks = sorted(by_rank) if all_ranks else sorted(by_rank)[:1]
             for rank in ranks:
-                name = (f"rank {rank}" if len(runs) == 1 else f"{labels[run]}" + (f" r{rank}" if all_ranks else ""))
+                name = (
+                    f"rank {rank}"
+                    if len(runs) == 1
+                    else f"{labels[run]}" + (f" r{rank}" if all_ranks else "")
+                )
                 out[metric][name] = sorted(by_rank[rank])
     return dict(out)
 
 
-def render(series: Series | dict[str, dict[int, list[tuple[int, float]]]], path: Path, title: str,
-           all_ranks: bool = False) -> Path:
+def render(
+    series: Series | dict[str, dict[int, list[tuple[int, float]]]],
+    path: Path,
+    title: str,
+    all_ranks: bool = False,
+) -> Path:
     """Draw ``series`` into ``path``: one panel per metric, one line per entry (a rank or a run)."""
     import matplotlib
 
@@ -168,16 +192,24 @@ def render(series: Series | dict[str, dict[int, list[tuple[int, float]]]], path:
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.6 * rows), squeeze=False)
     for ax, name in zip(axes.flat, names):
         lines = series[name]
-        keys = list(lines) if all_ranks or any(isinstance(k, str) for k in lines) else sorted(lines)[:1]
+        keys = (
+            list(lines)
+            if all_ranks or any(isinstance(k, str) for k in lines)
+            else sorted(lines)[:1]
+        )
         for key in keys:
             points = sorted(lines[key])
-            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.4,
-                    label=key if isinstance(key, str) else f"rank {key}")
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                lw=1.4,
+                label=key if isinstance(key, str) else f"rank {key}",
+            )
         ax.set(title=name, xlabel="step", ylabel=name)
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -194,10 +226,18 @@ def _default_out(paths: list[Path], runs: list[Path]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Plot runs' metrics."""
-    ap = argparse.ArgumentParser(prog="python -m wf_launch.plot", description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", nargs="+", metavar="PATH_OR_METRIC",
-                    help="run or sweep directories, then the metrics to draw (default: every numeric one)")
-    ap.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/metrics.png)")
+    ap = argparse.ArgumentParser(
+        prog="python -m wf_launch.plot", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH_OR_METRIC",
+        help="run or sweep directories, then the metrics to draw (default: every numeric one)",
+    )
+    ap.add_argument(
+        "--out", type=Path, default=None, help="PNG path (default: RUN_DIR/metrics.png)"
+    )
     ap.add_argument("--all-ranks", action="store_true", help="one line per rank, not rank 0 alone")
     args = ap.parse_args(argv)
     paths = [Path(p) for p in args.paths if Path(p).is_dir()]
@@ -208,14 +248,25 @@ def main(argv: list[str] | None = None) -> int:
     runs = expand_runs(paths)
     series = collect(runs, args.all_ranks)
     if not series:
-        where = files.metrics_file(paths[0]) if len(runs) <= 1 else f"the {files.METRICS} of {len(runs)} runs"
-        print(f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
-              file=sys.stderr)
+        where = (
+            files.metrics_file(paths[0])
+            if len(runs) <= 1
+            else f"the {files.METRICS} of {len(runs)} runs"
+        )
+        print(
+            f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
+            file=sys.stderr,
+        )
         return 2
     unknown = [m for m in wanted if m not in series]
     if unknown:
         where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
-        print(printable(f"wf_launch.plot: no metric {unknown[0]!r} in {where}; it has {sorted(series)}"), file=sys.stderr)
+        print(
+            printable(
+                f"wf_launch.plot: no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
+            ),
+            file=sys.stderr,
+        )
         return 2
     chosen = {m: series[m] for m in (wanted or series)}
     title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"

@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +52,7 @@ _REFUSED = {
     "logs_specs": "every rank logs into the run directory's logs folder; drop the flag",
     "numa_binding": "not supported by wf_launch's local launcher; bind in the script if needed",
     "event_log_handler": "wf_launch records the run in its run directory (its record and the launcher's log); "
-                         "drop the flag",
+    "drop the flag",
     "virtual_local_rank": "not supported: LOCAL_RANK is the rank's real local rank",
     "signals_to_handle": "wf_launch handles SIGINT/SIGTERM itself (every rank stops, exit 130/143); drop the flag",
     "max_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
@@ -65,47 +66,143 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.run",
         description="torchrun's command line on wf_launch: every rank runs the script (task=script, launcher=local) "
-                    "with torchrun's environment, and the run gets a run directory, a root cause on failure, the "
-                    "live view and the hang autopsy. Flags torchrun has that cannot be honoured on one node are "
-                    "refused.",
+        "with torchrun's environment, and the run gets a run directory, a root cause on failure, the "
+        "live view and the hang autopsy. Flags torchrun has that cannot be honoured on one node are "
+        "refused.",
         epilog="examples:\n  python -m wf_launch.run --nproc-per-node 4 train.py --lr 0.1\n"
-               "  python -m wf_launch.run --nproc-per-node 8 --max-restarts 2 -m pkg.train --epochs 3\n"
-               "  python -m wf_launch.run --nproc-per-node 8 --set engine.cp_size=2 train.py   # dp = 8 / 2",
-        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    add = p.add_argument
-    add("--nproc-per-node", "--nproc_per_node", default="1", metavar="N",
-        help="ranks on this node: an integer, or auto / cpu / gpu as torchrun (default 1)")
+        "  python -m wf_launch.run --nproc-per-node 8 --max-restarts 2 -m pkg.train --epochs 3\n"
+        "  python -m wf_launch.run --nproc-per-node 8 --set engine.cp_size=2 train.py   # dp = 8 / 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    _add_torchrun_flags(p.add_argument)
+    _add_wf_launch_flags(p.add_argument)
+    return p
+
+
+def _add_torchrun_flags(add: Callable[..., object]) -> None:
+    """torchrun's own flags, each honoured or accepted as torchrun means it."""
+    add(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        default="1",
+        metavar="N",
+        help="ranks on this node: an integer, or auto / cpu / gpu as torchrun (default 1)",
+    )
     add("--nnodes", default="1", help="must be 1 (or 1:1): several nodes are launcher=slurm's")
     add("--node-rank", "--node_rank", default="0", help="must be 0")
-    add("--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
-        help="restarts of the whole rank group after a failure (launcher.max_restarts)")
-    add("--monitor-interval", "--monitor_interval", type=float, default=None, metavar="S",
-        help="seconds between checks of the ranks (launcher.monitor_interval_s)")
-    add("--start-method", "--start_method", default=None, choices=("spawn", "fork", "forkserver"),
-        help="how ranks start (default: fork where safe, the fast start)")
-    add("--standalone", action="store_true", help="accepted: a single-node launch always rendezvouses on loopback")
-    add("--rdzv-backend", "--rdzv_backend", default="static", help="c10d or static (accepted, c10d is used)")
-    add("--rdzv-endpoint", "--rdzv_endpoint", default="", help="HOST:PORT on loopback (the rendezvous port)")
+    add(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="restarts of the whole rank group after a failure (launcher.max_restarts)",
+    )
+    add(
+        "--monitor-interval",
+        "--monitor_interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between checks of the ranks (launcher.monitor_interval_s)",
+    )
+    add(
+        "--start-method",
+        "--start_method",
+        default=None,
+        choices=("spawn", "fork", "forkserver"),
+        help="how ranks start (default: fork where safe, the fast start)",
+    )
+    add(
+        "--standalone",
+        action="store_true",
+        help="accepted: a single-node launch always rendezvouses on loopback",
+    )
+    add(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        default="static",
+        help="c10d or static (accepted, c10d is used)",
+    )
+    add(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        default="",
+        help="HOST:PORT on loopback (the rendezvous port)",
+    )
     add("--master-addr", "--master_addr", default="127.0.0.1", help="must be this host's loopback")
-    add("--master-port", "--master_port", type=int, default=None, help="the rendezvous port (launcher.rdzv_port)")
+    add(
+        "--master-port",
+        "--master_port",
+        type=int,
+        default=None,
+        help="the rendezvous port (launcher.rdzv_port)",
+    )
     add("--local-addr", "--local_addr", default=None, help="must be loopback")
     add("--role", default="default", help="must be 'default'")
-    add("-r", "--redirects", default="0", help="0: console and rank logs; 1-3: rank logs only (no per-rank map)")
-    add("-t", "--tee", default="0", help="accepted: every rank always writes its log and echoes to the console")
-    add("--local-ranks-filter", "--local_ranks_filter", default="", help="ranks echoed to the console, e.g. 0,1")
+    add(
+        "-r",
+        "--redirects",
+        default="0",
+        help="0: console and rank logs; 1-3: rank logs only (no per-rank map)",
+    )
+    add(
+        "-t",
+        "--tee",
+        default="0",
+        help="accepted: every rank always writes its log and echoes to the console",
+    )
+    add(
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        default="",
+        help="ranks echoed to the console, e.g. 0,1",
+    )
     add("-m", "--module", action="store_true", help="the script is a module: python -m MODULE")
-    add("--run-path", "--run_path", action="store_true", help="accepted: scripts always run through runpy")
+    add(
+        "--run-path",
+        "--run_path",
+        action="store_true",
+        help="accepted: scripts always run through runpy",
+    )
+
+
+def _add_wf_launch_flags(add: Callable[..., object]) -> None:
+    """The flags wf_launch.run refuses (torchrun's, with a reason) and those it adds."""
     for name in _REFUSED:  # torchrun's spellings, with - and _; switches take no value
         flags = [f"--{name.replace('_', '-')}", f"--{name}"]
         kind = {"action": "store_true", "default": None} if name in _SWITCHES else {"default": None}
         add(*dict.fromkeys(flags), dest=f"refused_{name}", help=argparse.SUPPRESS, **kind)
-    add("--run-dir", default=None, metavar="DIR", help="the run directory (default: outputs/DATE/TIME-ID)")
-    add("--set", action="append", default=[], metavar="KEY=VALUE",
-        help="any wf_launch override, e.g. engine.cp_size=2 (dp becomes nproc / cp), launcher.console_ranks=[0]")
-    add("--dry-run", action="store_true", help="print the layout, the plan and every rank's command; start nothing")
-    add("training_script", metavar="SCRIPT", help="the script (or, with -m, the module) every rank runs")
-    add("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, as they are")
-    return p
+    add(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="the run directory (default: outputs/DATE/TIME-ID)",
+    )
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any wf_launch override, e.g. engine.cp_size=2 (dp becomes nproc / cp), launcher.console_ranks=[0]",
+    )
+    add(
+        "--dry-run",
+        action="store_true",
+        help="print the layout, the plan and every rank's command; start nothing",
+    )
+    add(
+        "training_script",
+        metavar="SCRIPT",
+        help="the script (or, with -m, the module) every rank runs",
+    )
+    add(
+        "training_script_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="its arguments, as they are",
+    )
 
 
 @dataclass
@@ -128,10 +225,14 @@ def _nproc(value: str) -> int:
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if value == "gpu" and not gpus:
-            raise RunCommandError("--nproc-per-node gpu: this host has no CUDA GPU; give a number, or cpu")
+            raise RunCommandError(
+                "--nproc-per-node gpu: this host has no CUDA GPU; give a number, or cpu"
+            )
         return gpus if value == "gpu" or (value == "auto" and gpus) else (os.cpu_count() or 1)
     if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
-        raise RunCommandError(f"--nproc-per-node {value}: expected an integer >= 1, or auto, cpu, gpu")
+        raise RunCommandError(
+            f"--nproc-per-node {value}: expected an integer >= 1, or auto, cpu, gpu"
+        )
     return int(value)
 
 
@@ -141,24 +242,39 @@ def _single_node(ns: argparse.Namespace) -> None:
         if getattr(ns, f"refused_{dest}", None) is not None:
             raise RunCommandError(f"--{dest.replace('_', '-')}: cannot be honoured: {why}")
     if ns.nnodes not in ("1", "1:1"):
-        raise RunCommandError(f"--nnodes {ns.nnodes}: wf_launch.run runs on one node; for several, use "
-                              "python -m wf_launch launcher=slurm launcher.nodes=N task=script task.path=...")
+        raise RunCommandError(
+            f"--nnodes {ns.nnodes}: wf_launch.run runs on one node; for several, use "
+            "python -m wf_launch launcher=slurm launcher.nodes=N task=script task.path=..."
+        )
     if ns.node_rank != "0":
-        raise RunCommandError(f"--node-rank {ns.node_rank}: one node, so 0 (several nodes: launcher=slurm)")
+        raise RunCommandError(
+            f"--node-rank {ns.node_rank}: one node, so 0 (several nodes: launcher=slurm)"
+        )
     if ns.rdzv_backend not in ("c10d", "static"):
-        raise RunCommandError(f"--rdzv-backend {ns.rdzv_backend}: one node rendezvouses with c10d on loopback; "
-                              "use c10d or drop the flag")
-    for flag, host in (("--master-addr", ns.master_addr), ("--local-addr", ns.local_addr or ""),
-                       ("--rdzv-endpoint", ns.rdzv_endpoint.rpartition(":")[0] if ":" in ns.rdzv_endpoint
-                        else ns.rdzv_endpoint)):
+        raise RunCommandError(
+            f"--rdzv-backend {ns.rdzv_backend}: one node rendezvouses with c10d on loopback; "
+            "use c10d or drop the flag"
+        )
+    for flag, host in (
+        ("--master-addr", ns.master_addr),
+        ("--local-addr", ns.local_addr or ""),
+        (
+            "--rdzv-endpoint",
+            ns.rdzv_endpoint.rpartition(":")[0] if ":" in ns.rdzv_endpoint else ns.rdzv_endpoint,
+        ),
+    ):
         if host.strip("[]") not in LOOPBACK:
-            raise RunCommandError(f"{flag} {host}: one node: the rendezvous listens on 127.0.0.1 only; drop the flag "
-                                  "(several nodes: launcher=slurm)")
+            raise RunCommandError(
+                f"{flag} {host}: one node: the rendezvous listens on 127.0.0.1 only; drop the flag "
+                "(several nodes: launcher=slurm)"
+            )
     if ns.role != "default":
         raise RunCommandError(f"--role {ns.role}: one role per launch ('default')")
     if ns.redirects not in ("0", "1", "2", "3") or ns.tee not in ("0", "1", "2", "3"):
-        raise RunCommandError(f"--redirects {ns.redirects} / --tee {ns.tee}: one of 0-3 for every rank (per-rank "
-                              "maps are not supported; every rank writes its log in the run directory)")
+        raise RunCommandError(
+            f"--redirects {ns.redirects} / --tee {ns.tee}: one of 0-3 for every rank (per-rank "
+            "maps are not supported; every rank writes its log in the run directory)"
+        )
 
 
 def _port(ns: argparse.Namespace) -> int | None:
@@ -181,12 +297,16 @@ def _sizes(sets: list[str], nproc: int) -> int:
             raise RunCommandError(f"--set engine.{dim}_size={raw}: expected an integer >= 1")
         mp *= int(raw)
     if nproc % mp:
-        raise RunCommandError(f"--nproc-per-node {nproc}: not a multiple of tp x cp x pp = {mp} (from --set); "
-                              "the data-parallel size is nproc / (tp x cp x pp)")
+        raise RunCommandError(
+            f"--nproc-per-node {nproc}: not a multiple of tp x cp x pp = {mp} (from --set); "
+            "the data-parallel size is nproc / (tp x cp x pp)"
+        )
     dp = given.get("engine.dp_size")
     if dp is not None and dp != str(nproc // mp):
-        raise RunCommandError(f"--set engine.dp_size={dp}: {nproc} ranks / (tp x cp x pp = {mp}) = {nproc // mp}; "
-                              "drop it (wf_launch.run derives it)")
+        raise RunCommandError(
+            f"--set engine.dp_size={dp}: {nproc} ranks / (tp x cp x pp = {mp}) = {nproc // mp}; "
+            "drop it (wf_launch.run derives it)"
+        )
     return nproc // mp
 
 
@@ -199,15 +319,29 @@ def parse(argv: list[str]) -> RunCommand:
         args = args[1:]
     for s in ns.set:
         if "=" not in s or s.startswith("-"):
-            raise RunCommandError(f"--set {s}: expected KEY=VALUE, a wf_launch override (e.g. engine.cp_size=2)")
-        if s.split("=", 1)[0].lstrip("+~") in ("task", "task.path", "task.module", "task.args", "launcher",
-                                                "hydra.run.dir"):
-            raise RunCommandError(f"--set {s}: wf_launch.run sets {s.split('=', 1)[0]} itself from its arguments")
+            raise RunCommandError(
+                f"--set {s}: expected KEY=VALUE, a wf_launch override (e.g. engine.cp_size=2)"
+            )
+        if s.split("=", 1)[0].lstrip("+~") in (
+            "task",
+            "task.path",
+            "task.module",
+            "task.args",
+            "launcher",
+            "hydra.run.dir",
+        ):
+            raise RunCommandError(
+                f"--set {s}: wf_launch.run sets {s.split('=', 1)[0]} itself from its arguments"
+            )
     nproc = _nproc(ns.nproc_per_node)
-    over = ["task=script", "launcher=local", f"engine.dp_size={_sizes(ns.set, nproc)}",
-            f"launcher.max_restarts={ns.max_restarts}",
-            f"task.{'module' if ns.module else 'path'}={hydra_quote(ns.training_script)}",
-            "task.args=[" + ",".join(hydra_quote(a) for a in args) + "]"]
+    over = [
+        "task=script",
+        "launcher=local",
+        f"engine.dp_size={_sizes(ns.set, nproc)}",
+        f"launcher.max_restarts={ns.max_restarts}",
+        f"task.{'module' if ns.module else 'path'}={hydra_quote(ns.training_script)}",
+        "task.args=[" + ",".join(hydra_quote(a) for a in args) + "]",
+    ]
     if ns.max_restarts < 0:
         raise RunCommandError(f"--max-restarts {ns.max_restarts}: expected an integer >= 0")
     if (port := _port(ns)) is not None:
@@ -220,7 +354,9 @@ def parse(argv: list[str]) -> RunCommand:
         over.append(f"launcher.console_ranks=[{ns.local_ranks_filter}]")
     elif ns.redirects != "0":
         over.append("launcher.console_ranks=[]")
-    return RunCommand(nproc, ns.training_script, args, ns.module, ns.run_dir, [*over, *ns.set], ns.dry_run)
+    return RunCommand(
+        nproc, ns.training_script, args, ns.module, ns.run_dir, [*over, *ns.set], ns.dry_run
+    )
 
 
 def overrides_for(cmd: RunCommand) -> list[str]:

@@ -99,8 +99,10 @@ def _headline(record: RunRecord) -> str:
 def _named_in_config(run_dir: Path) -> tuple[str, str]:
     """The task and launcher names a run's ``config.yaml`` gives (a run with no record yet)."""
     config = files.read_config(run_dir)
-    names = [section.get("name") if isinstance(section := config.get(key), dict) else None
-             for key in ("task", "launcher")]
+    names = [
+        section.get("name") if isinstance(section := config.get(key), dict) else None
+        for key in ("task", "launcher")
+    ]
     task, launcher = (name if isinstance(name, str) else "?" for name in names)
     return task, launcher
 
@@ -135,7 +137,19 @@ def _row(run_dir: Path) -> RunRow:
     try:
         return _read_row(run_dir)
     except (ValueError, OSError) as exc:
-        return RunRow(0.0, UNREADABLE, "?", "?", None, "?", None, "", str(run_dir), _sweep_of(run_dir), str(exc))
+        return RunRow(
+            0.0,
+            UNREADABLE,
+            "?",
+            "?",
+            None,
+            "?",
+            None,
+            "",
+            str(run_dir),
+            _sweep_of(run_dir),
+            str(exc),
+        )
 
 
 def _read_row(run_dir: Path) -> RunRow:
@@ -144,22 +158,61 @@ def _read_row(run_dir: Path) -> RunRow:
         record = RunRecord.read(run_dir)
     except RecordError as exc:
         layout, world = _layout_of(None, run_dir)
-        return RunRow(when, UNREADABLE, "?", layout, world, "?", None, "", str(run_dir), _sweep_of(run_dir),
-                      str(exc))
+        return RunRow(
+            when,
+            UNREADABLE,
+            "?",
+            layout,
+            world,
+            "?",
+            None,
+            "",
+            str(run_dir),
+            _sweep_of(run_dir),
+            str(exc),
+        )
     layout, world = _layout_of(record, run_dir)
     if record is None:
         task, launcher = _named_in_config(run_dir)
         status, problem = RUNNING, ""
         if _gone(launcher, run_dir):
-            status, problem = "unknown", f"its launcher is gone and left no {files.RESULT} (killed?)"
-        return RunRow(when, status, task, layout, world, _launcher_column(launcher, run_dir, None), None, "",
-                      str(run_dir), _sweep_of(run_dir), problem)
+            status, problem = (
+                "unknown",
+                f"its launcher is gone and left no {files.RESULT} (killed?)",
+            )
+        return RunRow(
+            when,
+            status,
+            task,
+            layout,
+            world,
+            _launcher_column(launcher, run_dir, None),
+            None,
+            "",
+            str(run_dir),
+            _sweep_of(run_dir),
+            problem,
+        )
     launcher = _launcher_column(record.launcher or "?", run_dir, record)
     wall = record.timings.get("wall_s")
     wall = wall if isinstance(wall, (int, float)) and math.isfinite(wall) else None
-    finished = record.finished_at if record.finished_at is not None and math.isfinite(record.finished_at) else None
-    return RunRow(finished or when, str(record.status), record.task or "?", layout, world, launcher, wall,
-                  _headline(record), str(run_dir), _sweep_of(run_dir))
+    finished = (
+        record.finished_at
+        if record.finished_at is not None and math.isfinite(record.finished_at)
+        else None
+    )
+    return RunRow(
+        finished or when,
+        str(record.status),
+        record.task or "?",
+        layout,
+        world,
+        launcher,
+        wall,
+        _headline(record),
+        str(run_dir),
+        _sweep_of(run_dir),
+    )
 
 
 def list_runs(roots: list[Path]) -> list[RunRow]:
@@ -177,10 +230,26 @@ def list_runs(roots: list[Path]) -> list[RunRow]:
 def render(rows: list[RunRow]) -> str:
     """A fixed-width table of ``rows``."""
     head = ["when", "status", "task", "tp/cp/pp/dp", "world", "launcher", "wall_s", "metric", "run"]
-    cells = [[printable(c) for c in (_when(r.when), r.status, r.task, r.layout, "" if r.world is None else r.world,
-                                     r.launcher, "" if r.wall_s is None else f"{r.wall_s:.2f}", r.metric,
-                                     _rel(r.run_dir))] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
+    cells = [
+        [
+            printable(c)
+            for c in (
+                _when(r.when),
+                r.status,
+                r.task,
+                r.layout,
+                "" if r.world is None else r.world,
+                r.launcher,
+                "" if r.wall_s is None else f"{r.wall_s:.2f}",
+                r.metric,
+                _rel(r.run_dir),
+            )
+        ]
+        for r in rows
+    ]
+    widths = [
+        max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     for row, cell in zip(rows, cells):
         lines.append("  ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip())
@@ -205,9 +274,16 @@ def _rel(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """List runs and sweeps, newest first."""
-    ap = argparse.ArgumentParser(prog="python -m wf_launch.runs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("dirs", nargs="*", type=Path, help="where to look (default: outputs/ and multirun/)")
-    ap.add_argument("--status", help="only runs with this status (ok, failed, invalid, unreadable, running, ...)")
+    ap = argparse.ArgumentParser(
+        prog="python -m wf_launch.runs", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "dirs", nargs="*", type=Path, help="where to look (default: outputs/ and multirun/)"
+    )
+    ap.add_argument(
+        "--status",
+        help="only runs with this status (ok, failed, invalid, unreadable, running, ...)",
+    )
     ap.add_argument("--json", action="store_true", help="machine-readable output (a JSON list)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many runs (0: all)")
     args = ap.parse_args(argv)
@@ -226,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     elif rows:
         print(render(rows))
     else:
-        print("no runs found" + (f" with status {args.status!r}" if args.status else ""), file=sys.stderr)
+        print(
+            "no runs found" + (f" with status {args.status!r}" if args.status else ""),
+            file=sys.stderr,
+        )
     return 0
 
 

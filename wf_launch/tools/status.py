@@ -63,8 +63,10 @@ def _detached(launcher: Any) -> bool:
 
 def _subdirs(path: Path) -> list[Path]:
     """The directories in ``path``, a sweep's numbered points first and in order."""
-    return sorted((d for d in path.iterdir() if d.is_dir()),
-                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    return sorted(
+        (d for d in path.iterdir() if d.is_dir()),
+        key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name),
+    )
 
 
 def runs_at(path: Path) -> tuple[dict[Path, Any], bool]:
@@ -75,7 +77,9 @@ def runs_at(path: Path) -> tuple[dict[Path, Any], bool]:
     return {d: launcher for d in _subdirs(path) if (launcher := launcher_of(d)) is not None}, True
 
 
-def _print_state(run_dir: Path, label: str, state: str, outcome: RunOutcome | None, details: list[str]) -> None:
+def _print_state(
+    run_dir: Path, label: str, state: str, outcome: RunOutcome | None, details: list[str]
+) -> None:
     """The run's state line, its failure and log, launcher details and attempts (every line made printable)."""
     verdict = f" -> {outcome.status} (exit {outcome.exit_code})" if outcome else ""
     lines = [f"{run_dir}: {label} {state}{verdict}"]
@@ -100,8 +104,11 @@ def _attempt_lines(run_dir: Path) -> list[str]:
     except RecordError:
         record = None
     problems: list[str] = []
-    entries = record.attempts if record is not None and record.final and record.attempts else \
-        attempts.collect(run_dir, problems)
+    entries = (
+        record.attempts
+        if record is not None and record.final and record.attempts
+        else attempts.collect(run_dir, problems)
+    )
     return [*(attempts.describe(entries) if len(entries) > 1 else []), *problems]
 
 
@@ -147,7 +154,11 @@ def _tail(run_dir: Path, lines: int) -> int:
             text = [f"(unreadable: {exc})"]
         _say(f"==> {logs[rank]} <==")
         for line in text:
-            _say(line if len(line) <= _MAX_LINE else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)")
+            _say(
+                line
+                if len(line) <= _MAX_LINE
+                else f"{line[:_MAX_LINE]}... ({len(line)} characters, cut)"
+            )
     missing = sorted(set(ranks) - set(logs))
     if missing:
         from ..observe.stacks import rank_ranges
@@ -180,8 +191,9 @@ def _ended(run_dir: Path, launcher: Any | None, strict: bool = False) -> RunOutc
     alive = launcher.is_live(run_dir) if launcher is not None else launch_alive(run_dir)
     if outcome is not None or alive:
         return outcome
-    return _final(run_dir, strict) or RunOutcome(Status.UNKNOWN, run_dir,
-                                                 f"the launch of {run_dir} is gone and left no final record")
+    return _final(run_dir, strict) or RunOutcome(
+        Status.UNKNOWN, run_dir, f"the launch of {run_dir} is gone and left no final record"
+    )
 
 
 def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> int:
@@ -198,10 +210,17 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
     setup_launcher_logging(None)
     launcher = launcher_of(run_dir)
     try:
-        view = LiveView([run_dir], write=logger.info, state_of=launcher.live_state if launcher else None,
-                        backlog=backlog)
+        view = LiveView(
+            [run_dir],
+            write=logger.info,
+            state_of=launcher.live_state if launcher else None,
+            backlog=backlog,
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        _say(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", err=True)
+        _say(
+            f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})",
+            err=True,
+        )
         return 2
     deadline = time.monotonic() + timeout_s
     outcome = None
@@ -214,7 +233,9 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
             time.sleep(0.5)
     except KeyboardInterrupt:
         view.close()
-        logger.info(f"stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel {run_dir})")
+        logger.info(
+            f"stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel {run_dir})"
+        )
         return 130
     except UNREADABLE_RUN as exc:
         view.close()
@@ -238,14 +259,21 @@ def _stacks(run_dir: Path) -> int:
     try:
         layout = run_layout(files.read_config(run_dir, strict=True))
     except (OSError, ValueError) as exc:
-        _say(f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})", err=True)
+        _say(
+            f"wf_launch.status: {run_dir} is not a run directory ({type(exc).__name__}: {exc})",
+            err=True,
+        )
         return 2
     if launcher is None:
         _say(f"wf_launch.status: {run_dir}: its launcher is not known here", err=True)
         return 2
     try:
-        answered, lines = live_autopsy(run_dir, layout.world_size, lambda r: rank_label(r, layout.coords(r)),
-                                       launcher.signal_ranks)
+        answered, lines = live_autopsy(
+            run_dir,
+            layout.world_size,
+            lambda r: rank_label(r, layout.coords(r)),
+            launcher.signal_ranks,
+        )
     except UNREADABLE_RUN as exc:
         _say(f"wf_launch.status: {exc}", err=True)
         return 2
@@ -256,19 +284,36 @@ def _stacks(run_dir: Path) -> int:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m wf_launch.status", description=main.__doc__)
     ap.add_argument("dir", type=Path, help="a run directory or a sweep directory")
-    ap.add_argument("--cancel", action="store_true", help="cancel every run still running, wait for the end")
+    ap.add_argument(
+        "--cancel", action="store_true", help="cancel every run still running, wait for the end"
+    )
     ap.add_argument("--wait", action="store_true", help="wait until every run has ended")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds --wait / --cancel wait (default 600), and --follow follows (default: until the end)")
-    ap.add_argument("--follow", action="store_true",
-                    help="attach to a running run (local or detached): its state, console ranks' lines and "
-                         "progress, live, until it ends")
-    ap.add_argument("--tail", type=int, default=None, metavar="N",
-                    help="print the last N lines of each console rank's log (with --follow: show the last N "
-                         "lines already written, default 10, then follow)")
-    ap.add_argument("--stacks", action="store_true",
-                    help="dump every rank's Python stacks now and group them by where the ranks are "
-                         "(a local or SLURM run that looks stuck)")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds --wait / --cancel wait (default 600), and --follow follows (default: until the end)",
+    )
+    ap.add_argument(
+        "--follow",
+        action="store_true",
+        help="attach to a running run (local or detached): its state, console ranks' lines and "
+        "progress, live, until it ends",
+    )
+    ap.add_argument(
+        "--tail",
+        type=int,
+        default=None,
+        metavar="N",
+        help="print the last N lines of each console rank's log (with --follow: show the last N "
+        "lines already written, default 10, then follow)",
+    )
+    ap.add_argument(
+        "--stacks",
+        action="store_true",
+        help="dump every rank's Python stacks now and group them by where the ranks are "
+        "(a local or SLURM run that looks stuck)",
+    )
     return ap
 
 
@@ -280,25 +325,35 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = args.dir.absolute()
     if args.tail is not None and args.tail < 0:
-        print(f"wf_launch.status: --tail={args.tail} is not allowed: expected a number of lines >= 0",
-              file=sys.stderr)
+        print(
+            f"wf_launch.status: --tail={args.tail} is not allowed: expected a number of lines >= 0",
+            file=sys.stderr,
+        )
         return 2
     if args.stacks:
         return _stacks(run_dir)
     if args.follow:
-        return _follow(run_dir, math.inf if args.timeout is None else args.timeout,
-                       FOLLOW_BACKLOG if args.tail is None else args.tail)
+        return _follow(
+            run_dir,
+            math.inf if args.timeout is None else args.timeout,
+            FOLLOW_BACKLOG if args.tail is None else args.tail,
+        )
     if args.tail is not None:
         return _tail(run_dir, args.tail)
     runs, is_sweep = runs_at(run_dir)
     if not runs:
-        print(f"wf_launch.status: no run in {str(args.dir)!r} (no {files.CONFIG} there or in its sub-directories)",
-              file=sys.stderr)
+        print(
+            f"wf_launch.status: no run in {str(args.dir)!r} (no {files.CONFIG} there or in its sub-directories)",
+            file=sys.stderr,
+        )
         return 2
     detached = {d: launcher for d, launcher in runs.items() if _detached(launcher)}
     if (args.wait or args.cancel) and not detached:
-        print(f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel (its runs are "
-              "local: their launcher waits for them, Ctrl-C there stops them)", file=sys.stderr)
+        print(
+            f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel (its runs are "
+            "local: their launcher waits for them, Ctrl-C there stops them)",
+            file=sys.stderr,
+        )
         return 2
     codes = _show_detached(args, detached) if detached else []
     if not (args.wait or args.cancel):
@@ -317,8 +372,13 @@ def _show_waited(runs: dict[Path, Any]) -> list[int]:
     for run_dir, launcher in runs.items():
         try:
             outcome = _ended(run_dir, launcher, strict=True)
-            _print_state(run_dir, launcher.status_label(run_dir), "running" if outcome is None else "ended",
-                         outcome, launcher.status_details(run_dir))
+            _print_state(
+                run_dir,
+                launcher.status_label(run_dir),
+                "running" if outcome is None else "ended",
+                outcome,
+                launcher.status_details(run_dir),
+            )
         except UNREADABLE_RUN as exc:
             _say(f"{run_dir}: unreadable: {exc}")
             continue
@@ -335,7 +395,9 @@ def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]
             try:
                 if launcher.cancel(run_dir) is not None:
                     _say(f"cancelling {launcher.status_label(run_dir)} ({run_dir})", err=True)
-            except UNREADABLE_RUN as exc:  # e.g. a job id that is not a scheduler's id: never passed on
+            except (
+                UNREADABLE_RUN
+            ) as exc:  # e.g. a job id that is not a scheduler's id: never passed on
                 _say(f"wf_launch.status: cannot cancel {run_dir}: {exc}", err=True)
                 refused.append(2)
     deadline = time.monotonic() + (600 if args.timeout is None else args.timeout)
@@ -347,14 +409,23 @@ def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]
                 states[run_dir] = launcher.status(run_dir)
             except UNREADABLE_RUN as exc:  # one bad record never stops the others being shown
                 unreadable[run_dir] = str(exc)
-        if (not (args.wait or args.cancel) or all(o for _, o in states.values())
-                or time.monotonic() > deadline):
+        if (
+            not (args.wait or args.cancel)
+            or all(o for _, o in states.values())
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(0.5)
     for run_dir, (state, outcome) in states.items():
         launcher = runs[run_dir]
         try:
-            _print_state(run_dir, launcher.status_label(run_dir), state, outcome, launcher.status_details(run_dir))
+            _print_state(
+                run_dir,
+                launcher.status_label(run_dir),
+                state,
+                outcome,
+                launcher.status_details(run_dir),
+            )
         except UNREADABLE_RUN as exc:
             unreadable[run_dir] = str(exc)
     for run_dir, why in unreadable.items():

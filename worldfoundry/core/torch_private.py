@@ -29,9 +29,22 @@ from typing import Any
 import torch
 
 __all__ = [
-    "DCP_METADATA_PRIVATE", "DYNAMO_MODULE", "PRIVATE_NAMES", "abort_all_process_groups", "check_names", "copy_state_dict", "create_cpu_state_dict",
-    "foreach_add_", "foreach_copy_", "foreach_lerp_", "foreach_mul_", "hooked_agent_class",
-    "release_finished_workers", "store_server_handler_class", "wait_async_collective", "worker_exit_codes",
+    "DCP_METADATA_PRIVATE",
+    "DYNAMO_MODULE",
+    "PRIVATE_NAMES",
+    "abort_all_process_groups",
+    "check_names",
+    "copy_state_dict",
+    "create_cpu_state_dict",
+    "foreach_add_",
+    "foreach_copy_",
+    "foreach_lerp_",
+    "foreach_mul_",
+    "hooked_agent_class",
+    "release_finished_workers",
+    "store_server_handler_class",
+    "wait_async_collective",
+    "worker_exit_codes",
     "worker_pids",
 ]
 
@@ -42,26 +55,106 @@ _RDZV = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 # (module, name, kind, what we need it for). kind: "attr" resolves as an attribute path;
 # "self" is an instance attribute the class's source assigns (``self.NAME =``); "module" is a module.
 PRIVATE_NAMES: tuple[tuple[str, str, str, str], ...] = (
-    (_AGENT, "LocalElasticAgent._start_workers", "attr", "fork gate, attempt records, restart of the watch"),
-    (_AGENT, "LocalElasticAgent._shutdown", "attr", "release ranks that finished when the launcher is signalled"),
-    (_AGENT, "LocalElasticAgent._monitor_workers", "attr", "every rank's exit code, the stack autopsy"),
+    (
+        _AGENT,
+        "LocalElasticAgent._start_workers",
+        "attr",
+        "fork gate, attempt records, restart of the watch",
+    ),
+    (
+        _AGENT,
+        "LocalElasticAgent._shutdown",
+        "attr",
+        "release ranks that finished when the launcher is signalled",
+    ),
+    (
+        _AGENT,
+        "LocalElasticAgent._monitor_workers",
+        "attr",
+        "every rank's exit code, the stack autopsy",
+    ),
     (_AGENT, "LocalElasticAgent._pcontext", "self", "the worker processes"),
     (_AGENT, "LocalElasticAgent._start_method", "self", "the fork gate only holds forked workers"),
     (_MP_API, "MultiprocessContext._pc", "self", "exit codes of function workers"),
-    (_MP_API, "MultiprocessContext._worker_finished_event", "self", "ranks waiting to hand back their value"),
+    (
+        _MP_API,
+        "MultiprocessContext._worker_finished_event",
+        "self",
+        "ranks waiting to hand back their value",
+    ),
     (_MP_API, "SubprocessContext.subprocess_handlers", "self", "exit codes of command workers"),
-    ("multiprocessing.synchronize", "Event._cond", "self", "set the finished event without blocking"),
-    (_RDZV, "DynamicRendezvousHandler._create_tcp_store_server", "attr", "the rendezvous store on loopback only"),
-    (_RDZV, "DynamicRendezvousHandler._shared_tcp_store_server", "self", "a fresh worker store for every restart"),
-    (_RDZV, "DynamicRendezvousHandler._bootstrap_store_info", "self", "a fresh worker store for every restart"),
-    ("torch.distributed._state_dict_utils", "_copy_state_dict", "attr", "async checkpoints: reuse CPU buffers"),
-    ("torch.distributed._state_dict_utils", "_create_cpu_state_dict", "attr", "async checkpoints: CPU buffers"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo", "attr", "checkpoint metadata: admitted class"),
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "attr", "checkpoint metadata: admitted class"),
-    ("torch.serialization", "_get_layout", "attr", "checkpoint metadata: admitted (a tensor layout by name)"),
-    ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", "attr", "a DTensor's pending shard"),
-    ("torch.distributed.distributed_c10d", "_abort_process_group", "attr", "abort every group at once"),
-    ("torch._dynamo", "", "module", "FSDP2's compiler, imported before the local launcher forks (preload)"),
+    (
+        "multiprocessing.synchronize",
+        "Event._cond",
+        "self",
+        "set the finished event without blocking",
+    ),
+    (
+        _RDZV,
+        "DynamicRendezvousHandler._create_tcp_store_server",
+        "attr",
+        "the rendezvous store on loopback only",
+    ),
+    (
+        _RDZV,
+        "DynamicRendezvousHandler._shared_tcp_store_server",
+        "self",
+        "a fresh worker store for every restart",
+    ),
+    (
+        _RDZV,
+        "DynamicRendezvousHandler._bootstrap_store_info",
+        "self",
+        "a fresh worker store for every restart",
+    ),
+    (
+        "torch.distributed._state_dict_utils",
+        "_copy_state_dict",
+        "attr",
+        "async checkpoints: reuse CPU buffers",
+    ),
+    (
+        "torch.distributed._state_dict_utils",
+        "_create_cpu_state_dict",
+        "attr",
+        "async checkpoints: CPU buffers",
+    ),
+    (
+        "torch.distributed.checkpoint.filesystem",
+        "_StorageInfo",
+        "attr",
+        "checkpoint metadata: admitted class",
+    ),
+    (
+        "torch.distributed.checkpoint.metadata",
+        "_MEM_FORMAT_ENCODING",
+        "attr",
+        "checkpoint metadata: admitted class",
+    ),
+    (
+        "torch.serialization",
+        "_get_layout",
+        "attr",
+        "checkpoint metadata: admitted (a tensor layout by name)",
+    ),
+    (
+        "torch.distributed._functional_collectives",
+        "AsyncCollectiveTensor",
+        "attr",
+        "a DTensor's pending shard",
+    ),
+    (
+        "torch.distributed.distributed_c10d",
+        "_abort_process_group",
+        "attr",
+        "abort every group at once",
+    ),
+    (
+        "torch._dynamo",
+        "",
+        "module",
+        "FSDP2's compiler, imported before the local launcher forks (preload)",
+    ),
     ("torch", "_foreach_copy_", "attr", "EMA: fused copies"),
     ("torch", "_foreach_lerp_", "attr", "EMA: fused average"),
     ("torch", "_foreach_mul_", "attr", "EMA: fused average of mixed dtypes"),
@@ -87,7 +180,9 @@ def check_names() -> list[str]:
             cls_name, _, attr = name.rpartition(".")
             source = inspect.getsource(_resolve(module, cls_name))
             if f"self.{attr} =" not in source and f"self.{attr}:" not in source:
-                problems.append(f"{module}.{name} ({why}): {cls_name} no longer assigns self.{attr}")
+                problems.append(
+                    f"{module}.{name} ({why}): {cls_name} no longer assigns self.{attr}"
+                )
         except (ImportError, AttributeError, OSError, TypeError) as exc:
             problems.append(f"{module}.{name} ({why}): {type(exc).__name__}: {exc}")
     return problems
@@ -107,7 +202,9 @@ def hooked_agent_class() -> type:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     class HookedLocalElasticAgent(LocalElasticAgent):
-        def start_workers(self, worker_group: Any, start: Callable[[], dict[int, Any]]) -> dict[int, Any]:
+        def start_workers(
+            self, worker_group: Any, start: Callable[[], dict[int, Any]]
+        ) -> dict[int, Any]:
             return start()
 
         def on_shutdown(self) -> None:
@@ -120,7 +217,9 @@ def hooked_agent_class() -> type:
             return result
 
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-            return self.start_workers(worker_group, lambda: LocalElasticAgent._start_workers(self, worker_group))
+            return self.start_workers(
+                worker_group, lambda: LocalElasticAgent._start_workers(self, worker_group)
+            )
 
         def stop_signal(self, death_sig: Any) -> Any:
             return death_sig
@@ -138,7 +237,9 @@ def hooked_agent_class() -> type:
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             self.before_monitor(worker_group)
-            return self.after_monitor(worker_group, LocalElasticAgent._monitor_workers(self, worker_group))
+            return self.after_monitor(
+                worker_group, LocalElasticAgent._monitor_workers(self, worker_group)
+            )
 
         @property
         def process_context(self) -> Any:
@@ -196,12 +297,19 @@ def store_server_handler_class() -> type:
 
         def _create_tcp_store_server(self, master_addr: str, master_port: int) -> Any:
             if self.store_factory is None:
-                return DynamicRendezvousHandler._create_tcp_store_server(self, master_addr, master_port)
+                return DynamicRendezvousHandler._create_tcp_store_server(
+                    self, master_addr, master_port
+                )
             return self.store_factory(master_port)
 
         def next_rendezvous(self) -> Any:
-            if self.store_factory is not None and getattr(self, "_shared_tcp_store_server", None) is not None:
-                self._retired = getattr(self, "_retired", [])  # kept alive: a late client never hits a dead socket
+            if (
+                self.store_factory is not None
+                and getattr(self, "_shared_tcp_store_server", None) is not None
+            ):
+                self._retired = getattr(
+                    self, "_retired", []
+                )  # kept alive: a late client never hits a dead socket
                 self._retired.append(self._shared_tcp_store_server)
                 self._shared_tcp_store_server = None
                 self._bootstrap_store_info = None
@@ -225,11 +333,13 @@ def copy_state_dict(state_dict: dict[str, Any], into: dict[str, Any]) -> dict[st
     return _copy_state_dict(state_dict, into)
 
 
-DCP_METADATA_PRIVATE: frozenset[tuple[str, str]] = frozenset({
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
-    ("torch.serialization", "_get_layout"),
-})
+DCP_METADATA_PRIVATE: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+        ("torch.serialization", "_get_layout"),
+    }
+)
 """The private (module, name) pairs a DCP ``.metadata`` pickle refers to: where each saved item lies, a tensor's
 memory format and its layout. The checkpoint reader's restricted unpickler admits these (and DCP's public
 metadata classes), nothing else; :func:`check_names` checks them on every torch upgrade."""

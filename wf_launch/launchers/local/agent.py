@@ -52,8 +52,10 @@ class PortInUse(OSError):
     """The launch's own rendezvous port is taken: a launch never joins another process's store."""
 
     def __init__(self, port: int, why: str) -> None:
-        super().__init__(f"launcher.rdzv_port={port}: port {port} is in use on {LOOPBACK} ({why}); "
-                         "choose another port, or 0 for a free one")
+        super().__init__(
+            f"launcher.rdzv_port={port}: port {port} is in use on {LOOPBACK} ({why}); "
+            "choose another port, or 0 for a free one"
+        )
         self.port = port
 
 
@@ -72,8 +74,15 @@ def loopback_store(port: int, timeout_s: float) -> dist.TCPStore:
         sock.close()
         raise PortInUse(port, exc.strerror or str(exc)) from None
     bound = sock.getsockname()[1]
-    return dist.TCPStore(LOOPBACK, bound, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
-                         wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(
+        LOOPBACK,
+        bound,
+        is_master=True,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezvousHandler:
@@ -83,8 +92,14 @@ def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezv
     backend = C10dRendezvousBackend(store, params.run_id)
     join = params.get_as_int("join_timeout", params.get_as_int("timeout", 600))
     handler = store_server_handler_class().from_backend(
-        params.run_id, store, backend, params.min_nodes, params.max_nodes, LOOPBACK,
-        RendezvousTimeout(join=timedelta(seconds=join or 600)))
+        params.run_id,
+        store,
+        backend,
+        params.min_nodes,
+        params.max_nodes,
+        LOOPBACK,
+        RendezvousTimeout(join=timedelta(seconds=join or 600)),
+    )
     handler.store_factory = lambda master_port: loopback_store(master_port, read_timeout)
     return handler
 
@@ -144,9 +159,13 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
     on_start: Callable[[int, dict[int, int]], None] | None = None
     starts: int = 0
 
-    def start_workers(self, worker_group: WorkerGroup, start: Callable[[], dict[int, Any]]) -> dict[int, Any]:
+    def start_workers(
+        self, worker_group: WorkerGroup, start: Callable[[], dict[int, Any]]
+    ) -> dict[int, Any]:
         if self.on_start is not None:
-            self.on_start(self.starts, dict(self.exit_codes))  # the previous start's failed ranks, if any
+            self.on_start(
+                self.starts, dict(self.exit_codes)
+            )  # the previous start's failed ranks, if any
         self.starts += 1
         self.exit_codes = {}
         self.dumps = None
@@ -164,8 +183,10 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag, so a task
         that polls ``ctx.should_stop()`` saves and returns; a second Ctrl-C stops them at once."""
         if death_sig == signal.SIGINT:
-            logger.warning("Ctrl-C: every rank stops at its next step boundary (a task that polls "
-                           "ctx.should_stop() saves first); press Ctrl-C again to stop at once")
+            logger.warning(
+                "Ctrl-C: every rank stops at its next step boundary (a task that polls "
+                "ctx.should_stop() saves first); press Ctrl-C again to stop at once"
+            )
             return signal.SIGTERM
         return death_sig
 
@@ -179,22 +200,30 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         """Global rank -> pid of every worker still running."""
         codes = worker_exit_codes(self.process_context)
         pids = worker_pids(self.process_context)
-        return {w.global_rank: pids[w.local_rank] for w in worker_group.workers
-                if w.local_rank in pids and codes.get(w.local_rank) is None}
+        return {
+            w.global_rank: pids[w.local_rank]
+            for w in worker_group.workers
+            if w.local_rank in pids and codes.get(w.local_rank) is None
+        }
 
     def before_monitor(self, worker_group: WorkerGroup) -> None:
         if self.watch is not None and self.process_context is not None and self.dumps is None:
             codes = worker_exit_codes(self.process_context)
             if any(c not in (None, 0) for c in codes.values()):
                 # A rank failed; torch stops the survivors as soon as it notices. First: where is everyone?
-                self.dumps = self.watch.autopsy(self._live_pids(worker_group),
-                                                alive=lambda rank: rank in self._live_pids(worker_group))
+                self.dumps = self.watch.autopsy(
+                    self._live_pids(worker_group),
+                    alive=lambda rank: rank in self._live_pids(worker_group),
+                )
 
     def after_monitor(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         if result.is_failed():
             codes = worker_exit_codes(self.process_context)
-            self.exit_codes = {w.global_rank: codes[w.local_rank] for w in worker_group.workers
-                               if codes.get(w.local_rank) not in (None, 0)}
+            self.exit_codes = {
+                w.global_rank: codes[w.local_rank]
+                for w in worker_group.workers
+                if codes.get(w.local_rank) not in (None, 0)
+            }
         elif self.watch is not None and self.process_context is not None:
             self.watch.tick(self._live_pids(worker_group))
         return result
@@ -204,16 +233,26 @@ class RanksFailed(Exception):
     """The ranks failed: ``exit_codes`` maps each failed global rank to its exit code (< 0: signal);
     ``dumps`` the stacks of the ranks still alive when the failure was seen."""
 
-    def __init__(self, exit_codes: dict[int, int], error: ChildFailedError,
-                 dumps: dict[int, Any] | None = None) -> None:
+    def __init__(
+        self,
+        exit_codes: dict[int, int],
+        error: ChildFailedError,
+        dumps: dict[int, Any] | None = None,
+    ) -> None:
         super().__init__(str(error))
         self.exit_codes = exit_codes
         self.dumps = dumps or {}
 
 
-def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
-              loopback_only: bool = True, gate: ForkGate | None = None, watch: Any = None,
-              on_start: Callable[[int, dict[int, int]], None] | None = None) -> dict[int, Any]:
+def run_agent(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any],
+    *args: Any,
+    loopback_only: bool = True,
+    gate: ForkGate | None = None,
+    watch: Any = None,
+    on_start: Callable[[int, dict[int, int]], None] | None = None,
+) -> dict[int, Any]:
     """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
 
     With ``loopback_only`` (a single host), the rendezvous store and the store
@@ -229,20 +268,35 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
     ``SignalException`` through when the launcher itself is signalled (after the
     agent has stopped every worker).
     """
-    params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
-                                  run_id=config.run_id, min_nodes=config.min_nodes,
-                                  max_nodes=config.max_nodes, local_addr=config.local_addr,
-                                  **config.rdzv_configs)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
     if loopback_only:
         handler = _loopback_handler(params, int(config.rdzv_endpoint.rpartition(":")[2] or 0))
     else:
         handler = rdzv_registry.get_rendezvous_handler(params)
-    spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint,
-                      args=tuple(args), rdzv_handler=handler,
-                      max_restarts=config.max_restarts, monitor_interval=config.monitor_interval,
-                      local_addr=config.local_addr)
-    agent = _ExitCodeAgent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,
-                           shutdown_timeout=config.shutdown_timeout)
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=handler,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+    )
+    agent = _ExitCodeAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,
+        start_method=config.start_method,
+        shutdown_timeout=config.shutdown_timeout,
+    )
     agent.exit_codes = {}
     agent.gate = gate
     agent.watch = watch
@@ -256,11 +310,16 @@ def run_agent(config: LaunchConfig, entrypoint: Callable[..., Any], *args: Any,
         spec.rdzv_handler.shutdown()
         raise
     finally:
-        for signum, handler in handlers.items():  # torch's handlers raise; after the ranks, Ctrl-C is ours again
+        for (
+            signum,
+            handler,
+        ) in handlers.items():  # torch's handlers raise; after the ranks, Ctrl-C is ours again
             signal.signal(signum, handler)
     spec.rdzv_handler.shutdown()
     if result.is_failed():
-        error = ChildFailedError(name=getattr(entrypoint, "__name__", "rank"), failures=result.failures)
+        error = ChildFailedError(
+            name=getattr(entrypoint, "__name__", "rank"), failures=result.failures
+        )
         codes = dict(agent.exit_codes)
         for rank, failure in result.failures.items():
             codes.setdefault(rank, failure.exitcode)

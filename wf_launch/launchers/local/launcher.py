@@ -68,16 +68,28 @@ class LocalLauncherConfig(LauncherConfig):
         for key in ("max_restarts", "threads_per_rank"):
             check_int(f"launcher.{key}", getattr(self, key), low=0)
         check_int("launcher.rdzv_port", self.rdzv_port, 0, 65535, note="(0: pick a free port)")
-        check_number("launcher.monitor_interval_s", self.monitor_interval_s, 0, 60, low_open=True, unit="seconds")
-        check_number("launcher.shutdown_timeout_s", self.shutdown_timeout_s, 0, 3600, unit="seconds")
+        check_number(
+            "launcher.monitor_interval_s",
+            self.monitor_interval_s,
+            0,
+            60,
+            low_open=True,
+            unit="seconds",
+        )
+        check_number(
+            "launcher.shutdown_timeout_s", self.shutdown_timeout_s, 0, 3600, unit="seconds"
+        )
         for key in ("loopback_only", "oversubscribe"):
             check_bool(f"launcher.{key}", getattr(self, key))
         cores = os.cpu_count() or 1
         if world_size > RANKS_PER_CORE * cores and not self.oversubscribe:
-            raise config_error("engine (tp_size*cp_size*pp_size*dp_size)", world_size,
-                               f"the layout has {world_size} ranks, more than {RANKS_PER_CORE} per core on this "
-                               f"{cores}-core host ({RANKS_PER_CORE * cores}); use launcher=slurm for more, or "
-                               "pass launcher.oversubscribe=true to start them here anyway")
+            raise config_error(
+                "engine (tp_size*cp_size*pp_size*dp_size)",
+                world_size,
+                f"the layout has {world_size} ranks, more than {RANKS_PER_CORE} per core on this "
+                f"{cores}-core host ({RANKS_PER_CORE * cores}); use launcher=slurm for more, or "
+                "pass launcher.oversubscribe=true to start them here anyway",
+            )
 
 
 def preload(modules: tuple[str, ...]) -> None:
@@ -117,17 +129,19 @@ def describe(plan: LaunchPlan) -> str:
     lc: LocalLauncherConfig = plan.launcher_config
     nproc = plan.world_size
     port = lc.rdzv_port or "a free port (0)"
-    return "\n".join([
-        f"launcher      local (torch elastic agent), {nproc} rank process(es) on this host",
-        f"layout        {plan.layout.describe()}",
-        f"task          {plan.task}",
-        f"rendezvous    c10d at 127.0.0.1:{port}",
-        f"start method  {choose_start_method(lc.start_method)} (requested {lc.start_method})",
-        f"threads/rank  {threads_per_rank(lc.threads_per_rank, nproc)}",
-        f"max restarts  {lc.max_restarts}",
-        f"run dir       {plan.run_dir}",
-        f"rank logs     {files.rank_log(plan.run_dir, 0).parent}/rank{{0..{nproc - 1}}}.log",
-    ])
+    return "\n".join(
+        [
+            f"launcher      local (torch elastic agent), {nproc} rank process(es) on this host",
+            f"layout        {plan.layout.describe()}",
+            f"task          {plan.task}",
+            f"rendezvous    c10d at 127.0.0.1:{port}",
+            f"start method  {choose_start_method(lc.start_method)} (requested {lc.start_method})",
+            f"threads/rank  {threads_per_rank(lc.threads_per_rank, nproc)}",
+            f"max restarts  {lc.max_restarts}",
+            f"run dir       {plan.run_dir}",
+            f"rank logs     {files.rank_log(plan.run_dir, 0).parent}/rank{{0..{nproc - 1}}}.log",
+        ]
+    )
 
 
 class _ToLoguru(logging.Handler):
@@ -154,8 +168,10 @@ def _share_the_loopback_store() -> None:
     """
     value = os.environ.pop(SEPARATE_STORE_ENV, None)
     if value not in (None, "", "0"):
-        logger.warning(f"{SEPARATE_STORE_ENV}={value} ignored: with launcher.loopback_only=true the ranks share the "
-                       "launcher's store on 127.0.0.1 (set launcher.loopback_only=false to keep it)")
+        logger.warning(
+            f"{SEPARATE_STORE_ENV}={value} ignored: with launcher.loopback_only=true the ranks share the "
+            "launcher's store on 127.0.0.1 (set launcher.loopback_only=false to keep it)"
+        )
 
 
 def _launch_config(plan: LaunchPlan, method: str) -> Any:
@@ -165,12 +181,19 @@ def _launch_config(plan: LaunchPlan, method: str) -> Any:
 
     lc: LocalLauncherConfig = plan.launcher_config
     return LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size, run_id=f"wf-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{lc.rdzv_port}",
-        rdzv_configs={"timeout": 120}, max_restarts=lc.max_restarts,
-        monitor_interval=lc.monitor_interval_s, start_method=method,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=plan.world_size,
+        run_id=f"wf-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{lc.rdzv_port}",
+        rdzv_configs={"timeout": 120},
+        max_restarts=lc.max_restarts,
+        monitor_interval=lc.monitor_interval_s,
+        start_method=method,
         logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / files.ELASTIC_LOGS)),
-        local_addr="127.0.0.1", shutdown_timeout=lc.shutdown_timeout_s,
+        local_addr="127.0.0.1",
+        shutdown_timeout=lc.shutdown_timeout_s,
     )
 
 
@@ -187,9 +210,15 @@ def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         _share_the_loopback_store()
     _route_elastic_logs()
-    spec = RankSpec(config=plan.config, run_dir=str(plan.run_dir), threads_per_rank=threads,
-                    console_ranks=lc.console_ranks, launch_time=time.time(), max_log_mb=float(lc.max_log_mb or 0),
-                    attempt_base=attempts.count(plan.run_dir))  # > 0 when launcher.resume continues a run
+    spec = RankSpec(
+        config=plan.config,
+        run_dir=str(plan.run_dir),
+        threads_per_rank=threads,
+        console_ranks=lc.console_ranks,
+        launch_time=time.time(),
+        max_log_mb=float(lc.max_log_mb or 0),
+        attempt_base=attempts.count(plan.run_dir),
+    )  # > 0 when launcher.resume continues a run
     return _launch_config(plan, method), spec, method
 
 
@@ -205,8 +234,12 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from .agent import PortInUse, RanksFailed
 
     tracker = _AttemptTracker(plan.run_dir, plan.world_size, attempts.count(plan.run_dir))
-    info: dict[str, Any] = {"launcher": "local", "task": plan.task, "overrides": plan.overrides,
-                            "run_dir": str(plan.run_dir)}
+    info: dict[str, Any] = {
+        "launcher": "local",
+        "task": plan.task,
+        "overrides": plan.overrides,
+        "run_dir": str(plan.run_dir),
+    }
     t0 = time.time()
     try:
         _start_and_wait(plan, info, tracker)
@@ -217,13 +250,23 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         info["placement"] = read_placement(plan.run_dir, plan.world_size)
         return _failed(plan, info, exc.exit_codes, time.time() - t0, exc.dumps)
     except StartupTimeout as exc:
-        info["attempts"], info["placement"] = tracker.close("start-up timeout"), read_placement(plan.run_dir, plan.world_size)
+        info["attempts"], info["placement"] = (
+            tracker.close("start-up timeout"),
+            read_placement(plan.run_dir, plan.world_size),
+        )
         return _startup_timeout(plan, info, exc, time.time() - t0)
     except (SignalException, KeyboardInterrupt) as exc:
         info["placement"] = read_placement(plan.run_dir, plan.world_size)
-        return _interrupted(plan, info, tracker, signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name, t0)
-    info["attempts"], info["placement"] = tracker.close("completed"), read_placement(plan.run_dir, plan.world_size)
-    record = RunRecord.finalize(plan.run_dir, Status.OK, **info, timings={"wall_s": round(time.time() - t0, 4)})
+        return _interrupted(
+            plan, info, tracker, signal.Signals(getattr(exc, "sigval", signal.SIGINT)).name, t0
+        )
+    info["attempts"], info["placement"] = (
+        tracker.close("completed"),
+        read_placement(plan.run_dir, plan.world_size),
+    )
+    record = RunRecord.finalize(
+        plan.run_dir, Status.OK, **info, timings={"wall_s": round(time.time() - t0, 4)}
+    )
     return RunOutcome.of(record, plan.run_dir)
 
 
@@ -235,18 +278,35 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
     from .rank_entry import local_rank_entry
 
     config, spec, method = _prepare(plan)
-    logger.info(f"launching {plan.world_size} rank(s): {plan.layout.describe()}, task={plan.task}, "
-                f"start method {method}, run dir {plan.run_dir}")
+    logger.info(
+        f"launching {plan.world_size} rank(s): {plan.layout.describe()}, task={plan.task}, "
+        f"start method {method}, run dir {plan.run_dir}"
+    )
     info["environment"] = record_environment(plan.run_dir)
     gate = ForkGate()
     # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
     # launcher forks the ranks, and a forking process should run no threads of its own.
     monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
-    watch = RankWatch(plan.run_dir, plan.world_size, plan.label, float(plan.config["engine"]["init_timeout_s"]),
-                      write=logger.info, progress=monitor)
+    watch = RankWatch(
+        plan.run_dir,
+        plan.world_size,
+        plan.label,
+        float(plan.config["engine"]["init_timeout_s"]),
+        write=logger.info,
+        progress=monitor,
+    )
     try:
-        run_agent(config, local_rank_entry, spec, os.getpid(), gate, gate=gate,
-                  loopback_only=plan.launcher_config.loopback_only, watch=watch, on_start=tracker.on_start)
+        run_agent(
+            config,
+            local_rank_entry,
+            spec,
+            os.getpid(),
+            gate,
+            gate=gate,
+            loopback_only=plan.launcher_config.loopback_only,
+            watch=watch,
+            on_start=tracker.on_start,
+        )
     finally:
         monitor.stop()
 
@@ -262,7 +322,9 @@ class _AttemptTracker:
     def on_start(self, n: int, exit_codes: dict[int, int]) -> None:
         """Before the ranks' ``n``-th start: close the attempt that crashed (its failed ranks' ``exit_codes``)."""
         if self.current is not None:
-            attempts.close(self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes))
+            attempts.close(
+                self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes)
+            )
         self.current = self.base + n
 
     def close(self, ended_by: str) -> list[dict[str, Any]]:
@@ -274,23 +336,36 @@ class _AttemptTracker:
 
 def _port_in_use(plan: LaunchPlan, info: dict[str, Any], exc: Exception) -> RunOutcome:
     print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
-    record = RunRecord.finalize(plan.run_dir, Status.INVALID, **info,
-                                failure={"cause": "invalid_config", "message": str(exc)})
+    record = RunRecord.finalize(
+        plan.run_dir,
+        Status.INVALID,
+        **info,
+        failure={"cause": "invalid_config", "message": str(exc)},
+    )
     return RunOutcome.of(record, plan.run_dir, "")
 
 
-def _interrupted(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker, name: str,
-                 t0: float) -> RunOutcome:
+def _interrupted(
+    plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker, name: str, t0: float
+) -> RunOutcome:
     from ...rundir.resume import resume_hint
 
     started = tracker.current is not None
-    summary = (f"interrupted by {name}: every rank was stopped" if started
-               else f"interrupted by {name} while the run was starting: no rank had started")
+    summary = (
+        f"interrupted by {name}: every rank was stopped"
+        if started
+        else f"interrupted by {name} while the run was starting: no rank had started"
+    )
     logger.debug(summary)
     info["attempts"] = tracker.close(name)
-    record = RunRecord.finalize(plan.run_dir, Status.INTERRUPTED, signal_name=name, **info,
-                                failure={"cause": "interrupt", "signal": name, "message": summary},
-                                timings={"wall_s": round(time.time() - t0, 4)})
+    record = RunRecord.finalize(
+        plan.run_dir,
+        Status.INTERRUPTED,
+        signal_name=name,
+        **info,
+        failure={"cause": "interrupt", "signal": name, "message": summary},
+        timings={"wall_s": round(time.time() - t0, 4)},
+    )
     hint = resume_hint(plan.run_dir, plan.overrides)
     return RunOutcome.of(record, plan.run_dir, f"{summary}\n  {hint}" if hint else summary)
 
@@ -300,30 +375,62 @@ def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: flo
 
     spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
     lines = [str(exc), *describe_groups(group_spots(spots), plan.label)]
-    lines.append(f"  logs: {', '.join(str(files.rank_log(plan.run_dir, r)) for r in exc.missing[:8])}"
-                 + (" ..." if len(exc.missing) > 8 else ""))
-    stuck = {str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(plan.run_dir, r))} if r in spots
-             else {"frame": None, "note": "no stack dump"} for r in exc.missing}
+    lines.append(
+        f"  logs: {', '.join(str(files.rank_log(plan.run_dir, r)) for r in exc.missing[:8])}"
+        + (" ..." if len(exc.missing) > 8 else "")
+    )
+    stuck = {
+        str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(plan.run_dir, r))}
+        if r in spots
+        else {"frame": None, "note": "no stack dump"}
+        for r in exc.missing
+    }
     summary = "\n".join(lines)
-    failure = {"rank": exc.missing[0], "cause": "init_timeout", "type": "StartupTimeout", "message": str(exc),
-               "missing_ranks": exc.missing, "stuck": stuck, "coords": plan.layout.coords(exc.missing[0]),
-               "log": str(files.rank_log(plan.run_dir, exc.missing[0]))}
-    record = RunRecord.finalize(plan.run_dir, Status.FAILED, **info, failure=failure,
-                                timings={"wall_s": round(wall, 4)})
+    failure = {
+        "rank": exc.missing[0],
+        "cause": "init_timeout",
+        "type": "StartupTimeout",
+        "message": str(exc),
+        "missing_ranks": exc.missing,
+        "stuck": stuck,
+        "coords": plan.layout.coords(exc.missing[0]),
+        "log": str(files.rank_log(plan.run_dir, exc.missing[0])),
+    }
+    record = RunRecord.finalize(
+        plan.run_dir, Status.FAILED, **info, failure=failure, timings={"wall_s": round(wall, 4)}
+    )
     return RunOutcome.of(record, plan.run_dir, summary)
 
 
-def _failed(plan: LaunchPlan, info: dict[str, Any], exits: dict[int, int], wall: float,
-            dumps: dict[int, Any] | None = None) -> RunOutcome:
-    explained = explain_failure(plan.run_dir, exits, plan.label, plan.layout.coords, plan.world_size, dumps)
+def _failed(
+    plan: LaunchPlan,
+    info: dict[str, Any],
+    exits: dict[int, int],
+    wall: float,
+    dumps: dict[int, Any] | None = None,
+) -> RunOutcome:
+    explained = explain_failure(
+        plan.run_dir, exits, plan.label, plan.layout.coords, plan.world_size, dumps
+    )
     if explained is None:
-        cause = {"rank": -1, "cause": "unknown", "type": "Unknown", "message": "no rank reported a failure"}
+        cause = {
+            "rank": -1,
+            "cause": "unknown",
+            "type": "Unknown",
+            "message": "no rank reported a failure",
+        }
         summary = "run failed, but no rank left a failure record"
     else:
         cause, summary = explained
     logger.debug(f"run failed: {summary}")
-    record = RunRecord.finalize(plan.run_dir, Status.FAILED, **info, failure=cause,
-                                exits={str(k): v for k, v in exits.items()}, timings={"wall_s": round(wall, 4)})
+    record = RunRecord.finalize(
+        plan.run_dir,
+        Status.FAILED,
+        **info,
+        failure=cause,
+        exits={str(k): v for k, v in exits.items()},
+        timings={"wall_s": round(wall, 4)},
+    )
     return RunOutcome.of(record, plan.run_dir, summary)
 
 
@@ -342,4 +449,3 @@ class LocalLauncher(LauncherHooks):
 
     def launch(self, plan: LaunchPlan) -> RunOutcome:
         return launch(plan)
-

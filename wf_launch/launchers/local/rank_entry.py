@@ -45,7 +45,9 @@ def _parent_chain(depth: int) -> list[int]:
     return chain
 
 
-def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = None) -> dict[str, Any]:
+def local_rank_entry(
+    spec: RankSpec, launcher_pid: int, gate: ForkGate | None = None
+) -> dict[str, Any]:
     """What each local rank process runs: signal set-up, then the shared entrypoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -54,7 +56,9 @@ def local_rank_entry(spec: RankSpec, launcher_pid: int, gate: ForkGate | None = 
     _die_with_parent()
     if launcher_pid not in _parent_chain(2):
         os._exit(1)
-    os.environ[ATTEMPT_ENV] = str(spec.attempt_base + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+    os.environ[ATTEMPT_ENV] = str(
+        spec.attempt_base + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    )
     try:
         return rank_main(spec)
     except BaseException as exc:

@@ -66,71 +66,123 @@ def _validate_runtime_env(env: Any) -> None:
     if unknown:
         raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
     env_vars = env.get("env_vars") or {}
-    if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in env_vars.items()):
-        raise config_error("launcher.runtime_env.env_vars", env_vars, "a mapping of names to strings")
+    if not isinstance(env_vars, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+    ):
+        raise config_error(
+            "launcher.runtime_env.env_vars", env_vars, "a mapping of names to strings"
+        )
     owned = sorted(k for k in env_vars if k in LAUNCHER_VARS)
     if owned:
-        raise config_error(f"launcher.runtime_env.env_vars.{owned[0]}", env_vars[owned[0]],
-                           f"set by the launcher for every rank ({', '.join(LAUNCHER_VARS)})")
+        raise config_error(
+            f"launcher.runtime_env.env_vars.{owned[0]}",
+            env_vars[owned[0]],
+            f"set by the launcher for every rank ({', '.join(LAUNCHER_VARS)})",
+        )
     pip = env.get("pip")
-    if pip is not None and not (isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip))):
-        raise config_error("launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path")
+    if pip is not None and not (
+        isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip))
+    ):
+        raise config_error(
+            "launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path"
+        )
     for key in ("working_dir",):
         if env.get(key) is not None and not isinstance(env[key], str):
-            raise config_error(f"launcher.runtime_env.{key}", env[key], "a directory or a URI (a string)")
+            raise config_error(
+                f"launcher.runtime_env.{key}", env[key], "a directory or a URI (a string)"
+            )
 
 
 def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_size: int) -> None:
     """The Ray launcher's own fields, before the cluster is asked (:func:`~.cluster.check_fits` asks it)."""
     if importlib.util.find_spec("ray") is None:
-        raise config_error("launcher", "ray", f"Ray is not installed in this environment; install it with: "
-                           f"{INSTALL_HINT}")
+        raise config_error(
+            "launcher",
+            "ray",
+            f"Ray is not installed in this environment; install it with: {INSTALL_HINT}",
+        )
     parse_address(lc.address)
     if lc.nodes is not None:
         positive_int("launcher.nodes", lc.nodes, note="(null: anywhere)")
         if world_size % lc.nodes:
-            raise config_error("launcher.nodes", lc.nodes, f"the layout's {world_size} rank(s) must split evenly "
-                               "over the nodes (consecutive ranks on one node); or null (anywhere)")
+            raise config_error(
+                "launcher.nodes",
+                lc.nodes,
+                f"the layout's {world_size} rank(s) must split evenly "
+                "over the nodes (consecutive ranks on one node); or null (anywhere)",
+            )
         if lc.nodes > 1 and lc.address is None:
-            raise config_error("launcher.nodes", lc.nodes, "launcher.address=null runs a private Ray instance on "
-                               "this one machine; join a cluster of that many nodes with launcher.address=HOST:PORT")
-    check_number("launcher.cpus_per_rank", lc.cpus_per_rank, 0, 1024, low_open=True, unit="CPUs",
-                 note="per rank (fractions allowed)")
+            raise config_error(
+                "launcher.nodes",
+                lc.nodes,
+                "launcher.address=null runs a private Ray instance on "
+                "this one machine; join a cluster of that many nodes with launcher.address=HOST:PORT",
+            )
+    check_number(
+        "launcher.cpus_per_rank",
+        lc.cpus_per_rank,
+        0,
+        1024,
+        low_open=True,
+        unit="CPUs",
+        note="per rank (fractions allowed)",
+    )
     check_number("launcher.gpus_per_rank", lc.gpus_per_rank, 0, 64, unit="GPUs", note="per rank")
     if engine.backend in NCCL_BACKENDS and lc.gpus_per_rank < 1:
-        raise config_error("launcher.gpus_per_rank", lc.gpus_per_rank,
-                           f"engine.distributed_backend={engine.distributed_backend!r} needs a GPU per rank: at "
-                           "least 1; or use gloo")
-    check_number("launcher.placement_timeout_s", lc.placement_timeout_s, 0, WEEK_S, low_open=True, unit="seconds")
+        raise config_error(
+            "launcher.gpus_per_rank",
+            lc.gpus_per_rank,
+            f"engine.distributed_backend={engine.distributed_backend!r} needs a GPU per rank: at "
+            "least 1; or use gloo",
+        )
+    check_number(
+        "launcher.placement_timeout_s",
+        lc.placement_timeout_s,
+        0,
+        WEEK_S,
+        low_open=True,
+        unit="seconds",
+    )
     check_number("launcher.shutdown_timeout_s", lc.shutdown_timeout_s, 0, 3600, unit="seconds")
     check_int("launcher.max_restarts", lc.max_restarts, low=0)
     check_bool("launcher.wait", lc.wait)
     if not lc.wait and lc.address is None:
-        raise config_error("launcher.wait", False, "a detached run needs a cluster that outlives this command: "
-                           "set launcher.address (a private instance ends with the command)")
+        raise config_error(
+            "launcher.wait",
+            False,
+            "a detached run needs a cluster that outlives this command: "
+            "set launcher.address (a private instance ends with the command)",
+        )
     _validate_runtime_env(lc.runtime_env)
 
 
 def describe(plan: LaunchPlan) -> str:
     """The launch plan as text (``launcher.dry_run``): where, the placement group, what each rank gets."""
     lc: RayLauncherConfig = plan.launcher_config
-    where = "a private Ray instance on this machine (started for the run, stopped after)" if lc.address is None \
+    where = (
+        "a private Ray instance on this machine (started for the run, stopped after)"
+        if lc.address is None
         else f"the Ray cluster at {lc.address}"
+    )
     plan_shape = shape(plan.world_size, lc.nodes, lc.cpus_per_rank, lc.gpus_per_rank)
     per = plan_shape.ranks_per_bundle
-    ranks = (f"{lc.nodes} node(s), ranks k*{per} .. k*{per}+{per - 1} on node k (rank 0 on the first)"
-             if lc.nodes is not None else "anywhere, consecutive ranks together (rank 0 on the first node)")
-    return "\n".join([
-        f"launcher      ray, {plan.world_size} rank(s) on {where}",
-        f"layout        {plan.layout.describe()}",
-        f"task          {plan.task}",
-        f"placement     one group per attempt: {plan_shape.describe()}; {ranks}",
-        f"per rank      {lc.cpus_per_rank:g} CPU(s), {lc.gpus_per_rank:g} GPU(s); MASTER_ADDR/PORT on rank 0's node",
-        f"runtime env   {dict(lc.runtime_env) or 'none (the cluster nodes environment)'}",
-        f"placement timeout {lc.placement_timeout_s:g} s; max restarts {lc.max_restarts}; wait {lc.wait}",
-        f"run dir       {plan.run_dir} (every node must see it)",
-    ])
+    ranks = (
+        f"{lc.nodes} node(s), ranks k*{per} .. k*{per}+{per - 1} on node k (rank 0 on the first)"
+        if lc.nodes is not None
+        else "anywhere, consecutive ranks together (rank 0 on the first node)"
+    )
+    return "\n".join(
+        [
+            f"launcher      ray, {plan.world_size} rank(s) on {where}",
+            f"layout        {plan.layout.describe()}",
+            f"task          {plan.task}",
+            f"placement     one group per attempt: {plan_shape.describe()}; {ranks}",
+            f"per rank      {lc.cpus_per_rank:g} CPU(s), {lc.gpus_per_rank:g} GPU(s); MASTER_ADDR/PORT on rank 0's node",
+            f"runtime env   {dict(lc.runtime_env) or 'none (the cluster nodes environment)'}",
+            f"placement timeout {lc.placement_timeout_s:g} s; max restarts {lc.max_restarts}; wait {lc.wait}",
+            f"run dir       {plan.run_dir} (every node must see it)",
+        ]
+    )
 
 
 @register_launcher
@@ -186,8 +238,9 @@ class RayLauncher(LauncherHooks):
         from . import state
 
         info = state.read(run_dir) or {}
-        return f"Ray run {info.get('supervisor') or Path(run_dir).name}" + \
-            (f" on {info['address']}" if info.get("address") and not info.get("private") else "")
+        return f"Ray run {info.get('supervisor') or Path(run_dir).name}" + (
+            f" on {info['address']}" if info.get("address") and not info.get("private") else ""
+        )
 
     def status_details(self, run_dir: Path) -> list[str]:
         """Where each node's ranks ran (the current or last attempt)."""
@@ -196,7 +249,9 @@ class RayLauncher(LauncherHooks):
         by_node: dict[str, list[int]] = {}
         placement = state.placement_of(run_dir)
         for rank, p in sorted(placement.items()):
-            by_node.setdefault(f"node {str(p.get('node'))[:12]} (host {p.get('host')})", []).append(rank)
+            by_node.setdefault(f"node {str(p.get('node'))[:12]} (host {p.get('host')})", []).append(
+                rank
+            )
         from ...observe.stacks import rank_ranges
 
         return [f"ranks {rank_ranges(r)} on {where}" for where, r in by_node.items()]

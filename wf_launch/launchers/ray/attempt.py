@@ -92,17 +92,26 @@ class Attempt:
         lc = self.run.lc
         plan_shape = shape(self.world, lc.nodes, lc.cpus_per_rank, lc.gpus_per_rank)
         state.update(self.run_dir, state="placing", attempt=self.number, placement={})
-        self.pg = rt.placement_group(plan_shape.bundles, plan_shape.strategy, name=f"wf_launch {self.run_dir}")
+        self.pg = rt.placement_group(
+            plan_shape.bundles, plan_shape.strategy, name=f"wf_launch {self.run_dir}"
+        )
         deadline = time.monotonic() + float(lc.placement_timeout_s)
         while not rt.pg_ready(self.pg, POLL_S * 2):
             self.run.check_cancel()
             if time.monotonic() > deadline and not self.run.queue_busy():
                 from .cluster import alive_nodes, describe_nodes
 
-                message = (f"the placement group ({plan_shape.describe()}) was not placed within "
-                           f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the cluster is busy; "
-                           f"its nodes: {describe_nodes(alive_nodes())}")
-                cause = {"rank": -1, "cause": "placement_timeout", "type": "PlacementTimeout", "message": message}
+                message = (
+                    f"the placement group ({plan_shape.describe()}) was not placed within "
+                    f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the cluster is busy; "
+                    f"its nodes: {describe_nodes(alive_nodes())}"
+                )
+                cause = {
+                    "rank": -1,
+                    "cause": "placement_timeout",
+                    "type": "PlacementTimeout",
+                    "message": message,
+                }
                 return Ended("failed", Verdict(cause, message, "placement timed out"))
         self.slots = assign(self.world, plan_shape, rt.bundle_nodes(self.pg))
         return None
@@ -114,15 +123,22 @@ class Attempt:
         order on a node needs them all), so ranks start while later actors still come up."""
         lc = self.run.lc
         cls = _rank_class()
-        options: dict[str, Any] = {"num_cpus": float(lc.cpus_per_rank), "num_gpus": float(lc.gpus_per_rank),
-                                   "max_restarts": 0, "max_task_retries": 0}
+        options: dict[str, Any] = {
+            "num_cpus": float(lc.cpus_per_rank),
+            "num_gpus": float(lc.gpus_per_rank),
+            "max_restarts": 0,
+            "max_task_retries": 0,
+        }
         if lc.runtime_env:
             options["runtime_env"] = dict(lc.runtime_env)
         for slot in self.slots:
-            self.actors[slot.rank] = cls.options(scheduling_strategy=rt.in_bundle(self.pg, slot.bundle),
-                                                 **options).remote()
+            self.actors[slot.rank] = cls.options(
+                scheduling_strategy=rt.in_bundle(self.pg, slot.bundle), **options
+            ).remote()
         state.update(self.run_dir, state="starting")
-        self.asked = {self.actors[r].where.remote(str(self.run_dir), r == 0): r for r in self.actors}
+        self.asked = {
+            self.actors[r].where.remote(str(self.run_dir), r == 0): r for r in self.actors
+        }
         needed = [ref for ref, r in self.asked.items() if r == 0 or lc.gpus_per_rank]
         timeout = float(self.run.plan.config["engine"]["init_timeout_s"])
         ready, pending = rt.wait_all(needed, timeout)
@@ -131,10 +147,18 @@ class Attempt:
             return self.failed([])
         if pending:
             late = sorted(self.asked[p] for p in pending)
-            message = (f"rank actor(s) {rank_ranges(late)} did not start within {timeout:g} s (engine.init_timeout_s): "
-                       "the cluster could not start their processes (see Ray's logs on their nodes)")
-            cause = {"rank": late[0], "cause": "init_timeout", "type": "ActorStartTimeout", "message": message,
-                     "missing_ranks": late, "coords": self.run.plan.layout.coords(late[0])}
+            message = (
+                f"rank actor(s) {rank_ranges(late)} did not start within {timeout:g} s (engine.init_timeout_s): "
+                "the cluster could not start their processes (see Ray's logs on their nodes)"
+            )
+            cause = {
+                "rank": late[0],
+                "cause": "init_timeout",
+                "type": "ActorStartTimeout",
+                "message": message,
+                "missing_ranks": late,
+                "coords": self.run.plan.layout.coords(late[0]),
+            }
             return Ended("failed", Verdict(cause, message, "rank actors did not start"))
         return self._check_run_dir()
 
@@ -150,42 +174,73 @@ class Attempt:
             state.update(self.run_dir, placement=state.record_placement(self.where))
 
     def _check_run_dir(self) -> Ended | None:
-        blind = sorted({*(r for r, w in self.where.items() if not w.get("sees_run_dir")),
-                        *(r for r, o in self.outcomes.items() if o.kind == "unshared")})
+        blind = sorted(
+            {
+                *(r for r, w in self.where.items() if not w.get("sees_run_dir")),
+                *(r for r, o in self.outcomes.items() if o.kind == "unshared"),
+            }
+        )
         if not blind:
             return None
         from .failure import node_text
 
         w = self.where.get(blind[0]) or {"node": self.slots[blind[0]].node}
-        message = (f"hydra.run.dir={str(self.run_dir)!r} is not allowed: rank(s) {rank_ranges(blind)} on "
-                   f"{node_text(w)} do not see it (no {files.CONFIG} there); launcher=ray needs the run "
-                   "directory on storage every node sees (a shared file system; a single host is fine)")
-        cause = {"rank": blind[0], "cause": "invalid_config", "type": "RunDirNotShared", "message": message,
-                 "node": w.get("node"), "host": w.get("host")}
-        return Ended("invalid", Verdict(cause, f"wf_launch: config error: {message}", "run directory not shared",
-                                        Status.INVALID))
+        message = (
+            f"hydra.run.dir={str(self.run_dir)!r} is not allowed: rank(s) {rank_ranges(blind)} on "
+            f"{node_text(w)} do not see it (no {files.CONFIG} there); launcher=ray needs the run "
+            "directory on storage every node sees (a shared file system; a single host is fine)"
+        )
+        cause = {
+            "rank": blind[0],
+            "cause": "invalid_config",
+            "type": "RunDirNotShared",
+            "message": message,
+            "node": w.get("node"),
+            "host": w.get("host"),
+        }
+        return Ended(
+            "invalid",
+            Verdict(
+                cause,
+                f"wf_launch: config error: {message}",
+                "run directory not shared",
+                Status.INVALID,
+            ),
+        )
 
     # ------------------------------------------------------------ 3. the ranks
     def spec(self) -> RankSpec:
         """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and preemption policy."""
         lc = self.run.lc
-        return RankSpec(config=self.run.plan.config, run_dir=str(self.run_dir),
-                        threads_per_rank=max(1, int(float(lc.cpus_per_rank))), console_ranks=lc.console_ranks,
-                        launch_time=self.run.launch_time, max_log_mb=float(lc.max_log_mb or 0),
-                        on_timeout=RayStackDump(str(self.run_dir)), attempt_base=self.number,
-                        preempt=RayPreempt("TERM", 20.0, self.restart, int(lc.max_restarts)))
+        return RankSpec(
+            config=self.run.plan.config,
+            run_dir=str(self.run_dir),
+            threads_per_rank=max(1, int(float(lc.cpus_per_rank))),
+            console_ranks=lc.console_ranks,
+            launch_time=self.run.launch_time,
+            max_log_mb=float(lc.max_log_mb or 0),
+            on_timeout=RayStackDump(str(self.run_dir)),
+            attempt_base=self.number,
+            preempt=RayPreempt("TERM", 20.0, self.restart, int(lc.max_restarts)),
+        )
 
     def start_ranks(self, write: Callable[[str], None]) -> None:
         """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch begins first."""
         self.startup = _RayRankWatch(self, write)  # forgets earlier attempts' start-up markers
         master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
         local = local_ranks(self.slots)
-        cuda = cuda_orders(self.slots, {r: list(w.get("gpus") or []) for r, w in self.where.items()})
+        cuda = cuda_orders(
+            self.slots, {r: list(w.get("gpus") or []) for r, w in self.where.items()}
+        )
         spec = self.spec()
         forward, path = self.run.forward_env()
         for slot in self.slots:
-            env = {**forward, **rank_env(slot, self.world, local[slot.rank], master, self.number,
-                                         cuda.get(slot.rank))}
+            env = {
+                **forward,
+                **rank_env(
+                    slot, self.world, local[slot.rank], master, self.number, cuda.get(slot.rank)
+                ),
+            }
             self.refs[self.actors[slot.rank].run.remote(spec, env, path)] = slot.rank
         state.update(self.run_dir, state="running", placement=state.record_placement(self.where))
 
@@ -222,8 +277,11 @@ class Attempt:
         from .reach import signal_ranks
 
         alive = self.run.node_alive
-        where = {r: (str(self.where[r]["node"]), int(self.where[r]["pid"])) for r in ranks
-                 if r in self.where and alive(str(self.where[r]["node"]))}
+        where = {
+            r: (str(self.where[r]["node"]), int(self.where[r]["pid"]))
+            for r in ranks
+            if r in self.where and alive(str(self.where[r]["node"]))
+        }
         return signal_ranks(where, signum, timeout_s) if where else set()
 
     def _all_returned(self) -> Ended:
@@ -231,7 +289,9 @@ class Attempt:
         ended_by = str(marker.get("ended_by") or "completed")
         if ended_by.startswith("stop flag"):
             name = ended_by.partition(":")[2].strip()
-            return Ended("interrupted", None, name if name.startswith("SIG") else "SIGTERM", ended_by)
+            return Ended(
+                "interrupted", None, name if name.startswith("SIG") else "SIGTERM", ended_by
+            )
         return Ended("ok", ended_by="completed")
 
     def _preempted(self) -> Ended:
@@ -253,23 +313,50 @@ class Attempt:
             ready, _ = rt.wait_all(list(self.refs), 0.5)
             for ref in ready:
                 self.outcomes[self.refs.pop(ref)] = _outcome(ref)
-        ctx = FailureContext(self.run_dir, self.world, self.run.plan.label, self.run.plan.layout.coords, self.where,
-                             self.run.node_alive, self.number)
+        ctx = FailureContext(
+            self.run_dir,
+            self.world,
+            self.run.plan.label,
+            self.run.plan.layout.coords,
+            self.where,
+            self.run.node_alive,
+            self.number,
+        )
         verdict = explain(ctx, self.outcomes, sorted(self.refs.values()), dumps)
-        return Ended("invalid" if verdict.status is Status.INVALID else "failed", verdict, ended_by=verdict.ended_by)
+        return Ended(
+            "invalid" if verdict.status is Status.INVALID else "failed",
+            verdict,
+            ended_by=verdict.ended_by,
+        )
 
     def _startup_timeout(self, exc: StartupTimeout) -> Ended:
         from ...observe.stacks import describe_groups, group_spots, spot_of
 
         spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
         lines = [str(exc), *describe_groups(group_spots(spots), self.run.plan.label)]
-        stuck = {str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(self.run_dir, r))} if r in spots
-                 else {"frame": None, "note": "no stack dump"} for r in exc.missing}
+        stuck = {
+            str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(self.run_dir, r))}
+            if r in spots
+            else {"frame": None, "note": "no stack dump"}
+            for r in exc.missing
+        }
         first = exc.missing[0]
-        cause = {"rank": first, "cause": "init_timeout", "type": "StartupTimeout", "message": str(exc),
-                 "missing_ranks": exc.missing, "stuck": stuck, "coords": self.run.plan.layout.coords(first),
-                 "node": (self.where.get(first) or {}).get("node"), "log": str(files.rank_log(self.run_dir, first))}
-        return Ended("failed", Verdict(cause, "\n".join(lines), "start-up timeout"), ended_by="start-up timeout")
+        cause = {
+            "rank": first,
+            "cause": "init_timeout",
+            "type": "StartupTimeout",
+            "message": str(exc),
+            "missing_ranks": exc.missing,
+            "stuck": stuck,
+            "coords": self.run.plan.layout.coords(first),
+            "node": (self.where.get(first) or {}).get("node"),
+            "log": str(files.rank_log(self.run_dir, first)),
+        }
+        return Ended(
+            "failed",
+            Verdict(cause, "\n".join(lines), "start-up timeout"),
+            ended_by="start-up timeout",
+        )
 
     def stop(self, kind: str, name: str) -> Ended:
         """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait, then end."""
@@ -317,12 +404,18 @@ class _RayRankWatch(RankWatch):
 
     def __init__(self, attempt: Attempt, write: Callable[[str], None]) -> None:
         plan = attempt.run.plan
-        super().__init__(attempt.run_dir, attempt.world, plan.label, float(plan.config["engine"]["init_timeout_s"]),
-                         write=write)
+        super().__init__(
+            attempt.run_dir,
+            attempt.world,
+            plan.label,
+            float(plan.config["engine"]["init_timeout_s"]),
+            write=write,
+        )
         self.attempt = attempt
 
-    def autopsy(self, pids: dict[int, int], wait_s: float = 2.0,
-                alive: Callable[[int], bool] | None = None) -> dict[int, Any]:
+    def autopsy(
+        self, pids: dict[int, int], wait_s: float = 2.0, alive: Callable[[int], bool] | None = None
+    ) -> dict[int, Any]:
         if not pids:
             return {}
         offsets = stack_offsets(self.run_dir, pids)

@@ -28,14 +28,27 @@ from typing import Any
 from ...config.fields import config_error
 from . import ray_adapter as rt
 
-__all__ = ["Connection", "Node", "alive_nodes", "check_fits", "connect", "describe_nodes", "marked_pids",
-           "node_reachable", "parse_address", "private_marker", "reap"]
+__all__ = [
+    "Connection",
+    "Node",
+    "alive_nodes",
+    "check_fits",
+    "connect",
+    "describe_nodes",
+    "marked_pids",
+    "node_reachable",
+    "parse_address",
+    "private_marker",
+    "reap",
+]
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})")
-ADDRESS_ALLOWED = ("null (a private Ray instance on this machine, for this run), 'auto' (the cluster this "
-                   "machine belongs to: RAY_ADDRESS or the last one started here), or the head's GCS address "
-                   "HOST:PORT (e.g. 10.0.0.5:6379; on Kubernetes the KubeRay head service, "
-                   "raycluster-head-svc:6379)")
+ADDRESS_ALLOWED = (
+    "null (a private Ray instance on this machine, for this run), 'auto' (the cluster this "
+    "machine belongs to: RAY_ADDRESS or the last one started here), or the head's GCS address "
+    "HOST:PORT (e.g. 10.0.0.5:6379; on Kubernetes the KubeRay head service, "
+    "raycluster-head-svc:6379)"
+)
 MARKER_ENV = "WF_RAY_PRIVATE"
 """Set (to the run directory) in the environment of every process of a private instance, to find them all."""
 
@@ -50,9 +63,13 @@ def parse_address(address: Any) -> tuple[str, int] | str | None:
     if text == "auto":
         return "auto"
     if text.startswith("ray://"):
-        raise config_error("launcher.address", address, "Ray Client (ray://) is not supported: the launcher "
-                           "joins the cluster as a driver (run it on a node or a pod of the cluster) at the "
-                           "GCS address HOST:PORT (port 6379 by default)")
+        raise config_error(
+            "launcher.address",
+            address,
+            "Ray Client (ray://) is not supported: the launcher "
+            "joins the cluster as a driver (run it on a node or a pod of the cluster) at the "
+            "GCS address HOST:PORT (port 6379 by default)",
+        )
     m = _ADDRESS.fullmatch(text)
     if m is None or not 0 < int(m["port"]) < 65536:
         raise config_error("launcher.address", address, ADDRESS_ALLOWED)
@@ -84,9 +101,15 @@ class Node:
 def _node(info: dict[str, Any]) -> Node:
     res = info.get("Resources") or {}
     names = sorted(k for k in res if k.startswith("wf_node_"))
-    return Node(str(info["NodeID"]), str(info.get("NodeManagerAddress") or ""), int(info.get("NodeManagerPort") or 0),
-                float(res.get("CPU", 0)), float(res.get("GPU", 0)), "node:__internal_head__" in res,
-                names[0] if names else "")
+    return Node(
+        str(info["NodeID"]),
+        str(info.get("NodeManagerAddress") or ""),
+        int(info.get("NodeManagerPort") or 0),
+        float(res.get("CPU", 0)),
+        float(res.get("GPU", 0)),
+        "node:__internal_head__" in res,
+        names[0] if names else "",
+    )
 
 
 def alive_nodes() -> list[Node]:
@@ -111,26 +134,37 @@ def check_fits(nodes: list[Node], lc: Any, world_size: int, where: str) -> None:
     have = f"the cluster at {where} has {len(nodes)} alive node(s): {describe_nodes(nodes)}"
     cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
     if lc.nodes is not None and lc.nodes > len(nodes):
-        raise config_error("launcher.nodes", lc.nodes, f"{have}; choose at most {len(nodes)}, or null (anywhere)")
+        raise config_error(
+            "launcher.nodes", lc.nodes, f"{have}; choose at most {len(nodes)}, or null (anywhere)"
+        )
     if not any(_fit(n, cpus, gpus) for n in nodes):
-        field, value, unit = (("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
-                              if gpus and not any(n.gpus >= gpus for n in nodes)
-                              else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU"))
+        field, value, unit = (
+            ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
+            if gpus and not any(n.gpus >= gpus for n in nodes)
+            else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
+        )
         raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
     if lc.nodes is not None:
         per = world_size // lc.nodes
         able = [n for n in nodes if _fit(n, cpus, gpus) >= per]
         if len(able) < lc.nodes:
-            raise config_error("launcher.nodes", lc.nodes, f"{lc.nodes} node(s) of {per} rank(s) each need "
-                               f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
-                               f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
-                               f"node(s) have that: {have}")
+            raise config_error(
+                "launcher.nodes",
+                lc.nodes,
+                f"{lc.nodes} node(s) of {per} rank(s) each need "
+                f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
+                f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
+                f"node(s) have that: {have}",
+            )
         return
     room = sum(_fit(n, cpus, gpus) for n in nodes)
     if room < world_size:
-        raise config_error("launcher.cpus_per_rank", lc.cpus_per_rank,
-                           f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
-                           f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}")
+        raise config_error(
+            "launcher.cpus_per_rank",
+            lc.cpus_per_rank,
+            f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
+            f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}",
+        )
 
 
 def node_reachable(node: Node, timeout_s: float = 1.0) -> bool:
@@ -150,9 +184,13 @@ def _tcp_probe(host: str, port: int, timeout_s: float) -> None:
             return
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
-        raise config_error("launcher.address", f"{host}:{port}", f"nothing answers there ({why}); start a "
-                           f"cluster (scripts/ray_cluster.sh start) or give its GCS address; "
-                           f"{ADDRESS_ALLOWED}") from None
+        raise config_error(
+            "launcher.address",
+            f"{host}:{port}",
+            f"nothing answers there ({why}); start a "
+            f"cluster (scripts/ray_cluster.sh start) or give its GCS address; "
+            f"{ADDRESS_ALLOWED}",
+        ) from None
 
 
 def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
@@ -172,7 +210,9 @@ def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        raise TimeoutError(f"{what} did not answer within {timeout_s:g} s (launcher.placement_timeout_s)")
+        raise TimeoutError(
+            f"{what} did not answer within {timeout_s:g} s (launcher.placement_timeout_s)"
+        )
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -197,8 +237,9 @@ class Connection:
             reap(self.marker)
 
 
-def connect(lc: Any, run_dir: str, world_size: int, namespace: str | None = None,
-            cpus: float | None = None) -> Connection:
+def connect(
+    lc: Any, run_dir: str, world_size: int, namespace: str | None = None, cpus: float | None = None
+) -> Connection:
     """Join ``launcher.address`` or start a private instance sized for the run (or ``cpus``, a sweep's points
     side by side); ConfigError when the cluster does not answer."""
     target = parse_address(lc.address)
@@ -219,11 +260,17 @@ def connect(lc: Any, run_dir: str, world_size: int, namespace: str | None = None
     else:
         address = "auto"
     try:
-        _bounded(lambda: rt.join_cluster(address, namespace), timeout, f"the Ray cluster at {lc.address}")
+        _bounded(
+            lambda: rt.join_cluster(address, namespace), timeout, f"the Ray cluster at {lc.address}"
+        )
     except (TimeoutError, ConnectionError) as exc:
-        raise config_error("launcher.address", lc.address, f"{exc} (a cluster with token authentication also needs "
-                           "its token here: ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
-                           f"{ADDRESS_ALLOWED}") from None
+        raise config_error(
+            "launcher.address",
+            lc.address,
+            f"{exc} (a cluster with token authentication also needs "
+            "its token here: ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
+            f"{ADDRESS_ALLOWED}",
+        ) from None
     _route_messages()
     return Connection(rt.gcs_address(), False)
 

@@ -72,8 +72,14 @@ class FailureContext:
 
     def base(self, rank: int) -> dict[str, Any]:
         w = self.where.get(rank) or {}
-        return {"rank": rank, "coords": self.coords(rank), "node": w.get("node"), "host": w.get("host"),
-                "pid": w.get("pid"), "log": str(files.rank_log(self.run_dir, rank))}
+        return {
+            "rank": rank,
+            "coords": self.coords(rank),
+            "node": w.get("node"),
+            "host": w.get("host"),
+            "pid": w.get("pid"),
+            "log": str(files.rank_log(self.run_dir, rank)),
+        }
 
 
 def _first_line(text: str) -> str:
@@ -84,12 +90,16 @@ def _first_line(text: str) -> str:
 def _error_line(text: str) -> str:
     """The exception line of Ray's error text ('ValueError: ...'), its first line when it has no traceback."""
     lines = [ln.rstrip() for ln in (text or "").splitlines() if ln.strip()]
-    plain = [ln for ln in lines if not ln[:1].isspace() and not ln.startswith(("Traceback", "\x1b["))]
+    plain = [
+        ln for ln in lines if not ln[:1].isspace() and not ln.startswith(("Traceback", "\x1b["))
+    ]
     return (plain[-1] if plain else _first_line(text))[:500]
 
 
 def _dead_nodes(ctx: FailureContext, ranks: list[int]) -> list[str]:
-    nodes = list(dict.fromkeys(str((ctx.where.get(r) or {}).get("node")) for r in ranks if ctx.where.get(r)))
+    nodes = list(
+        dict.fromkeys(str((ctx.where.get(r) or {}).get("node")) for r in ranks if ctx.where.get(r))
+    )
     return [n for n in nodes if not ctx.node_alive(n)]
 
 
@@ -97,12 +107,22 @@ def _node_died(ctx: FailureContext, node: str) -> Verdict:
     ranks = sorted(r for r, w in ctx.where.items() if w.get("node") == node)
     first = ranks[0]
     where = ctx.where[first]
-    message = (f"node {node[:12]} (host {where.get('host')}, {where.get('ip')}) died: its raylet stopped "
-               f"answering; rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} ran on it")
-    who = ", ".join(f"rank {r} ({ctx.label(r)})" for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
+    message = (
+        f"node {node[:12]} (host {where.get('host')}, {where.get('ip')}) died: its raylet stopped "
+        f"answering; rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} ran on it"
+    )
+    who = ", ".join(f"rank {r} ({ctx.label(r)})" for r in ranks[:8]) + (
+        " ..." if len(ranks) > 8 else ""
+    )
     summary = f"{message}\n  {who}\n  log: {files.rank_log(ctx.run_dir, first)}"
-    cause = {**ctx.base(first), "cause": "node_died", "type": "NodeDied", "message": message, "ranks": ranks,
-             "ip": where.get("ip")}
+    cause = {
+        **ctx.base(first),
+        "cause": "node_died",
+        "type": "NodeDied",
+        "message": message,
+        "ranks": ranks,
+        "ip": where.get("ip"),
+    }
     return Verdict(cause, summary, f"node {node[:12]} died")
 
 
@@ -119,46 +139,79 @@ def _fatal_error(log: Path) -> str | None:
 
 def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
     fatal = _fatal_error(files.rank_log(ctx.run_dir, rank))
-    how = (f"it crashed ({fatal})" if fatal else
-           "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a crash)")
+    how = (
+        f"it crashed ({fatal})"
+        if fatal
+        else "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a crash)"
+    )
     message = f"died: {how}"
-    summary = (f"rank {rank} ({ctx.label_at(rank)}) {message}\n"
-               f"  Ray: {_first_line(ray_message)}\n  log: {files.rank_log(ctx.run_dir, rank)}")
-    cause = {**ctx.base(rank), "cause": "died", "type": "RankDied", "message": f"rank {rank} {message}",
-             "ray": _first_line(ray_message)}
+    summary = (
+        f"rank {rank} ({ctx.label_at(rank)}) {message}\n"
+        f"  Ray: {_first_line(ray_message)}\n  log: {files.rank_log(ctx.run_dir, rank)}"
+    )
+    cause = {
+        **ctx.base(rank),
+        "cause": "died",
+        "type": "RankDied",
+        "message": f"rank {rank} {message}",
+        "ray": _first_line(ray_message),
+    }
     return Verdict(cause, summary, f"rank {rank} died on {node_text(ctx.where.get(rank))}")
 
 
-def _recorded(ctx: FailureContext, outcomes: dict[int, Outcome],
-              dumps: dict[int, list[Frame]] | None) -> Verdict:
+def _recorded(
+    ctx: FailureContext, outcomes: dict[int, Outcome], dumps: dict[int, list[Frame]] | None
+) -> Verdict:
     explained = explain_failure(ctx.run_dir, {}, ctx.label_at, ctx.coords, ctx.world_size, dumps)
     if explained is None:
-        rank, outcome = min(((r, o) for r, o in outcomes.items() if o.kind not in ("ok", "preempted")),
-                            key=lambda item: item[0])
+        rank, outcome = min(
+            ((r, o) for r, o in outcomes.items() if o.kind not in ("ok", "preempted")),
+            key=lambda item: item[0],
+        )
         message = _error_line(outcome.message) or "no rank left a failure record"
         cause = {**ctx.base(rank), "cause": "unknown", "type": "Unknown", "message": message}
-        return Verdict(cause, f"rank {rank} ({ctx.label_at(rank)}) failed: {message}", f"rank {rank} failed")
+        return Verdict(
+            cause, f"rank {rank} ({ctx.label_at(rank)}) failed: {message}", f"rank {rank} failed"
+        )
     cause, summary = explained
     w = ctx.where.get(int(cause["rank"])) or {}
-    cause.update({"node": w.get("node"), "host": w.get("host"), "pid": w.get("pid", cause.get("pid"))})
-    what = "collective timed out" if cause.get("cause") == "stuck" else f"rank {cause['rank']} failed: {cause.get('type')}"
+    cause.update(
+        {"node": w.get("node"), "host": w.get("host"), "pid": w.get("pid", cause.get("pid"))}
+    )
+    what = (
+        "collective timed out"
+        if cause.get("cause") == "stuck"
+        else f"rank {cause['rank']} failed: {cause.get('type')}"
+    )
     return Verdict(cause, summary, what)
 
 
-def explain(ctx: FailureContext, outcomes: dict[int, Outcome], pending: list[int],
-            dumps: dict[int, list[Frame]] | None = None) -> Verdict:
+def explain(
+    ctx: FailureContext,
+    outcomes: dict[int, Outcome],
+    pending: list[int],
+    dumps: dict[int, list[Frame]] | None = None,
+) -> Verdict:
     """The root cause of a failed attempt (``outcomes`` of the ranks that ended, ``pending`` the others)."""
     setup = [r for r, o in sorted(outcomes.items()) if o.kind == "runtime_env"]
     if setup:
         message = _first_line(outcomes[setup[0]].message)
-        cause = {**ctx.base(setup[0]), "cause": "invalid_config", "type": "RuntimeEnvSetupError",
-                 "message": f"launcher.runtime_env could not be set up: {message}"}
+        cause = {
+            **ctx.base(setup[0]),
+            "cause": "invalid_config",
+            "type": "RuntimeEnvSetupError",
+            "message": f"launcher.runtime_env could not be set up: {message}",
+        }
         return Verdict(cause, cause["message"], "launcher.runtime_env failed", Status.INVALID)
     lost = [r for r, o in sorted(outcomes.items()) if o.kind in LOST]
     dead = _dead_nodes(ctx, lost + list(pending))
     if dead:
         return _node_died(ctx, dead[0])
-    recorded = {int(r["rank"]) for r in load_failure_records(ctx.run_dir) if r.get("attempt", 0) == ctx.attempt}
+    recorded = {
+        int(r["rank"])
+        for r in load_failure_records(ctx.run_dir)
+        if r.get("attempt", 0) == ctx.attempt
+    }
     silent = [r for r in lost if r not in recorded]
     if silent:
         return _rank_died(ctx, silent[0], outcomes[silent[0]].message)

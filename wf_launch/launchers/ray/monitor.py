@@ -97,8 +97,13 @@ class RayRun:
         self.base = attempts.count(self.run_dir)
         self.live: Any = None
         self._nodes: tuple[float, dict[str, Any]] = (0.0, {})
-        self.info = {"launcher": "ray", "task": plan.task, "overrides": plan.overrides, "run_dir": str(self.run_dir),
-                     "environment": record_environment(self.run_dir)}
+        self.info = {
+            "launcher": "ray",
+            "task": plan.task,
+            "overrides": plan.overrides,
+            "run_dir": str(self.run_dir),
+            "environment": record_environment(self.run_dir),
+        }
 
     # ------------------------------------------------------------ what attempts ask
     def check_cancel(self) -> None:
@@ -120,9 +125,12 @@ class RayRun:
         if not self.opts.queue_dir:
             return False
         busy = ("starting", "running", "stopping")
-        return any(sibling.is_dir() and sibling.resolve() != self.run_dir.resolve()
-                   and (state.read(sibling) or {}).get("state") in busy
-                   for sibling in Path(self.opts.queue_dir).iterdir())
+        return any(
+            sibling.is_dir()
+            and sibling.resolve() != self.run_dir.resolve()
+            and (state.read(sibling) or {}).get("state") in busy
+            for sibling in Path(self.opts.queue_dir).iterdir()
+        )
 
     def node_alive(self, node: str) -> bool:
         """Whether the GCS lists ``node`` alive and its raylet answers (cached for a second)."""
@@ -139,11 +147,21 @@ class RayRun:
     def run(self) -> RunOutcome:
         """Every attempt until one ends the run; the run's outcome (``result.json`` finalized)."""
         lc = self.lc
-        state.update(self.run_dir, address=self.opts.address, namespace=self.opts.namespace,
-                     supervisor=self.opts.supervisor, detached=self.opts.detached, private=self.opts.private,
-                     world_size=self.plan.world_size, nodes=lc.nodes, started_at=self.launch_time,
-                     launcher_pid=os.getpid(), launcher_host=socket.gethostname(), state="placing",
-                     status_command=f"python -m wf_launch.status {self.run_dir}")
+        state.update(
+            self.run_dir,
+            address=self.opts.address,
+            namespace=self.opts.namespace,
+            supervisor=self.opts.supervisor,
+            detached=self.opts.detached,
+            private=self.opts.private,
+            world_size=self.plan.world_size,
+            nodes=lc.nodes,
+            started_at=self.launch_time,
+            launcher_pid=os.getpid(),
+            launcher_host=socket.gethostname(),
+            state="placing",
+            status_command=f"python -m wf_launch.status {self.run_dir}",
+        )
         self._open_live()
         try:
             with _stop_signals(self.opts.show):
@@ -159,12 +177,20 @@ class RayRun:
             att = Attempt(self, self.base + restart, restart)
             ended = self._attempt(att)
             if att.where:
-                attempts.close(self.run_dir, att.number, self.plan.world_size, ended.ended_by or ended.kind)
-            if ended.kind in ("failed", "preempted") and restart < int(self.lc.max_restarts) and self._can_restart(ended):
+                attempts.close(
+                    self.run_dir, att.number, self.plan.world_size, ended.ended_by or ended.kind
+                )
+            if (
+                ended.kind in ("failed", "preempted")
+                and restart < int(self.lc.max_restarts)
+                and self._can_restart(ended)
+            ):
                 restart += 1
-                logger.warning(f"attempt {att.number} ended ({ended.ended_by or ended.kind}); restarting every rank "
-                               f"in a new placement group (restart {restart} of launcher.max_restarts="
-                               f"{self.lc.max_restarts})")
+                logger.warning(
+                    f"attempt {att.number} ended ({ended.ended_by or ended.kind}); restarting every rank "
+                    f"in a new placement group (restart {restart} of launcher.max_restarts="
+                    f"{self.lc.max_restarts})"
+                )
                 continue
             return self._finalize(ended, att)
 
@@ -173,8 +199,10 @@ class RayRun:
         try:
             ended = att.place() or att.start_actors()
             if ended is None:
-                write(f"attempt {att.number}: {self.plan.world_size} rank(s) placed: "
-                      + "; ".join(describe_slots(att.slots, att.where)))
+                write(
+                    f"attempt {att.number}: {self.plan.world_size} rank(s) placed: "
+                    + "; ".join(describe_slots(att.slots, att.where))
+                )
                 att.start_ranks(write)
                 ended = att.watch()
         except (KeyboardInterrupt, Stopped) as exc:
@@ -193,10 +221,15 @@ class RayRun:
             return False
         if cause.get("cause") == "node_died":
             deadline = time.monotonic() + NODE_DEATH_WAIT_S
-            while any(n.node_id == cause.get("node") for n in alive_nodes()) and time.monotonic() < deadline:
+            while (
+                any(n.node_id == cause.get("node") for n in alive_nodes())
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.5)
         try:
-            check_fits(alive_nodes(), self.lc, self.plan.world_size, self.opts.address or "this cluster")
+            check_fits(
+                alive_nodes(), self.lc, self.plan.world_size, self.opts.address or "this cluster"
+            )
         except ConfigError as exc:
             logger.error(f"cannot restart: {exc}")
             return False
@@ -212,12 +245,18 @@ class RayRun:
 
     def _facts(self, att: Attempt) -> dict[str, Any]:
         placement = state.record_placement(att.where)
-        return {**self.info, "placement": placement,
-                "hosts": sorted({str(p["host"]) for p in placement.values() if p.get("host")}),
-                "ray": {"address": self.opts.address, "private": self.opts.private,
-                        "nodes": sorted({str(p["node"]) for p in placement.values() if p.get("node")})},
-                "attempts": attempts.collect(self.run_dir),
-                "timings": {"wall_s": round(time.time() - self.launch_time, 4)}}
+        return {
+            **self.info,
+            "placement": placement,
+            "hosts": sorted({str(p["host"]) for p in placement.values() if p.get("host")}),
+            "ray": {
+                "address": self.opts.address,
+                "private": self.opts.private,
+                "nodes": sorted({str(p["node"]) for p in placement.values() if p.get("node")}),
+            },
+            "attempts": attempts.collect(self.run_dir),
+            "timings": {"wall_s": round(time.time() - self.launch_time, 4)},
+        }
 
     def _finalize(self, ended: Ended, att: Attempt) -> RunOutcome:
         facts = self._facts(att)
@@ -225,25 +264,49 @@ class RayRun:
             return RunOutcome.of(RunRecord.finalize(self.run_dir, Status.OK, **facts), self.run_dir)
         if ended.kind in ("interrupted", "cancelled"):
             return self._stopped(ended, facts)
-        verdict = ended.verdict or Verdict({"rank": -1, "cause": "unknown", "message": ended.ended_by}, ended.ended_by,
-                                           ended.ended_by)
+        verdict = ended.verdict or Verdict(
+            {"rank": -1, "cause": "unknown", "message": ended.ended_by},
+            ended.ended_by,
+            ended.ended_by,
+        )
         status = Status.INVALID if ended.kind == "invalid" else Status.FAILED
         if ended.kind == "preempted":
-            verdict = Verdict({"rank": -1, "cause": "preempted", "message": f"{ended.ended_by}; no restart left "
-                               f"(launcher.max_restarts={self.lc.max_restarts})"}, ended.ended_by, ended.ended_by)
+            verdict = Verdict(
+                {
+                    "rank": -1,
+                    "cause": "preempted",
+                    "message": f"{ended.ended_by}; no restart left "
+                    f"(launcher.max_restarts={self.lc.max_restarts})",
+                },
+                ended.ended_by,
+                ended.ended_by,
+            )
         record = RunRecord.finalize(self.run_dir, status, **facts, failure=verdict.cause)
         return RunOutcome.of(record, self.run_dir, verdict.summary)
 
     def _stopped(self, ended: Ended, facts: dict[str, Any]) -> RunOutcome:
         if ended.kind == "cancelled":
             summary = "cancelled: every rank was stopped"
-            record = RunRecord.finalize(self.run_dir, Status.CANCELLED, **facts,
-                                        failure={"cause": "cancelled", "message": summary})
+            record = RunRecord.finalize(
+                self.run_dir,
+                Status.CANCELLED,
+                **facts,
+                failure={"cause": "cancelled", "message": summary},
+            )
             return RunOutcome.of(record, self.run_dir, summary)
         name = ended.signal or "SIGTERM"
         by_rank = ended.ended_by.startswith("stop flag")
-        summary = (f"stopped by {name} to a rank (stop flag): the task saved and returned; resume with "
-                   "launcher.resume=true" if by_rank else f"interrupted by {name}: every rank was stopped")
-        record = RunRecord.finalize(self.run_dir, Status.INTERRUPTED, signal_name=name, **facts,
-                                    failure={"cause": "interrupt", "signal": name, "message": summary})
+        summary = (
+            f"stopped by {name} to a rank (stop flag): the task saved and returned; resume with "
+            "launcher.resume=true"
+            if by_rank
+            else f"interrupted by {name}: every rank was stopped"
+        )
+        record = RunRecord.finalize(
+            self.run_dir,
+            Status.INTERRUPTED,
+            signal_name=name,
+            **facts,
+            failure={"cause": "interrupt", "signal": name, "message": summary},
+        )
         return RunOutcome.of(record, self.run_dir, summary)

@@ -20,10 +20,28 @@ from typing import Any
 
 from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
-__all__ = ["LAUNCHER_VARS", "Shape", "Slot", "assign", "cuda_orders", "local_ranks", "rank_env", "shape"]
+__all__ = [
+    "LAUNCHER_VARS",
+    "Shape",
+    "Slot",
+    "assign",
+    "cuda_orders",
+    "local_ranks",
+    "rank_env",
+    "shape",
+]
 
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", ATTEMPT_ENV,
-                 "CUDA_VISIBLE_DEVICES", "WF_NODE")
+LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    ATTEMPT_ENV,
+    "CUDA_VISIBLE_DEVICES",
+    "WF_NODE",
+)
 """Variables the launcher sets in every rank (``launcher.runtime_env.env_vars`` may not set them)."""
 
 
@@ -61,8 +79,11 @@ def shape(world_size: int, nodes: int | None, cpus_per_rank: float, gpus_per_ran
     if nodes is None:
         return Shape([_bundle(cpus_per_rank, gpus_per_rank, 1)] * world_size, "PACK", 1)
     per = world_size // nodes
-    return Shape([_bundle(cpus_per_rank, gpus_per_rank, per)] * nodes, "STRICT_PACK" if nodes == 1 else "STRICT_SPREAD",
-                 per)
+    return Shape(
+        [_bundle(cpus_per_rank, gpus_per_rank, per)] * nodes,
+        "STRICT_PACK" if nodes == 1 else "STRICT_SPREAD",
+        per,
+    )
 
 
 def assign(world_size: int, plan_shape: Shape, bundle_nodes: dict[int, str]) -> list[Slot]:
@@ -105,12 +126,25 @@ def cuda_orders(slots: list[Slot], granted: dict[int, list[str]]) -> dict[int, s
     return out
 
 
-def rank_env(slot: Slot, world_size: int, local: tuple[int, int], master: tuple[str, int], attempt: int,
-             cuda: str | None = None) -> dict[str, str]:
+def rank_env(
+    slot: Slot,
+    world_size: int,
+    local: tuple[int, int],
+    master: tuple[str, int],
+    attempt: int,
+    cuda: str | None = None,
+) -> dict[str, str]:
     """The environment the launcher gives rank ``slot.rank`` (set in the rank before ``rank_main``)."""
-    env = {"RANK": str(slot.rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local[0]),
-           "LOCAL_WORLD_SIZE": str(local[1]), "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
-           ATTEMPT_ENV: str(attempt), "WF_NODE": slot.node}
+    env = {
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local[0]),
+        "LOCAL_WORLD_SIZE": str(local[1]),
+        "MASTER_ADDR": master[0],
+        "MASTER_PORT": str(master[1]),
+        ATTEMPT_ENV: str(attempt),
+        "WF_NODE": slot.node,
+    }
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = cuda
     return env

@@ -24,8 +24,17 @@ from ...rundir.record import RecordError, RunRecord, Status
 from . import ray_adapter as rt
 from . import state
 
-__all__ = ["cancel", "kill_node", "live_state", "monitor_alive", "run_state", "signal_rank", "signal_ranks",
-           "status", "supervisor"]
+__all__ = [
+    "cancel",
+    "kill_node",
+    "live_state",
+    "monitor_alive",
+    "run_state",
+    "signal_rank",
+    "signal_ranks",
+    "status",
+    "supervisor",
+]
 
 
 def _final(run_dir: Path) -> RunOutcome | None:
@@ -81,7 +90,11 @@ def run_state(run_dir: Path) -> str:
     word = str(info.get("state") or "not started").upper()
     nodes = {p.get("node") for p in (info.get("placement") or {}).values() if isinstance(p, dict)}
     where = f" on {len(nodes)} node(s)" if nodes and word == "RUNNING" else ""
-    attempt = f" attempt {info['attempt']}" if info.get("attempt") is not None and word != "SUBMITTED" else ""
+    attempt = (
+        f" attempt {info['attempt']}"
+        if info.get("attempt") is not None and word != "SUBMITTED"
+        else ""
+    )
     return f"{word}{attempt}{where}"
 
 
@@ -111,12 +124,18 @@ def status(run_dir: Path) -> tuple[str, RunOutcome | None]:
     final = _final(run_dir)  # it may have ended while we asked
     if final is not None:
         return "ENDED", final
-    who = f"supervisor actor {info['supervisor']}" if info.get("supervisor") else "launching command"
-    summary = (f"the run's {who} is gone and left no final record; its outcome is unknown "
-               "(its ranks and placement group went with it)")
+    who = (
+        f"supervisor actor {info['supervisor']}" if info.get("supervisor") else "launching command"
+    )
+    summary = (
+        f"the run's {who} is gone and left no final record; its outcome is unknown "
+        "(its ranks and placement group went with it)"
+    )
     if not info.get("supervisor"):
         return "GONE", RunOutcome(Status.UNKNOWN, run_dir, summary)
-    record = RunRecord.finalize(run_dir, Status.UNKNOWN, launcher="ray", failure={"cause": "unknown", "message": summary})
+    record = RunRecord.finalize(
+        run_dir, Status.UNKNOWN, launcher="ray", failure={"cause": "unknown", "message": summary}
+    )
     return "GONE", RunOutcome.of(record, run_dir, summary)
 
 
@@ -147,9 +166,16 @@ def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
         time.sleep(0.3)
     if _final(run_dir) is None:
         rt.kill(actor)  # it did not finish in time: its ranks and placement group go with it
-        RunRecord.finalize(run_dir, Status.CANCELLED, launcher="ray",
-                           failure={"cause": "cancelled", "message": f"cancelled; the supervisor did not finish "
-                                                                     f"within {wait_s:g} s and was killed"})
+        RunRecord.finalize(
+            run_dir,
+            Status.CANCELLED,
+            launcher="ray",
+            failure={
+                "cause": "cancelled",
+                "message": f"cancelled; the supervisor did not finish "
+                f"within {wait_s:g} s and was killed",
+            },
+        )
     return str(info["supervisor"])
 
 
@@ -193,7 +219,9 @@ def kill_node(run_dir: Path, rank: int) -> str:
     with _joined(info):
         head = {n.node_id for n in alive_nodes() if n.head}
         if node in head or node == rt.current_node_id():
-            raise ValueError(f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
-                             "nodekill needs a rank on another node")
+            raise ValueError(
+                f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
+                "nodekill needs a rank on another node"
+            )
         pid = kill_raylet(node)
     return f"raylet pid {pid} of node {node[:12]} (rank {rank}'s)"

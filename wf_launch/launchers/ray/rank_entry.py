@@ -91,8 +91,14 @@ class WfRayRank:
         can hand the rank a half-initialised module (Python breaks the import-lock cycle that way).
         """
         ip = rt.node_ip()
-        info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "node": rt.current_node_id(),
-                                "ip": ip, "gpus": rt.gpu_ids(), "sees_run_dir": files.config_path(run_dir).is_file()}
+        info: dict[str, Any] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node": rt.current_node_id(),
+            "ip": ip,
+            "gpus": rt.gpu_ids(),
+            "sees_run_dir": files.config_path(run_dir).is_file(),
+        }
         if want_port:
             try:
                 info["port"] = _free_port(ip)
@@ -106,7 +112,9 @@ class WfRayRank:
         ``path``: entries of the launching shell's ``PYTHONPATH`` (user task modules), put first on sys.path.
         """
         if not files.config_path(spec.run_dir).is_file():
-            raise RunDirNotShared(f"{spec.run_dir} is not visible on this node (no {files.CONFIG} there)")
+            raise RunDirNotShared(
+                f"{spec.run_dir} is not visible on this node (no {files.CONFIG} there)"
+            )
         os.environ.update(env)
         sys.path[:0] = [p for p in path if p not in sys.path]
         try:
@@ -115,7 +123,11 @@ class WfRayRank:
             return {"preempted": True}
         except (SystemExit, KeyboardInterrupt) as exc:
             # Recorded by rank_main; raised on as an error so Ray reports it instead of ending the worker.
-            raise RuntimeError(f"rank {env.get('RANK')} left with {type(exc).__name__}({exc})") from None
+            raise RuntimeError(
+                f"rank {env.get('RANK')} left with {type(exc).__name__}({exc})"
+            ) from None
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the rank is done: the launcher's kill ends it quietly
+            signal.signal(
+                signal.SIGTERM, signal.SIG_DFL
+            )  # the rank is done: the launcher's kill ends it quietly
         return {"preempted": False}

@@ -55,10 +55,22 @@ RAYLET_PID_ENV = "RAY_RAYLET_PID"
 """Set by the raylet in every process it starts (not documented): the node's raylet, for the drill's nodekill."""
 
 PRIVATE_NAMES = (
-    ("ray", "RAY_RAYLET_PID", "environment variable the raylet sets in its workers (nodekill finds its raylet)"),
-    ("ray", "~/.ray/auth_token", "the default token file of Ray's token authentication (RAY_AUTH_MODE=token)"),
-    ("ray._private.worker", "print_to_stdstream", "where a driver prints the cluster's error messages (a worker or "
-                                                  "raylet that died): routed to launcher.log"),
+    (
+        "ray",
+        "RAY_RAYLET_PID",
+        "environment variable the raylet sets in its workers (nodekill finds its raylet)",
+    ),
+    (
+        "ray",
+        "~/.ray/auth_token",
+        "the default token file of Ray's token authentication (RAY_AUTH_MODE=token)",
+    ),
+    (
+        "ray._private.worker",
+        "print_to_stdstream",
+        "where a driver prints the cluster's error messages (a worker or "
+        "raylet that died): routed to launcher.log",
+    ),
 )
 PUBLIC_NAMES = (
     ("ray", "init", "join a cluster (address) or start a private instance (address='local')"),
@@ -66,7 +78,9 @@ PUBLIC_NAMES = (
     ("ray", "is_initialized", "whether this process is connected"),
     ("ray", "nodes", "the cluster's nodes, alive or dead, with their resources"),
     ("ray", "remote", "actors (ranks, supervisor) and tasks (signals)"),
-    ("ray", "get", "results"), ("ray", "wait", "the monitor's poll"), ("ray", "kill", "teardown"),
+    ("ray", "get", "results"),
+    ("ray", "wait", "the monitor's poll"),
+    ("ray", "kill", "teardown"),
     ("ray", "get_actor", "a detached run's supervisor, by name"),
     ("ray.actor", "exit_actor", "a detached supervisor leaves once its run is recorded"),
     ("ray", "get_gpu_ids", "the GPUs Ray gave a rank"),
@@ -76,10 +90,20 @@ PUBLIC_NAMES = (
     ("ray.util.placement_group", "remove_placement_group", "teardown"),
     ("ray.util.placement_group", "placement_group_table", "which node holds each bundle"),
     ("ray.util.scheduling_strategies", "PlacementGroupSchedulingStrategy", "a rank in its bundle"),
-    ("ray.util.scheduling_strategies", "NodeAffinitySchedulingStrategy", "signals sent on a rank's node"),
-    ("ray.exceptions", "RayTaskError", "a rank raised"), ("ray.exceptions", "ActorDiedError", "a rank died"),
-    ("ray.exceptions", "ActorUnavailableError", "a rank's process is unreachable (its node may be gone)"),
-    ("ray.exceptions", "RayActorError", "any actor loss"), ("ray.exceptions", "GetTimeoutError", "bounded waits"),
+    (
+        "ray.util.scheduling_strategies",
+        "NodeAffinitySchedulingStrategy",
+        "signals sent on a rank's node",
+    ),
+    ("ray.exceptions", "RayTaskError", "a rank raised"),
+    ("ray.exceptions", "ActorDiedError", "a rank died"),
+    (
+        "ray.exceptions",
+        "ActorUnavailableError",
+        "a rank's process is unreachable (its node may be gone)",
+    ),
+    ("ray.exceptions", "RayActorError", "any actor loss"),
+    ("ray.exceptions", "GetTimeoutError", "bounded waits"),
     ("ray.exceptions", "RuntimeEnvSetupError", "launcher.runtime_env could not be set up"),
 )
 
@@ -93,8 +117,10 @@ def _ray() -> Any:
     try:
         return importlib.import_module("ray")
     except ImportError as exc:
-        raise RayMissing(f"launcher=ray needs Ray, which is not importable here ({exc}); install it with: "
-                         f"{INSTALL_HINT}") from None
+        raise RayMissing(
+            f"launcher=ray needs Ray, which is not importable here ({exc}); install it with: "
+            f"{INSTALL_HINT}"
+        ) from None
 
 
 def _resolve(module: str, dotted: str) -> Any:
@@ -104,7 +130,10 @@ def _resolve(module: str, dotted: str) -> Any:
 def check_names() -> list[str]:
     """What a Ray upgrade removed: one line per missing name (empty when all are there)."""
     missing = []
-    for module, dotted, why in (*PUBLIC_NAMES, *(n for n in PRIVATE_NAMES if not n[1].startswith(("RAY_", "~")))):
+    for module, dotted, why in (
+        *PUBLIC_NAMES,
+        *(n for n in PRIVATE_NAMES if not n[1].startswith(("RAY_", "~"))),
+    ):
         try:
             _resolve(module, dotted)
         except (ImportError, AttributeError) as exc:
@@ -129,14 +158,25 @@ def _token_auth_when_available() -> None:
 
 def join_cluster(address: str, namespace: str | None = None) -> dict[str, Any]:
     """Connect this process to the cluster at ``address`` ('auto' or 'HOST:PORT'); its address info."""
-    ctx = _ray().init(address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR")
+    ctx = _ray().init(
+        address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR"
+    )
     return dict(ctx.address_info)
 
 
-def start_private(num_cpus: float, num_gpus: int | None, namespace: str | None = None) -> dict[str, Any]:
+def start_private(
+    num_cpus: float, num_gpus: int | None, namespace: str | None = None
+) -> dict[str, Any]:
     """Start a private Ray instance on this machine (``address='local'``) and connect; its address info."""
-    ctx = _ray().init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, namespace=namespace,
-                      include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ctx = _ray().init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        namespace=namespace,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
     return dict(ctx.address_info)
 
 
@@ -187,8 +227,9 @@ def raylet_pid() -> int | None:
 
 
 # ------------------------------------------------------------------ placement
-def placement_group(bundles: list[dict[str, float]], strategy: str, name: str = "",
-                    detached: bool = False) -> Any:
+def placement_group(
+    bundles: list[dict[str, float]], strategy: str, name: str = "", detached: bool = False
+) -> Any:
     from ray.util.placement_group import placement_group as make
 
     return make(bundles, strategy=strategy, name=name, lifetime="detached" if detached else None)
@@ -219,8 +260,9 @@ def remove_placement_group(pg: Any) -> None:
 def in_bundle(pg: Any, index: int) -> Any:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index,
-                                            placement_group_capture_child_tasks=False)
+    return PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=index, placement_group_capture_child_tasks=False
+    )
 
 
 def on_node(node_id: str, soft: bool = False) -> Any:
@@ -290,7 +332,9 @@ def classify_error(exc: BaseException) -> str:
         return "unavailable"
     if isinstance(exc, ex.RayActorError):
         cause = str(exc)
-        return "runtime_env" if "runtime env" in cause.lower() and "setup" in cause.lower() else "died"
+        return (
+            "runtime_env" if "runtime env" in cause.lower() and "setup" in cause.lower() else "died"
+        )
     if isinstance(exc, ex.RayTaskError):
         return "raised"
     if isinstance(exc, ex.GetTimeoutError):

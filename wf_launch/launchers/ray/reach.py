@@ -51,7 +51,9 @@ def _remote(fn: Any) -> Any:
     return _REMOTE[fn.__name__]
 
 
-def signal_ranks(where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0) -> set[int]:
+def signal_ranks(
+    where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0
+) -> set[int]:
     """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); the ranks reached.
 
     Nodes that do not answer within ``timeout_s`` (dead, or too busy to start a task) are left out.
@@ -60,8 +62,10 @@ def signal_ranks(where: dict[int, tuple[str, int]], signum: int, timeout_s: floa
     for rank, (node, pid) in where.items():
         by_node.setdefault(node, {})[int(pid)] = rank
     fn = _remote(_signal_here)
-    refs = {fn.options(scheduling_strategy=rt.on_node(node)).remote(list(pids), int(signum)): pids
-            for node, pids in by_node.items()}
+    refs = {
+        fn.options(scheduling_strategy=rt.on_node(node)).remote(list(pids), int(signum)): pids
+        for node, pids in by_node.items()
+    }
     ready, _ = rt.wait_all(list(refs), timeout_s)
     reached: set[int] = set()
     for ref in ready:
@@ -74,5 +78,9 @@ def signal_ranks(where: dict[int, tuple[str, int]], signum: int, timeout_s: floa
 
 def kill_raylet(node: str, timeout_s: float = 30.0) -> int:
     """SIGKILL the raylet of ``node`` (every rank on it ends with it); the raylet's pid."""
-    return int(rt.get(_remote(_kill_own_raylet).options(scheduling_strategy=rt.on_node(node)).remote(),
-                      timeout_s))
+    return int(
+        rt.get(
+            _remote(_kill_own_raylet).options(scheduling_strategy=rt.on_node(node)).remote(),
+            timeout_s,
+        )
+    )

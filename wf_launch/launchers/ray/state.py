@@ -43,8 +43,15 @@ def update(run_dir: Path | str, **fields: Any) -> dict[str, Any]:
 
 def record_placement(where: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``where`` answers (rank -> node, host, ip, pid ...) as ``result.json``'s ``placement``."""
-    return {str(r): {"host": w.get("host"), "node": w.get("node"), "pid": w.get("pid"), "ip": w.get("ip")}
-            for r, w in sorted(where.items())}
+    return {
+        str(r): {
+            "host": w.get("host"),
+            "node": w.get("node"),
+            "pid": w.get("pid"),
+            "ip": w.get("ip"),
+        }
+        for r, w in sorted(where.items())
+    }
 
 
 def placement_of(run_dir: Path | str) -> dict[int, dict[str, Any]]:
@@ -55,5 +62,8 @@ def placement_of(run_dir: Path | str) -> dict[int, dict[str, Any]]:
 
 def where_of(run_dir: Path | str) -> dict[int, tuple[str, int]]:
     """rank -> (node id, pid) of the current attempt, for :func:`~.reach.signal_ranks`."""
-    return {r: (str(p["node"]), int(p["pid"])) for r, p in placement_of(run_dir).items()
-            if p.get("node") and p.get("pid")}
+    return {
+        r: (str(p["node"]), int(p["pid"]))
+        for r, p in placement_of(run_dir).items()
+        if p.get("node") and p.get("pid")
+    }

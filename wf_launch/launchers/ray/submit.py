@@ -42,23 +42,35 @@ START_WAIT_S = 60.0
 
 def _invalid(plan: LaunchPlan, message: str) -> RunOutcome:
     print(f"wf_launch: config error: {message}", file=sys.stderr, flush=True)
-    record = RunRecord.finalize(plan.run_dir, Status.INVALID, launcher="ray", task=plan.task,
-                                overrides=plan.overrides, run_dir=str(plan.run_dir),
-                                failure={"cause": "invalid_config", "message": message})
+    record = RunRecord.finalize(
+        plan.run_dir,
+        Status.INVALID,
+        launcher="ray",
+        task=plan.task,
+        overrides=plan.overrides,
+        run_dir=str(plan.run_dir),
+        failure={"cause": "invalid_config", "message": message},
+    )
     return RunOutcome.of(record, plan.run_dir, "")
 
 
 def _precheck(plan: LaunchPlan) -> None:
     """What can be refused before the cluster is asked: a relative run directory, Ray missing."""
     if not Path(plan.run_dir).is_absolute():
-        raise config_error("hydra.run.dir", str(plan.run_dir), "an absolute path on storage every node of the "
-                           "cluster sees (ranks on other nodes write their logs and records there)")
+        raise config_error(
+            "hydra.run.dir",
+            str(plan.run_dir),
+            "an absolute path on storage every node of the "
+            "cluster sees (ranks on other nodes write their logs and records there)",
+        )
     rt.is_connected()  # imports Ray: RayMissing names the install command
 
 
 def _options(conn: Connection, **extra: Any) -> RunOptions:
     forward, path = forwarded_env()
-    return RunOptions(address=conn.address, private=conn.private, forward=forward, path=path, **extra)
+    return RunOptions(
+        address=conn.address, private=conn.private, forward=forward, path=path, **extra
+    )
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
@@ -76,16 +88,31 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         return _interrupted_early(plan)
     try:
         try:
-            check_fits(alive_nodes(), lc, plan.world_size, lc.address or "this machine (a private instance)")
+            check_fits(
+                alive_nodes(),
+                lc,
+                plan.world_size,
+                lc.address or "this machine (a private instance)",
+            )
         except ConfigError as exc:
             return _invalid(plan, str(exc))
         where = "a private Ray instance" if conn.private else f"the Ray cluster at {conn.address}"
-        logger.info(f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, task={plan.task}, "
-                    f"run dir {plan.run_dir}")
+        logger.info(
+            f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, task={plan.task}, "
+            f"run dir {plan.run_dir}"
+        )
         if lc.wait:
             return RayRun(plan, _options(conn)).run()
-        return _detach(plan, _options(conn, detached=True, show=False, namespace=NAMESPACE,
-                                      supervisor=supervisor_name(plan.run_dir)))
+        return _detach(
+            plan,
+            _options(
+                conn,
+                detached=True,
+                show=False,
+                namespace=NAMESPACE,
+                supervisor=supervisor_name(plan.run_dir),
+            ),
+        )
     finally:
         conn.close()
 
@@ -93,9 +120,16 @@ def launch(plan: LaunchPlan) -> RunOutcome:
 def _interrupted_early(plan: LaunchPlan) -> RunOutcome:
     """Ctrl-C before any rank started (while the cluster was asked): nothing to stop, recorded 'interrupted'."""
     summary = "interrupted by SIGINT before any rank started"
-    record = RunRecord.finalize(plan.run_dir, Status.INTERRUPTED, signal_name="SIGINT", launcher="ray",
-                                task=plan.task, overrides=plan.overrides, run_dir=str(plan.run_dir),
-                                failure={"cause": "interrupt", "signal": "SIGINT", "message": summary})
+    record = RunRecord.finalize(
+        plan.run_dir,
+        Status.INTERRUPTED,
+        signal_name="SIGINT",
+        launcher="ray",
+        task=plan.task,
+        overrides=plan.overrides,
+        run_dir=str(plan.run_dir),
+        failure={"cause": "interrupt", "signal": "SIGINT", "message": summary},
+    )
     return RunOutcome.of(record, plan.run_dir, summary)
 
 
@@ -104,30 +138,54 @@ def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> l
     deadline = time.monotonic() + timeout_s
     waiting = list(run_dirs)
     while waiting and time.monotonic() < deadline:
-        waiting = [d for d in waiting if (state.read(d) or {}).get("state") == "submitted"
-                   and RunRecord.read(d) is None]
+        waiting = [
+            d
+            for d in waiting
+            if (state.read(d) or {}).get("state") == "submitted" and RunRecord.read(d) is None
+        ]
         if waiting:
             time.sleep(0.2)
     return waiting
 
 
 def _detach(plan: LaunchPlan, opts: RunOptions) -> RunOutcome:
-    state.update(plan.run_dir, address=opts.address, namespace=opts.namespace, supervisor=opts.supervisor,
-                 detached=True, private=False, state="submitted", world_size=plan.world_size,
-                 status_command=f"python -m wf_launch.status {plan.run_dir}")
+    state.update(
+        plan.run_dir,
+        address=opts.address,
+        namespace=opts.namespace,
+        supervisor=opts.supervisor,
+        detached=True,
+        private=False,
+        state="submitted",
+        world_size=plan.world_size,
+        status_command=f"python -m wf_launch.status {plan.run_dir}",
+    )
     start_supervisor(plan, opts, detached=True)
     if _wait_taken_over([plan.run_dir]):
         message = f"the run's supervisor {opts.supervisor} did not start within {START_WAIT_S:g} s"
-        record = RunRecord.finalize(plan.run_dir, Status.FAILED, launcher="ray", task=plan.task,
-                                    failure={"cause": "launcher_error", "message": message})
+        record = RunRecord.finalize(
+            plan.run_dir,
+            Status.FAILED,
+            launcher="ray",
+            task=plan.task,
+            failure={"cause": "launcher_error", "message": message},
+        )
         return RunOutcome.of(record, plan.run_dir, message)
-    logger.info(f"started Ray run {opts.supervisor} (detached) on {opts.address}: {plan.world_size} rank(s), "
-                f"task={plan.task}, run dir {plan.run_dir}")
-    return RunOutcome(Status.SUBMITTED, plan.run_dir, f"started Ray run {opts.supervisor} on {opts.address}; "
-                                                      f"status: python -m wf_launch.status {plan.run_dir}")
+    logger.info(
+        f"started Ray run {opts.supervisor} (detached) on {opts.address}: {plan.world_size} rank(s), "
+        f"task={plan.task}, run dir {plan.run_dir}"
+    )
+    return RunOutcome(
+        Status.SUBMITTED,
+        plan.run_dir,
+        f"started Ray run {opts.supervisor} on {opts.address}; "
+        f"status: python -m wf_launch.status {plan.run_dir}",
+    )
 
 
-_CURRENT: contextvars.ContextVar[RayBatch | None] = contextvars.ContextVar("wf_launch_ray_batch", default=None)
+_CURRENT: contextvars.ContextVar[RayBatch | None] = contextvars.ContextVar(
+    "wf_launch_ray_batch", default=None
+)
 
 
 def current_batch() -> RayBatch | None:
@@ -183,8 +241,12 @@ class RayBatch:
         lc = plan.launcher_config
         try:
             if self.points and lc.address != self.address:
-                raise config_error("launcher.address", lc.address, f"every point of a sweep goes to one cluster "
-                                   f"(the first point's: {self.address!r})")
+                raise config_error(
+                    "launcher.address",
+                    lc.address,
+                    f"every point of a sweep goes to one cluster "
+                    f"(the first point's: {self.address!r})",
+                )
             self.address = lc.address
             if lc.address is not None:
                 if self.conn is None:
@@ -192,14 +254,21 @@ class RayBatch:
                 check_fits(alive_nodes(), lc, plan.world_size, lc.address)
         except (ConfigError, rt.RayMissing) as exc:
             return _invalid(plan, str(exc))
-        state.update(plan.run_dir, state="submitted", world_size=plan.world_size, detached=not lc.wait,
-                     status_command=f"python -m wf_launch.status {plan.run_dir}")
+        state.update(
+            plan.run_dir,
+            state="submitted",
+            world_size=plan.world_size,
+            detached=not lc.wait,
+            status_command=f"python -m wf_launch.status {plan.run_dir}",
+        )
         self.points.append(_Point(plan))
         return RunOutcome(Status.SUBMITTED, plan.run_dir)
 
     def _connect_private(self) -> Connection:
         lc = self.points[0].plan.launcher_config
-        side_by_side = sum(p.plan.world_size * float(p.plan.launcher_config.cpus_per_rank) for p in self.points)
+        side_by_side = sum(
+            p.plan.world_size * float(p.plan.launcher_config.cpus_per_rank) for p in self.points
+        )
         return connect(lc, str(self.sweep_dir), 1, cpus=side_by_side)
 
     def run(self) -> dict[Path, RunOutcome]:
@@ -209,12 +278,27 @@ class RayBatch:
                 self.conn = self._connect_private()
             for point in self.points:
                 lc = point.plan.launcher_config
-                point.opts = _options(self.conn, detached=not lc.wait, show=False, namespace=NAMESPACE,
-                                      supervisor=supervisor_name(point.plan.run_dir), queue_dir=str(self.sweep_dir))
-                state.update(point.plan.run_dir, address=point.opts.address, namespace=NAMESPACE,
-                             supervisor=point.opts.supervisor, private=point.opts.private)
-                point.actor, point.ref = start_supervisor(point.plan, point.opts, point.opts.detached)
-            logger.info(f"started {len(self.points)} Ray run(s) side by side on {self.conn.address}")
+                point.opts = _options(
+                    self.conn,
+                    detached=not lc.wait,
+                    show=False,
+                    namespace=NAMESPACE,
+                    supervisor=supervisor_name(point.plan.run_dir),
+                    queue_dir=str(self.sweep_dir),
+                )
+                state.update(
+                    point.plan.run_dir,
+                    address=point.opts.address,
+                    namespace=NAMESPACE,
+                    supervisor=point.opts.supervisor,
+                    private=point.opts.private,
+                )
+                point.actor, point.ref = start_supervisor(
+                    point.plan, point.opts, point.opts.detached
+                )
+            logger.info(
+                f"started {len(self.points)} Ray run(s) side by side on {self.conn.address}"
+            )
             _wait_taken_over([p.plan.run_dir for p in self.points])
             waited = [p for p in self.points if p.opts is not None and not p.opts.detached]
             return _wait_points(waited) if waited else {}
@@ -241,7 +325,9 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
             live.tick()  # the last states
     except (KeyboardInterrupt, Stopped) as exc:
         why = str(exc) or "interrupted"
-        print(f"wf_launch: {why}: cancelling {len(pending)} Ray run(s)", file=sys.stderr, flush=True)
+        print(
+            f"wf_launch: {why}: cancelling {len(pending)} Ray run(s)", file=sys.stderr, flush=True
+        )
         for point in pending.values():
             point.actor.cancel.remote()
         rt.wait_all(list(pending), 120.0)
@@ -255,12 +341,20 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
 def _report(point: _Point) -> None:
     outcome = _outcome_of(point.plan.run_dir)
     if outcome.exit_code:
-        print(f"wf_launch: {point.plan.run_dir} {outcome.status}: {outcome.summary}", file=sys.stderr, flush=True)
+        print(
+            f"wf_launch: {point.plan.run_dir} {outcome.status}: {outcome.summary}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _outcome_of(run_dir: Path) -> RunOutcome:
     record = RunRecord.read(run_dir)
     if record is None or not record.final:
-        return RunOutcome(Status.UNKNOWN, run_dir, "the run's supervisor ended without a final record")
+        return RunOutcome(
+            Status.UNKNOWN, run_dir, "the run's supervisor ended without a final record"
+        )
     failure = record.failure or {}
-    return RunOutcome.of(record, run_dir, str(failure.get("message") or "") if record.exit_code else None)
+    return RunOutcome.of(
+        record, run_dir, str(failure.get("message") or "") if record.exit_code else None
+    )

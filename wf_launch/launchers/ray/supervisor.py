@@ -46,7 +46,9 @@ class WfRaySupervisor:
 
         logger.remove()
         logger.configure(extra={"label": "supervisor", "rank": -1})
-        logger.add(str(Path(run_dir) / files.LAUNCHER_LOG), format=FILE_FORMAT, level="DEBUG", buffering=1)
+        logger.add(
+            str(Path(run_dir) / files.LAUNCHER_LOG), format=FILE_FORMAT, level="DEBUG", buffering=1
+        )
         self.run_dir = run_dir
         self.job: Any = None
         self.ready = threading.Event()
@@ -62,10 +64,19 @@ class WfRaySupervisor:
             self.ready.set()
             status = str(self.job.run().status)
         except BaseException as exc:  # recorded: the launching command is gone
-            logger.opt(exception=exc).error(f"the run's supervisor failed: {type(exc).__name__}: {exc}")
-            record = RunRecord.finalize(self.run_dir, Status.FAILED, launcher="ray",
-                                        failure={"cause": "launcher_error", "type": type(exc).__name__,
-                                                 "message": f"the run's supervisor failed: {exc}"})
+            logger.opt(exception=exc).error(
+                f"the run's supervisor failed: {type(exc).__name__}: {exc}"
+            )
+            record = RunRecord.finalize(
+                self.run_dir,
+                Status.FAILED,
+                launcher="ray",
+                failure={
+                    "cause": "launcher_error",
+                    "type": type(exc).__name__,
+                    "message": f"the run's supervisor failed: {exc}",
+                },
+            )
             status = str(record.status)
         logger.complete()
         if exit_when_done:
@@ -87,9 +98,14 @@ def start_supervisor(plan: Any, opts: Any, detached: bool) -> tuple[Any, Any]:
     """Start the run's supervisor (named ``opts.supervisor`` in :data:`NAMESPACE`) and its run; (actor, run ref)."""
     if "cls" not in _CLASS:
         _CLASS["cls"] = rt.remote(WfRaySupervisor)
-    options: dict[str, Any] = {"name": opts.supervisor, "namespace": NAMESPACE, "num_cpus": 0,
-                               "max_concurrency": 4, "max_restarts": 0,
-                               "scheduling_strategy": rt.on_node(rt.current_node_id(), soft=True)}
+    options: dict[str, Any] = {
+        "name": opts.supervisor,
+        "namespace": NAMESPACE,
+        "num_cpus": 0,
+        "max_concurrency": 4,
+        "max_restarts": 0,
+        "scheduling_strategy": rt.on_node(rt.current_node_id(), soft=True),
+    }
     if detached:
         options["lifetime"] = "detached"
     actor = _CLASS["cls"].options(**options).remote(str(plan.run_dir))

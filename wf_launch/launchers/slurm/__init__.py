@@ -34,7 +34,16 @@ from ..base import LauncherConfig, LauncherHooks
 from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
 from .finalize import JOB_FILE, finalize, rank_outcomes, read_job
-from .poll import TERMINAL_STATES, cancel, in_queue, is_terminal, job_state, live_state, wait_all, wait_gone
+from .poll import (
+    TERMINAL_STATES,
+    cancel,
+    in_queue,
+    is_terminal,
+    job_state,
+    live_state,
+    wait_all,
+    wait_gone,
+)
 from .rank_entry import SlurmRank, SlurmRequeue, export_rank_env, master_port
 from .submit import (
     Pending,
@@ -53,11 +62,35 @@ if TYPE_CHECKING:
 
     from ...config.engine import EngineConfig
 
-__all__ = ["JOB_FILE", "TERMINAL_STATES", "Pending", "SlurmBatch", "SlurmLauncher", "SlurmLauncherConfig",
-           "SlurmRank", "SlurmRequeue", "cancel", "current_batch", "describe", "export_rank_env", "finalize",
-           "in_queue", "is_terminal", "job_state", "launch", "master_port", "rank_outcomes", "read_job",
-           "sbatch_parameters", "sbatch_script", "slurm_tasks_per_node", "submitit_folder",
-           "validate_slurm_launcher", "wait_all", "wait_gone"]
+__all__ = [
+    "JOB_FILE",
+    "TERMINAL_STATES",
+    "Pending",
+    "SlurmBatch",
+    "SlurmLauncher",
+    "SlurmLauncherConfig",
+    "SlurmRank",
+    "SlurmRequeue",
+    "cancel",
+    "current_batch",
+    "describe",
+    "export_rank_env",
+    "finalize",
+    "in_queue",
+    "is_terminal",
+    "job_state",
+    "launch",
+    "master_port",
+    "rank_outcomes",
+    "read_job",
+    "sbatch_parameters",
+    "sbatch_script",
+    "slurm_tasks_per_node",
+    "submitit_folder",
+    "validate_slurm_launcher",
+    "wait_all",
+    "wait_gone",
+]
 
 
 @dataclass
@@ -92,9 +125,28 @@ class SlurmLauncherConfig(LauncherConfig):
 
 
 _SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-OWNED_SRUN_OPTIONS = ("--ntasks", "-n", "--nodes", "-N", "--ntasks-per-node", "--kill-on-bad-exit", "-K",
-                      "--cpus-per-task", "-c", "--gpus-per-node", "--gres", "--output", "-o", "--error", "-e",
-                      "--unbuffered", "-u", "--jobid", "--het-group", "--pack-group")
+OWNED_SRUN_OPTIONS = (
+    "--ntasks",
+    "-n",
+    "--nodes",
+    "-N",
+    "--ntasks-per-node",
+    "--kill-on-bad-exit",
+    "-K",
+    "--cpus-per-task",
+    "-c",
+    "--gpus-per-node",
+    "--gres",
+    "--output",
+    "-o",
+    "--error",
+    "-e",
+    "--unbuffered",
+    "-u",
+    "--jobid",
+    "--het-group",
+    "--pack-group",
+)
 """srun options the launcher sets itself: the layout (one task per rank) and "one failing rank ends the step"."""
 MAX_POLL_S = 600.0
 MAX_MEM_GB = 1 << 20
@@ -116,17 +168,36 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
     for key in ("gpus_per_node", "max_requeues"):
         check_int(f"launcher.{key}", getattr(lc, key), low=0)
     if lc.mem_gb is not None:
-        check_number("launcher.mem_gb", lc.mem_gb, 0, MAX_MEM_GB, low_open=True, unit="GB",
-                     note="per node, or null for the partition's default")
+        check_number(
+            "launcher.mem_gb",
+            lc.mem_gb,
+            0,
+            MAX_MEM_GB,
+            low_open=True,
+            unit="GB",
+            note="per node, or null for the partition's default",
+        )
     for key in ("poll_interval_s", "preempt_wait_s"):
-        check_number(f"launcher.{key}", getattr(lc, key), 0, MAX_POLL_S, low_open=True, unit="seconds")
+        check_number(
+            f"launcher.{key}", getattr(lc, key), 0, MAX_POLL_S, low_open=True, unit="seconds"
+        )
     if lc.signal_delay_s >= lc.time_min * 60:
-        raise config_error("launcher.signal_delay_s", lc.signal_delay_s,
-                           f"expected fewer seconds than the time limit ({lc.time_min * 60} s)")
+        raise config_error(
+            "launcher.signal_delay_s",
+            lc.signal_delay_s,
+            f"expected fewer seconds than the time limit ({lc.time_min * 60} s)",
+        )
     check_bool("launcher.snapshot", lc.snapshot)
     check_bool("launcher.snapshot_untracked", lc.snapshot_untracked)
-    check_number("launcher.snapshot_max_mb", lc.snapshot_max_mb, 0, MAX_MEM_GB * 1024, low_open=True, unit="MB",
-                 note="the largest code snapshot a submission copies")
+    check_number(
+        "launcher.snapshot_max_mb",
+        lc.snapshot_max_mb,
+        0,
+        MAX_MEM_GB * 1024,
+        low_open=True,
+        unit="MB",
+        note="the largest code snapshot a submission copies",
+    )
     check_bool("launcher.wait", lc.wait)
     for key in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
         check_single_line(f"launcher.{key}", getattr(lc, key), why=_NEWLINE)
@@ -134,44 +205,73 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
     _validate_folder(lc.folder)
     tpn = slurm_tasks_per_node(lc, world_size)
     if lc.nodes * tpn != world_size:
-        raise config_error("launcher.tasks_per_node", lc.tasks_per_node,
-                           f"launcher.nodes ({lc.nodes}) x launcher.tasks_per_node ({tpn}) = "
-                           f"{lc.nodes * tpn} SLURM tasks, but the layout (tp*cp*pp*dp) has {world_size} rank(s); "
-                           "one task per rank")
+        raise config_error(
+            "launcher.tasks_per_node",
+            lc.tasks_per_node,
+            f"launcher.nodes ({lc.nodes}) x launcher.tasks_per_node ({tpn}) = "
+            f"{lc.nodes * tpn} SLURM tasks, but the layout (tp*cp*pp*dp) has {world_size} rank(s); "
+            "one task per rank",
+        )
     if engine.backend in NCCL_BACKENDS and lc.gpus_per_node < tpn:
-        raise config_error("launcher.gpus_per_node", lc.gpus_per_node,
-                           f"engine.distributed_backend={engine.distributed_backend!r} needs one GPU per "
-                           f"task: at least launcher.tasks_per_node ({tpn}); or use gloo")
+        raise config_error(
+            "launcher.gpus_per_node",
+            lc.gpus_per_node,
+            f"engine.distributed_backend={engine.distributed_backend!r} needs one GPU per "
+            f"task: at least launcher.tasks_per_node ({tpn}); or use gloo",
+        )
 
 
 def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
     """``sbatch_extra``, ``setup`` and ``srun_args``: single lines, and no srun option the launcher owns."""
     for key, value in dict(lc.sbatch_extra or {}).items():
         if not isinstance(key, str) or not _SBATCH_KEY.fullmatch(key):
-            raise config_error("launcher.sbatch_extra", {key: value}, "keys are sbatch option names "
-                               "(letters, digits, '-' and '_', e.g. mail-type)")
-        check_single_line(f"launcher.sbatch_extra.{key}", value if isinstance(value, str) else str(value),
-                          why=_NEWLINE)
+            raise config_error(
+                "launcher.sbatch_extra",
+                {key: value},
+                "keys are sbatch option names (letters, digits, '-' and '_', e.g. mail-type)",
+            )
+        check_single_line(
+            f"launcher.sbatch_extra.{key}",
+            value if isinstance(value, str) else str(value),
+            why=_NEWLINE,
+        )
     for i, line in enumerate(lc.setup or []):
-        check_single_line(f"launcher.setup[{i}]", line, "one shell line per list item", why=_NEWLINE)
+        check_single_line(
+            f"launcher.setup[{i}]", line, "one shell line per list item", why=_NEWLINE
+        )
     for i, arg in enumerate(lc.srun_args or []):
         check_single_line(f"launcher.srun_args[{i}]", arg, "one argument", why=_NEWLINE)
         option = str(arg).split("=", 1)[0]
-        if option in OWNED_SRUN_OPTIONS or (option.startswith("-") and not option.startswith("--")
-                                            and option[:2] in OWNED_SRUN_OPTIONS):
-            raise config_error(f"launcher.srun_args[{i}]", arg,
-                               f"{option} is set by the launcher (one task per rank, --kill-on-bad-exit=1); "
-                               "use launcher.nodes / launcher.tasks_per_node / launcher.cpus_per_task instead")
+        if option in OWNED_SRUN_OPTIONS or (
+            option.startswith("-")
+            and not option.startswith("--")
+            and option[:2] in OWNED_SRUN_OPTIONS
+        ):
+            raise config_error(
+                f"launcher.srun_args[{i}]",
+                arg,
+                f"{option} is set by the launcher (one task per rank, --kill-on-bad-exit=1); "
+                "use launcher.nodes / launcher.tasks_per_node / launcher.cpus_per_task instead",
+            )
 
 
 def _validate_folder(folder: Any) -> None:
     """submitit's folder is a relative path inside the run (or sweep) directory: submitit runs the pickles there."""
     text = str(folder or "")
     parts = Path(text).parts
-    if (not text.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in text) or Path(text).is_absolute()
-            or ".." in parts or text.startswith("~")):
-        raise config_error("launcher.folder", folder, "a relative folder inside the run directory (no '..', "
-                           "not absolute): submitit executes the pickles it finds there")
+    if (
+        not text.strip()
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+        or Path(text).is_absolute()
+        or ".." in parts
+        or text.startswith("~")
+    ):
+        raise config_error(
+            "launcher.folder",
+            folder,
+            "a relative folder inside the run directory (no '..', "
+            "not absolute): submitit executes the pickles it finds there",
+        )
 
 
 @register_launcher
@@ -214,8 +314,17 @@ class SlurmLauncher(LauncherHooks):
         job = read_job(run_dir)
         if not job or is_terminal(job_state(job["job_id"], Path(run_dir))):
             return set()
-        out = subprocess.run(["scancel", f"--signal={_signal.Signals(signum).name.removeprefix('SIG')}",
-                              job["job_id"]], capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(
+            [
+                "scancel",
+                f"--signal={_signal.Signals(signum).name.removeprefix('SIG')}",
+                job["job_id"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         return set(range(int(job.get("world_size") or 0))) if out.returncode == 0 else set()
 
     def is_live(self, run_dir: Path) -> bool:

@@ -30,8 +30,10 @@ JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
 def checked_job_id(job_id: Any, where: str = "job id") -> str:
     """``job_id`` if it is a SLURM job id; ValueError otherwise (it never reaches a command line)."""
     if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
-        raise ValueError(f"{where}: {job_id!r} is not a SLURM job id (123, or 123_4 for an array task); "
-                         "refusing to pass it to SLURM's commands")
+        raise ValueError(
+            f"{where}: {job_id!r} is not a SLURM job id (123, or 123_4 for an array task); "
+            "refusing to pass it to SLURM's commands"
+        )
     return job_id
 
 
@@ -39,7 +41,10 @@ MAX_JOB_RANKS = 1 << 20
 """The most ranks a job file may name (status lists each rank; more is a corrupt file, not a job)."""
 
 _JOB_FIELDS: dict[str, tuple[Any, str]] = {
-    "world_size": (lambda v: is_int(v) and 0 <= v <= MAX_JOB_RANKS, f"a number of ranks (at most {MAX_JOB_RANKS})"),
+    "world_size": (
+        lambda v: is_int(v) and 0 <= v <= MAX_JOB_RANKS,
+        f"a number of ranks (at most {MAX_JOB_RANKS})",
+    ),
     "nodes": (lambda v: is_int(v) and v >= 0, "a number of nodes"),
     "tasks_per_node": (lambda v: is_int(v) and v >= 0, "a number of tasks"),
     "submitted_at": (is_finite_number, "a time"),
@@ -84,13 +89,19 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
     if record is not None and record.final:
         return RunOutcome.of(record, run_dir, "")
     word = state.split()[0]
-    info = {**job.get("info", {}), "slurm": {"job_id": job.get("job_id"), "state": state,
-                                             "folder": job.get("folder")}}
+    info = {
+        **job.get("info", {}),
+        "slurm": {"job_id": job.get("job_id"), "state": state, "folder": job.get("folder")},
+    }
     info["timings"] = {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)}
     last = attempts.count(run_dir) - 1
     if last >= 0:
-        attempts.close(run_dir, last, int(job.get("world_size") or 1),
-                       "completed" if word == "COMPLETED" else f"SLURM {state}")
+        attempts.close(
+            run_dir,
+            last,
+            int(job.get("world_size") or 1),
+            "completed" if word == "COMPLETED" else f"SLURM {state}",
+        )
     info["attempts"] = attempts.collect(run_dir)
     info["placement"] = read_placement(run_dir, int(job.get("world_size") or 0))
     job_id = job.get("job_id")
@@ -98,25 +109,37 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
         return RunOutcome.of(RunRecord.finalize(run_dir, Status.OK, **info), run_dir)
     if word == "CANCELLED":
         summary = f"SLURM job {job_id} was cancelled ({state})"
-        record = RunRecord.finalize(run_dir, Status.CANCELLED, **info,
-                                    failure={"cause": "cancelled", "message": summary})
+        record = RunRecord.finalize(
+            run_dir, Status.CANCELLED, **info, failure={"cause": "cancelled", "message": summary}
+        )
         return RunOutcome.of(record, run_dir, summary)
     if word == "TIMEOUT":
         summary = f"SLURM job {job_id} hit its time limit"
-        record = RunRecord.finalize(run_dir, Status.TIMEOUT, **info, failure={"cause": "timeout", "message": summary})
+        record = RunRecord.finalize(
+            run_dir, Status.TIMEOUT, **info, failure={"cause": "timeout", "message": summary}
+        )
         return RunOutcome.of(record, run_dir, summary)
     if word == "UNKNOWN":
-        summary = (f"SLURM no longer knows job {job_id} ({state.partition(' ')[2] or 'no accounting'}) and "
-                   "no rank left a result or a failure record; its outcome is unknown")
-        record = RunRecord.finalize(run_dir, Status.UNKNOWN, **info, failure={"cause": "unknown", "message": summary})
+        summary = (
+            f"SLURM no longer knows job {job_id} ({state.partition(' ')[2] or 'no accounting'}) and "
+            "no rank left a result or a failure record; its outcome is unknown"
+        )
+        record = RunRecord.finalize(
+            run_dir, Status.UNKNOWN, **info, failure={"cause": "unknown", "message": summary}
+        )
         return RunOutcome.of(record, run_dir, summary)
     layout = _layout(run_dir)
-    explained = explain_failure(run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords,
-                                layout.world_size)
+    explained = explain_failure(
+        run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords, layout.world_size
+    )
     if explained is None:
-        cause = {"rank": -1, "cause": "slurm", "type": word,
-                 "message": f"SLURM job {job_id} ended {state} and no rank left a failure record; "
-                            f"see {job.get('folder')}/{job_id}_*_log.err"}
+        cause = {
+            "rank": -1,
+            "cause": "slurm",
+            "type": word,
+            "message": f"SLURM job {job_id} ended {state} and no rank left a failure record; "
+            f"see {job.get('folder')}/{job_id}_*_log.err",
+        }
         summary = cause["message"]
     else:
         cause, summary = explained
@@ -131,8 +154,11 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
     world = int(job.get("world_size") or 0)
     record = RunRecord.read(run_dir)
     ok = set(record.results) if record is not None and record.status is Status.OK else set()
-    stopped = str(record.status) if record is not None and record.status in (Status.CANCELLED, Status.TIMEOUT) \
+    stopped = (
+        str(record.status)
+        if record is not None and record.status in (Status.CANCELLED, Status.TIMEOUT)
         else None
+    )
     errors = {r["rank"]: r for r in load_failure_records(run_dir)}
     out: dict[int, str] = {}
     for rank in range(world):

@@ -28,11 +28,33 @@ from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
 from .finalize import checked_job_id, finalize, read_job
 
-__all__ = ["TERMINAL_STATES", "UNKNOWN_GRACE_S", "cancel", "in_queue", "is_terminal", "job_state", "live_state",
-           "queue_state", "wait_all", "wait_gone"]
+__all__ = [
+    "TERMINAL_STATES",
+    "UNKNOWN_GRACE_S",
+    "cancel",
+    "in_queue",
+    "is_terminal",
+    "job_state",
+    "live_state",
+    "queue_state",
+    "wait_all",
+    "wait_gone",
+]
 
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-                             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN"})
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "UNKNOWN",
+    }
+)
 UNKNOWN_GRACE_S = 30.0
 """How long a job may be known to no SLURM command (and leave no record) before its wait ends as unknown."""
 
@@ -48,8 +70,11 @@ def _sacct_state(job_id: str) -> str | None:
     out = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"])
     if out is None or out.returncode != 0:
         return None
-    states = [line.split("|", 1)[1] for line in out.stdout.splitlines()
-              if "|" in line and line.split("|", 1)[0] == job_id]
+    states = [
+        line.split("|", 1)[1]
+        for line in out.stdout.splitlines()
+        if "|" in line and line.split("|", 1)[0] == job_id
+    ]
     return states[-1].strip() if states else None
 
 
@@ -99,7 +124,11 @@ def job_state(job_id: str, run_dir: Path | None = None) -> str:
 def queue_state(job_id: str) -> str | None:
     """'PENDING (Resources)' or 'RUNNING on n[1-2]' from squeue; None once the job left the queue."""
     out = _run(["squeue", "-h", "-j", checked_job_id(job_id), "-o", "%T|%r|%N"])
-    line = out.stdout.strip().splitlines()[0] if out is not None and out.returncode == 0 and out.stdout.strip() else ""
+    line = (
+        out.stdout.strip().splitlines()[0]
+        if out is not None and out.returncode == 0 and out.stdout.strip()
+        else ""
+    )
     if not line:
         return None
     state, reason, nodes = [*line.split("|"), "", ""][:3]
@@ -171,7 +200,9 @@ def _stop_signals() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _settle(run_dir: Path, job_id: str, state: str, unknown_since: dict[Path, float]) -> RunOutcome | None:
+def _settle(
+    run_dir: Path, job_id: str, state: str, unknown_since: dict[Path, float]
+) -> RunOutcome | None:
     """The run's outcome if its job has ended (finalizing it), else None."""
     if state.split()[0] == "UNKNOWN" and not in_queue(job_id):
         first = unknown_since.setdefault(run_dir, time.monotonic())
@@ -211,13 +242,18 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
                     outcomes[run_dir] = outcome
                     del pending[run_dir]
                     if many and outcome.exit_code:
-                        print(f"wf_launch: {run_dir} {outcome.status}: {outcome.summary}", file=sys.stderr,
-                              flush=True)
+                        print(
+                            f"wf_launch: {run_dir} {outcome.status}: {outcome.summary}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 if pending:
                     time.sleep(poll_s)
     except (KeyboardInterrupt, _Stop) as exc:
         why = f"{exc}" if isinstance(exc, _Stop) else "interrupted"
-        print(f"wf_launch: {why}: cancelling {len(pending)} SLURM job(s)", file=sys.stderr, flush=True)
+        print(
+            f"wf_launch: {why}: cancelling {len(pending)} SLURM job(s)", file=sys.stderr, flush=True
+        )
         for run_dir in pending:
             cancel(run_dir)
         deadline = time.monotonic() + 120
@@ -226,9 +262,13 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
                 state = job_state(job_id, run_dir)
                 if is_terminal(state) or not in_queue(job_id):
                     wait_gone(job_id)
-                    outcomes[run_dir] = finalize(run_dir, state if is_terminal(state) else "CANCELLED")
+                    outcomes[run_dir] = finalize(
+                        run_dir, state if is_terminal(state) else "CANCELLED"
+                    )
                     del pending[run_dir]
             time.sleep(0.5)
     live.close()
-    return [outcomes.get(Path(d)) or RunOutcome(Status.CANCELLED, Path(d), "not confirmed ended")
-            for d in run_dirs]
+    return [
+        outcomes.get(Path(d)) or RunOutcome(Status.CANCELLED, Path(d), "not confirmed ended")
+        for d in run_dirs
+    ]

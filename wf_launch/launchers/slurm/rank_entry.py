@@ -21,7 +21,14 @@ from ...rank.hardexit import exit_after_cleanup, exit_status, flush_and_exit
 from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
 
-__all__ = ["SlurmRank", "SlurmRequeue", "SlurmStackDump", "export_rank_env", "master_port", "requeue_target"]
+__all__ = [
+    "SlurmRank",
+    "SlurmRequeue",
+    "SlurmStackDump",
+    "export_rank_env",
+    "master_port",
+    "requeue_target",
+]
 
 _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
@@ -41,7 +48,9 @@ class SlurmRequeue:
         return self.restart() < self.max_requeues
 
     def requeue(self) -> None:
-        subprocess.run(["scontrol", "requeue", requeue_target()], check=True, timeout=60, capture_output=True)
+        subprocess.run(
+            ["scontrol", "requeue", requeue_target()], check=True, timeout=60, capture_output=True
+        )
 
 
 @dataclass(frozen=True)
@@ -58,8 +67,12 @@ class SlurmStackDump:
     def __call__(self) -> None:
         import time
 
-        subprocess.run(["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
-                       check=False, capture_output=True, timeout=10)
+        subprocess.run(
+            ["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
+            check=False,
+            capture_output=True,
+            timeout=10,
+        )
         time.sleep(self.settle_s)
 
 
@@ -91,7 +104,10 @@ def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None
         return int(first) + (restart % max(1, _resv_count(reserved)))
     low, high = _PORT_RANGE
     span = high - low
-    offset = zlib.crc32(f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}".encode()) % span
+    offset = (
+        zlib.crc32(f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}".encode())
+        % span
+    )
     digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
     return low + (offset + int(digits) + 7919 * restart) % span
 
@@ -121,13 +137,19 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
     job_id = os.environ.get("SLURM_JOB_ID", job.job_id)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     env = {
-        "RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks), "LOCAL_RANK": str(job.local_rank),
+        "RANK": str(job.global_rank),
+        "WORLD_SIZE": str(job.num_tasks),
+        "LOCAL_RANK": str(job.local_rank),
         "LOCAL_WORLD_SIZE": str(job.num_tasks // max(1, job.num_nodes)),
         "MASTER_ADDR": "127.0.0.1" if one_node else job.hostnames[0],
         "MASTER_PORT": str(master_port(job_id, restart)),
-        "GROUP_RANK": str(job.node), "GROUP_WORLD_SIZE": str(job.num_nodes), "ROLE_NAME": "default",
-        "ROLE_RANK": str(job.global_rank), "ROLE_WORLD_SIZE": str(job.num_tasks),
-        "TORCHELASTIC_RUN_ID": str(job_id), "TORCHELASTIC_RESTART_COUNT": str(restart),
+        "GROUP_RANK": str(job.node),
+        "GROUP_WORLD_SIZE": str(job.num_nodes),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(job.global_rank),
+        "ROLE_WORLD_SIZE": str(job.num_tasks),
+        "TORCHELASTIC_RUN_ID": str(job_id),
+        "TORCHELASTIC_RESTART_COUNT": str(restart),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         NODE_ENV: os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     }
@@ -145,13 +167,19 @@ class SlurmRank:
 
     def __call__(self) -> dict[str, Any]:
         export_rank_env(int(getattr(self.spec.preempt, "max_requeues", 0) or 0))
-        os.environ[ATTEMPT_ENV] = str(self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
+        os.environ[ATTEMPT_ENV] = str(
+            self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        )
         try:
             value = rank_main(self.spec)
         except Preempted:
             flush_and_exit(0)
         except BaseException as exc:
-            exit_after_cleanup(exit_status(exc))  # submitit records the error and re-raises; then leave
+            exit_after_cleanup(
+                exit_status(exc)
+            )  # submitit records the error and re-raises; then leave
             raise
-        exit_after_cleanup(0)  # submitit writes the result; then leave before torch's teardown can abort
+        exit_after_cleanup(
+            0
+        )  # submitit writes the result; then leave before torch's teardown can abort
         return value

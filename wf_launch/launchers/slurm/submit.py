@@ -38,8 +38,17 @@ from .poll import wait_all
 from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
 
-__all__ = ["Pending", "SlurmBatch", "current_batch", "describe", "launch", "sbatch_parameters", "sbatch_script",
-           "slurm_tasks_per_node", "submitit_folder"]
+__all__ = [
+    "Pending",
+    "SlurmBatch",
+    "current_batch",
+    "describe",
+    "launch",
+    "sbatch_parameters",
+    "sbatch_script",
+    "slurm_tasks_per_node",
+    "submitit_folder",
+]
 
 
 def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
@@ -48,8 +57,12 @@ def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
     if launcher.tasks_per_node is not None:
         return int(launcher.tasks_per_node)
     if world_size % nodes:
-        raise config_error("launcher.nodes", nodes, f"the layout's {world_size} rank(s) must split evenly over "
-                           "the nodes (or set launcher.tasks_per_node)")
+        raise config_error(
+            "launcher.nodes",
+            nodes,
+            f"the layout's {world_size} rank(s) must split evenly over "
+            "the nodes (or set launcher.tasks_per_node)",
+        )
     return world_size // nodes
 
 
@@ -71,11 +84,15 @@ def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any
     code, root = code_dir(plan, shared), project_root()
     if code is None or root is None:
         if plan.launcher_config.snapshot:
-            logger.warning("launcher.snapshot: wf_launch is an installed package, not a git checkout: nothing to "
-                           "copy, the job runs the installed code")
+            logger.warning(
+                "launcher.snapshot: wf_launch is an installed package, not a git checkout: nothing to "
+                "copy, the job runs the installed code"
+            )
         return None
     lc = plan.launcher_config
-    manifest = take(code, root, untracked=lc.snapshot_untracked, max_bytes=int(lc.snapshot_max_mb * 2**20))
+    manifest = take(
+        code, root, untracked=lc.snapshot_untracked, max_bytes=int(lc.snapshot_max_mb * 2**20)
+    )
     logger.info(f"code snapshot: {manifest['files']} file(s) of {root} in {code}")
     return manifest
 
@@ -84,12 +101,20 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
     """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
     lc = plan.launcher_config
     params: dict[str, Any] = {
-        "job_name": lc.job_name, "nodes": lc.nodes,
-        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size), "cpus_per_task": lc.cpus_per_task,
-        "time": lc.time_min, "signal_delay_s": lc.signal_delay_s,
+        "job_name": lc.job_name,
+        "nodes": lc.nodes,
+        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
+        "cpus_per_task": lc.cpus_per_task,
+        "time": lc.time_min,
+        "signal_delay_s": lc.signal_delay_s,
         "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
-        "additional_parameters": {"requeue": True, **{k: True if v == "" else v  # '': a bare flag (--exclusive)
-                                                      for k, v in dict(lc.sbatch_extra or {}).items()}},
+        "additional_parameters": {
+            "requeue": True,
+            **{
+                k: True if v == "" else v  # '': a bare flag (--exclusive)
+                for k, v in dict(lc.sbatch_extra or {}).items()
+            },
+        },
     }
     if lc.gpus_per_node:
         params["gpus_per_node"] = lc.gpus_per_node
@@ -108,58 +133,94 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
 def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | None = None) -> str:
     """The exact sbatch script submitit submits for this plan (``array``: the job array's size)."""
     folder = submitit_folder(plan, shared)
-    return make_sbatch_string(command=submit_command(folder), folder=folder, map_count=array,
-                              **sbatch_parameters(plan, shared))
+    return make_sbatch_string(
+        command=submit_command(folder),
+        folder=folder,
+        map_count=array,
+        **sbatch_parameters(plan, shared),
+    )
 
 
 def describe(plan: LaunchPlan) -> str:
     """The submission as text, then the sbatch script (``launcher.dry_run``)."""
     lc = plan.launcher_config
     tpn = slurm_tasks_per_node(lc, plan.world_size)
-    return "\n".join([
-        f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
-        f"task          {plan.task}",
-        (f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
-         f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))"),
-        f"wait          {lc.wait}",
-        f"run dir       {plan.run_dir}",
-        f"submitit      {submitit_folder(plan)}",
-        f"code          {code_dir(plan) or 'the checkout / installed package (no snapshot)'}",
-        "",
-        "sbatch script:",
-        sbatch_script(plan),
-    ])
+    return "\n".join(
+        [
+            f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
+            f"task          {plan.task}",
+            (
+                f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
+                f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))"
+            ),
+            f"wait          {lc.wait}",
+            f"run dir       {plan.run_dir}",
+            f"submitit      {submitit_folder(plan)}",
+            f"code          {code_dir(plan) or 'the checkout / installed package (no snapshot)'}",
+            "",
+            "sbatch script:",
+            sbatch_script(plan),
+        ]
+    )
 
 
 def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
     lc = plan.launcher_config
-    return RankSpec(config=plan.config, run_dir=str(plan.run_dir.absolute()), threads_per_rank=lc.cpus_per_task,
-                    console_ranks=lc.console_ranks, launch_time=launch_time,
-                    max_log_mb=float(lc.max_log_mb or 0), on_timeout=SlurmStackDump(),
-                    attempt_base=attempts.count(plan.run_dir),
-                    preempt=SlurmRequeue(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
-                                         float(lc.preempt_wait_s), lc.max_requeues))
+    return RankSpec(
+        config=plan.config,
+        run_dir=str(plan.run_dir.absolute()),
+        threads_per_rank=lc.cpus_per_task,
+        console_ranks=lc.console_ranks,
+        launch_time=launch_time,
+        max_log_mb=float(lc.max_log_mb or 0),
+        on_timeout=SlurmStackDump(),
+        attempt_base=attempts.count(plan.run_dir),
+        preempt=SlurmRequeue(
+            os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
+            float(lc.preempt_wait_s),
+            lc.max_requeues,
+        ),
+    )
 
 
 def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
     """submitit's executor, its folder made owner-only first: submitit runs the pickles it finds there."""
     folder = submitit_folder(plan, shared)
     make_private(folder)
-    return slurm_executor(folder, plan.launcher_config.max_requeues, **sbatch_parameters(plan, shared))
+    return slurm_executor(
+        folder, plan.launcher_config.max_requeues, **sbatch_parameters(plan, shared)
+    )
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
-    return {"launcher": "slurm", "task": plan.task, "overrides": plan.overrides, "run_dir": str(plan.run_dir),
-            "environment": record_environment(plan.run_dir)}
+    return {
+        "launcher": "slurm",
+        "task": plan.task,
+        "overrides": plan.overrides,
+        "run_dir": str(plan.run_dir),
+        "environment": record_environment(plan.run_dir),
+    }
 
 
-def _record_job(plan: LaunchPlan, job_id: str, folder: Path, submitted_at: float,
-                snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+def _record_job(
+    plan: LaunchPlan,
+    job_id: str,
+    folder: Path,
+    submitted_at: float,
+    snapshot: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     lc = plan.launcher_config
-    record = {"job_id": job_id, "folder": str(folder), "submitted_at": submitted_at, "snapshot": snapshot,
-              "nodes": lc.nodes, "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
-              "world_size": plan.world_size, "info": _plan_info(plan),
-              "status_command": f"python -m wf_launch.status {plan.run_dir}"}
+    record = {
+        "job_id": job_id,
+        "folder": str(folder),
+        "submitted_at": submitted_at,
+        "snapshot": snapshot,
+        "nodes": lc.nodes,
+        "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
+        "world_size": plan.world_size,
+        "info": _plan_info(plan),
+        "status_command": f"python -m wf_launch.status {plan.run_dir}",
+    }
     atomic_write_json(plan.run_dir / JOB_FILE, record)
     return record
 
@@ -173,7 +234,9 @@ class Pending:
     launch_time: float
 
 
-_CURRENT: contextvars.ContextVar[SlurmBatch | None] = contextvars.ContextVar("wf_launch_slurm_batch", default=None)
+_CURRENT: contextvars.ContextVar[SlurmBatch | None] = contextvars.ContextVar(
+    "wf_launch_slurm_batch", default=None
+)
 
 
 def current_batch() -> SlurmBatch | None:
@@ -216,14 +279,22 @@ class SlurmBatch:
         """
         runs, self.pending = self.pending, []
         try:
-            snapshot = next((take_snapshot(r.plan, self.shared) for r in runs
-                             if r.plan.launcher_config.snapshot), None)
+            snapshot = next(
+                (
+                    take_snapshot(r.plan, self.shared)
+                    for r in runs
+                    if r.plan.launcher_config.snapshot
+                ),
+                None,
+            )
         except SnapshotError as exc:
             return [(run, None, _refused_snapshot(run.plan, exc)) for run in runs]
         groups: dict[str, list[Pending]] = {}
         for run in runs:
-            key = json.dumps([sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder],
-                             sort_keys=True)
+            key = json.dumps(
+                [sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder],
+                sort_keys=True,
+            )
             groups.setdefault(key, []).append(run)
         out: list[tuple[Pending, str | None, str]] = []
         for group in groups.values():
@@ -235,17 +306,31 @@ class SlurmBatch:
             except Exception as exc:
                 message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
                 for run in group:
-                    RunRecord.finalize(run.plan.run_dir, Status.FAILED, **_plan_info(run.plan),
-                                       failure={"cause": "launcher_error", "type": type(exc).__name__,
-                                                "message": str(exc)})
+                    RunRecord.finalize(
+                        run.plan.run_dir,
+                        Status.FAILED,
+                        **_plan_info(run.plan),
+                        failure={
+                            "cause": "launcher_error",
+                            "type": type(exc).__name__,
+                            "message": str(exc),
+                        },
+                    )
                     out.append((run, None, message))
                     print(f"wf_launch: {run.plan.run_dir}: {message}", file=sys.stderr, flush=True)
                 continue
             for run, job in zip(group, jobs):
-                _record_job(run.plan, job.job_id, ex.folder, submitted_at,
-                            snapshot if run.plan.launcher_config.snapshot else None)
+                _record_job(
+                    run.plan,
+                    job.job_id,
+                    ex.folder,
+                    submitted_at,
+                    snapshot if run.plan.launcher_config.snapshot else None,
+                )
                 out.append((run, job.job_id, ""))
-            logger.info(f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}")
+            logger.info(
+                f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}"
+            )
         return out
 
     def submit_and_wait(self) -> dict[Path, RunOutcome]:
@@ -254,8 +339,14 @@ class SlurmBatch:
         Runs submitted with ``launcher.wait=false`` keep their 'submitted' outcome (not listed).
         """
         submitted = self.submit()
-        outcomes = {p.plan.run_dir: _not_submitted(p.plan.run_dir, err) for p, job_id, err in submitted if not job_id}
-        waiting = [p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.launcher_config.wait]
+        outcomes = {
+            p.plan.run_dir: _not_submitted(p.plan.run_dir, err)
+            for p, job_id, err in submitted
+            if not job_id
+        }
+        waiting = [
+            p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.launcher_config.wait
+        ]
         if waiting:
             poll = min(p.plan.launcher_config.poll_interval_s for p, _, _ in submitted)
             print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)
@@ -277,8 +368,12 @@ def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
 def _refused_snapshot(plan: LaunchPlan, exc: SnapshotError) -> str:
     """Record a submission refused because its code snapshot cannot be taken (exit 2); the message."""
     print(f"wf_launch: {plan.run_dir}: {exc}", file=sys.stderr, flush=True)
-    RunRecord.finalize(plan.run_dir, Status.INVALID, **_plan_info(plan),
-                       failure={"cause": "invalid_config", "type": "SnapshotError", "message": str(exc)})
+    RunRecord.finalize(
+        plan.run_dir,
+        Status.INVALID,
+        **_plan_info(plan),
+        failure={"cause": "invalid_config", "type": "SnapshotError", "message": str(exc)},
+    )
     return str(exc)
 
 
@@ -299,9 +394,14 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     ex = _executor(plan)
     job = ex.submit(fn)
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)
-    logger.info(f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
-                f"run dir {plan.run_dir}")
+    logger.info(
+        f"submitted SLURM job {job.job_id}: {plan.world_size} rank(s), task={plan.task}, "
+        f"run dir {plan.run_dir}"
+    )
     if not lc.wait:
-        return RunOutcome(Status.SUBMITTED, plan.run_dir,
-                          f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}")
+        return RunOutcome(
+            Status.SUBMITTED,
+            plan.run_dir,
+            f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}",
+        )
     return wait_all([plan.run_dir], lc.poll_interval_s)[0]

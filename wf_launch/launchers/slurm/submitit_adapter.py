@@ -19,17 +19,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SUBMIT_MODULE", "check_names", "convert_mem", "job_environment", "make_sbatch_string",
-           "slurm_executor", "submit_command", "submitit_version"]
+__all__ = [
+    "SUBMIT_MODULE",
+    "check_names",
+    "convert_mem",
+    "job_environment",
+    "make_sbatch_string",
+    "slurm_executor",
+    "submit_command",
+    "submitit_version",
+]
 
 SUBMIT_MODULE = "submitit.core._submit"
 """The module every SLURM task runs (``python -u -m submitit.core._submit FOLDER``)."""
 
 # (module, attribute, what we need from it): the private and public names we use.
 PRIVATE_NAMES = (
-    ("submitit.slurm.slurm", "_make_sbatch_string", "renders the sbatch script (dry run = what is submitted)"),
+    (
+        "submitit.slurm.slurm",
+        "_make_sbatch_string",
+        "renders the sbatch script (dry run = what is submitted)",
+    ),
     ("submitit.slurm.slurm", "_convert_mem", "launcher.mem_gb -> sbatch --mem"),
-    ("submitit.slurm.slurm", "SlurmExecutor._submitit_command_str", "the task command our dry run prints"),
+    (
+        "submitit.slurm.slurm",
+        "SlurmExecutor._submitit_command_str",
+        "the task command our dry run prints",
+    ),
 )
 PUBLIC_NAMES = (
     ("submitit", "SlurmExecutor", "submits jobs and job arrays"),
@@ -39,10 +55,35 @@ PUBLIC_NAMES = (
     ("submitit", "JobEnvironment", "rank variables inside a task"),
 )
 # Parameters of _make_sbatch_string that sbatch_parameters() and sbatch_script() pass.
-SBATCH_PARAMETERS = ("command", "folder", "map_count", "job_name", "nodes", "ntasks_per_node", "cpus_per_task",
-                     "time", "signal_delay_s", "srun_args", "additional_parameters", "gpus_per_node", "mem",
-                     "partition", "account", "qos", "constraint", "exclude", "setup")
-JOB_ENVIRONMENT_ATTRS = ("global_rank", "num_tasks", "local_rank", "num_nodes", "hostnames", "job_id")
+SBATCH_PARAMETERS = (
+    "command",
+    "folder",
+    "map_count",
+    "job_name",
+    "nodes",
+    "ntasks_per_node",
+    "cpus_per_task",
+    "time",
+    "signal_delay_s",
+    "srun_args",
+    "additional_parameters",
+    "gpus_per_node",
+    "mem",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclude",
+    "setup",
+)
+JOB_ENVIRONMENT_ATTRS = (
+    "global_rank",
+    "num_tasks",
+    "local_rank",
+    "num_nodes",
+    "hostnames",
+    "job_id",
+)
 
 
 def submitit_version() -> str:
@@ -71,23 +112,33 @@ def check_names() -> list[str]:
     if not found:
         problems.append(f"module {SUBMIT_MODULE} (what every SLURM task runs) is gone")
     try:
-        params = inspect.signature(_resolve("submitit.slurm.slurm", "_make_sbatch_string")).parameters
-        problems += [f"submitit.slurm.slurm._make_sbatch_string has no parameter {p!r}"
-                     for p in SBATCH_PARAMETERS if p not in params]
+        params = inspect.signature(
+            _resolve("submitit.slurm.slurm", "_make_sbatch_string")
+        ).parameters
+        problems += [
+            f"submitit.slurm.slurm._make_sbatch_string has no parameter {p!r}"
+            for p in SBATCH_PARAMETERS
+            if p not in params
+        ]
     except (ImportError, AttributeError):
         pass
     try:
         folder = Path("/nonexistent/wf_launch_check")
         actual = _resolve("submitit", "SlurmExecutor")(folder=folder)._submitit_command_str
         if actual != submit_command(folder):
-            problems.append(f"SlurmExecutor._submitit_command_str is now {actual!r}, "
-                            f"our dry run prints {submit_command(folder)!r}")
+            problems.append(
+                f"SlurmExecutor._submitit_command_str is now {actual!r}, "
+                f"our dry run prints {submit_command(folder)!r}"
+            )
     except Exception as exc:
         problems.append(f"SlurmExecutor(folder)._submitit_command_str: {type(exc).__name__}: {exc}")
     try:
         members = {n for n, _ in inspect.getmembers(_resolve("submitit", "JobEnvironment"))}
-        problems += [f"submitit.JobEnvironment has no attribute {a!r}" for a in JOB_ENVIRONMENT_ATTRS
-                     if a not in members]
+        problems += [
+            f"submitit.JobEnvironment has no attribute {a!r}"
+            for a in JOB_ENVIRONMENT_ATTRS
+            if a not in members
+        ]
     except (ImportError, AttributeError):
         pass
     return problems
@@ -109,7 +160,9 @@ def convert_mem(mem_gb: float) -> str:
 
 def submit_command(folder: Path) -> str:
     """The command submitit puts in the sbatch script (``SlurmExecutor._submitit_command_str``)."""
-    return " ".join([shlex.quote(sys.executable), f"-u -m {SUBMIT_MODULE}", shlex.quote(str(folder))])
+    return " ".join(
+        [shlex.quote(sys.executable), f"-u -m {SUBMIT_MODULE}", shlex.quote(str(folder))]
+    )
 
 
 def slurm_executor(folder: Path, max_num_timeout: int, **parameters: Any) -> Any:

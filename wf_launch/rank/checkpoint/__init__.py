@@ -28,5 +28,12 @@ from .entries import Scope
 from .format import COMMIT_FILE, CheckpointUnreadable, complete_checkpoints
 from .safe_read import CheckpointRefused
 
-__all__ = ["COMMIT_FILE", "CheckpointRefused", "CheckpointUnreadable", "Checkpointer", "LoadReport", "Scope",
-           "complete_checkpoints"]
+__all__ = [
+    "COMMIT_FILE",
+    "CheckpointRefused",
+    "CheckpointUnreadable",
+    "Checkpointer",
+    "LoadReport",
+    "Scope",
+    "complete_checkpoints",
+]

@@ -72,12 +72,18 @@ def _check_remap(remap: Any, plan: Plan) -> dict[str, Callable[..., Any]]:
     if remap is None:
         return {}
     if not isinstance(remap, dict):
-        raise ValueError(f"remap={remap!r} must be a dict of entry name -> callable(saved, dp_rank, dp_size)")
+        raise ValueError(
+            f"remap={remap!r} must be a dict of entry name -> callable(saved, dp_rank, dp_size)"
+        )
     for name, fn in remap.items():
         if name not in plan.kinds:
-            raise ValueError(f"remap[{name!r}]: no per-rank entry {name!r} in state (entries: {sorted(plan.kinds)})")
+            raise ValueError(
+                f"remap[{name!r}]: no per-rank entry {name!r} in state (entries: {sorted(plan.kinds)})"
+            )
         if not callable(fn):
-            raise ValueError(f"remap[{name!r}]={fn!r} must be callable(saved: list, dp_rank: int, dp_size: int)")
+            raise ValueError(
+                f"remap[{name!r}]={fn!r} must be callable(saved: list, dp_rank: int, dp_size: int)"
+            )
     return dict(remap)
 
 
@@ -95,17 +101,28 @@ class Checkpointer:
     :meth:`latest_step` is collective over the group.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, keep: int = 3, async_save: bool = False,
-                 process_group: Any = None, record_attempt: bool = False, layout: Layout | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        keep: int = 3,
+        async_save: bool = False,
+        process_group: Any = None,
+        record_attempt: bool = False,
+        layout: Layout | None = None,
+        seed: int = 0,
+    ) -> None:
         if not is_int(keep) or keep < 1:
-            raise ValueError(f"keep={keep!r} must be an int >= 1 (how many complete checkpoints to keep)")
+            raise ValueError(
+                f"keep={keep!r} must be an int >= 1 (how many complete checkpoints to keep)"
+            )
         if not isinstance(async_save, bool):
             raise ValueError(f"async_save={async_save!r} must be a bool")
         if run_dir is None or not str(run_dir):
             raise ValueError(f"run_dir={run_dir!r} must be a directory path")
         if layout is not None and not isinstance(layout, Layout):
-            raise ValueError(f"layout={layout!r} must be a worldfoundry.core.distributed.topology.Layout or None")
+            raise ValueError(
+                f"layout={layout!r} must be a worldfoundry.core.distributed.topology.Layout or None"
+            )
         if not is_int(seed):
             raise ValueError(f"seed={seed!r} must be an int")
         self.run_dir = Path(run_dir)
@@ -119,7 +136,9 @@ class Checkpointer:
         self._fixed_layout = layout
         self._disk = Disk(self.root, keep, warn=lambda message: _log().warning(message))
         self._async_group: Any = None
-        self._held: Any = None  # the last control collective's tensor, kept alive: see settle_group_threads
+        self._held: Any = (
+            None  # the last control collective's tensor, kept alive: see settle_group_threads
+        )
         self._pending: tuple[Any, Commit, Path] | None = None  # (future, commit record, temp dir)
         self._stager: CachedStager | None = None
 
@@ -157,7 +176,9 @@ class Checkpointer:
             return value
         import torch
 
-        t = torch.tensor([value if self._rank() == 0 else 0], dtype=torch.int64, device=self._control_device())
+        t = torch.tensor(
+            [value if self._rank() == 0 else 0], dtype=torch.int64, device=self._control_device()
+        )
         dist.broadcast(t, group_src=0, group=self.process_group)
         self._held = t
         return int(t.item())
@@ -168,7 +189,9 @@ class Checkpointer:
             return self.process_group
         if self._async_group is None:
             ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-            self._async_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+            self._async_group = dist.new_group(
+                ranks=ranks, backend="gloo", use_local_synchronization=True
+            )
         return self._async_group
 
     def layout(self) -> Layout:
@@ -176,7 +199,9 @@ class Checkpointer:
         world = self._world()
         if self._fixed_layout is not None:
             if self._fixed_layout.world_size != world:
-                raise ValueError(f"layout={self._fixed_layout.describe()} does not match the group's {world} rank(s)")
+                raise ValueError(
+                    f"layout={self._fixed_layout.describe()} does not match the group's {world} rank(s)"
+                )
             return self._fixed_layout
         from worldfoundry.core.distributed import groups
 
@@ -198,12 +223,16 @@ class Checkpointer:
         plan = classify(state, scopes)
         self.wait()  # commit the previous async save first
         sig = plan.signature()
-        high, neg_low, sig_high, neg_sig_low = self._max(step, -step, sig, -sig)  # one collective: the same path
+        high, neg_low, sig_high, neg_sig_low = self._max(
+            step, -step, sig, -sig
+        )  # one collective: the same path
         if high != step or -neg_low != step:
             raise ValueError(f"step={step}: every rank must save the same step")
         if sig_high != sig or -neg_sig_low != sig:
-            raise ValueError(f"step={step}: every rank must save the same per-rank entries with the same scopes "
-                             f"(this rank: {plan.entries()})")
+            raise ValueError(
+                f"step={step}: every rank must save the same per-rank entries with the same scopes "
+                f"(this rank: {plan.entries()})"
+            )
         layout = self.layout()
         token = self._from_rank0(uuid.uuid4().int >> 65)  # the same temp dir name on every rank
         tmp = self.root / f".{step_name(step)}.tmp-{token:016x}"
@@ -212,12 +241,18 @@ class Checkpointer:
             tmp.mkdir(parents=True, exist_ok=True)
             write_rank_file(tmp, self._rank(), layout, plan)
             sd = global_state_dicts(plan)
-        except Exception as e:  # agree before DCP's collectives, or the other ranks would hang in them
+        except (
+            Exception
+        ) as e:  # agree before DCP's collectives, or the other ranks would hang in them
             problem = _first_line(e)
         if self._max(int(bool(problem))):
-            raise RuntimeError(f"checkpoint step {step}: a rank could not write its per-rank state "
-                               f"({problem or 'another rank failed'}); nothing was saved")
-        commit = Commit(step=step, world_size=self._world(), layout=layout_dict(layout), entries=plan.entries())
+            raise RuntimeError(
+                f"checkpoint step {step}: a rank could not write its per-rank state "
+                f"({problem or 'another rank failed'}); nothing was saved"
+            )
+        commit = Commit(
+            step=step, world_size=self._world(), layout=layout_dict(layout), entries=plan.entries()
+        )
         self._write_sharded(sd, commit, tmp)
 
     def _write_sharded(self, sd: dict[str, Any], commit: Commit, tmp: Path) -> None:
@@ -229,7 +264,9 @@ class Checkpointer:
         if self.async_save and self._dist():
             if self._stager is None:
                 self._stager = CachedStager()
-            future = dcp.async_save(sd, storage_writer=writer, process_group=group, async_stager=self._stager)
+            future = dcp.async_save(
+                sd, storage_writer=writer, process_group=group, async_stager=self._stager
+            )
             self._pending = (future, commit, tmp)
             return
         dcp.save(sd, storage_writer=writer, process_group=group, no_dist=not self._dist())
@@ -258,7 +295,9 @@ class Checkpointer:
             if self._rank() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._max(0)
-            raise RuntimeError(f"checkpoint step {commit.step}: a rank failed to write it; nothing was committed")
+            raise RuntimeError(
+                f"checkpoint step {commit.step}: a rank failed to write it; nothing was committed"
+            )
         ok, message = 1, ""
         if self._rank() == 0:
             try:
@@ -266,8 +305,10 @@ class Checkpointer:
             except OSError as e:
                 ok, message = 0, _first_line(e)
         if self._from_rank0(ok) != 1:
-            raise RuntimeError(f"checkpoint step {commit.step}: rank 0 could not commit {tmp}"
-                               f"{': ' + message if message else ''}")
+            raise RuntimeError(
+                f"checkpoint step {commit.step}: rank 0 could not commit {tmp}"
+                f"{': ' + message if message else ''}"
+            )
 
     # ----------------------------------------------------------------- load
     def latest_step(self) -> int | None:
@@ -275,7 +316,9 @@ class Checkpointer:
         complete = complete_checkpoints(self.run_dir)
         return complete[-1][0] if complete else None
 
-    def load(self, state: dict[str, Any], remap: dict[str, Callable[..., Any]] | None = None) -> int | None:
+    def load(
+        self, state: dict[str, Any], remap: dict[str, Callable[..., Any]] | None = None
+    ) -> int | None:
         """Restore the newest complete checkpoint into ``state``; its step, or None on a fresh start.
 
         Collective. Loads at any layout: modules and optimizers reshard; per-rank entries
@@ -297,11 +340,15 @@ class Checkpointer:
                 self._loaded(report)
                 return step
             failures.append((step, report))
-            _log().warning(f"checkpoint step {step} is unreadable ({report}); trying the previous complete checkpoint")
+            _log().warning(
+                f"checkpoint step {step} is unreadable ({report}); trying the previous complete checkpoint"
+            )
             step = self._pick(failures)
         if failures:
-            raise RuntimeError("no complete checkpoint could be read: "
-                               + "; ".join(f"step {s}: {why}" for s, why in failures))
+            raise RuntimeError(
+                "no complete checkpoint could be read: "
+                + "; ".join(f"step {s}: {why}" for s, why in failures)
+            )
         self.last_load = None
         self._record(None, None)
         return None
@@ -314,7 +361,9 @@ class Checkpointer:
                 try:
                     self._disk.recover()
                 except OSError as e:
-                    _log().warning(f"checkpoint: could not tidy {self.root} ({_first_line(e)}); loading anyway")
+                    _log().warning(
+                        f"checkpoint: could not tidy {self.root} ({_first_line(e)}); loading anyway"
+                    )
             tried = {s for s, _ in failures}
             left = [s for s, _ in complete_checkpoints(self.run_dir) if s not in tried]
             chosen = left[-1] if left else -1
@@ -325,12 +374,15 @@ class Checkpointer:
         """Every rank learns whether any rank refused (raise everywhere) or could not read (the reason)."""
         bad, refused = self._max(int(bool(unreadable)), int(bool(refusal)))
         if refused:
-            raise CheckpointRefused(refusal or f"cannot load checkpoint {directory}: another rank refused it "
-                                               "(its log says why)")
+            raise CheckpointRefused(
+                refusal
+                or f"cannot load checkpoint {directory}: another rank refused it (its log says why)"
+            )
         return (unreadable or "another rank could not read its part") if bad else ""
 
-    def _try_load(self, plan: Plan, state: dict[str, Any], step: int,
-                  remap: dict[str, Callable[..., Any]]) -> LoadReport | str:
+    def _try_load(
+        self, plan: Plan, state: dict[str, Any], step: int, remap: dict[str, Callable[..., Any]]
+    ) -> LoadReport | str:
         """Load checkpoint ``step``: a report, or why it is unreadable (every rank agrees on which)."""
         directory = self.root / step_name(step)
         layout, rank = self.layout(), self._rank()
@@ -349,17 +401,35 @@ class Checkpointer:
         if why := self._agree(directory, unreadable, refusal):
             return why
         try:
-            load_sharded(plan, directory, metadata, self.process_group, self._dist(), legacy=commit.format < 2)
+            load_sharded(
+                plan,
+                directory,
+                metadata,
+                self.process_group,
+                self._dist(),
+                legacy=commit.format < 2,
+            )
         except CheckpointRefused as e:
             refusal = str(e)
-        except CheckpointUnreadable as e:  # torn shards, a failed read on any rank: DCP tells every rank
+        except (
+            CheckpointUnreadable
+        ) as e:  # torn shards, a failed read on any rank: DCP tells every rank
             unreadable = str(e)
         if why := self._agree(directory, unreadable, refusal):
             return why
         return self._restore(plan, state, step, directory, commit, res, payloads, remap)
 
-    def _restore(self, plan: Plan, state: dict[str, Any], step: int, directory: Path, commit: Commit, res: Any,
-                 payloads: dict[int, dict[str, Any]], remap: dict[str, Callable[..., Any]]) -> LoadReport:
+    def _restore(
+        self,
+        plan: Plan,
+        state: dict[str, Any],
+        step: int,
+        directory: Path,
+        commit: Commit,
+        res: Any,
+        payloads: dict[int, dict[str, Any]],
+        remap: dict[str, Callable[..., Any]],
+    ) -> LoadReport:
         layout, rank = self.layout(), self._rank()
         problem: BaseException | None = None
         rng = "restored"
@@ -375,23 +445,40 @@ class Checkpointer:
         if self._max(int(problem is not None)):
             if problem is not None:
                 raise problem
-            raise RuntimeError(f"cannot load checkpoint {directory}: another rank failed to restore its state")
-        return LoadReport(step, directory, commit.layout, res.current, res.changed, list(res.rederived),
-                          sorted(res.remapped), rng)
+            raise RuntimeError(
+                f"cannot load checkpoint {directory}: another rank failed to restore its state"
+            )
+        return LoadReport(
+            step,
+            directory,
+            commit.layout,
+            res.current,
+            res.changed,
+            list(res.rederived),
+            sorted(res.remapped),
+            rng,
+        )
 
     def _loaded(self, report: LoadReport) -> None:
         self.last_load = report
         log = _log()
         if report.fell_back:
             newer = ", ".join(f"step {s}" for s, _ in report.fell_back)
-            log.warning(f"checkpoint: loaded step {report.step}, the newest readable one ({newer} unreadable: "
-                        f"{report.fell_back[0][1]})")
+            log.warning(
+                f"checkpoint: loaded step {report.step}, the newest readable one ({newer} unreadable: "
+                f"{report.fell_back[0][1]})"
+            )
         if report.changed:
             log.info(
                 f"checkpoint step {report.step} was saved at {describe_layout(report.layout_from)} and loads at "
                 f"{describe_layout(report.layout_to)}: modules and optimizers resharded; RNG states {report.rng}"
-                + (f"; re-derived by the task (dp size changed): {report.rederived}" if report.rederived else "")
-                + (f"; remapped: {report.remapped}" if report.remapped else ""))
+                + (
+                    f"; re-derived by the task (dp size changed): {report.rederived}"
+                    if report.rederived
+                    else ""
+                )
+                + (f"; remapped: {report.remapped}" if report.remapped else "")
+            )
         self._record(report.step, report)
 
     def _record(self, step: int | None, report: LoadReport | None) -> None:
@@ -401,8 +488,11 @@ class Checkpointer:
 
         from ...rundir.attempts import update
 
-        change = {"layout_from": report.layout_from, "layout_to": report.layout_to} \
-            if report is not None and report.changed else {}
+        change = (
+            {"layout_from": report.layout_from, "layout_to": report.layout_to}
+            if report is not None and report.changed
+            else {}
+        )
         update(self.run_dir, launch_attempt(), resumed_from=step, **change)
 
     def close(self) -> None:

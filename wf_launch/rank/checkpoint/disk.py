@@ -80,9 +80,11 @@ class Disk:
         os.replace(tmp, final)
         fsync_path(self.root)
         if 0 <= commit.step < newest and callable(self.warn):
-            self.warn(f"checkpoint step {commit.step} was committed after step {newest}: the steps went backwards; "
-                      f"commit order decides, so step {commit.step} is now the newest checkpoint (it loads next, "
-                      f"and keep={self.keep} keeps the newest commits, not the highest steps)")
+            self.warn(
+                f"checkpoint step {commit.step} was committed after step {newest}: the steps went backwards; "
+                f"commit order decides, so step {commit.step} is now the newest checkpoint (it loads next, "
+                f"and keep={self.keep} keeps the newest commits, not the highest steps)"
+            )
         self.prune(extra=[old] if old is not None else [])
 
     def prune(self, extra: list[Path] | None = None) -> None:
@@ -91,7 +93,9 @@ class Disk:
         best = sorted((copies[0] for copies in found.values()), key=lambda c: c.order)
         readable = [c for c in best if c.readable]
         doomed_keep = {c.path for c in readable[: max(0, len(readable) - self.keep)]}
-        if len(readable) >= self.keep:  # COMMIT unreadable: never loadable, gone once enough good ones exist
+        if (
+            len(readable) >= self.keep
+        ):  # COMMIT unreadable: never loadable, gone once enough good ones exist
             doomed_keep |= {c.path for c in best if not c.readable}
         kept = {c.path for c in best} - doomed_keep
         doomed = [*doomed_keep, *(p for p in self._leftovers() if p not in kept), *(extra or [])]
@@ -105,7 +109,9 @@ class Disk:
             return []
         found = []
         for p in entries:
-            incomplete = parse_step(p.name) is not None and p.is_dir() and not (p / COMMIT_FILE).is_file()
+            incomplete = (
+                parse_step(p.name) is not None and p.is_dir() and not (p / COMMIT_FILE).is_file()
+            )
             if incomplete or hidden_step(p.name) is not None:
                 found.append(p)
         return found
@@ -128,7 +134,9 @@ class Disk:
                 continue
         if hidden:
             self.join()
-            self._deleter = threading.Thread(target=_delete_all, args=(hidden,), name="wf-ckpt-prune", daemon=True)
+            self._deleter = threading.Thread(
+                target=_delete_all, args=(hidden,), name="wf-ckpt-prune", daemon=True
+            )
             self._deleter.start()
 
     def recover(self) -> None:

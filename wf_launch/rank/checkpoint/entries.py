@@ -23,7 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PER_RANK_KINDS", "Plan", "Scope", "classify", "derive_rng", "rng_states", "set_rng_states"]
+__all__ = [
+    "PER_RANK_KINDS",
+    "Plan",
+    "Scope",
+    "classify",
+    "derive_rng",
+    "rng_states",
+    "set_rng_states",
+]
 
 _PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -49,8 +57,10 @@ def _check_plain(value: Any, where: str, depth: int = 0) -> None:
         return
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor and not isinstance(value, nn.Parameter):
-            raise ValueError(f"{where} is of type {type(value).__name__}; only plain tensors are saved as "
-                             "per-rank state (put sharded tensors in a module)")
+            raise ValueError(
+                f"{where} is of type {type(value).__name__}; only plain tensors are saved as "
+                "per-rank state (put sharded tensors in a module)"
+            )
         return
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
@@ -59,7 +69,9 @@ def _check_plain(value: Any, where: str, depth: int = 0) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, _PLAIN_SCALARS):
-                raise ValueError(f"{where} has a key of type {type(k).__name__}; keys must be plain")
+                raise ValueError(
+                    f"{where} has a key of type {type(k).__name__}; keys must be plain"
+                )
             _check_plain(v, f"{where}[{k!r}]", depth + 1)
         return
     raise ValueError(
@@ -99,7 +111,9 @@ def _kind(name: str, value: Any) -> str:
         return "optimizer"
     if isinstance(value, torch.Generator):
         return "generator"
-    if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+    if callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    ):
         return "stateful"
     _check_plain(value, f"state[{name!r}]")
     return "plain"
@@ -113,10 +127,14 @@ def _scopes(plan: Plan, scopes: Any) -> None:
     allowed = [s.value for s in Scope]
     for name, scope in scopes.items():
         if name in plan.modules or name in plan.optimizers:
-            raise ValueError(f"scopes[{name!r}]: {name!r} is a module or optimizer: DCP shards it and reshards it on "
-                             "load; scopes apply to per-rank entries (generators, stateful objects, plain values)")
+            raise ValueError(
+                f"scopes[{name!r}]: {name!r} is a module or optimizer: DCP shards it and reshards it on "
+                "load; scopes apply to per-rank entries (generators, stateful objects, plain values)"
+            )
         if name not in plan.kinds:
-            raise ValueError(f"scopes[{name!r}]: no entry {name!r} in state (entries: {sorted(plan.kinds)})")
+            raise ValueError(
+                f"scopes[{name!r}]: no entry {name!r} in state (entries: {sorted(plan.kinds)})"
+            )
         if str(scope) not in allowed:
             raise ValueError(f"scopes[{name!r}]={scope!r} is not allowed: choose one of {allowed}")
     for name in plan.kinds:
@@ -126,7 +144,9 @@ def _scopes(plan: Plan, scopes: Any) -> None:
 def classify(state: Any, scopes: Any = None) -> Plan:
     """Sort ``state`` by kind and give each per-rank entry its scope; ``ValueError`` naming a bad entry."""
     if not isinstance(state, dict):
-        raise ValueError(f"state must be a dict of name -> object to checkpoint, got {type(state).__name__}")
+        raise ValueError(
+            f"state must be a dict of name -> object to checkpoint, got {type(state).__name__}"
+        )
     plan = Plan()
     optimizers: dict[str, torch.optim.Optimizer] = {}
     for name, value in state.items():
@@ -141,10 +161,14 @@ def classify(state: Any, scopes: Any = None) -> Plan:
             plan.kinds[name], plan.values[name] = kind, value
     for name, opt in optimizers.items():
         ids = {id(p) for g in opt.param_groups for p in g["params"]}
-        owner = next((m for m in plan.modules.values() if ids <= {id(p) for p in m.parameters()}), None)
+        owner = next(
+            (m for m in plan.modules.values() if ids <= {id(p) for p in m.parameters()}), None
+        )
         if owner is None:
-            raise ValueError(f"state[{name!r}] is an optimizer whose parameters belong to no nn.Module in state; "
-                             "add the model it optimizes to the same state dict")
+            raise ValueError(
+                f"state[{name!r}] is an optimizer whose parameters belong to no nn.Module in state; "
+                "add the model it optimizes to the same state dict"
+            )
         plan.optimizers[name] = (opt, owner)
     _scopes(plan, scopes)
     return plan
@@ -158,7 +182,13 @@ def rng_states() -> dict[str, Any]:
     np = sys.modules.get("numpy")
     if np is not None:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        rng["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss))
+        rng["numpy"] = (
+            kind,
+            torch.from_numpy(keys.astype("int64")),
+            int(pos),
+            int(has_gauss),
+            float(gauss),
+        )
     return rng
 
 

@@ -63,7 +63,7 @@ def parse_step(name: str) -> int | None:
     """The step of a ``step_XXXXXXXX`` directory name (None: not one)."""
     if not name.startswith(_PREFIX):
         return None
-    digits = name[len(_PREFIX):]
+    digits = name[len(_PREFIX) :]
     return int(digits) if digits.isdigit() else None
 
 
@@ -86,7 +86,11 @@ def rank_file(directory: Path, rank: int) -> Path:
 
 def layout_dict(layout: Layout) -> dict[str, Any]:
     """A layout as ``COMMIT`` and the attempt records keep it: sizes, order, world size."""
-    return {**{d: layout.sizes[d] for d in DIMS}, "order": "-".join(layout.dims), "world_size": layout.world_size}
+    return {
+        **{d: layout.sizes[d] for d in DIMS},
+        "order": "-".join(layout.dims),
+        "world_size": layout.world_size,
+    }
 
 
 def layout_of(data: Any) -> Layout | None:
@@ -94,7 +98,11 @@ def layout_of(data: Any) -> Layout | None:
     if not isinstance(data, dict):
         return None
     try:
-        return Layout(int(data["world_size"]), **{f"{d}_size": int(data[d]) for d in DIMS}, order=str(data["order"]))
+        return Layout(
+            int(data["world_size"]),
+            **{f"{d}_size": int(data[d]) for d in DIMS},
+            order=str(data["order"]),
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -103,7 +111,11 @@ def describe_layout(data: dict[str, Any] | None, world_size: int | None = None) 
     """``tp=1 cp=2 pp=1 dp=2 (order tp-cp-pp-dp, 4 ranks)``; a format-1 checkpoint: ``an unrecorded layout``."""
     layout = layout_of(data)
     if layout is None:
-        return f"an unrecorded layout of {world_size} rank(s)" if world_size else "an unrecorded layout"
+        return (
+            f"an unrecorded layout of {world_size} rank(s)"
+            if world_size
+            else "an unrecorded layout"
+        )
     return layout.describe()
 
 
@@ -124,8 +136,15 @@ class Commit:
     format: int = FORMAT
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "seq": self.seq, "world_size": self.world_size, "time": self.time,
-                "format": self.format, "layout": self.layout, "entries": self.entries}
+        return {
+            "step": self.step,
+            "seq": self.seq,
+            "world_size": self.world_size,
+            "time": self.time,
+            "format": self.format,
+            "layout": self.layout,
+            "entries": self.entries,
+        }
 
 
 def read_commit(directory: Path) -> Commit:
@@ -139,9 +158,15 @@ def read_commit(directory: Path) -> Commit:
         if not (isinstance(step, int) and isinstance(world, int)):
             raise ValueError("step and world_size must be integers")
         entries = data.get("entries") or {}
-        return Commit(step=step, world_size=world, seq=int(data.get("seq") or 0), time=float(data.get("time") or 0),
-                      layout=data.get("layout"), entries=entries if isinstance(entries, dict) else {},
-                      format=int(data.get("format") or 1))
+        return Commit(
+            step=step,
+            world_size=world,
+            seq=int(data.get("seq") or 0),
+            time=float(data.get("time") or 0),
+            layout=data.get("layout"),
+            entries=entries if isinstance(entries, dict) else {},
+            format=int(data.get("format") or 1),
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointUnreadable(f"{path}: {type(exc).__name__}: {exc}") from None
 
@@ -185,12 +210,16 @@ def _candidate(step: int, path: Path) -> Candidate:
     try:
         commit = read_commit(path)
         return Candidate(step, path, commit.seq, commit.time, True)
-    except CheckpointUnreadable:  # a torn COMMIT in step_X: most likely the newest write (tried first, falls back)
+    except (
+        CheckpointUnreadable
+    ):  # a torn COMMIT in step_X: most likely the newest write (tried first, falls back)
         try:
             mtime = (path / COMMIT_FILE).stat().st_mtime
         except OSError:
             mtime = 0.0
-        return Candidate(step, path, float("-inf") if path.name.startswith(".") else float("inf"), mtime, False)
+        return Candidate(
+            step, path, float("-inf") if path.name.startswith(".") else float("inf"), mtime, False
+        )
 
 
 def candidates(root: Path) -> dict[int, list[Candidate]]:

@@ -32,7 +32,15 @@ from .format import (
 )
 from .safe_read import CheckpointRefused
 
-__all__ = ["Resolution", "check_present", "read_payloads", "resolve", "restore", "value_of", "write_rank_file"]
+__all__ = [
+    "Resolution",
+    "check_present",
+    "read_payloads",
+    "resolve",
+    "restore",
+    "value_of",
+    "write_rank_file",
+]
 
 
 def _is_replica_leader(layout: Layout, rank: int) -> bool:
@@ -54,11 +62,24 @@ def write_rank_file(directory: Path, rank: int, layout: Layout, plan: Plan) -> N
     owned = {}
     for name, kind in plan.kinds.items():
         scope = plan.scopes[name]
-        if scope is Scope.RANK or (scope is Scope.DP and _is_replica_leader(layout, rank)) or \
-                (scope is Scope.REPLICATED and rank == 0):
-            owned[name] = {"kind": kind, "scope": str(scope), "value": value_of(kind, plan.values[name])}
-    payload = {"format": 2, "rank": rank, "world_size": layout.world_size, "layout": layout_dict(layout),
-               "rng": rng_states(), "entries": owned}
+        if (
+            scope is Scope.RANK
+            or (scope is Scope.DP and _is_replica_leader(layout, rank))
+            or (scope is Scope.REPLICATED and rank == 0)
+        ):
+            owned[name] = {
+                "kind": kind,
+                "scope": str(scope),
+                "value": value_of(kind, plan.values[name]),
+            }
+    payload = {
+        "format": 2,
+        "rank": rank,
+        "world_size": layout.world_size,
+        "layout": layout_dict(layout),
+        "rng": rng_states(),
+        "entries": owned,
+    }
     path = rank_file(directory, rank)
     part = path.with_name(path.name + ".part")
     with open(part, "wb") as f:
@@ -92,25 +113,45 @@ class Resolution:
 
 
 def _entry_scopes(commit: Commit) -> dict[str, tuple[str, str]]:
-    return {n: (str(e.get("kind")), str(e.get("scope"))) for n, e in commit.entries.items() if isinstance(e, dict)}
+    return {
+        n: (str(e.get("kind")), str(e.get("scope")))
+        for n, e in commit.entries.items()
+        if isinstance(e, dict)
+    }
 
 
-def _refusal(directory: Path, name: str, why: str, commit: Commit, current: Layout) -> CheckpointRefused:
+def _refusal(
+    directory: Path, name: str, why: str, commit: Commit, current: Layout
+) -> CheckpointRefused:
     return CheckpointRefused(
         f"cannot load checkpoint {directory} at this layout: entry {name!r} {why}; it was saved at "
-        f"{describe_layout(commit.layout, commit.world_size)} and this run's layout is {current.describe()}")
+        f"{describe_layout(commit.layout, commit.world_size)} and this run's layout is {current.describe()}"
+    )
 
 
-def resolve(directory: Path, commit: Commit, plan: Plan, layout: Layout, rank: int,
-            remap: dict[str, Callable[..., Any]]) -> Resolution:
+def resolve(
+    directory: Path,
+    commit: Commit,
+    plan: Plan,
+    layout: Layout,
+    rank: int,
+    remap: dict[str, Callable[..., Any]],
+) -> Resolution:
     """Decide where every per-rank entry (and the RNG states) of ``plan`` load from; refuse what cannot be served."""
     saved = layout_of(commit.layout)
     legacy = commit.format < 2
     if saved is None and not legacy:
-        raise CheckpointUnreadable(f"{directory}: its COMMIT records no valid layout ({commit.layout!r})")
-    changed = (commit.world_size != layout.world_size) if saved is None else \
-        (layout_dict(saved) != layout_dict(layout))
-    res = Resolution(changed, commit.layout, layout_dict(layout), rng_from=None if changed else rank)
+        raise CheckpointUnreadable(
+            f"{directory}: its COMMIT records no valid layout ({commit.layout!r})"
+        )
+    changed = (
+        (commit.world_size != layout.world_size)
+        if saved is None
+        else (layout_dict(saved) != layout_dict(layout))
+    )
+    res = Resolution(
+        changed, commit.layout, layout_dict(layout), rng_from=None if changed else rank
+    )
     scopes = {n: (k, "rank") for n, k in plan.kinds.items()} if legacy else _entry_scopes(commit)
     missing = [n for n in plan.kinds if n not in scopes]
     if missing:
@@ -118,23 +159,42 @@ def resolve(directory: Path, commit: Commit, plan: Plan, layout: Layout, rank: i
     for name, kind in plan.kinds.items():
         saved_kind, scope = scopes[name]
         if saved_kind != kind:
-            raise CheckpointRefused(f"checkpoint {directory}: entry {name!r} was saved as a {saved_kind}, "
-                                    f"and is a {kind} now")
+            raise CheckpointRefused(
+                f"checkpoint {directory}: entry {name!r} was saved as a {saved_kind}, "
+                f"and is a {kind} now"
+            )
         if name in remap and scope != Scope.DP.value:
-            raise CheckpointRefused(f"remap[{name!r}]: entry {name!r} was saved with scope {scope!r}; remap applies "
-                                    "to scope 'dp' entries only")
+            raise CheckpointRefused(
+                f"remap[{name!r}]: entry {name!r} was saved with scope {scope!r}; remap applies "
+                "to scope 'dp' entries only"
+            )
         _place(res, directory, name, scope, commit, saved, layout, rank, remap)
     return res
 
 
-def _place(res: Resolution, directory: Path, name: str, scope: str, commit: Commit, saved: Layout | None,
-           layout: Layout, rank: int, remap: dict[str, Callable[..., Any]]) -> None:
+def _place(
+    res: Resolution,
+    directory: Path,
+    name: str,
+    scope: str,
+    commit: Commit,
+    saved: Layout | None,
+    layout: Layout,
+    rank: int,
+    remap: dict[str, Callable[..., Any]],
+) -> None:
     if scope == Scope.REPLICATED.value:
         res.sources[name] = 0
     elif scope == Scope.RANK.value:
         if res.changed:
-            raise _refusal(directory, name, "has scope 'rank' (one copy per rank: it loads only on the layout "
-                           "that saved it; save it with scope 'replicated' or 'dp' to change layouts)", commit, layout)
+            raise _refusal(
+                directory,
+                name,
+                "has scope 'rank' (one copy per rank: it loads only on the layout "
+                "that saved it; save it with scope 'replicated' or 'dp' to change layouts)",
+                commit,
+                layout,
+            )
         res.sources[name] = rank
     elif scope == Scope.DP.value and saved is not None:
         dp = layout.coords(rank)["dp"]
@@ -145,7 +205,9 @@ def _place(res: Resolution, directory: Path, name: str, scope: str, commit: Comm
         else:
             res.rederived.append(name)
     else:
-        raise CheckpointRefused(f"checkpoint {directory}: entry {name!r} has an unknown scope {scope!r}")
+        raise CheckpointRefused(
+            f"checkpoint {directory}: entry {name!r} has an unknown scope {scope!r}"
+        )
 
 
 def read_payloads(directory: Path, commit: Commit, ranks: set[int]) -> dict[int, dict[str, Any]]:
@@ -156,13 +218,19 @@ def read_payloads(directory: Path, commit: Commit, ranks: set[int]) -> dict[int,
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise CheckpointUnreadable(f"{path}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") \
-                from None
+            raise CheckpointUnreadable(
+                f"{path}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
         if not isinstance(payload, dict) or payload.get("world_size") != commit.world_size:
-            raise CheckpointUnreadable(f"{path}: not a per-rank file of this {commit.world_size}-rank checkpoint")
+            raise CheckpointUnreadable(
+                f"{path}: not a per-rank file of this {commit.world_size}-rank checkpoint"
+            )
         if "entries" not in payload:  # format 1: generators / stateful / plain, every one per rank
-            payload["entries"] = {n: {"value": v} for part in ("generators", "stateful", "plain")
-                                  for n, v in payload.get(part, {}).items()}
+            payload["entries"] = {
+                n: {"value": v}
+                for part in ("generators", "stateful", "plain")
+                for n, v in payload.get(part, {}).items()
+            }
         out[r] = payload
     return out
 
@@ -182,8 +250,15 @@ def _apply(kind: str, name: str, state: dict[str, Any], value: Any) -> None:
         state[name] = value
 
 
-def restore(plan: Plan, state: dict[str, Any], res: Resolution, payloads: dict[int, dict[str, Any]],
-            remap: dict[str, Callable[..., Any]], layout: Layout, rank: int) -> None:
+def restore(
+    plan: Plan,
+    state: dict[str, Any],
+    res: Resolution,
+    payloads: dict[int, dict[str, Any]],
+    remap: dict[str, Callable[..., Any]],
+    layout: Layout,
+    rank: int,
+) -> None:
     """Give every per-rank entry its saved (or remapped) value; re-derived entries keep the task's own."""
     dp = layout.coords(rank)["dp"]
     for name, kind in plan.kinds.items():
@@ -196,9 +271,13 @@ def restore(plan: Plan, state: dict[str, Any], res: Resolution, payloads: dict[i
 
 def check_present(directory: Path, res: Resolution, payloads: dict[int, dict[str, Any]]) -> None:
     """Every copy :func:`resolve` chose is in the files read; else the checkpoint is unreadable."""
-    wanted = [(n, r) for n, r in res.sources.items()] + [(n, r) for n, rs in res.remapped.items() for r in rs]
+    wanted = [(n, r) for n, r in res.sources.items()] + [
+        (n, r) for n, rs in res.remapped.items() for r in rs
+    ]
     for name, r in wanted:
         if name not in payloads[r].get("entries", {}):
-            raise CheckpointUnreadable(f"{rank_file(directory, r)}: has no entry {name!r}, which its COMMIT lists")
+            raise CheckpointUnreadable(
+                f"{rank_file(directory, r)}: has no entry {name!r}, which its COMMIT lists"
+            )
     if res.rng_from is not None and "rng" not in payloads[res.rng_from]:
         raise CheckpointUnreadable(f"{rank_file(directory, res.rng_from)}: has no RNG states")

@@ -30,18 +30,37 @@ from worldfoundry.core.torch_private import DCP_METADATA_PRIVATE
 
 from .format import METADATA_FILE, CheckpointUnreadable
 
-__all__ = ["ADMITTED", "CheckpointRefused", "MetadataUnpickler", "SafeLoadPlanner", "SafeReader", "read_metadata"]
+__all__ = [
+    "ADMITTED",
+    "CheckpointRefused",
+    "MetadataUnpickler",
+    "SafeLoadPlanner",
+    "SafeReader",
+    "read_metadata",
+]
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
-ADMITTED: frozenset[tuple[str, str]] = frozenset({
-    *((_DCP_METADATA, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                   "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata")),
-    ("torch", "Size"),
-    *(("pathlib", n) for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")),
-    ("collections", "OrderedDict"),
-    *(("builtins", n) for n in ("set", "frozenset", "slice", "complex")),
-    *DCP_METADATA_PRIVATE,
-})
+ADMITTED: frozenset[tuple[str, str]] = frozenset(
+    {
+        *(
+            (_DCP_METADATA, n)
+            for n in (
+                "Metadata",
+                "MetadataIndex",
+                "StorageMeta",
+                "TensorProperties",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+            )
+        ),
+        ("torch", "Size"),
+        *(("pathlib", n) for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")),
+        ("collections", "OrderedDict"),
+        *(("builtins", n) for n in ("set", "frozenset", "slice", "complex")),
+        *DCP_METADATA_PRIVATE,
+    }
+)
 """The globals a ``.metadata`` pickle may name (besides torch dtypes, admitted by type)."""
 
 
@@ -64,7 +83,8 @@ class MetadataUnpickler(pickle.Unpickler):
         raise CheckpointRefused(
             f"{self.source}: refused to unpickle {module}.{name}: a checkpoint's metadata may name only DCP's "
             "metadata classes, torch dtypes / sizes / layouts and plain containers (a checkpoint is data, not "
-            "code); this file was not written by torch.distributed.checkpoint, or was tampered with")
+            "code); this file was not written by torch.distributed.checkpoint, or was tampered with"
+        )
 
     def persistent_load(self, pid: Any) -> Any:
         raise CheckpointRefused(f"{self.source}: refused a persistent id in checkpoint metadata")
@@ -124,10 +144,18 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             torch.load(io.BytesIO(value.getvalue()), weights_only=True)
         except pickle.UnpicklingError as exc:
             lines = str(exc).splitlines()
-            why = next((line.strip() for line in lines if "Unsupported" in line or "WeightsUnpickler" in line),
-                       lines[0] if lines else "")
-            self.refused = (f"{self.source}: item {read_item.dest_index.fqn!r} is not plain data (refused to "
-                            f"unpickle it: {why}); a checkpoint is data, not code")
+            why = next(
+                (
+                    line.strip()
+                    for line in lines
+                    if "Unsupported" in line or "WeightsUnpickler" in line
+                ),
+                lines[0] if lines else "",
+            )
+            self.refused = (
+                f"{self.source}: item {read_item.dest_index.fqn!r} is not plain data (refused to "
+                f"unpickle it: {why}); a checkpoint is data, not code"
+            )
             raise CheckpointRefused(self.refused) from None
         value.seek(0)
         super().load_bytes(read_item, value)

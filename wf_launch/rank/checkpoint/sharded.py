@@ -43,16 +43,22 @@ def optimizer_key(key: str, rename: Callable[[str], str]) -> str:
     return f"{head}.{rename(fqn)}.{stat}" if fqn else key
 
 
-def _renamed(name: str, local: dict[str, Any], rename: Callable[[str], str]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def _renamed(
+    name: str, local: dict[str, Any], rename: Callable[[str], str]
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     pairs = [(k, rename(k)) for k in local]
     targets = [g for _, g in pairs]
     if len(set(targets)) != len(targets):
         doubled = sorted({g for g in targets if targets.count(g) > 1})
-        raise ValueError(f"state[{name!r}]: global_name() gives several parameters the same name: {doubled[:5]}")
+        raise ValueError(
+            f"state[{name!r}]: global_name() gives several parameters the same name: {doubled[:5]}"
+        )
     return {g: local[k] for k, g in pairs}, pairs
 
 
-def _local_dicts(plan: Plan, legacy: bool) -> dict[str, tuple[dict[str, Any], Callable[[str], str]]]:
+def _local_dicts(
+    plan: Plan, legacy: bool
+) -> dict[str, tuple[dict[str, Any], Callable[[str], str]]]:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -66,14 +72,19 @@ def _local_dicts(plan: Plan, legacy: bool) -> dict[str, tuple[dict[str, Any], Ca
     options = None if legacy else StateDictOptions(flatten_optimizer_state_dict=True)
     for name, (opt, model) in plan.optimizers.items():
         rename = _namer(model)
-        out[name] = (get_optimizer_state_dict(model, opt, options=options),
-                     identity if legacy else (lambda key, r=rename: optimizer_key(key, r)))
+        out[name] = (
+            get_optimizer_state_dict(model, opt, options=options),
+            identity if legacy else (lambda key, r=rename: optimizer_key(key, r)),
+        )
     return out
 
 
 def global_state_dicts(plan: Plan) -> dict[str, Any]:
     """What DCP saves: each module's and optimizer's state dict, keyed by global names (this rank's shards)."""
-    return {name: _renamed(name, local, rename)[0] for name, (local, rename) in _local_dicts(plan, False).items()}
+    return {
+        name: _renamed(name, local, rename)[0]
+        for name, (local, rename) in _local_dicts(plan, False).items()
+    }
 
 
 def _drop_stateless(metadata: Any, name: str, flat: dict[str, Any]) -> None:
@@ -99,15 +110,24 @@ def _check_against(metadata: Any, view: dict[str, dict[str, Any]], directory: Pa
             full = f"{name}.{key}"
             if full not in saved:
                 missing.append(full)
-            elif hasattr(value, "shape") and hasattr(saved[full], "size") and tuple(saved[full].size) != tuple(value.shape):
-                shapes.append(f"{full}: {tuple(saved[full].size)} in the checkpoint, {tuple(value.shape)} here")
+            elif (
+                hasattr(value, "shape")
+                and hasattr(saved[full], "size")
+                and tuple(saved[full].size) != tuple(value.shape)
+            ):
+                shapes.append(
+                    f"{full}: {tuple(saved[full].size)} in the checkpoint, {tuple(value.shape)} here"
+                )
     if missing:
         raise CheckpointRefused(
             f"checkpoint {directory} has no {missing[0]!r}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, "
             "which this state needs: it was saved from another model or state (a module holding a slice of a "
-            "model must name its parameters as the full model does: global_name())")
+            "model must name its parameters as the full model does: global_name())"
+        )
     if shapes:
-        raise CheckpointRefused(f"checkpoint {directory} holds other shapes: {'; '.join(shapes[:3])}")
+        raise CheckpointRefused(
+            f"checkpoint {directory} holds other shapes: {'; '.join(shapes[:3])}"
+        )
 
 
 def _dcp_reason(exc: BaseException) -> str:
@@ -116,8 +136,14 @@ def _dcp_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
-def load_sharded(plan: Plan, directory: Path, metadata: Any, process_group: Any, distributed: bool,
-                 legacy: bool = False) -> None:
+def load_sharded(
+    plan: Plan,
+    directory: Path,
+    metadata: Any,
+    process_group: Any,
+    distributed: bool,
+    legacy: bool = False,
+) -> None:
     """Load every module and optimizer of ``plan`` in place from ``directory`` (collective over the group)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
@@ -139,13 +165,20 @@ def load_sharded(plan: Plan, directory: Path, metadata: Any, process_group: Any,
     if view:
         planner = SafeLoadPlanner(directory)
         try:
-            dcp.load(view, storage_reader=SafeReader(directory, metadata), planner=planner,
-                     process_group=process_group, no_dist=not distributed)
+            dcp.load(
+                view,
+                storage_reader=SafeReader(directory, metadata),
+                planner=planner,
+                process_group=process_group,
+                no_dist=not distributed,
+            )
         except (Exception, CheckpointException) as exc:  # DCP's exception is a BaseException
             if planner.refused:  # DCP wraps what the planner raised: say it as it is
                 raise CheckpointRefused(planner.refused) from None
             raise CheckpointUnreadable(f"{directory}: {_dcp_reason(exc)}") from None
-    restored = {name: {k: view[name].get(g, local[name][0][k]) for k, g in pairs[name]} for name in view}
+    restored = {
+        name: {k: view[name].get(g, local[name][0][k]) for k, g in pairs[name]} for name in view
+    }
     for name, m in plan.modules.items():
         set_model_state_dict(m, restored[name])
     options = None if legacy else StateDictOptions(flatten_optimizer_state_dict=True)

@@ -16,7 +16,14 @@ from ...config.tracking import enabled_trackers
 from .base import STATUSES, Tracker, TrackerSettings
 from .hub import TrackerHub, read_state
 
-__all__ = ["IMPLEMENTATIONS", "STATUSES", "Tracker", "TrackerHub", "TrackerSettings", "open_trackers"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "STATUSES",
+    "Tracker",
+    "TrackerHub",
+    "TrackerSettings",
+    "open_trackers",
+]
 
 IMPLEMENTATIONS = {
     "tensorboard": "wf_launch.rank.trackers.tensorboard_tracker:TensorBoardTracker",
@@ -30,8 +37,9 @@ def _implementation(name: str) -> type[Tracker]:
     return getattr(importlib.import_module(module), cls)
 
 
-def open_trackers(config: dict[str, Any], run_dir: Path | str, rank: int, run_id: str, attempt: int,
-                  log: Any) -> TrackerHub | None:
+def open_trackers(
+    config: dict[str, Any], run_dir: Path | str, rank: int, run_id: str, attempt: int, log: Any
+) -> TrackerHub | None:
     """The hub of this rank's trackers, started (None when the run tracks nothing on this rank).
 
     The libraries are imported on the hub's thread, never on the caller's.
@@ -43,9 +51,22 @@ def open_trackers(config: dict[str, Any], run_dir: Path | str, rank: int, run_id
         return None
     trackers = []
     for name in names:
-        settings = TrackerSettings(run_dir=Path(run_dir), run_id=run_id, rank=rank, attempt=attempt, tagged=tagged,
-                                   config=config, section=dict(section.get(name) or {}),
-                                   state=read_state(run_dir, name, rank))
+        settings = TrackerSettings(
+            run_dir=Path(run_dir),
+            run_id=run_id,
+            rank=rank,
+            attempt=attempt,
+            tagged=tagged,
+            config=config,
+            section=dict(section.get(name) or {}),
+            state=read_state(run_dir, name, rank),
+        )
         trackers.append(_implementation(name)(settings))
-    return TrackerHub(trackers, run_dir, rank, log, flush_s=float(section.get("flush_s", 1.0)),
-                      close_timeout_s=float(section.get("close_timeout_s", 30.0)))
+    return TrackerHub(
+        trackers,
+        run_dir,
+        rank,
+        log,
+        flush_s=float(section.get("flush_s", 1.0)),
+        close_timeout_s=float(section.get("close_timeout_s", 30.0)),
+    )

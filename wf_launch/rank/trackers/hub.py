@@ -71,8 +71,15 @@ def _merge(points: Iterable[tuple[int, dict[str, float]]]) -> list[tuple[int, di
 class TrackerHub:
     """Queues one rank's points and writes them to its trackers from a daemon thread (see the module)."""
 
-    def __init__(self, trackers: list[Tracker], run_dir: Path | str, rank: int, log: Any,
-                 flush_s: float = 1.0, close_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        trackers: list[Tracker],
+        run_dir: Path | str,
+        rank: int,
+        log: Any,
+        flush_s: float = 1.0,
+        close_timeout_s: float = 30.0,
+    ) -> None:
         self.run_dir, self.rank, self._logger = Path(run_dir), rank, log
         self.flush_s, self.close_timeout_s = flush_s, close_timeout_s
         self._trackers = list(trackers)
@@ -99,8 +106,10 @@ class TrackerHub:
             if self._queue.qsize() >= MAX_BACKLOG:
                 if not self._dropped:
                     self._dropped = True
-                    self._logger.warning(f"trackers {self.trackers} fall behind by {MAX_BACKLOG} points: dropping new "
-                                     f"ones ({files.METRICS} keeps every metric)")
+                    self._logger.warning(
+                        f"trackers {self.trackers} fall behind by {MAX_BACKLOG} points: dropping new "
+                        f"ones ({files.METRICS} keeps every metric)"
+                    )
                 return
             self._queue.put((int(step), values))
         except Exception:  # a tracker never fails the run
@@ -114,8 +123,10 @@ class TrackerHub:
         self._queue.put(_Close(status))
         self._thread.join(self.close_timeout_s)
         if self._thread.is_alive():
-            self._logger.warning(f"trackers {self.trackers} still writing after tracking.close_timeout_s="
-                             f"{self.close_timeout_s:g} s; leaving them ({files.METRICS} keeps every metric)")
+            self._logger.warning(
+                f"trackers {self.trackers} still writing after tracking.close_timeout_s="
+                f"{self.close_timeout_s:g} s; leaving them ({files.METRICS} keeps every metric)"
+            )
 
     # ------------------------------------------------------------------ the hub's thread
     def _run(self) -> None:
@@ -158,8 +169,10 @@ class TrackerHub:
         floor = min(floors) if len(floors) == len(self._trackers) else -math.inf
         points = _read_metrics(self.run_dir, self.rank, floor, before)
         if points:
-            self._logger.debug(f"trackers: replaying {len(points)} step(s) from {files.METRICS} "
-                           f"({points[0][0]}..{points[-1][0]}) that an earlier attempt did not hand over")
+            self._logger.debug(
+                f"trackers: replaying {len(points)} step(s) from {files.METRICS} "
+                f"({points[0][0]}..{points[-1][0]}) that an earlier attempt did not hand over"
+            )
             self._write(points)
 
     def _write(self, batch: list[tuple[int, dict[str, float]]]) -> None:
@@ -168,8 +181,14 @@ class TrackerHub:
         points = _merge(batch)
         for tracker in list(self._trackers):
             held, logged = self._held.get(tracker.name), self._logged.get(tracker.name)
-            fresh = [(s, v) for s, v in points if (held is None or s > held) and (logged is None or s >= logged)]
-            if fresh and self._call(tracker, "log", lambda t=tracker, f=fresh: (t.log(f), t.flush())):
+            fresh = [
+                (s, v)
+                for s, v in points
+                if (held is None or s > held) and (logged is None or s >= logged)
+            ]
+            if fresh and self._call(
+                tracker, "log", lambda t=tracker, f=fresh: (t.log(f), t.flush())
+            ):
                 self._logged[tracker.name] = fresh[-1][0]
                 self._save_state(tracker, status="running")
 
@@ -186,17 +205,32 @@ class TrackerHub:
         except Exception as exc:
             if tracker in self._trackers:
                 self._trackers.remove(tracker)
-            self._logger.warning(f"tracker {tracker.name} failed to {what} ({type(exc).__name__}: "
-                             f"{str(exc).strip()[:300]}); it is off for the rest of this attempt, the run goes on "
-                             f"({files.METRICS} keeps every metric)")
+            self._logger.warning(
+                f"tracker {tracker.name} failed to {what} ({type(exc).__name__}: "
+                f"{str(exc).strip()[:300]}); it is off for the rest of this attempt, the run goes on "
+                f"({files.METRICS} keeps every metric)"
+            )
             return False
 
     def _save_state(self, tracker: Tracker, status: str) -> None:
         path = files.tracker_state(self.run_dir, tracker.name, self.rank)
-        last = max((s for s in (self._held.get(tracker.name), self._logged.get(tracker.name)) if s is not None),
-                   default=None)
-        state = {"tracker": tracker.name, "rank": self.rank, "last_step": last, "run": tracker.run_ref(),
-                 "status": status, "attempt": tracker.settings.attempt, "time": time.time()}
+        last = max(
+            (
+                s
+                for s in (self._held.get(tracker.name), self._logged.get(tracker.name))
+                if s is not None
+            ),
+            default=None,
+        )
+        state = {
+            "tracker": tracker.name,
+            "rank": self.rank,
+            "last_step": last,
+            "run": tracker.run_ref(),
+            "status": status,
+            "attempt": tracker.settings.attempt,
+            "time": time.time(),
+        }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, state)
@@ -213,7 +247,9 @@ def read_state(run_dir: Path | str, tracker: str, rank: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_metrics(run_dir: Path, rank: int, floor: float, before: int | None) -> list[tuple[int, dict[str, float]]]:
+def _read_metrics(
+    run_dir: Path, rank: int, floor: float, before: int | None
+) -> list[tuple[int, dict[str, float]]]:
     """This rank's points in ``metrics.jsonl`` with ``floor < step < before``, by step (the last value of a step
     reported twice wins), streamed line by line."""
     by_step: dict[int, dict[str, float]] = {}
@@ -227,7 +263,11 @@ def _read_metrics(run_dir: Path, rank: int, floor: float, before: int | None) ->
                 if not isinstance(row, dict) or row.get("rank") != rank:
                     continue
                 step = row.get("step")
-                if not isinstance(step, int) or step <= floor or (before is not None and step >= before):
+                if (
+                    not isinstance(step, int)
+                    or step <= floor
+                    or (before is not None and step >= before)
+                ):
                     continue
                 by_step.setdefault(step, {}).update(numeric_metrics(row))
     except OSError:

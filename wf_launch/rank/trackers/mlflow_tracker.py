@@ -49,12 +49,17 @@ class MLflowTracker(Tracker):
         s = self.settings
         uri = s.section.get("uri") or files.mlflow_store(s.run_dir).as_uri()
         if _is_file_store(uri):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: file stores are opt-in
+            os.environ.setdefault(
+                "MLFLOW_ALLOW_FILE_STORE", "true"
+            )  # MLflow 3: file stores are opt-in
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        self.run_id = _shared_run(files.tracker_run_file(s.run_dir, self.name), files.tracker_lock(s.run_dir, self.name),
-                                  self._create)
+        self.run_id = _shared_run(
+            files.tracker_run_file(s.run_dir, self.name),
+            files.tracker_lock(s.run_dir, self.name),
+            self._create,
+        )
         if s.rank == 0:
             self.client.update_run(self.run_id, status="RUNNING")
             self.client.set_tag(self.run_id, "wf_launch.attempt", str(s.attempt))
@@ -73,19 +78,29 @@ class MLflowTracker(Tracker):
                 experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
         else:
             experiment_id = found.experiment_id
-        run = self.client.create_run(experiment_id, run_name=s.section.get("run_name") or Path(s.run_dir).name,
-                                     tags={"wf_launch.run_id": s.run_id, "wf_launch.run_dir": str(s.run_dir),
-                                           "wf_launch.task": str((s.config.get("task") or {}).get("name"))})
+        run = self.client.create_run(
+            experiment_id,
+            run_name=s.section.get("run_name") or Path(s.run_dir).name,
+            tags={
+                "wf_launch.run_id": s.run_id,
+                "wf_launch.run_dir": str(s.run_dir),
+                "wf_launch.task": str((s.config.get("task") or {}).get("name")),
+            },
+        )
         params = [Param(k[:250], str(v)[:6000]) for k, v in flat_params(s.config).items()]
         for i in range(0, len(params), _MAX_PARAMS):
-            self.client.log_batch(run.info.run_id, params=params[i:i + _MAX_PARAMS])
+            self.client.log_batch(run.info.run_id, params=params[i : i + _MAX_PARAMS])
         return run.info.run_id
 
     def _held(self) -> int | None:
         """The last step this rank's keys have in the MLflow run (read back: exact after any crash)."""
         run = self.client.get_run(self.run_id)
-        keys = [k for k in run.data.metrics if bool(_TAGGED.match(k)) == self.settings.tagged
-                and (not self.settings.tagged or k.startswith(f"rank{self.settings.rank}/"))]
+        keys = [
+            k
+            for k in run.data.metrics
+            if bool(_TAGGED.match(k)) == self.settings.tagged
+            and (not self.settings.tagged or k.startswith(f"rank{self.settings.rank}/"))
+        ]
         steps = [m.step for k in keys for m in self.client.get_metric_history(self.run_id, k)]
         return max(steps) if steps else None
 
@@ -93,9 +108,11 @@ class MLflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(self._key(k), v, now, step) for step, values in points for k, v in values.items()]
+        metrics = [
+            Metric(self._key(k), v, now, step) for step, values in points for k, v in values.items()
+        ]
         for i in range(0, len(metrics), _MAX_METRICS):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + _MAX_METRICS])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + _MAX_METRICS])
 
     def close(self, status: str) -> None:
         if self.client is None or self.run_id is None:

@@ -35,7 +35,11 @@ class TensorBoardTracker(Tracker):
     @property
     def log_dir(self) -> Path:
         s = self.settings
-        base = Path(s.section["log_dir"]) if s.section.get("log_dir") else files.tensorboard_dir(s.run_dir)
+        base = (
+            Path(s.section["log_dir"])
+            if s.section.get("log_dir")
+            else files.tensorboard_dir(s.run_dir)
+        )
         return base / f"rank{s.rank}" if s.tagged else base
 
     def open(self) -> int | None:
@@ -43,16 +47,22 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard.summary import hparams
 
         held = self.settings.last_step
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=None if held is None else held + 1,
-                                    flush_secs=3600)  # the hub flushes
+        self.writer = SummaryWriter(
+            str(self.log_dir), purge_step=None if held is None else held + 1, flush_secs=3600
+        )  # the hub flushes
         params = flat_params(self.settings.config)
         experiment, start, _ = hparams(params, {})
         for summary in (experiment, start):
             self.writer.file_writer.add_summary(summary)
         if held is None:
-            self.writer.add_text("wf_launch/config", "```\n" + yaml.safe_dump(self.settings.config, sort_keys=False)
-                                 + "```", 0)
-        self.writer.add_text("wf_launch/run_id", self.settings.run_id, 0 if held is None else held + 1)
+            self.writer.add_text(
+                "wf_launch/config",
+                "```\n" + yaml.safe_dump(self.settings.config, sort_keys=False) + "```",
+                0,
+            )
+        self.writer.add_text(
+            "wf_launch/run_id", self.settings.run_id, 0 if held is None else held + 1
+        )
         self.writer.flush()
         self.last = held
         return held
@@ -69,7 +79,9 @@ class TensorBoardTracker(Tracker):
     def close(self, status: str) -> None:
         if self.writer is None:
             return
-        if status == "ok":  # TensorBoard keeps the first end of a session: only the run's own end is one
+        if (
+            status == "ok"
+        ):  # TensorBoard keeps the first end of a session: only the run's own end is one
             self.writer.file_writer.add_summary(_session_end(status))
         self.writer.add_text("wf_launch/status", status, self.last or 0)
         self.writer.close()
@@ -82,8 +94,13 @@ def _session_end(status: str) -> Any:
     from tensorboard.plugins.hparams import api_pb2, metadata
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
 
-    end = SessionEndInfo(status=api_pb2.Status.Value("STATUS_SUCCESS" if status == "ok" else "STATUS_FAILURE"))
+    end = SessionEndInfo(
+        status=api_pb2.Status.Value("STATUS_SUCCESS" if status == "ok" else "STATUS_FAILURE")
+    )
     content = HParamsPluginData(session_end_info=end, version=metadata.PLUGIN_DATA_VERSION)
-    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME,
-                                                                   content=content.SerializeToString()))
+    meta = SummaryMetadata(
+        plugin_data=SummaryMetadata.PluginData(
+            plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString()
+        )
+    )
     return Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=meta)])

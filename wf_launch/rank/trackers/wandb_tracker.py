@@ -43,19 +43,34 @@ class WandbTracker(Tracker):
         import wandb
 
         s, section = self.settings, self.settings.section
-        quiet = wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True, disable_code=True)
-        self.run = wandb.init(project=section.get("project") or "wf_launch", entity=section.get("entity"),
-                              mode=section.get("mode"), name=section.get("name") or s.run_name,
-                              group=section.get("group") or (s.run_id if s.tagged else None),
-                              tags=list(section.get("tags") or []) or None, id=self.wandb_id, resume="allow",
-                              dir=str(s.run_dir), config=s.config, allow_val_change=True, settings=quiet)
+        quiet = wandb.Settings(
+            console="off", silent=True, x_disable_stats=True, disable_git=True, disable_code=True
+        )
+        self.run = wandb.init(
+            project=section.get("project") or "wf_launch",
+            entity=section.get("entity"),
+            mode=section.get("mode"),
+            name=section.get("name") or s.run_name,
+            group=section.get("group") or (s.run_id if s.tagged else None),
+            tags=list(section.get("tags") or []) or None,
+            id=self.wandb_id,
+            resume="allow",
+            dir=str(s.run_dir),
+            config=s.config,
+            allow_val_change=True,
+            settings=quiet,
+        )
         if self.run.settings.mode == "offline":
             current = Path(self.run.dir).parent
             try:
                 return offline_last_step(files.wandb_dir(s.run_dir), self.wandb_id, exclude=current)
             except (OSError, ValueError, RuntimeError, subprocess.SubprocessError):
-                return s.last_step  # a W&B without `leet inspect`: the step recorded after the last log
-        return self.run.step - 1 if getattr(self.run, "resumed", False) and self.run.step > 0 else None
+                return (
+                    s.last_step
+                )  # a W&B without `leet inspect`: the step recorded after the last log
+        return (
+            self.run.step - 1 if getattr(self.run, "resumed", False) and self.run.step > 0 else None
+        )
 
     def log(self, points: list[tuple[int, dict[str, float]]]) -> None:
         for step, values in points:
@@ -81,8 +96,12 @@ def offline_last_step(wandb_dir: Path, wandb_id: str, exclude: Path | None = Non
     for run in sorted(wandb_dir.glob(f"offline-run-*-{wandb_id}")):
         if exclude is not None and run.resolve() == exclude.resolve():
             continue
-        out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(run)],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(run)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"wandb leet inspect {run}: {out.stderr.strip()[-300:]}")
         summary = json.loads(out.stdout)

@@ -50,10 +50,14 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
     leaves with the point's exit code (128 + signal).
     """
 
-    def __init__(self, metric: str = DEFAULT_METRIC, exit_nonzero: bool = True, chart: bool = True) -> None:
+    def __init__(
+        self, metric: str = DEFAULT_METRIC, exit_nonzero: bool = True, chart: bool = True
+    ) -> None:
         if not isinstance(metric, str) or not metric:
-            raise ValueError(f"hydra.callbacks.sweep_report.metric={metric!r} is not allowed: "
-                             "expected the name of a numeric result field, e.g. tokens_per_s or wall_s")
+            raise ValueError(
+                f"hydra.callbacks.sweep_report.metric={metric!r} is not allowed: "
+                "expected the name of a numeric result field, e.g. tokens_per_s or wall_s"
+            )
         self.metric = metric
         self.exit_nonzero = bool(exit_nonzero)
         self.chart = bool(chart)
@@ -93,25 +97,40 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         from ...rundir.claim import OWNER_ONLY, make_private, private_umask
 
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
-        old = sorted(d.name for d in sweep_dir.iterdir()
-                     if d.is_dir() and any((d / m).exists() for m in files.MARKERS)) if sweep_dir.is_dir() else []
+        old = (
+            sorted(
+                d.name
+                for d in sweep_dir.iterdir()
+                if d.is_dir() and any((d / m).exists() for m in files.MARKERS)
+            )
+            if sweep_dir.is_dir()
+            else []
+        )
         resume = OmegaConf.select(config, "launcher.resume", default=False) is True
         if resume:
             self._resume(config, sweep_dir, old)
         elif old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
-            print(f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
-                  f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
-                  "launcher.overwrite=true to move that sweep aside", file=sys.stderr, flush=True)
+            print(
+                f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
+                f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
+                "launcher.overwrite=true to move that sweep aside",
+                file=sys.stderr,
+                flush=True,
+            )
             raise SystemExit(2)
         if OmegaConf.select(config, "launcher.dry_run", default=False) is True:
             self._dry_run = (sweep_dir, time.time(), _read_plan(sweep_dir) if resume else None)
             return
         private_umask()
         if old and not resume:
-            aside = sweep_dir.with_name(f"{sweep_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            aside = sweep_dir.with_name(
+                f"{sweep_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            )
             sweep_dir.rename(aside)
             os.chmod(aside, OWNER_ONLY)
-        make_private(sweep_dir, _mode(OmegaConf.select(config, "launcher.run_dir_mode", default=None)))
+        make_private(
+            sweep_dir, _mode(OmegaConf.select(config, "launcher.run_dir_mode", default=None))
+        )
         self._sweep_dir = sweep_dir
 
     @staticmethod
@@ -122,12 +141,19 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         from .resume import ResumeRefused, check_same_sweep, count_kept
 
         if OmegaConf.select(config, "launcher.overwrite", default=False) is True:
-            print("wf_launch: launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the sweep "
-                  "aside, resume continues it)", file=sys.stderr, flush=True)
+            print(
+                "wf_launch: launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the sweep "
+                "aside, resume continues it)",
+                file=sys.stderr,
+                flush=True,
+            )
             raise SystemExit(2)
         if not old:
-            print(f"wf_launch: launcher.resume=true: {sweep_dir} holds no sweep yet; every point runs",
-                  file=sys.stderr, flush=True)
+            print(
+                f"wf_launch: launcher.resume=true: {sweep_dir} holds no sweep yet; every point runs",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         try:
             check_same_sweep(sweep_dir, config)
@@ -135,8 +161,12 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             print(f"wf_launch: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         ok, total = count_kept(sweep_dir)
-        print(f"wf_launch: resuming the sweep in {sweep_dir}: {ok} of {total} started point(s) ended ok and are "
-              "kept; the others, and the points never started, run", file=sys.stderr, flush=True)
+        print(
+            f"wf_launch: resuming the sweep in {sweep_dir}: {ok} of {total} started point(s) ended ok and are "
+            "kept; the others, and the points never started, run",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus
@@ -174,16 +204,34 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         sigval = getattr(exc, "sigval", None)
         if isinstance(sigval, int):
             name = signal.Signals(sigval).name
-            RunRecord.finalize(job_dir, Status.INTERRUPTED, signal_name=name, run_dir=str(job_dir),
-                               overrides=list(job_return.overrides or []),
-                               failure={"cause": "interrupt", "type": "Signal", "message": f"interrupted by {name}"})
-            print(f"wf_launch: interrupted by {name} while the point started", file=sys.stderr, flush=True)
+            RunRecord.finalize(
+                job_dir,
+                Status.INTERRUPTED,
+                signal_name=name,
+                run_dir=str(job_dir),
+                overrides=list(job_return.overrides or []),
+                failure={
+                    "cause": "interrupt",
+                    "type": "Signal",
+                    "message": f"interrupted by {name}",
+                },
+            )
+            print(
+                f"wf_launch: interrupted by {name} while the point started",
+                file=sys.stderr,
+                flush=True,
+            )
             self.report()
             raise SystemExit(128 + int(sigval))
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         message = f"launcher error: {type(exc).__name__}: {exc}"
-        RunRecord.finalize(job_dir, Status.FAILED, overrides=list(job_return.overrides or []), run_dir=str(job_dir),
-                           failure={"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)})
+        RunRecord.finalize(
+            job_dir,
+            Status.FAILED,
+            overrides=list(job_return.overrides or []),
+            run_dir=str(job_dir),
+            failure={"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)},
+        )
         print(f"wf_launch: {message}", file=sys.stderr, flush=True)
         job_return.status = JobStatus.COMPLETED
         job_return.return_value = RunOutcome(Status.FAILED, job_dir, message)
@@ -204,8 +252,12 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         try:
             code = sweep_exit_code(self.report())
         except Exception as exc:
-            print(f"wf_launch: writing the sweep report in {self._sweep_dir} failed: "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            print(
+                f"wf_launch: writing the sweep report in {self._sweep_dir} failed: "
+                f"{type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             code = 1
         if code and self.exit_nonzero:
             raise SystemExit(code)

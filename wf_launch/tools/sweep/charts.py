@@ -20,7 +20,9 @@ def _label(point: dict[str, Any], dims: list[str], varying: list[str]) -> str:
     sizes = "·".join(f"{d}{'?' if point[d] is None else point[d]}" for d in dims)
     world = point["world"]
     lines = [f"#{fmt(point['job'])} {sizes}".rstrip(), f"{'?' if world is None else world} rank(s)"]
-    return "\n".join(lines + [o for o in point["overrides"].split() if o.split("=", 1)[0] in varying])
+    return "\n".join(
+        lines + [o for o in point["overrides"].split() if o.split("=", 1)[0] in varying]
+    )
 
 
 def render_chart(points: list[dict[str, Any]], metric: str, path: Path | str) -> str:
@@ -43,15 +45,42 @@ def render_chart(points: list[dict[str, Any]], metric: str, path: Path | str) ->
     for i, (p, v) in enumerate(zip(points, values)):
         ok = p["status"] == "ok"
         if v is not None and math.isfinite(v):
-            ax.bar(i, v, color="#4C72B0" if ok else "#C44E52", edgecolor="black", linewidth=0.6,
-                   hatch=None if ok else "//")
-            ax.text(i, v + top * 0.01, fmt(v) if ok else f"{fmt(v)}\n{p['status']}", ha="center",
-                    va="bottom", fontsize=8)
+            ax.bar(
+                i,
+                v,
+                color="#4C72B0" if ok else "#C44E52",
+                edgecolor="black",
+                linewidth=0.6,
+                hatch=None if ok else "//",
+            )
+            ax.text(
+                i,
+                v + top * 0.01,
+                fmt(v) if ok else f"{fmt(v)}\n{p['status']}",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         else:
-            ax.bar(i, top * 0.06, color="white", edgecolor="#C44E52" if not ok else "grey", hatch="xx",
-                   linewidth=1.0)
-            ax.text(i, top * 0.08, p["status"].upper() if not ok else "n/a", ha="center", va="bottom",
-                    fontsize=8, color="#C44E52" if not ok else "grey", fontweight="bold", rotation=90)
+            ax.bar(
+                i,
+                top * 0.06,
+                color="white",
+                edgecolor="#C44E52" if not ok else "grey",
+                hatch="xx",
+                linewidth=1.0,
+            )
+            ax.text(
+                i,
+                top * 0.08,
+                p["status"].upper() if not ok else "n/a",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="#C44E52" if not ok else "grey",
+                fontweight="bold",
+                rotation=90,
+            )
     ax.set_xticks(range(len(points)), [_label(p, dims, varying) for p in points], fontsize=8)
     ax.set_ylabel(drawn)
     ax.set_ylim(0, top * 1.2)
@@ -81,8 +110,13 @@ def _save(fig: Any, path: Path) -> None:
 def render_scaling_chart(points: list[dict[str, Any]], metric: str, path: Path | str) -> bool:
     """Throughput against world size, with ideal linear scaling from the smallest world; False if the
     sweep does not vary the world size or no ok point reports ``metric``."""
-    ok = [p for p in points if p["status"] == "ok" and isinstance(p.get("world"), int)
-          and metric_value(p, metric) is not None]
+    ok = [
+        p
+        for p in points
+        if p["status"] == "ok"
+        and isinstance(p.get("world"), int)
+        and metric_value(p, metric) is not None
+    ]
     worlds = sorted({p["world"] for p in ok})
     if len(worlds) < 2:
         return False
@@ -95,11 +129,27 @@ def render_scaling_chart(points: list[dict[str, Any]], metric: str, path: Path |
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
     for p in ok:
         ax.scatter(p["world"], metric_value(p, metric), color="#4C72B0", alpha=0.45, s=18)
-    ax.plot(worlds, [best[w] for w in worlds], "o-", color="#4C72B0", label=f"{metric} (best layout per size)")
+    ax.plot(
+        worlds,
+        [best[w] for w in worlds],
+        "o-",
+        color="#4C72B0",
+        label=f"{metric} (best layout per size)",
+    )
     base = worlds[0]
-    ax.plot(worlds, [best[base] * w / base for w in worlds], "--", color="grey",
-            label=f"ideal linear scaling from {base} rank(s)")
-    ax.set(xscale="log", xlabel="ranks (world size)", ylabel=metric, title=f"{metric} against world size")
+    ax.plot(
+        worlds,
+        [best[base] * w / base for w in worlds],
+        "--",
+        color="grey",
+        label=f"ideal linear scaling from {base} rank(s)",
+    )
+    ax.set(
+        xscale="log",
+        xlabel="ranks (world size)",
+        ylabel=metric,
+        title=f"{metric} against world size",
+    )
     ax.set_xticks(worlds, [str(w) for w in worlds])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
@@ -109,7 +159,9 @@ def render_scaling_chart(points: list[dict[str, Any]], metric: str, path: Path |
     return True
 
 
-def render_steps_chart(points: list[dict[str, Any]], path: Path | str, metric: str | None = None) -> str | None:
+def render_steps_chart(
+    points: list[dict[str, Any]], path: Path | str, metric: str | None = None
+) -> str | None:
     """One metric over steps (from each point's ``metrics.jsonl``), one line per point; the metric drawn,
     or None when no point reported progress metrics."""
     from ..plot import load_metrics
@@ -129,8 +181,12 @@ def render_steps_chart(points: list[dict[str, Any]], path: Path | str, metric: s
         by_rank = series.get(p["job"], {}).get(drawn)
         if by_rank:
             steps = sorted(by_rank[min(by_rank)])
-            ax.plot([s for s, _ in steps], [v for _, v in steps], lw=1.3,
-                    label=f"job {p['job']}: {p['overrides'] or 'defaults'}"[:60])
+            ax.plot(
+                [s for s, _ in steps],
+                [v for _, v in steps],
+                lw=1.3,
+                label=f"job {p['job']}: {p['overrides'] or 'defaults'}"[:60],
+            )
     ax.set(xlabel="step", ylabel=drawn, title=f"{drawn} over steps, one line per point")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -30,9 +30,23 @@ from ...rundir.io import read_bytes
 from ...rundir.record import RecordError, RunRecord, Status
 from ...rundir.text import printable
 
-__all__ = ["BASE_COLUMNS", "DEFAULT_METRIC", "FAILED_STATUSES", "IDENTITY_FIELDS", "INCOMPLETE", "NOT_RUN",
-           "PLAN_FILE", "UNREADABLE", "collect_points", "expand_sweep", "failure_text", "metric_names",
-           "metric_value", "planned_points", "point_metrics"]
+__all__ = [
+    "BASE_COLUMNS",
+    "DEFAULT_METRIC",
+    "FAILED_STATUSES",
+    "IDENTITY_FIELDS",
+    "INCOMPLETE",
+    "NOT_RUN",
+    "PLAN_FILE",
+    "UNREADABLE",
+    "collect_points",
+    "expand_sweep",
+    "failure_text",
+    "metric_names",
+    "metric_value",
+    "planned_points",
+    "point_metrics",
+]
 
 IDENTITY_FIELDS = frozenset({"rank", "local_rank", "world_size", "stage", "node_rank"})
 DEFAULT_METRIC = "tokens_per_s"
@@ -40,7 +54,9 @@ PLAN_FILE = files.SWEEP_PLAN
 NOT_RUN, INCOMPLETE, UNREADABLE = "not_run", "incomplete", "unreadable"
 """Report-only statuses: planned but never started; started, no record yet; a record that cannot be read."""
 BASE_COLUMNS = ("job", "status", "overrides", *DIMS, "world", "wall_s")
-FAILED_STATUSES = frozenset({*(str(s) for s in Status if s.is_failure and s is not Status.INVALID), UNREADABLE})
+FAILED_STATUSES = frozenset(
+    {*(str(s) for s in Status if s.is_failure and s is not Status.INVALID), UNREADABLE}
+)
 
 
 def _load_yaml(path: Path) -> Any:
@@ -156,19 +172,30 @@ def _point(job_dir: Path) -> dict[str, Any]:
     try:
         record = RunRecord.read(job_dir)
     except RecordError as exc:
-        return {"job": _job_num(job_dir), "status": UNREADABLE,
-                "overrides": _hydra_overrides(job_dir), **_layout({}, job_dir), "wall_s": None,
-                "failure": printable(exc), "metrics": {}, "dir": str(job_dir)}
+        return {
+            "job": _job_num(job_dir),
+            "status": UNREADABLE,
+            "overrides": _hydra_overrides(job_dir),
+            **_layout({}, job_dir),
+            "wall_s": None,
+            "failure": printable(exc),
+            "metrics": {},
+            "dir": str(job_dir),
+        }
     result = record.to_json() if record is not None else {}
     overrides = result.get("overrides")
     wall = (result.get("timings") or {}).get("wall_s")
     return {
-        "job": _job_num(job_dir), "status": result.get("status") or INCOMPLETE,
-        "overrides": " ".join(str(o) for o in overrides) if overrides is not None else _hydra_overrides(job_dir),
+        "job": _job_num(job_dir),
+        "status": result.get("status") or INCOMPLETE,
+        "overrides": " ".join(str(o) for o in overrides)
+        if overrides is not None
+        else _hydra_overrides(job_dir),
         **_layout(result, job_dir),
         "wall_s": wall if is_number(wall) else None,
         "failure": failure_text(result) if result.get("status") != "ok" else "",
-        "metrics": point_metrics(result), "dir": str(job_dir),
+        "metrics": point_metrics(result),
+        "dir": str(job_dir),
     }
 
 
@@ -184,16 +211,32 @@ def collect_points(sweep_dir: Path | str) -> list[dict[str, Any]]:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
-    points = [_point(d) for d in sorted(sweep_dir.iterdir())
-              if d.is_dir() and not d.name.startswith(".")
-              and ((d / files.HYDRA).is_dir() or RunRecord.path(d).is_file())]
+    points = [
+        _point(d)
+        for d in sorted(sweep_dir.iterdir())
+        if d.is_dir()
+        and not d.name.startswith(".")
+        and ((d / files.HYDRA).is_dir() or RunRecord.path(d).is_file())
+    ]
     seen = {p["job"] for p in points}
     for num, overrides in enumerate(planned_points(sweep_dir)):
         if num not in seen:
-            points.append({"job": num, "status": NOT_RUN, "overrides": " ".join(overrides),
-                           **{d: None for d in DIMS}, "world": None, "wall_s": None, "failure": "",
-                           "metrics": {}, "dir": ""})
-    return sorted(points, key=lambda p: (p["job"] is None, p["job"] if p["job"] is not None else 0, p["dir"]))
+            points.append(
+                {
+                    "job": num,
+                    "status": NOT_RUN,
+                    "overrides": " ".join(overrides),
+                    **{d: None for d in DIMS},
+                    "world": None,
+                    "wall_s": None,
+                    "failure": "",
+                    "metrics": {},
+                    "dir": "",
+                }
+            )
+    return sorted(
+        points, key=lambda p: (p["job"] is None, p["job"] if p["job"] is not None else 0, p["dir"])
+    )
 
 
 def metric_value(point: dict[str, Any], metric: str) -> float | int | None:

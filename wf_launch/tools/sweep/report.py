@@ -22,8 +22,13 @@ from .tables import render_csv, render_markdown
 
 __all__ = ["main", "status_line", "sweep_exit_code", "write_report"]
 
-def write_report(sweep_dir: Path | str, points: list[dict[str, Any]], metric: str = DEFAULT_METRIC,
-                 chart: bool = True) -> dict[str, Path]:
+
+def write_report(
+    sweep_dir: Path | str,
+    points: list[dict[str, Any]],
+    metric: str = DEFAULT_METRIC,
+    chart: bool = True,
+) -> dict[str, Path]:
     """Write ``sweep_summary.csv``, ``sweep_summary.md`` and (``chart``) ``sweep_chart.png`` atomically.
 
     Without matplotlib the chart is skipped with a note on stderr. Returns the paths written.
@@ -41,8 +46,11 @@ def write_report(sweep_dir: Path | str, points: list[dict[str, Any]], metric: st
             if render_steps_chart(points, sweep_dir / files.SWEEP_STEPS):
                 written["steps"] = sweep_dir / files.SWEEP_STEPS
         except ImportError:
-            print("wf_launch: sweep chart skipped: matplotlib is not installed "
-                  "(pip install matplotlib)", file=sys.stderr)
+            print(
+                "wf_launch: sweep chart skipped: matplotlib is not installed "
+                "(pip install matplotlib)",
+                file=sys.stderr,
+            )
     return written
 
 
@@ -66,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]``: rebuild the report from the job dirs."""
     ap = argparse.ArgumentParser(prog="python -m wf_launch.sweep_report", description=main.__doc__)
     ap.add_argument("sweep_dir", type=Path, help="the multirun directory (hydra.sweep.dir)")
-    ap.add_argument("--metric", default=DEFAULT_METRIC, help=f"metric to chart (default {DEFAULT_METRIC}; "
-                    "any numeric result field, or wall_s)")
+    ap.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        help=f"metric to chart (default {DEFAULT_METRIC}; any numeric result field, or wall_s)",
+    )
     ap.add_argument("--no-chart", action="store_true", help="write only the CSV and Markdown")
     ap.add_argument("--json", action="store_true", help="also print the points as JSON on stdout")
     args = ap.parse_args(argv)
@@ -77,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wf_launch.sweep_report: {exc}", file=sys.stderr)
         return 2
     if not points:
-        print(f"wf_launch.sweep_report: no job directories (with {files.HYDRA}/ or {files.RESULT}) in "
-              f"{str(args.sweep_dir)!r}", file=sys.stderr)
+        print(
+            f"wf_launch.sweep_report: no job directories (with {files.HYDRA}/ or {files.RESULT}) in "
+            f"{str(args.sweep_dir)!r}",
+            file=sys.stderr,
+        )
         return 2
     written = write_report(args.sweep_dir, points, args.metric, chart=not args.no_chart)
     if args.json:

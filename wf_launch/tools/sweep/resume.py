@@ -23,11 +23,25 @@ from ...rundir import files
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
 
-__all__ = ["EXEMPT", "ResumeRefused", "check_same_sweep", "count_kept", "kept_outcome", "still_running",
-           "sweep_parameters"]
+__all__ = [
+    "EXEMPT",
+    "ResumeRefused",
+    "check_same_sweep",
+    "count_kept",
+    "kept_outcome",
+    "still_running",
+    "sweep_parameters",
+]
 
-EXEMPT = frozenset({"launcher.resume", "launcher.dry_run", "launcher.console_ranks", "launcher.progress_interval_s",
-                    "launcher.stall_warning_s"})
+EXEMPT = frozenset(
+    {
+        "launcher.resume",
+        "launcher.dry_run",
+        "launcher.console_ranks",
+        "launcher.progress_interval_s",
+        "launcher.stall_warning_s",
+    }
+)
 """Overrides a resumed sweep may add, drop or change: they do not change what a point computes."""
 
 
@@ -35,11 +49,15 @@ class ResumeRefused(Exception):
     """The sweep asked to resume a directory that another sweep made (or that cannot be checked)."""
 
 
-def sweep_parameters(task_overrides: list[str], sweeper_params: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+def sweep_parameters(
+    task_overrides: list[str], sweeper_params: dict[str, Any] | None = None
+) -> list[tuple[str, str]]:
     """(key, values) of a sweep's overrides as Hydra parses them, in order, :data:`EXEMPT` keys left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    args = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + [str(o) for o in task_overrides]
+    args = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + [
+        str(o) for o in task_overrides
+    ]
     out = []
     for override in OverridesParser.create().parse_overrides(args):
         key = override.get_key_element()
@@ -55,12 +73,18 @@ def sweep_parameters(task_overrides: list[str], sweeper_params: dict[str, Any] |
 
 def _describe(old: list[tuple[str, str]], new: list[tuple[str, str]]) -> list[str]:
     before, after = dict(old), dict(new)
-    lines = [f"{k}: {before[k]} there, {after[k]} now" for k in before if k in after and before[k] != after[k]]
+    lines = [
+        f"{k}: {before[k]} there, {after[k]} now"
+        for k in before
+        if k in after and before[k] != after[k]
+    ]
     lines += [f"{k}={before[k]} there, not given now" for k in before if k not in after]
     lines += [f"{k}={after[k]} now, not there" for k in after if k not in before]
     if not lines and [k for k, _ in old] != [k for k, _ in new]:
-        lines.append(f"the order of the overrides (it numbers the points): {' '.join(k for k, _ in old)} there, "
-                     f"{' '.join(k for k, _ in new)} now")
+        lines.append(
+            f"the order of the overrides (it numbers the points): {' '.join(k for k, _ in old)} there, "
+            f"{' '.join(k for k, _ in new)} now"
+        )
     return lines
 
 
@@ -69,17 +93,27 @@ def check_same_sweep(sweep_dir: Path, config: Any) -> None:
     try:
         plan = yaml.safe_load((sweep_dir / files.SWEEP_PLAN).read_text()) or {}
     except FileNotFoundError:
-        raise ResumeRefused(f"launcher.resume=true: {sweep_dir} holds points but no {files.SWEEP_PLAN}: cannot check "
-                            "that this sweep made it") from None
+        raise ResumeRefused(
+            f"launcher.resume=true: {sweep_dir} holds points but no {files.SWEEP_PLAN}: cannot check "
+            "that this sweep made it"
+        ) from None
     except (OSError, yaml.YAMLError) as exc:
-        raise ResumeRefused(f"launcher.resume=true: {sweep_dir / files.SWEEP_PLAN} is not readable ({exc})") from None
+        raise ResumeRefused(
+            f"launcher.resume=true: {sweep_dir / files.SWEEP_PLAN} is not readable ({exc})"
+        ) from None
     hydra_old = (plan.get("hydra") or {}) if isinstance(plan, dict) else {}
-    old = sweep_parameters(list((hydra_old.get("overrides") or {}).get("task") or []),
-                           (hydra_old.get("sweeper") or {}).get("params"))
-    new = sweep_parameters(list(config.hydra.overrides.task), dict(config.hydra.sweeper.get("params") or {}))
+    old = sweep_parameters(
+        list((hydra_old.get("overrides") or {}).get("task") or []),
+        (hydra_old.get("sweeper") or {}).get("params"),
+    )
+    new = sweep_parameters(
+        list(config.hydra.overrides.task), dict(config.hydra.sweeper.get("params") or {})
+    )
     if old != new:
-        raise ResumeRefused(f"launcher.resume=true: {sweep_dir} was made by another sweep; what differs:\n  "
-                            + "\n  ".join(_describe(old, new)))
+        raise ResumeRefused(
+            f"launcher.resume=true: {sweep_dir} was made by another sweep; what differs:\n  "
+            + "\n  ".join(_describe(old, new))
+        )
 
 
 def still_running(run_dir: Path, record: RunRecord | None = None) -> bool:
@@ -88,7 +122,9 @@ def still_running(run_dir: Path, record: RunRecord | None = None) -> bool:
     from ...launchers import get_launcher
     from ...rundir.claim import launch_alive
 
-    name = record.launcher if record is not None and record.launcher else files.launcher_name(run_dir)
+    name = (
+        record.launcher if record is not None and record.launcher else files.launcher_name(run_dir)
+    )
     if name is None:
         return launch_alive(run_dir)
     try:
@@ -109,8 +145,15 @@ def kept_outcome(run_dir: Path) -> RunOutcome | None:
     if record is not None and record.final and record.status is Status.OK:
         print(f"wf_launch: kept {run_dir}: it ended ok in the earlier sweep", flush=True)
         return RunOutcome.of(record, run_dir)
-    if (record is None or not record.final) and files.config_path(run_dir).exists() and still_running(run_dir, record):
-        print(f"wf_launch: left {run_dir} running: it was started by the earlier sweep and has not ended", flush=True)
+    if (
+        (record is None or not record.final)
+        and files.config_path(run_dir).exists()
+        and still_running(run_dir, record)
+    ):
+        print(
+            f"wf_launch: left {run_dir} running: it was started by the earlier sweep and has not ended",
+            flush=True,
+        )
         return RunOutcome(Status.SUBMITTED, run_dir, record=record)
     return None
 

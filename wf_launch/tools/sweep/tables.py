@@ -32,7 +32,9 @@ def fmt(value: Any) -> str:
 def split_overrides(points: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
     """Overrides every point shares (in order), and the keys whose values differ between points."""
     per_point = [p["overrides"].split() for p in points if p["overrides"]]
-    common = [o for o in per_point[0] if all(o in other for other in per_point)] if per_point else []
+    common = (
+        [o for o in per_point[0] if all(o in other for other in per_point)] if per_point else []
+    )
     keys = {o.split("=", 1)[0] for ovs in per_point for o in ovs if o not in common}
     return common, keys
 
@@ -44,9 +46,13 @@ def render_csv(points: list[dict[str, Any]], metric: str) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*BASE_COLUMNS, *names, "failure"])
     for p in points:
-        writer.writerow([*("" if p.get(c) is None else p[c] for c in BASE_COLUMNS),
-                         *("" if p["metrics"].get(m) is None else p["metrics"][m] for m in names),
-                         p["failure"]])
+        writer.writerow(
+            [
+                *("" if p.get(c) is None else p[c] for c in BASE_COLUMNS),
+                *("" if p["metrics"].get(m) is None else p["metrics"][m] for m in names),
+                p["failure"],
+            ]
+        )
     return out.getvalue()
 
 
@@ -60,9 +66,14 @@ def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path |
     counts: dict[str, int] = {}
     for p in points:
         counts[p["status"]] = counts.get(p["status"], 0) + 1
-    lines = [f"# Sweep summary: {Path(sweep_dir).name}", "",
-             f"{len(points)} point(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
-             + f". Chart metric: `{metric}`.", ""]
+    lines = [
+        f"# Sweep summary: {Path(sweep_dir).name}",
+        "",
+        f"{len(points)} point(s): "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f". Chart metric: `{metric}`.",
+        "",
+    ]
     common, _ = split_overrides(points)
     if common:
         lines += ["Every point: `" + " ".join(common) + "`", ""]
@@ -72,8 +83,15 @@ def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path |
         layout = "/".join(fmt(p[d]) if p[d] is not None else "?" for d in DIMS)
         status = p["status"] if p["status"] == "ok" else f"**{p['status']}**"
         own = " ".join(o for o in p["overrides"].split() if o not in common)
-        row = [fmt(p["job"]), status, f"`{own}`" if own else "", layout,
-               fmt(p["world"]), fmt(p["wall_s"]), *(fmt(p["metrics"].get(m)) for m in names)]
+        row = [
+            fmt(p["job"]),
+            status,
+            f"`{own}`" if own else "",
+            layout,
+            fmt(p["world"]),
+            fmt(p["wall_s"]),
+            *(fmt(p["metrics"].get(m)) for m in names),
+        ]
         lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
     failures = [p for p in points if p["failure"]]
     if failures:

@@ -24,7 +24,9 @@ def render_chart(state: TuneState, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     metric = state.args["metric"]
-    points = [p for p in order_points(state) if any(d["trial"] == p["id"] for d in state.measurements)]
+    points = [
+        p for p in order_points(state) if any(d["trial"] == p["id"] for d in state.measurements)
+    ]
     rounds = [r["index"] for r in state.rounds]
     by = {(d["trial"], d["round"]): Measurement.from_json(d) for d in state.measurements}
     width = 0.8 / max(1, len(rounds))
@@ -45,17 +47,37 @@ def render_chart(state: TuneState, path: Path) -> None:
                 bad.append(x)
         color = _COLORS[j % len(_COLORS)]
         steps = next(rec["steps"] for rec in state.rounds if rec["index"] == r)
-        ax.bar(xs, ys, width=width, color=color, edgecolor="black", linewidth=0.4,
-               yerr=[lo, hi], capsize=2, error_kw={"linewidth": 0.7}, label=f"round {r} ({steps} steps)")
+        ax.bar(
+            xs,
+            ys,
+            width=width,
+            color=color,
+            edgecolor="black",
+            linewidth=0.4,
+            yerr=[lo, hi],
+            capsize=2,
+            error_kw={"linewidth": 0.7},
+            label=f"round {r} ({steps} steps)",
+        )
         if bad:
-            ax.scatter(bad, [0] * len(bad), marker="x", color="#C44E52", zorder=3,
-                       label="failed / stalled" if j == 0 else None)
-    labels = [("★ " if p["id"] == state.winner else "") + p["label"].replace(" ", "\n") for p in points]
+            ax.scatter(
+                bad,
+                [0] * len(bad),
+                marker="x",
+                color="#C44E52",
+                zorder=3,
+                label="failed / stalled" if j == 0 else None,
+            )
+    labels = [
+        ("★ " if p["id"] == state.winner else "") + p["label"].replace(" ", "\n") for p in points
+    ]
     ax.set_xticks(range(len(points)), labels, fontsize=7)
     ax.set_ylabel(metric)
     pruned = sum(p["verdict"]["status"] != "valid" for p in state.space)
-    ax.set_title(f"{metric} per layout per round (median, quartiles); {pruned} point(s) pruned before running",
-                 fontsize=10)
+    ax.set_title(
+        f"{metric} per layout per round (median, quartiles); {pruned} point(s) pruned before running",
+        fontsize=10,
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -28,7 +28,14 @@ from ...rundir import attempts, files
 from ...rundir.record import RecordError, RunRecord, Status
 from ..sweep.points import failure_text, point_metrics
 
-__all__ = ["STEP_TIME", "Measurement", "higher_is_better", "measure_point", "read_steps", "steady_durations"]
+__all__ = [
+    "STEP_TIME",
+    "Measurement",
+    "higher_is_better",
+    "measure_point",
+    "read_steps",
+    "steady_durations",
+]
 
 STEP_TIME = "step_time"
 OK, NO_METRIC, STALLED, OOM, FAILED = "ok", "no_metric", "stalled", "oom", "failed"
@@ -109,27 +116,42 @@ def read_steps(run_dir: Path | str) -> dict[int, dict[str, Any]]:
         entry = steps.setdefault(step, {"time": when})
         entry["time"] = max(entry["time"], when)
         if rank == 0:
-            entry.update({k: v for k, v in row.items() if k not in ("rank", "step", "time") and is_number(v)})
+            entry.update(
+                {k: v for k, v in row.items() if k not in ("rank", "step", "time") and is_number(v)}
+            )
     return steps
 
 
 def steady_durations(steps: dict[int, dict[str, Any]], warmup: int) -> list[tuple[int, float]]:
     """(step, seconds) for every step after the first ``warmup`` whose previous step was also reported."""
-    return [(s, steps[s]["time"] - steps[s - 1]["time"]) for s in sorted(steps)
-            if s > max(warmup, 1) and s - 1 in steps and steps[s]["time"] > steps[s - 1]["time"]]
+    return [
+        (s, steps[s]["time"] - steps[s - 1]["time"])
+        for s in sorted(steps)
+        if s > max(warmup, 1) and s - 1 in steps and steps[s]["time"] > steps[s - 1]["time"]
+    ]
 
 
-def _metric(metric: str, steps: dict[int, dict[str, Any]], durations: list[tuple[int, float]],
-            results: dict[str, Any]) -> tuple[list[float], str]:
+def _metric(
+    metric: str,
+    steps: dict[int, dict[str, Any]],
+    durations: list[tuple[int, float]],
+    results: dict[str, Any],
+) -> tuple[list[float], str]:
     """The metric's per-step values (or the one value of the task's result) and where they came from."""
     if metric == STEP_TIME:
         return [d for _, d in durations], "steady step times"
     per_step = [steps[s][metric] for s, _ in durations if metric in steps[s]]
     if per_step:
         return per_step, f"{metric} reported with each step"
-    work = results.get(metric.removesuffix("_per_s") + "_per_step") if metric.endswith("_per_s") else None
+    work = (
+        results.get(metric.removesuffix("_per_s") + "_per_step")
+        if metric.endswith("_per_s")
+        else None
+    )
     if is_number(work) and durations:
-        return [work / d for _, d in durations], f"{metric.removesuffix('_per_s')}_per_step / steady step time"
+        return [
+            work / d for _, d in durations
+        ], f"{metric.removesuffix('_per_s')}_per_step / steady step time"
     if is_number(results.get(metric)):
         return [float(results[metric])], f"the task's {metric} for the whole trial"
     return [], ""
@@ -142,10 +164,16 @@ def _failure(record: RunRecord, stalled: str | None) -> tuple[str, str]:
         return STALLED, stalled
     failure = record.failure or {}
     if record.status is Status.FAILED:
-        if failure.get("type") in _OOM_TYPES or "out of memory" in str(failure.get("message", "")).lower():
+        if (
+            failure.get("type") in _OOM_TYPES
+            or "out of memory" in str(failure.get("message", "")).lower()
+        ):
             return OOM, text
         if failure.get("cause") == "signal" and failure.get("signal") == "SIGKILL":
-            return OOM, f"{text} (most likely the kernel's out-of-memory killer: the tuner did not send it)"
+            return (
+                OOM,
+                f"{text} (most likely the kernel's out-of-memory killer: the tuner did not send it)",
+            )
         return FAILED, text
     return str(record.status), text
 
@@ -154,12 +182,22 @@ def _layout_mismatch(record: RunRecord, sizes: dict[str, int] | None) -> str:
     ran = {d: (record.layout or {}).get(d) for d in ("tp", "cp", "pp", "dp")}
     if sizes is None or record.layout is None or ran == sizes:
         return ""
-    return (f"the trial ran {' '.join(f'{d}{n}' for d, n in ran.items())}, not its layout "
-            f"{' '.join(f'{d}{n}' for d, n in sizes.items())} (its trial config was not applied)")
+    return (
+        f"the trial ran {' '.join(f'{d}{n}' for d, n in ran.items())}, not its layout "
+        f"{' '.join(f'{d}{n}' for d, n in sizes.items())} (its trial config was not applied)"
+    )
 
 
-def measure_point(run_dir: Path | str, trial: str, round_index: int, metric: str, warmup: int,
-                  steps: int, stalled: str | None = None, sizes: dict[str, int] | None = None) -> Measurement:
+def measure_point(
+    run_dir: Path | str,
+    trial: str,
+    round_index: int,
+    metric: str,
+    warmup: int,
+    steps: int,
+    stalled: str | None = None,
+    sizes: dict[str, int] | None = None,
+) -> Measurement:
     """What the trial in ``run_dir`` measured, or why it did not (``stalled``: the tuner stopped it, and why;
     ``sizes``: the layout the trial must have run)."""
     base = Measurement(trial, round_index, NOT_RUN, steps=steps, run_dir=str(run_dir))
@@ -170,7 +208,9 @@ def measure_point(run_dir: Path | str, trial: str, round_index: int, metric: str
     except RecordError as exc:
         return Measurement(**{**asdict(base), "status": FAILED, "cause": str(exc)})
     if record is None:
-        return Measurement(**{**asdict(base), "status": STALLED if stalled else INCOMPLETE, "cause": stalled or ""})
+        return Measurement(
+            **{**asdict(base), "status": STALLED if stalled else INCOMPLETE, "cause": stalled or ""}
+        )
     wall = record.timings.get("wall_s")
     base.wall_s = float(wall) if is_number(wall) else None
     if record.status is not Status.OK:
@@ -188,7 +228,10 @@ def measure_point(run_dir: Path | str, trial: str, round_index: int, metric: str
         if base.wall_s is not None:
             base.overhead_s = max(0.0, base.wall_s - steps * base.step_time)
     if not values:
-        base.status, base.cause = NO_METRIC, "no metric: " + _no_metric_reason(metric, table, len(durations))
+        base.status, base.cause = (
+            NO_METRIC,
+            "no metric: " + _no_metric_reason(metric, table, len(durations)),
+        )
         return base
     base.status, base.source = OK, source
     base.value, base.p25, base.p75 = _quartiles(values)
@@ -197,11 +240,17 @@ def measure_point(run_dir: Path | str, trial: str, round_index: int, metric: str
 
 def _no_metric_reason(metric: str, table: dict[int, dict[str, Any]], timed: int) -> str:
     if not table:
-        return (f"its ranks never called ctx.progress(step, total) and its result has no {metric!r}: the tuner "
-                "times steps from ctx.progress (or reads the metric from the task's result)")
+        return (
+            f"its ranks never called ctx.progress(step, total) and its result has no {metric!r}: the tuner "
+            "times steps from ctx.progress (or reads the metric from the task's result)"
+        )
     if not timed:
-        return (f"it reported {len(table)} step(s), too few to time after the warm-up, and its result has no "
-                f"{metric!r}")
+        return (
+            f"it reported {len(table)} step(s), too few to time after the warm-up, and its result has no "
+            f"{metric!r}"
+        )
     work = f" nor {metric.removesuffix('_per_s')}_per_step" if metric.endswith("_per_s") else ""
-    return (f"it reports steps (ctx.progress) but neither {metric!r} with each step, nor {metric!r}{work} in its "
-            f"result; --metric {STEP_TIME} tunes on step time alone")
+    return (
+        f"it reports steps (ctx.progress) but neither {metric!r} with each step, nor {metric!r}{work} in its "
+        f"result; --metric {STEP_TIME} tunes on step time alone"
+    )

@@ -19,8 +19,18 @@ from typing import Any
 from ...config.fields import ConfigError
 from .space import Point, TuneError, override_key
 
-__all__ = ["Verdict", "check_conflicts", "check_steps_field", "compose", "device_of", "explain_empty", "full_length",
-           "memory_estimator", "prune", "task_config"]
+__all__ = [
+    "Verdict",
+    "check_conflicts",
+    "check_steps_field",
+    "compose",
+    "device_of",
+    "explain_empty",
+    "full_length",
+    "memory_estimator",
+    "prune",
+    "task_config",
+]
 
 VALID, INVALID, MEMORY = "valid", "invalid", "memory"
 
@@ -99,9 +109,11 @@ def check_steps_field(config: dict[str, Any], steps_field: str) -> None:
 
     task = config.get("task") or {}
     if not is_int(task.get(steps_field)):
-        raise TuneError(f"task={task.get('name')} has no integer field {steps_field!r}: the tuner sets each "
-                        f"trial's length (a few steps, then more) through task.{steps_field}; name the task's "
-                        "steps field with --steps-field")
+        raise TuneError(
+            f"task={task.get('name')} has no integer field {steps_field!r}: the tuner sets each "
+            f"trial's length (a few steps, then more) through task.{steps_field}; name the task's "
+            "steps field with --steps-field"
+        )
 
 
 def full_length(config: dict[str, Any], steps_field: str) -> int:
@@ -140,15 +152,21 @@ def _estimate(estimator: Callable[[dict[str, Any]], float], point: Point, device
     try:
         value = float(estimator({**point.layout, "device": device}))
     except Exception as exc:
-        raise TuneError(f"the task's estimate_memory_gb failed for {point.label}: {type(exc).__name__}: {exc}") \
-            from None
+        raise TuneError(
+            f"the task's estimate_memory_gb failed for {point.label}: {type(exc).__name__}: {exc}"
+        ) from None
     if not math.isfinite(value) or value < 0:
-        raise TuneError(f"the task's estimate_memory_gb returned {value!r} for {point.label}: expected GB >= 0")
+        raise TuneError(
+            f"the task's estimate_memory_gb returned {value!r} for {point.label}: expected GB >= 0"
+        )
     return value
 
 
-def prune(points: list[Point], configs: dict[tuple[tuple[str, str], ...], dict[str, Any]],
-          mem_gb: float | None) -> list[Verdict]:
+def prune(
+    points: list[Point],
+    configs: dict[tuple[tuple[str, str], ...], dict[str, Any]],
+    mem_gb: float | None,
+) -> list[Verdict]:
     """A verdict for every point; ``configs`` maps each ``--also`` combination to its composed config."""
     from ...config.run import validate_run_config
 
@@ -166,8 +184,14 @@ def prune(points: list[Point], configs: dict[tuple[tuple[str, str], ...], dict[s
         estimator, device = estimators[point.also]
         estimate = _estimate(estimator, point, device) if estimator is not None else None
         if mem_gb is not None and estimate is not None and estimate > mem_gb:
-            verdicts.append(Verdict(point, MEMORY, f"estimated {estimate:.3g} GB per rank > --mem-gb {mem_gb:g}",
-                                    estimate))
+            verdicts.append(
+                Verdict(
+                    point,
+                    MEMORY,
+                    f"estimated {estimate:.3g} GB per rank > --mem-gb {mem_gb:g}",
+                    estimate,
+                )
+            )
         else:
             verdicts.append(Verdict(point, VALID, "", estimate))
     return verdicts
@@ -178,12 +202,16 @@ def explain_empty(verdicts: list[Verdict], world_size: int, mem_gb: float | None
     memory = [v for v in verdicts if v.status == MEMORY]
     if memory:
         low = min(memory, key=lambda v: v.estimate_gb or 0.0)
-        return (f"--mem-gb {mem_gb:g} prunes every valid layout ({len(memory)}): the smallest estimate is "
-                f"{low.estimate_gb:.3g} GB per rank ({low.point.label}); raise --mem-gb to at least that")
+        return (
+            f"--mem-gb {mem_gb:g} prunes every valid layout ({len(memory)}): the smallest estimate is "
+            f"{low.estimate_gb:.3g} GB per rank ({low.point.label}); raise --mem-gb to at least that"
+        )
     reasons: dict[str, list[str]] = {}
     for v in verdicts:
         reasons.setdefault(v.message, []).append(v.point.label)
-    lines = [f"world_size={world_size}: no layout fits: all {len(verdicts)} point(s) were refused by validation:"]
+    lines = [
+        f"world_size={world_size}: no layout fits: all {len(verdicts)} point(s) were refused by validation:"
+    ]
     for message, labels in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
         shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
         lines.append(f"  {shown}: {message}")
@@ -195,4 +223,6 @@ def check_conflicts(overrides: list[str], axes: list[tuple[str, list[str]]]) -> 
     fixed = {override_key(o): o for o in overrides}
     for key, _ in axes:
         if key in fixed:
-            raise TuneError(f"{fixed[key]!r} and --also {key}=...: give the values to search in --also only")
+            raise TuneError(
+                f"{fixed[key]!r} and --also {key}=...: give the values to search in --also only"
+            )

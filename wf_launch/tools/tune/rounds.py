@@ -34,11 +34,24 @@ from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
 
-__all__ = ["TRIAL_GROUP", "Interrupt", "RoundOutcome", "RoundRunner", "sweep_argv", "write_trial_configs"]
+__all__ = [
+    "TRIAL_GROUP",
+    "Interrupt",
+    "RoundOutcome",
+    "RoundRunner",
+    "sweep_argv",
+    "write_trial_configs",
+]
 
 TRIAL_GROUP = "wf_tune_trial"
 """The config group of trial files: a round sweeps ``+wf_tune_trial=...``."""
-DONE, BUDGET, INTERRUPTED, NO_METRIC_STOP, SWEEP_FAILED = "done", "budget", "interrupted", "no_metric", "sweep_failed"
+DONE, BUDGET, INTERRUPTED, NO_METRIC_STOP, SWEEP_FAILED = (
+    "done",
+    "budget",
+    "interrupted",
+    "no_metric",
+    "sweep_failed",
+)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -84,7 +97,9 @@ def write_trial_configs(tune_dir: Path, trials: list[dict[str, Any]]) -> Path:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = _value(override)
-        text = f"# @package _global_\n# trial {trial['id']}: {trial['label']}\n" + yaml.safe_dump(nested)
+        text = f"# @package _global_\n# trial {trial['id']}: {trial['label']}\n" + yaml.safe_dump(
+            nested
+        )
         path = group / f"{trial['id']}.yaml"
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
@@ -104,8 +119,15 @@ def _searchpath(overrides: list[str], conf: Path) -> tuple[list[str], str]:
     return rest, "hydra.searchpath=[" + ",".join(str(p) for p in paths) + "]"
 
 
-def sweep_argv(tune_dir: Path, round_index: int, trials: list[str], steps: int, overrides: list[str],
-               steps_field: str, launcher: str = "local") -> list[str]:
+def sweep_argv(
+    tune_dir: Path,
+    round_index: int,
+    trials: list[str],
+    steps: int,
+    overrides: list[str],
+    steps_field: str,
+    launcher: str = "local",
+) -> list[str]:
     """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N ...``.
 
     On SLURM every trial asks for nodes of its own (``--exclusive``) unless the overrides say otherwise:
@@ -121,13 +143,25 @@ def sweep_argv(tune_dir: Path, round_index: int, trials: list[str], steps: int, 
     if launcher == "slurm" and not any(k.startswith("launcher.sbatch_extra") for k in keys):
         quiet.append("++launcher.sbatch_extra.exclusive=''")
     private_ray = launcher == "ray" and not any(
-        override_key(o) == "launcher.address" and o.split("=", 1)[1] not in ("", "null") for o in rest)
+        override_key(o) == "launcher.address" and o.split("=", 1)[1] not in ("", "null")
+        for o in rest
+    )
     if private_ray and "hydra/launcher" not in keys:
         quiet.append("hydra/launcher=basic")
-    return [sys.executable, "-m", "wf_launch", "-m", *rest, *quiet, searchpath,
-            f"+{TRIAL_GROUP}={','.join(trials)}", f"task.{steps_field}={steps}",
-            f"hydra.sweep.dir={files.tune_round_dir(tune_dir, round_index)}",
-            "hydra.callbacks.sweep_report.exit_nonzero=false", "hydra.callbacks.sweep_report.chart=false"]
+    return [
+        sys.executable,
+        "-m",
+        "wf_launch",
+        "-m",
+        *rest,
+        *quiet,
+        searchpath,
+        f"+{TRIAL_GROUP}={','.join(trials)}",
+        f"task.{steps_field}={steps}",
+        f"hydra.sweep.dir={files.tune_round_dir(tune_dir, round_index)}",
+        "hydra.callbacks.sweep_report.exit_nonzero=false",
+        "hydra.callbacks.sweep_report.chart=false",
+    ]
 
 
 def _die_with_tuner() -> None:
@@ -158,7 +192,12 @@ def job_dirs(round_dir: Path, cache: dict[str, str] | None = None) -> dict[str, 
     out: dict[str, Path] = {}
     if round_dir.is_dir():
         for d in sorted(round_dir.iterdir()):
-            if d.name.isdigit() and d.name not in cache and d.is_dir() and (trial := trial_of(d)) is not None:
+            if (
+                d.name.isdigit()
+                and d.name not in cache
+                and d.is_dir()
+                and (trial := trial_of(d)) is not None
+            ):
                 cache[d.name] = trial
             if d.name in cache:
                 out[cache[d.name]] = d
@@ -183,9 +222,18 @@ class RoundRunner:
     """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends (``known``: trials
     measured before a resume, kept as they are)."""
 
-    def __init__(self, tune_dir: Path, round_index: int, trials: list[dict[str, Any]], steps: int,
-                 argv: list[str], watch: Watch, interrupt: Interrupt,
-                 on_measure: Callable[[Measurement], None], known: dict[str, Measurement] | None = None) -> None:
+    def __init__(
+        self,
+        tune_dir: Path,
+        round_index: int,
+        trials: list[dict[str, Any]],
+        steps: int,
+        argv: list[str],
+        watch: Watch,
+        interrupt: Interrupt,
+        on_measure: Callable[[Measurement], None],
+        known: dict[str, Measurement] | None = None,
+    ) -> None:
         self.dir = tune_dir
         self.index = round_index
         self.trials = {t["id"]: t for t in trials}
@@ -205,8 +253,14 @@ class RoundRunner:
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, STEPS_ENV: "1"}
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, preexec_fn=_die_with_tuner)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_tuner,
+            )
         status, message = DONE, ""
         try:
             status, message = self._watch()
@@ -280,8 +334,16 @@ class RoundRunner:
     def _measure(self, trial: str, job_dir: Path | None) -> Measurement:
         if job_dir is None:
             return Measurement(trial, self.index, "not_run", steps=self.steps)
-        return measure_point(job_dir, trial, self.index, self.watch.metric, self.watch.warmup, self.steps,
-                             self.stalled.get(trial), self.trials[trial]["sizes"])
+        return measure_point(
+            job_dir,
+            trial,
+            self.index,
+            self.watch.metric,
+            self.watch.warmup,
+            self.steps,
+            self.stalled.get(trial),
+            self.trials[trial]["sizes"],
+        )
 
     def _measure_all(self) -> list[Measurement]:
         dirs = job_dirs(self.round_dir)
@@ -297,4 +359,6 @@ class RoundRunner:
         world = self.trials[trial]["world_size"]
         since = last_activity(job_dir, world, local=self.watch.launcher == "local")
         if since is not None and time.time() - since > self.watch.stall_s:
-            self.stalled[trial] = stop_stalled(job_dir, world, self.watch.launcher, self.watch.stall_s)
+            self.stalled[trial] = stop_stalled(
+                job_dir, world, self.watch.launcher, self.watch.stall_s
+            )

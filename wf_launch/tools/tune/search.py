@@ -54,13 +54,15 @@ class Options:
 
 def round_steps(index: int, opts: Options, full: int) -> int:
     """The length of round ``index``'s trials: the warm-up plus ``min_steps * 2**index``, at most ``full``."""
-    return min(full, opts.warmup + opts.min_steps * 2 ** index)
+    return min(full, opts.warmup + opts.min_steps * 2**index)
 
 
 def rank(measurements: list[Measurement], metric: str) -> list[Measurement]:
     """The measured trials, best first."""
     ok = [m for m in measurements if m.ok]
-    return sorted(ok, key=lambda m: (m.value if higher_is_better(metric) else -m.value, m.trial), reverse=True)
+    return sorted(
+        ok, key=lambda m: (m.value if higher_is_better(metric) else -m.value, m.trial), reverse=True
+    )
 
 
 def _clearly_worse(m: Measurement, best: Measurement, metric: str, cutoff: float) -> bool:
@@ -72,7 +74,9 @@ def _clearly_worse(m: Measurement, best: Measurement, metric: str, cutoff: float
     return min(m.value, m.p25 or m.value) > best.value / (1 - cutoff)
 
 
-def select(measurements: list[Measurement], metric: str, cutoff: float) -> tuple[list[str], dict[str, str]]:
+def select(
+    measurements: list[Measurement], metric: str, cutoff: float
+) -> tuple[list[str], dict[str, str]]:
     """(the trials kept, best first; why each other measured trial was dropped)."""
     ranked = rank(measurements, metric)
     if not ranked:
@@ -101,9 +105,15 @@ def set_aside(tune_dir: Path, round_index: int) -> list[str]:
         if record is not None and record.final and record.status is Status.OK:
             continue
         if still_running(job_dir, record):
-            raise TuneError(f"--resume {tune_dir}: trial {trial} of round {round_index} is still running "
-                            f"({job_dir}); stop it first (python -m wf_launch.status --cancel, or kill its launcher)")
-        aside = tune_dir / files.TUNE_ASIDE / f"r{round_index}-{job_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            raise TuneError(
+                f"--resume {tune_dir}: trial {trial} of round {round_index} is still running "
+                f"({job_dir}); stop it first (python -m wf_launch.status --cancel, or kill its launcher)"
+            )
+        aside = (
+            tune_dir
+            / files.TUNE_ASIDE
+            / f"r{round_index}-{job_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
         aside.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(job_dir), aside)
         moved.append(trial)
@@ -113,8 +123,15 @@ def set_aside(tune_dir: Path, round_index: int) -> list[str]:
 class Search:
     """The tune's rounds, from wherever ``state`` stands; :meth:`run` returns the exit code."""
 
-    def __init__(self, state: st.TuneState, opts: Options, overrides: list[str], interrupt: Interrupt,
-                 say: Callable[[str], None], on_round: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: st.TuneState,
+        opts: Options,
+        overrides: list[str],
+        interrupt: Interrupt,
+        say: Callable[[str], None],
+        on_round: Callable[[], None],
+    ) -> None:
         self.state = state
         self.opts = opts
         self.overrides = overrides
@@ -140,7 +157,9 @@ class Search:
         index, trials, resuming = self._survivors()
         while True:
             if self.interrupt.signum is not None:
-                return self._after_round({"index": index}, INTERRUPTED, "interrupted between rounds", [])
+                return self._after_round(
+                    {"index": index}, INTERRUPTED, "interrupted between rounds", []
+                )
             outcome = self._round(index, trials, resuming)
             resuming = False
             if outcome is not None:
@@ -148,7 +167,9 @@ class Search:
             last = self.state.rounds[-1]
             kept = last.get("kept") or []
             if last["status"] == BUDGET or len(kept) <= 1 or self._spent():
-                return self._finish(kept, budget=last["status"] == BUDGET or (len(kept) > 1 and self._spent()))
+                return self._finish(
+                    kept, budget=last["status"] == BUDGET or (len(kept) > 1 and self._spent())
+                )
             index, trials = index + 1, kept
 
     def _spent(self) -> bool:
@@ -164,28 +185,60 @@ class Search:
             moved = set_aside(state.dir, index)
             argv = [*rec["argv"], "launcher.resume=true"]
             known = {m.trial: m for m in state.of_round(index) if m.ok and m.trial not in moved}
-            self.say(f"round {index}: resuming: {len(known)} of {len(trials)} trial(s) measured before are kept; "
-                     f"{len(trials) - len(known)} run" + (f" ({len(moved)} from the start again)" if moved else ""))
+            self.say(
+                f"round {index}: resuming: {len(known)} of {len(trials)} trial(s) measured before are kept; "
+                f"{len(trials) - len(known)} run"
+                + (f" ({len(moved)} from the start again)" if moved else "")
+            )
         else:
             steps = round_steps(index, opts, state.full_length)
-            argv = sweep_argv(state.dir, index, trials, steps, self.overrides, opts.steps_field, state.launcher)
-            rec = {"index": index, "steps": steps, "trials": trials, "argv": argv, "status": "running"}
+            argv = sweep_argv(
+                state.dir, index, trials, steps, self.overrides, opts.steps_field, state.launcher
+            )
+            rec = {
+                "index": index,
+                "steps": steps,
+                "trials": trials,
+                "argv": argv,
+                "status": "running",
+            }
             state.rounds.append(rec)
-            self.say(f"round {index}: {len(trials)} trial(s) of {steps} steps ({opts.warmup} warm-up), "
-                     f"sweep {files.tune_round_dir(state.dir, index)}")
+            self.say(
+                f"round {index}: {len(trials)} trial(s) of {steps} steps ({opts.warmup} warm-up), "
+                f"sweep {files.tune_round_dir(state.dir, index)}"
+            )
         rec["status"], rec["started_at"] = "running", time.time()
         write_trial_configs(state.dir, [state.point(t) for t in trials])
         state.save()
-        watch = Watch(opts.metric, opts.warmup, opts.stall_s, self._deadline(), not any(
-            m["status"] == "ok" for m in state.measurements), state.launcher)
-        runner = RoundRunner(state.dir, index, [state.point(t) for t in trials], rec["steps"], argv, watch,
-                             self.interrupt, self._heard, known)
+        watch = Watch(
+            opts.metric,
+            opts.warmup,
+            opts.stall_s,
+            self._deadline(),
+            not any(m["status"] == "ok" for m in state.measurements),
+            state.launcher,
+        )
+        runner = RoundRunner(
+            state.dir,
+            index,
+            [state.point(t) for t in trials],
+            rec["steps"],
+            argv,
+            watch,
+            self.interrupt,
+            self._heard,
+            known,
+        )
         t0 = time.monotonic()
         outcome = runner.run()
         for m in outcome.measurements:
             state.add(m)
-        rec.update(status=outcome.status, ended_at=time.time(),
-                   wall_s=round(rec.get("wall_s", 0.0) + time.monotonic() - t0, 3), exit_code=outcome.exit_code)
+        rec.update(
+            status=outcome.status,
+            ended_at=time.time(),
+            wall_s=round(rec.get("wall_s", 0.0) + time.monotonic() - t0, 3),
+            exit_code=outcome.exit_code,
+        )
         return self._after_round(rec, outcome.status, outcome.message, outcome.measurements)
 
     def _heard(self, m: Measurement) -> None:
@@ -193,14 +246,20 @@ class Search:
 
         self.state.add(m)
         self.state.save()
-        self.say(f"  {self.state.point(m.trial)['label']:<36} {describe_measurement(m, self.opts.metric)}")
+        self.say(
+            f"  {self.state.point(m.trial)['label']:<36} {describe_measurement(m, self.opts.metric)}"
+        )
 
-    def _after_round(self, rec: dict, status: str, message: str, ms: list[Measurement]) -> int | None:
+    def _after_round(
+        self, rec: dict, status: str, message: str, ms: list[Measurement]
+    ) -> int | None:
         state, opts = self.state, self.opts
         if status == INTERRUPTED:
             state.status = st.INTERRUPTED
             self.on_round()
-            self.say(f"tune interrupted ({message}); continue it with: python -m wf_launch.tune --resume {state.dir}")
+            self.say(
+                f"tune interrupted ({message}); continue it with: python -m wf_launch.tune --resume {state.dir}"
+            )
             return 128 + int(self.interrupt.signum or signal.SIGINT)
         if status == NO_METRIC_STOP:
             state.status = st.FAILED
@@ -219,16 +278,23 @@ class Search:
         if not kept:
             state.status = st.FAILED
             self.on_round()
-            why = ("--budget-s was spent before any trial was measured" if status == BUDGET else
-                   f"no trial of round {rec['index']} measured {opts.metric}: every one failed")
+            why = (
+                "--budget-s was spent before any trial was measured"
+                if status == BUDGET
+                else f"no trial of round {rec['index']} measured {opts.metric}: every one failed"
+            )
             self.say(f"wf_launch.tune: {why} (see {state.dir / files.TUNE_MD})")
             return 1
         failed = [m for m in ms if not m.ok]
         if status == BUDGET:
-            self.say(f"round {rec['index']}: cut by --budget-s after {len(ms) - len(failed)} of {len(ms)} trial(s)")
+            self.say(
+                f"round {rec['index']}: cut by --budget-s after {len(ms) - len(failed)} of {len(ms)} trial(s)"
+            )
         else:
-            self.say(f"round {rec['index']}: kept {len(kept)} of {len(ms)}"
-                     + (f" ({len(failed)} did not finish)" if failed else ""))
+            self.say(
+                f"round {rec['index']}: kept {len(kept)} of {len(ms)}"
+                + (f" ({len(failed)} did not finish)" if failed else "")
+            )
         return None
 
     def _best_latest(self, trials: list[str]) -> list[str]:

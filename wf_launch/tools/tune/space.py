@@ -16,13 +16,31 @@ from typing import Any
 
 from worldfoundry.core.distributed.topology import DIMS
 
-__all__ = ["OWNED_KEYS", "SIZE_KEYS", "Point", "TuneError", "build_space", "divisors", "layouts", "override_key",
-           "parse_also", "split_command"]
+__all__ = [
+    "OWNED_KEYS",
+    "SIZE_KEYS",
+    "Point",
+    "TuneError",
+    "build_space",
+    "divisors",
+    "layouts",
+    "override_key",
+    "parse_also",
+    "split_command",
+]
 
 SIZE_KEYS = tuple(f"engine.{d}_size" for d in DIMS)
 """The sizes the tuner chooses: an override that fixes one is refused."""
-OWNED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "launcher.resume", "launcher.overwrite",
-              "launcher.dry_run", "launcher.wait", "engine")
+OWNED_KEYS = (
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+    "hydra.sweep.subdir",
+    "launcher.resume",
+    "launcher.overwrite",
+    "launcher.dry_run",
+    "launcher.wait",
+    "engine",
+)
 """What the tuner sets itself for every trial (or what would fix every size at once)."""
 MAX_WORLD_SIZE = 1 << 20
 _SLUG = re.compile(r"[^A-Za-z0-9_]+")
@@ -75,16 +93,29 @@ class Point:
     @property
     def label(self) -> str:
         """How reports name it: ``tp1 cp2 pp1 dp4 micro_batches=2``."""
-        return " ".join([*(f"{d}{n}" for d, n in self.sizes),
-                         *(f"{key.rpartition('.')[2]}={value}" for key, value in self.also)])
+        return " ".join(
+            [
+                *(f"{d}{n}" for d, n in self.sizes),
+                *(f"{key.rpartition('.')[2]}={value}" for key, value in self.also),
+            ]
+        )
 
     def overrides(self) -> list[str]:
         """The overrides that select this point: the engine sizes, then the ``--also`` values."""
-        return [*(f"engine.{d}_size={n}" for d, n in self.sizes), *(f"{k}={v}" for k, v in self.also)]
+        return [
+            *(f"engine.{d}_size={n}" for d, n in self.sizes),
+            *(f"{k}={v}" for k, v in self.also),
+        ]
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "label": self.label, "sizes": dict(self.sizes), "also": dict(self.also),
-                "world_size": self.layout["world_size"], "overrides": self.overrides()}
+        return {
+            "id": self.id,
+            "label": self.label,
+            "sizes": dict(self.sizes),
+            "also": dict(self.also),
+            "world_size": self.layout["world_size"],
+            "overrides": self.overrides(),
+        }
 
 
 def parse_also(specs: list[str]) -> list[tuple[str, list[str]]]:
@@ -97,20 +128,31 @@ def parse_also(specs: list[str]) -> list[tuple[str, list[str]]]:
     for spec in specs:
         key = override_key(spec)
         if "=" not in spec or not key:
-            raise TuneError(f"--also {spec!r}: expected KEY=V1,V2,... (e.g. --also task.micro_batches=1,2,4)")
+            raise TuneError(
+                f"--also {spec!r}: expected KEY=V1,V2,... (e.g. --also task.micro_batches=1,2,4)"
+            )
         if key in SIZE_KEYS or key in OWNED_KEYS:
-            raise TuneError(f"--also {spec!r}: the tuner chooses {key} itself (it searches every tp/cp/pp/dp "
-                            "whose product is world_size)")
+            raise TuneError(
+                f"--also {spec!r}: the tuner chooses {key} itself (it searches every tp/cp/pp/dp "
+                "whose product is world_size)"
+            )
         if any(key == k for k, _ in axes):
-            raise TuneError(f"--also {spec!r}: {key} is given twice; give all its values in one --also")
+            raise TuneError(
+                f"--also {spec!r}: {key} is given twice; give all its values in one --also"
+            )
         try:
             parsed = OverridesParser.create().parse_override(spec)
         except HydraException as exc:
             raise TuneError(f"--also {spec!r}: not a Hydra sweep override ({exc})") from None
         if parsed.is_sweep_override() and not parsed.is_discrete_sweep():
-            raise TuneError(f"--also {spec!r}: only discrete values (a,b,c, range(...), choice(...)) can be searched")
-        values = (list(parsed.sweep_string_iterator()) if parsed.is_sweep_override()
-                  else [parsed.get_value_element_as_str()])
+            raise TuneError(
+                f"--also {spec!r}: only discrete values (a,b,c, range(...), choice(...)) can be searched"
+            )
+        values = (
+            list(parsed.sweep_string_iterator())
+            if parsed.is_sweep_override()
+            else [parsed.get_value_element_as_str()]
+        )
         if len(set(values)) != len(values):
             raise TuneError(f"--also {spec!r}: a value is given twice")
         axes.append((key, values))
@@ -133,8 +175,10 @@ def _world_size(value: str) -> int:
     except ValueError:
         world = 0
     if not 1 <= world <= MAX_WORLD_SIZE or str(world) != value.strip():
-        raise TuneError(f"world_size={value} is not allowed: expected an integer from 1 to {MAX_WORLD_SIZE} "
-                        "(the number of ranks every layout has)")
+        raise TuneError(
+            f"world_size={value} is not allowed: expected an integer from 1 to {MAX_WORLD_SIZE} "
+            "(the number of ranks every layout has)"
+        )
     return world
 
 
@@ -149,20 +193,30 @@ def split_command(args: list[str], steps_field: str) -> tuple[int, list[str]]:
     for arg in args:
         key = override_key(arg)
         if arg.startswith("-") or "=" not in arg:
-            raise TuneError(f"{arg!r}: not a Hydra override (KEY=VALUE) nor a tune option (see --help)")
+            raise TuneError(
+                f"{arg!r}: not a Hydra override (KEY=VALUE) nor a tune option (see --help)"
+            )
         if key == "world_size":
             world = _world_size(arg.split("=", 1)[1])
         elif key in SIZE_KEYS:
-            raise TuneError(f"{arg!r} fixes a size the tuner must choose: it searches every tp/cp/pp/dp whose "
-                            "product is world_size; leave engine.tp_size/cp_size/pp_size/dp_size out")
+            raise TuneError(
+                f"{arg!r} fixes a size the tuner must choose: it searches every tp/cp/pp/dp whose "
+                "product is world_size; leave engine.tp_size/cp_size/pp_size/dp_size out"
+            )
         elif key in OWNED_KEYS:
-            raise TuneError(f"{arg!r}: the tuner sets {key} itself for every trial (--dir names the tune's "
-                            "directory)")
+            raise TuneError(
+                f"{arg!r}: the tuner sets {key} itself for every trial (--dir names the tune's "
+                "directory)"
+            )
         elif key == f"task.{steps_field}" and "," in arg.split("=", 1)[1]:
-            raise TuneError(f"{arg!r}: task.{steps_field} is the full length of a run (one value); the tuner "
-                            "chooses each trial's length")
+            raise TuneError(
+                f"{arg!r}: task.{steps_field} is the full length of a run (one value); the tuner "
+                "chooses each trial's length"
+            )
         else:
             overrides.append(arg)
     if world is None:
-        raise TuneError("world_size=N is required: the number of ranks every layout has (e.g. world_size=8)")
+        raise TuneError(
+            "world_size=N is required: the number of ranks every layout has (e.g. world_size=8)"
+        )
     return world, overrides

@@ -32,8 +32,11 @@ def last_activity(run_dir: Path, world_size: int, local: bool) -> float | None:
     """When the trial's ranks last showed life (Unix time), or None: not started yet."""
     times = []
     for rank in range(world_size):
-        times += [_mtime(files.rank_progress(run_dir, rank)), _mtime(files.rank_pid(run_dir, rank)),
-                  *(_mtime(files.rank_marker(run_dir, rank, phase)) for phase in ("arrived", "joined"))]
+        times += [
+            _mtime(files.rank_progress(run_dir, rank)),
+            _mtime(files.rank_pid(run_dir, rank)),
+            *(_mtime(files.rank_marker(run_dir, rank, phase)) for phase in ("arrived", "joined")),
+        ]
     found = [t for t in times if t is not None]
     if found:
         return max(found)
@@ -47,8 +50,13 @@ def stop_stalled(run_dir: Path, world_size: int, launcher_name: str, stall_s: fl
     where: list[str] = []
     try:
         layout = layout_of(files.read_config(run_dir, strict=True))
-        _, lines = live_autopsy(run_dir, world_size, lambda r: rank_label(r, layout.coords(r)),
-                                launcher.signal_ranks, wait_s=3.0)
+        _, lines = live_autopsy(
+            run_dir,
+            world_size,
+            lambda r: rank_label(r, layout.coords(r)),
+            launcher.signal_ranks,
+            wait_s=3.0,
+        )
         where = [line.strip() for line in lines[1:] if not line.strip().startswith("full dumps")]
     except (OSError, ValueError) as exc:
         where = [f"no stacks: {exc}"]
@@ -59,4 +67,5 @@ def stop_stalled(run_dir: Path, world_size: int, launcher_name: str, stall_s: fl
         launcher.signal_ranks(run_dir, signal.SIGKILL)
     at = "before its first step" if step is None else f"after step {step}"
     return f"no progress for {stall_s:g} s {at}; stopped by the tuner" + (
-        f"; {'; '.join(where[:3])}" if where else "")
+        f"; {'; '.join(where[:3])}" if where else ""
+    )

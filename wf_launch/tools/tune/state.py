@@ -21,7 +21,17 @@ from .space import TuneError
 __all__ = ["FORMAT", "IDENTITY", "TuneState", "order_points"]
 
 FORMAT = 1
-IDENTITY = ("world_size", "overrides", "also", "mem_gb", "metric", "warmup", "min_steps", "cutoff", "steps_field")
+IDENTITY = (
+    "world_size",
+    "overrides",
+    "also",
+    "mem_gb",
+    "metric",
+    "warmup",
+    "min_steps",
+    "cutoff",
+    "steps_field",
+)
 """The arguments that make a tune what it is; ``--budget-s`` and ``--stall-s`` may change on a resume."""
 DONE, RUNNING, INTERRUPTED, BUDGET, FAILED = "done", "running", "interrupted", "budget", "failed"
 
@@ -71,12 +81,22 @@ class TuneState:
         except (OSError, ValueError) as exc:
             raise TuneError(f"--resume {directory}: {path} is not readable ({exc})") from None
         if data is None:
-            raise TuneError(f"--resume {directory}: not a tune directory (no {files.TUNE_STATE}; a tune writes it "
-                            "when it starts)")
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("args"), dict):
-            raise TuneError(f"--resume {directory}: {path} is not a tune record this version can read "
-                            f"(format {data.get('format') if isinstance(data, dict) else '?'})")
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and not k.startswith("_")}
+            raise TuneError(
+                f"--resume {directory}: not a tune directory (no {files.TUNE_STATE}; a tune writes it "
+                "when it starts)"
+            )
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != FORMAT
+            or not isinstance(data.get("args"), dict)
+        ):
+            raise TuneError(
+                f"--resume {directory}: {path} is not a tune record this version can read "
+                f"(format {data.get('format') if isinstance(data, dict) else '?'})"
+            )
+        known = {
+            k: v for k, v in data.items() if k in cls.__dataclass_fields__ and not k.startswith("_")
+        }
         state = cls(**{**known, "dir": Path(directory)})
         state._base = float(data.get("elapsed_s") or 0.0)
         state.sessions = int(data.get("sessions") or 1) + 1
@@ -85,13 +105,18 @@ class TuneState:
     # ------------------------------------------------------------------ identity
     def differences(self, args: dict[str, Any]) -> list[str]:
         """What differs between this tune's identity and ``args`` (empty: the same tune)."""
-        return [f"{key}: {self.args.get(key)!r} in {self.dir}, {args.get(key)!r} now" for key in IDENTITY
-                if self.args.get(key) != args.get(key)]
+        return [
+            f"{key}: {self.args.get(key)!r} in {self.dir}, {args.get(key)!r} now"
+            for key in IDENTITY
+            if self.args.get(key) != args.get(key)
+        ]
 
     # ------------------------------------------------------------------ measurements
     def add(self, m: Measurement) -> None:
         """Record ``m`` (replacing an earlier measurement of the same trial and round)."""
-        self.measurements = [d for d in self.measurements if (d["trial"], d["round"]) != (m.trial, m.round)]
+        self.measurements = [
+            d for d in self.measurements if (d["trial"], d["round"]) != (m.trial, m.round)
+        ]
         self.measurements.append(m.to_json())
 
     def of_round(self, round_index: int) -> list[Measurement]:

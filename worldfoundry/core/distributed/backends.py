@@ -38,8 +38,10 @@ def resolve_backend(requested: str, local_world_size: int, local_rank: int) -> s
     """
     req = str(requested).strip().lower().replace(" ", "")
     if req not in BACKENDS:
-        raise ValueError(f"engine_config.distributed_backend={requested!r} is not allowed; "
-                         f"choose one of {list(BACKENDS)}")
+        raise ValueError(
+            f"engine_config.distributed_backend={requested!r} is not allowed; "
+            f"choose one of {list(BACKENDS)}"
+        )
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -48,12 +50,16 @@ def resolve_backend(requested: str, local_world_size: int, local_rank: int) -> s
     if req == "gloo":
         return "gloo"
     if gpus == 0:
-        raise ValueError(f"engine_config.distributed_backend={requested!r} needs CUDA, but this machine "
-                         "has no usable GPU; use 'gloo' (or 'auto') to run on CPU")
+        raise ValueError(
+            f"engine_config.distributed_backend={requested!r} needs CUDA, but this machine "
+            "has no usable GPU; use 'gloo' (or 'auto') to run on CPU"
+        )
     if local_world_size > gpus or local_rank >= gpus:
-        raise ValueError(f"engine_config.distributed_backend={requested!r}: {local_world_size} local ranks "
-                         f"(LOCAL_RANK={local_rank}) but only {gpus} GPU(s) on this node; start at most "
-                         f"{gpus} ranks per node or use 'gloo'")
+        raise ValueError(
+            f"engine_config.distributed_backend={requested!r}: {local_world_size} local ranks "
+            f"(LOCAL_RANK={local_rank}) but only {gpus} GPU(s) on this node; start at most "
+            f"{gpus} ranks per node or use 'gloo'"
+        )
     return NCCL_BACKEND
 
 

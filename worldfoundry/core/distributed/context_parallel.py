@@ -45,12 +45,14 @@ _MAX_NDIM = 64
 _HEADER_LEN = 4 + _MAX_NDIM
 _KIND_OBJECT, _KIND_TENSOR = 0, 1
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "npu", "mps", "mtia")
-_DTYPES: tuple[torch.dtype, ...] = tuple(sorted(
-    {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
+_DTYPES: tuple[torch.dtype, ...] = tuple(
+    sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+)
 _DTYPE_INDEX: dict[torch.dtype, int] = {d: i for i, d in enumerate(_DTYPES)}
 
 
 # ---------------------------------------------------------------- group plumbing
+
 
 def _device_group(group: GroupLike) -> Any:
     """The process group that carries tensors of ``group``."""
@@ -65,8 +67,10 @@ def _cpu_group(group: GroupLike) -> Any:
 def _size_and_rank(pg: Any, fn: str) -> tuple[int, int]:
     size, rank = dist.get_world_size(pg), dist.get_rank(pg)
     if rank < 0:
-        raise ValueError(f"{fn}: global rank {dist.get_rank()} is not a member of the given group "
-                         f"(ranks {dist.get_process_group_ranks(pg)})")
+        raise ValueError(
+            f"{fn}: global rank {dist.get_rank()} is not a member of the given group "
+            f"(ranks {dist.get_process_group_ranks(pg)})"
+        )
     return size, rank
 
 
@@ -74,8 +78,10 @@ def _norm_dim(dim: int, ndim: int, fn: str, name: str = "seq_dim") -> int:
     if not is_int(dim):
         raise TypeError(f"{fn}: {name} must be an int, got {type(dim).__name__} {dim!r}")
     if not -ndim <= dim < ndim:
-        raise ValueError(f"{fn}: {name}={dim} is out of range for a {ndim}-D tensor "
-                         f"(allowed {-ndim}..{ndim - 1})")
+        raise ValueError(
+            f"{fn}: {name}={dim} is out of range for a {ndim}-D tensor "
+            f"(allowed {-ndim}..{ndim - 1})"
+        )
     return dim % ndim
 
 
@@ -87,8 +93,10 @@ def _check_tensor(x: Any, fn: str, name: str = "x") -> torch.Tensor:
 
 def _shard_len(length: int, dim: int, size: int, fn: str) -> int:
     if length % size:
-        raise ValueError(f"{fn}: sequence length {length} along seq_dim {dim} is not divisible "
-                         f"by the context-parallel group size {size}")
+        raise ValueError(
+            f"{fn}: sequence length {length} along seq_dim {dim} is not divisible "
+            f"by the context-parallel group size {size}"
+        )
     return length // size
 
 
@@ -104,6 +112,7 @@ def _header_device(pg: Any) -> torch.device:
 
 
 # ---------------------------------------------------------------- split / gather
+
 
 def split_inputs_cp(x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None) -> torch.Tensor:
     """This rank's contiguous block of ``x`` along ``seq_dim`` (group rank r gets block r of n).
@@ -125,8 +134,9 @@ def split_inputs_cp(x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None) -
     return x.narrow(dim, rank * shard, shard).contiguous()
 
 
-def _gather(x: torch.Tensor, dim: int, pg: Any, size: int, fn: str,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+def _gather(
+    x: torch.Tensor, dim: int, pg: Any, size: int, fn: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """All-gather ``x`` into one buffer laid out (size*S, ...rest) and view it with ``dim`` back in place."""
     moved = x.detach().movedim(dim, 0).contiguous()
     full_shape = (size * moved.shape[0], *moved.shape[1:])
@@ -135,13 +145,17 @@ def _gather(x: torch.Tensor, dim: int, pg: Any, size: int, fn: str,
     else:
         buf = out.movedim(dim, 0)
         if buf.shape != full_shape or out.dtype != x.dtype or out.device != x.device:
-            want = (*x.shape[:dim], size * x.shape[dim], *x.shape[dim + 1:])
-            raise ValueError(f"{fn}: out is a {tuple(out.shape)} {out.dtype} tensor on {out.device}; "
-                             f"expected {want} {x.dtype} on {x.device}")
+            want = (*x.shape[:dim], size * x.shape[dim], *x.shape[dim + 1 :])
+            raise ValueError(
+                f"{fn}: out is a {tuple(out.shape)} {out.dtype} tensor on {out.device}; "
+                f"expected {want} {x.dtype} on {x.device}"
+            )
         if not buf.is_contiguous():
-            raise ValueError(f"{fn}: out must be laid out with seq_dim {dim} outermost (a previous result "
-                             f"of {fn}, or contiguous with every dim before seq_dim of size 1); "
-                             f"got strides {out.stride()}")
+            raise ValueError(
+                f"{fn}: out must be laid out with seq_dim {dim} outermost (a previous result "
+                f"of {fn}, or contiguous with every dim before seq_dim of size 1); "
+                f"got strides {out.stride()}"
+            )
     try:
         _all_gather_single(buf, moved, group=pg)
     except (RuntimeError, ValueError, TypeError) as e:
@@ -152,8 +166,9 @@ def _gather(x: torch.Tensor, dim: int, pg: Any, size: int, fn: str,
     return buf.movedim(0, dim) if out is None else out
 
 
-def cat_outputs_cp(x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None, *,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+def cat_outputs_cp(
+    x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Concatenate every rank's equal-shape shard ``x`` along ``seq_dim``, in group-rank order.
 
     One all-gather straight into the preallocated result (no per-rank buffers, no
@@ -192,11 +207,15 @@ class _GatherWithGrad(torch.autograd.Function):
         return _gather(x, dim, pg, size, "cat_outputs_cp_with_grad")
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, None, None, None, None]:
         return grad.narrow(ctx.dim, ctx.start, ctx.length), None, None, None, None
 
 
-def cat_outputs_cp_with_grad(x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None) -> torch.Tensor:
+def cat_outputs_cp_with_grad(
+    x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None
+) -> torch.Tensor:
     """:func:`cat_outputs_cp` whose gradient flows back into this rank's shard ``x``.
 
     The other ranks' slots are constants here (each rank backpropagates its own
@@ -217,10 +236,17 @@ def cat_outputs_cp_with_grad(x: torch.Tensor, seq_dim: int, cp_group: GroupLike 
 
 # ---------------------------------------------------------------- broadcast
 
+
 def _header_fields(kind: int, t: torch.Tensor | None) -> list[int]:
     fields = [kind, 0, 0, 0]
     if t is not None:
-        fields = [kind, _DTYPE_INDEX[t.dtype], _DEVICE_TYPES.index(t.device.type), t.dim(), *t.shape]
+        fields = [
+            kind,
+            _DTYPE_INDEX[t.dtype],
+            _DEVICE_TYPES.index(t.device.type),
+            t.dim(),
+            *t.shape,
+        ]
     return fields + [0] * (_HEADER_LEN - len(fields))
 
 
@@ -232,14 +258,24 @@ def _source_fields(item: Any) -> list[int]:
 
 
 def _tensor_sendable(t: torch.Tensor) -> bool:
-    return (t.layout == torch.strided and t.dim() <= _MAX_NDIM
-            and t.device.type in _DEVICE_TYPES and t.dtype in _DTYPES)
+    return (
+        t.layout == torch.strided
+        and t.dim() <= _MAX_NDIM
+        and t.device.type in _DEVICE_TYPES
+        and t.dtype in _DTYPES
+    )
 
 
-def _decode_header(h: Sequence[int], fallback: torch.device) -> tuple[int, torch.Size, torch.dtype, torch.device]:
+def _decode_header(
+    h: Sequence[int], fallback: torch.device
+) -> tuple[int, torch.Size, torch.dtype, torch.device]:
     ndim = h[3]
-    return (h[0], torch.Size(h[4:4 + ndim]), _DTYPES[h[1]],
-            _current_device(_DEVICE_TYPES[h[2]]) if h[0] == _KIND_TENSOR else fallback)
+    return (
+        h[0],
+        torch.Size(h[4 : 4 + ndim]),
+        _DTYPES[h[1]],
+        _current_device(_DEVICE_TYPES[h[2]]) if h[0] == _KIND_TENSOR else fallback,
+    )
 
 
 def _header_buffer(fields: list[int] | None, device: torch.device) -> torch.Tensor:
@@ -248,16 +284,20 @@ def _header_buffer(fields: list[int] | None, device: torch.device) -> torch.Tens
     return torch.tensor(fields, dtype=torch.int64, device=device)
 
 
-def _exchange_header(item: Any, is_src: bool, src: int, ctrl_pg: Any,
-                     fn: str) -> tuple[int, torch.Size, torch.dtype, torch.device]:
+def _exchange_header(
+    item: Any, is_src: bool, src: int, ctrl_pg: Any, fn: str
+) -> tuple[int, torch.Size, torch.dtype, torch.device]:
     """Broadcast (kind, shape, dtype, device type) from ``src``; receivers learn what is coming."""
     device = _header_device(ctrl_pg)
-    return _decode_header(_broadcast_header(_source_fields(item) if is_src else None, src, ctrl_pg, device, fn),
-                          device)
+    return _decode_header(
+        _broadcast_header(_source_fields(item) if is_src else None, src, ctrl_pg, device, fn),
+        device,
+    )
 
 
-def _broadcast_header(fields: list[int] | None, src: int, ctrl_pg: Any, device: torch.device,
-                      fn: str) -> list[int]:
+def _broadcast_header(
+    fields: list[int] | None, src: int, ctrl_pg: Any, device: torch.device, fn: str
+) -> list[int]:
     header = _header_buffer(fields, device)
     try:
         dist.broadcast(header, src=src, group=ctrl_pg)
@@ -303,24 +343,34 @@ def broadcast(item: Any, process_group: GroupLike = None) -> Any:
         try:
             dist.broadcast(data, src=src, group=data_pg)
         except (RuntimeError, ValueError) as e:
-            raise RuntimeError(f"{fn}: broadcast of a {tuple(shape)} {dtype} tensor from global rank "
-                               f"{src} failed: {e}") from e
+            raise RuntimeError(
+                f"{fn}: broadcast of a {tuple(shape)} {dtype} tensor from global rank "
+                f"{src} failed: {e}"
+            ) from e
         return item
     given = item if isinstance(item, torch.Tensor) else None
-    direct = (given is not None and given.shape == shape and given.dtype == dtype
-              and given.device == device and given.is_contiguous())
+    direct = (
+        given is not None
+        and given.shape == shape
+        and given.dtype == dtype
+        and given.device == device
+        and given.is_contiguous()
+    )
     buf = given if direct else torch.empty(shape, dtype=dtype, device=device)
     try:
         dist.broadcast(buf, src=src, group=data_pg)
     except (RuntimeError, ValueError) as e:
-        raise RuntimeError(f"{fn}: receiving a {tuple(shape)} {dtype} tensor from global rank "
-                           f"{src} failed: {e}") from e
+        raise RuntimeError(
+            f"{fn}: receiving a {tuple(shape)} {dtype} tensor from global rank {src} failed: {e}"
+        ) from e
     if given is None or direct:
         return buf
     if given.shape != shape or given.dtype != dtype:
-        raise ValueError(f"{fn}: item on global rank {dist.get_rank()} is a {tuple(given.shape)} "
-                         f"{given.dtype} tensor but the source sent {tuple(shape)} {dtype}; pass None "
-                         "(or a matching tensor) on receiving ranks")
+        raise ValueError(
+            f"{fn}: item on global rank {dist.get_rank()} is a {tuple(given.shape)} "
+            f"{given.dtype} tensor but the source sent {tuple(shape)} {dtype}; pass None "
+            "(or a matching tensor) on receiving ranks"
+        )
     with torch.no_grad():
         given.copy_(buf)
     return given
@@ -343,8 +393,9 @@ def _last_headers() -> weakref.WeakKeyDictionary[Any, tuple[list[int], bool]]:
     return last
 
 
-def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
-                           process_group: GroupLike = None) -> torch.Tensor:
+def broadcast_split_tensor(
+    tensor: torch.Tensor | None, seq_dim: int, process_group: GroupLike = None
+) -> torch.Tensor:
     """Send the minimum rank's ``tensor`` out as shards: group rank r gets block r along ``seq_dim``.
 
     Non-source ranks may pass ``None`` (their argument is ignored). A header
@@ -380,8 +431,9 @@ def broadcast_split_tensor(tensor: torch.Tensor | None, seq_dim: int,
     last = remembered.get(pg)
     try:
         if last is not None and last[1]:
-            header, out = _speculative_scatter(tensor, fields, seq_dim, last[0], pg, ctrl_pg, header_device,
-                                               size, src, fn)
+            header, out = _speculative_scatter(
+                tensor, fields, seq_dim, last[0], pg, ctrl_pg, header_device, size, src, fn
+            )
             if out is not None:
                 return out
         else:
@@ -398,36 +450,59 @@ def _pieces(tensor: torch.Tensor, dim: int, shard: int, size: int) -> list[torch
     return [tensor.detach().narrow(dim, r * shard, shard).contiguous() for r in range(size)]
 
 
-def _split_shape(shape: torch.Size, seq_dim: int, size: int, fn: str) -> tuple[int, int, tuple[int, ...]]:
+def _split_shape(
+    shape: torch.Size, seq_dim: int, size: int, fn: str
+) -> tuple[int, int, tuple[int, ...]]:
     """(dim, shard length, shard shape) of splitting ``shape`` along ``seq_dim`` over ``size`` ranks; raises on bad input."""
     dim = _norm_dim(seq_dim, len(shape), fn)
     shard = _shard_len(shape[dim], dim, size, fn)
-    return dim, shard, (*shape[:dim], shard, *shape[dim + 1:])
+    return dim, shard, (*shape[:dim], shard, *shape[dim + 1 :])
 
 
-def _scatter_split(tensor: torch.Tensor | None, header: list[int], seq_dim: int, pg: Any,
-                   header_device: torch.device, size: int, src: int, fn: str) -> torch.Tensor:
+def _scatter_split(
+    tensor: torch.Tensor | None,
+    header: list[int],
+    seq_dim: int,
+    pg: Any,
+    header_device: torch.device,
+    size: int,
+    src: int,
+    fn: str,
+) -> torch.Tensor:
     """Scatter the source's blocks once every member knows ``header``; raise consistently on bad input."""
     is_src = dist.get_rank() == src
     kind, shape, dtype, device = _decode_header(header, header_device)
     if kind != _KIND_TENSOR:
         got = f"{type(tensor).__name__}" if is_src else "a non-tensor"
-        raise TypeError(f"{fn}: the source (global rank {src}) must pass a strided torch.Tensor with at most "
-                        f"{_MAX_NDIM} dims on one of {list(_DEVICE_TYPES)}; it passed {got}"
-                        + (f" (layout {tensor.layout})" if is_src and isinstance(tensor, torch.Tensor) else ""))
+        raise TypeError(
+            f"{fn}: the source (global rank {src}) must pass a strided torch.Tensor with at most "
+            f"{_MAX_NDIM} dims on one of {list(_DEVICE_TYPES)}; it passed {got}"
+            + (f" (layout {tensor.layout})" if is_src and isinstance(tensor, torch.Tensor) else "")
+        )
     dim, shard, out_shape = _split_shape(shape, seq_dim, size, fn)
     out = torch.empty(out_shape, dtype=dtype, device=tensor.device if is_src else device)
     try:
         dist.scatter(out, _pieces(tensor, dim, shard, size) if is_src else None, src=src, group=pg)
     except (RuntimeError, ValueError) as e:
-        raise RuntimeError(f"{fn}: scatter of a {tuple(shape)} {dtype} tensor along seq_dim {dim} from "
-                           f"global rank {src} failed: {e}") from e
+        raise RuntimeError(
+            f"{fn}: scatter of a {tuple(shape)} {dtype} tensor along seq_dim {dim} from "
+            f"global rank {src} failed: {e}"
+        ) from e
     return out
 
 
-def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, seq_dim: int,
-                         expected: list[int], pg: Any, ctrl_pg: Any, header_device: torch.device,
-                         size: int, src: int, fn: str) -> tuple[list[int], torch.Tensor | None]:
+def _speculative_scatter(
+    tensor: torch.Tensor | None,
+    fields: list[int] | None,
+    seq_dim: int,
+    expected: list[int],
+    pg: Any,
+    ctrl_pg: Any,
+    header_device: torch.device,
+    size: int,
+    src: int,
+    fn: str,
+) -> tuple[list[int], torch.Tensor | None]:
     """Post the header broadcast and a scatter shaped by ``expected`` together.
 
     Returns the header received and, when it equals ``expected``, the shard (else
@@ -459,8 +534,10 @@ def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, 
         header_work.wait()
         data_work.wait()
     except (RuntimeError, ValueError) as e:
-        raise RuntimeError(f"{fn}: header broadcast and scatter of a {tuple(shape)} {dtype} tensor from "
-                           f"global rank {src} failed: {e}") from e
+        raise RuntimeError(
+            f"{fn}: header broadcast and scatter of a {tuple(shape)} {dtype} tensor from "
+            f"global rank {src} failed: {e}"
+        ) from e
     header = header_buf.tolist()
     if header != expected:
         return header, None
@@ -468,6 +545,7 @@ def _speculative_scatter(tensor: torch.Tensor | None, fields: list[int] | None, 
 
 
 # ---------------------------------------------------------------- find_split
+
 
 def _as_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -491,8 +569,12 @@ class CPSplit(NamedTuple):
     """CP ranks along height (H)."""
 
 
-def find_split_plan(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_size: int,
-                    patch_values: Sequence[int] = (1, 2, 2), view_factor: int = 1) -> CPSplit:
+def find_split_plan(
+    shape_tensor: Sequence[int] | torch.Size | torch.Tensor,
+    cp_size: int,
+    patch_values: Sequence[int] = (1, 2, 2),
+    view_factor: int = 1,
+) -> CPSplit:
     """:func:`find_split`'s decision as a value, ``CPSplit(block, cp_size_t, cp_size_h)``; records nothing.
 
     Same rules and the same ValueErrors as :func:`find_split`.
@@ -502,24 +584,31 @@ def find_split_plan(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_
     else:
         shape_list = list(shape_tensor) if isinstance(shape_tensor, Sequence) else None
     if shape_list is None or len(shape_list) != 5:
-        raise ValueError(f"find_split: shape_tensor must be the 5 sizes (B, C, T, H, W) of a latent, "
-                         f"got {shape_tensor!r}")
-    b, c, t, h, w = (_as_int(v, f"shape_tensor[{i}] ({n})")
-                     for i, (v, n) in enumerate(zip(shape_list, "BCTHW")))
+        raise ValueError(
+            f"find_split: shape_tensor must be the 5 sizes (B, C, T, H, W) of a latent, "
+            f"got {shape_tensor!r}"
+        )
+    b, c, t, h, w = (
+        _as_int(v, f"shape_tensor[{i}] ({n})") for i, (v, n) in enumerate(zip(shape_list, "BCTHW"))
+    )
     cp = _as_int(cp_size, "cp_size")
     view = _as_int(view_factor, "view_factor")
     patches = list(patch_values) if isinstance(patch_values, Sequence) else None
     if patches is None or len(patches) != 3:
-        raise ValueError(f"find_split: patch_values must be 3 patch sizes (T, H, W), got {patch_values!r}")
+        raise ValueError(
+            f"find_split: patch_values must be 3 patch sizes (T, H, W), got {patch_values!r}"
+        )
     pt, ph, pw = (_as_int(p, f"patch_values[{i}]") for i, p in enumerate(patches))
     if t % view:
         raise ValueError(f"find_split: T={t} is not divisible by view_factor={view}")
     t //= view
     for axis, size, patch in (("T (per view)", t, pt), ("H", h, ph), ("W", w, pw)):
         if size % patch:
-            raise ValueError(f"find_split: {axis}={size} is not a multiple of its patch size {patch} "
-                             f"(shape {tuple(shape_list)}, patch_values {tuple(patches)}); "
-                             "the remainder tokens would be dropped")
+            raise ValueError(
+                f"find_split: {axis}={size} is not a multiple of its patch size {patch} "
+                f"(shape {tuple(shape_list)}, patch_values {tuple(patches)}); "
+                "the remainder tokens would be dropped"
+            )
     g_t = math.gcd(t // pt, cp)
     remaining = cp // g_t
     g_h = math.gcd(h // ph, remaining)
@@ -528,12 +617,17 @@ def find_split_plan(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_
         raise ValueError(
             f"find_split: cp_size={cp} cannot be absorbed by T={t} (per view) and H={h} on patch boundaries "
             f"(patches {pt}x{ph}: {t // pt} x {h // ph} patches; {g_t} rank(s) to T, {g_h} to H, "
-            f"{remaining} left over, and W is never split)")
+            f"{remaining} left over, and W is never split)"
+        )
     return CPSplit(torch.Size([t // g_t, h // g_h, w]), g_t, g_h)
 
 
-def find_split(shape_tensor: Sequence[int] | torch.Size | torch.Tensor, cp_size: int,
-               patch_values: Sequence[int] = (1, 2, 2), view_factor: int = 1) -> torch.Size:
+def find_split(
+    shape_tensor: Sequence[int] | torch.Size | torch.Tensor,
+    cp_size: int,
+    patch_values: Sequence[int] = (1, 2, 2),
+    view_factor: int = 1,
+) -> torch.Size:
     """Per-rank latent block ``torch.Size([T', H', W])`` for a (B, C, T, H, W) latent split over ``cp_size``.
 
     The flattened T*H*W token sequence is cut on patch boundaries: T is first

@@ -14,10 +14,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..torch_private import foreach_add_, foreach_copy_, foreach_lerp_, foreach_mul_, wait_async_collective
+from ..torch_private import (
+    foreach_add_,
+    foreach_copy_,
+    foreach_lerp_,
+    foreach_mul_,
+    wait_async_collective,
+)
 from ..validation import is_number
 
-__all__ = ["DTensorFastEmaModelUpdater", "broadcast_dtensor_model_states", "get_local_tensor_if_dtensor"]
+__all__ = [
+    "DTensorFastEmaModelUpdater",
+    "broadcast_dtensor_model_states",
+    "get_local_tensor_if_dtensor",
+]
 
 Params = nn.Module | torch.Tensor | Iterable[torch.Tensor]
 
@@ -54,7 +64,10 @@ def _paired_locals(
         )
     srcs, tgts, names = [], [], []
     for (s_name, s), (t_name, t) in zip(src_named, tgt_named):
-        s_local, t_local = get_local_tensor_if_dtensor(s).detach(), get_local_tensor_if_dtensor(t).detach()
+        s_local, t_local = (
+            get_local_tensor_if_dtensor(s).detach(),
+            get_local_tensor_if_dtensor(t).detach(),
+        )
         if s_local.shape != t_local.shape:
             raise ValueError(
                 f"{where}: src {s_name!r} has local shape {tuple(s_local.shape)} but tgt {t_name!r} has "
@@ -116,12 +129,12 @@ class DTensorFastEmaModelUpdater:
     def cache(self, parameters: Params, is_cpu: bool = False) -> None:
         """Stash a copy of ``parameters``' local shards, on each one's device (or the CPU)."""
         if self.is_cached:
-            raise RuntimeError("cache: parameters are already cached; restore() them before caching again")
+            raise RuntimeError(
+                "cache: parameters are already cached; restore() them before caching again"
+            )
         named = _named(parameters, "cache")
         locals_ = [get_local_tensor_if_dtensor(p).detach() for _, p in named]
-        self.collected_params = [
-            t.to("cpu", copy=True) if is_cpu else t.clone() for t in locals_
-        ]
+        self.collected_params = [t.to("cpu", copy=True) if is_cpu else t.clone() for t in locals_]
         self.is_cached = True
 
     @torch.no_grad()

@@ -14,16 +14,27 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ATTEMPT_ENV", "ENGINE_ENV", "LaunchEnv", "engine_environ", "engine_from_environ", "env_int",
-           "launch_attempt"]
+__all__ = [
+    "ATTEMPT_ENV",
+    "ENGINE_ENV",
+    "LaunchEnv",
+    "engine_environ",
+    "engine_from_environ",
+    "env_int",
+    "launch_attempt",
+]
 
 ATTEMPT_ENV = "WF_ATTEMPT"
 """The one environment variable the library reads to tell launch attempts apart."""
 
 
 ENGINE_ENV: dict[str, str] = {
-    "tp_size": "WF_TP_SIZE", "cp_size": "WF_CP_SIZE", "pp_size": "WF_PP_SIZE", "dp_size": "WF_DP_SIZE",
-    "order": "WF_ORDER", "distributed_backend": "WF_DISTRIBUTED_BACKEND",
+    "tp_size": "WF_TP_SIZE",
+    "cp_size": "WF_CP_SIZE",
+    "pp_size": "WF_PP_SIZE",
+    "dp_size": "WF_DP_SIZE",
+    "order": "WF_ORDER",
+    "distributed_backend": "WF_DISTRIBUTED_BACKEND",
     "distributed_timeout_minutes": "WF_DISTRIBUTED_TIMEOUT_MINUTES",
 }
 """Engine field -> the environment variable that carries it to code that starts its own group."""
@@ -53,7 +64,9 @@ def engine_from_environ(environ: Mapping[str, str] | None = None) -> dict[str, o
             try:
                 engine[key] = float(raw)
             except ValueError:
-                raise ValueError(f"environment variable {var}={raw!r} is not a number (minutes)") from None
+                raise ValueError(
+                    f"environment variable {var}={raw!r} is not a number (minutes)"
+                ) from None
         else:
             engine[key] = raw
     engine.setdefault("dp_size", None)
@@ -73,8 +86,10 @@ def launch_attempt() -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"environment variable {ATTEMPT_ENV}={raw!r} must be an integer >= 0 "
-                         "(the launch attempt number: 0 for the first)")
+        raise ValueError(
+            f"environment variable {ATTEMPT_ENV}={raw!r} must be an integer >= 0 "
+            "(the launch attempt number: 0 for the first)"
+        )
     return value
 
 

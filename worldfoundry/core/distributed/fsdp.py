@@ -14,7 +14,9 @@ __all__ = ["fsdp2_wrap", "is_fsdp2_model"]
 
 def is_fsdp2_model(model: nn.Module) -> bool:
     """Return True if any submodule of ``model`` has been wrapped with FSDP2 ``fully_shard``."""
-    if "torch.distributed.fsdp" not in sys.modules:  # nothing can be wrapped before FSDP is imported
+    if (
+        "torch.distributed.fsdp" not in sys.modules
+    ):  # nothing can be wrapped before FSDP is imported
         return False
     from torch.distributed.fsdp import FSDPModule
 
@@ -73,8 +75,13 @@ def _shard_device(mesh: Any) -> torch.device:
     return torch.device(mesh.device_type)
 
 
-def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
-               cpu_offload: bool = False, mesh: Any = None) -> nn.ModuleList:
+def fsdp2_wrap(
+    model: nn.Module,
+    shard_root: bool = True,
+    mp_policy: Any = None,
+    cpu_offload: bool = False,
+    mesh: Any = None,
+) -> nn.ModuleList:
     """Auto-detect a causal-LM's decoder layers and FSDP2 ``fully_shard`` each one.
 
     With ``shard_root`` (the default) the root is wrapped too, so embeddings, norm and
@@ -89,14 +96,21 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     from .backends import group_device
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"fsdp2_wrap: model must be an nn.Module, got {type(model).__name__}")
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
-        raise TypeError(f"fsdp2_wrap: mp_policy must be a MixedPrecisionPolicy or None, got {mp_policy!r}")
+        raise TypeError(
+            f"fsdp2_wrap: mp_policy must be a MixedPrecisionPolicy or None, got {mp_policy!r}"
+        )
     if not isinstance(cpu_offload, bool):
         raise TypeError(f"fsdp2_wrap: cpu_offload must be a bool, got {cpu_offload!r}")
     if not (dist.is_available() and dist.is_initialized()):
@@ -116,8 +130,11 @@ def fsdp2_wrap(model: nn.Module, shard_root: bool = True, mp_policy: Any = None,
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": mp_policy or MixedPrecisionPolicy(),
-        "offload_policy": (CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload
-                           else OffloadPolicy()),
+        "offload_policy": (
+            CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+            if cpu_offload
+            else OffloadPolicy()
+        ),
         "ignored_params": ignored or None,
     }
     for layer in layers:

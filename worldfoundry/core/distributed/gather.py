@@ -48,8 +48,10 @@ def _as_uint8(data: bytes | bytearray | memoryview) -> torch.Tensor:
 def _byte_view(data: Any, where: str, me: int) -> memoryview:
     """``data`` as a flat byte view; TypeError / ValueError naming the rank otherwise."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{where}: rank {me} passed data of type {type(data).__name__}; "
-                        "data must be bytes, bytearray or memoryview")
+        raise TypeError(
+            f"{where}: rank {me} passed data of type {type(data).__name__}; "
+            "data must be bytes, bytearray or memoryview"
+        )
     view = memoryview(data)
     if not view.c_contiguous:
         raise ValueError(f"{where}: rank {me} passed a non-contiguous memoryview as data")
@@ -58,18 +60,24 @@ def _byte_view(data: Any, where: str, me: int) -> memoryview:
 
 def _check_dst(dst: Any, ranks: list[int], where: str, me: int) -> None:
     if not is_int(dst):
-        raise TypeError(f"{where}: rank {me} passed dst={dst!r}; dst must be an int (a global rank)")
+        raise TypeError(
+            f"{where}: rank {me} passed dst={dst!r}; dst must be an int (a global rank)"
+        )
     if dst not in ranks:
         if len(ranks) == 1 and ranks == [0]:
             raise ValueError(f"{where}: dst={dst} is outside a single process's run; allowed: 0")
-        raise ValueError(f"{where}: rank {me} passed dst={dst}, which is not a rank of the group; "
-                         f"allowed: {ranks}")
+        raise ValueError(
+            f"{where}: rank {me} passed dst={dst}, which is not a rank of the group; "
+            f"allowed: {ranks}"
+        )
 
 
 def _check_chunk(chunk_bytes: Any, where: str, me: int) -> None:
     if not is_int(chunk_bytes) or chunk_bytes <= 0:
-        raise ValueError(f"{where}: rank {me} passed chunk_bytes={chunk_bytes!r}; "
-                         "chunk_bytes must be a positive int")
+        raise ValueError(
+            f"{where}: rank {me} passed chunk_bytes={chunk_bytes!r}; "
+            "chunk_bytes must be a positive int"
+        )
 
 
 def _group_ranks(group: Any) -> list[int]:
@@ -91,8 +99,15 @@ def _decode(t: torch.Tensor) -> str:
     return raw.rstrip(b"\0").decode("utf-8", "replace")
 
 
-def _agree(where: str, group: Any, ranks: list[int], failure: Exception | None, nbytes: int,
-           dst: Any, chunk_bytes: Any) -> list[int]:
+def _agree(
+    where: str,
+    group: Any,
+    ranks: list[int],
+    failure: Exception | None,
+    nbytes: int,
+    dst: Any,
+    chunk_bytes: Any,
+) -> list[int]:
     """The header exchange; returns every rank's size, or raises alike on every rank.
 
     A failing rank raises its own exception; the others raise the same type, naming the
@@ -103,7 +118,9 @@ def _agree(where: str, group: Any, ranks: list[int], failure: Exception | None, 
     code = _OK if failure is None else _CODES.get(type(failure), 3)
     good_dst = dst if (failure is None and isinstance(dst, int)) else -1
     good_chunk = min(chunk_bytes, _MAX_I64) if failure is None else 0
-    mine = torch.tensor([code, min(nbytes, _MAX_I64), good_dst, good_chunk], dtype=torch.int64, device=ctrl)
+    mine = torch.tensor(
+        [code, min(nbytes, _MAX_I64), good_dst, good_chunk], dtype=torch.int64, device=ctrl
+    )
     headers = [torch.zeros(4, dtype=torch.int64, device=ctrl) for _ in ranks]
     dist.all_gather(headers, mine, group=group)
     rows = [[int(v) for v in h.tolist()] for h in headers]
@@ -117,19 +134,23 @@ def _agree(where: str, group: Any, ranks: list[int], failure: Exception | None, 
         r, c = failed[0]
         text = _decode(msgs[ranks.index(r)])
         raise _ERRORS.get(c, RuntimeError)(
-            f"{text} [rank {r} failed before the gather, so no rank gathers; this is rank {dist.get_rank()}]")
+            f"{text} [rank {r} failed before the gather, so no rank gathers; this is rank {dist.get_rank()}]"
+        )
     dsts = {r: row[2] for r, row in zip(ranks, rows)}
     chunks = {r: row[3] for r, row in zip(ranks, rows)}
     for name, seen in (("dst", dsts), ("chunk_bytes", chunks)):
         if len(set(seen.values())) > 1:
             shown = ", ".join(f"rank {r}: {name}={v}" for r, v in seen.items())
-            raise ValueError(f"{where}: the ranks passed different {name} ({shown}); every rank "
-                             f"of the group must pass the same {name}")
+            raise ValueError(
+                f"{where}: the ranks passed different {name} ({shown}); every rank "
+                f"of the group must pass the same {name}"
+            )
     return [row[1] for row in rows]
 
 
-def gather_bytes(data: bytes, dst: int, group: Any = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[bytearray] | None:
+def gather_bytes(
+    data: bytes, dst: int, group: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> list[bytearray] | None:
     """Gathers byte strings to global rank ``dst`` only, without unpickling anything on the way.
 
     Moves ``chunk_bytes`` per rank at a time, bounding device memory. Returns the
@@ -165,15 +186,19 @@ def gather_bytes(data: bytes, dst: int, group: Any = None,
     for offset in range(0, longest, chunk):
         width = min(chunk, longest - offset)
         send = torch.zeros(width, dtype=torch.uint8, device=device)
-        mine = src[offset:offset + width]
+        mine = src[offset : offset + width]
         send[: mine.numel()].copy_(mine)
-        recv = [torch.empty(width, dtype=torch.uint8, device=device) for _ in ranks] if me == dst else None
+        recv = (
+            [torch.empty(width, dtype=torch.uint8, device=device) for _ in ranks]
+            if me == dst
+            else None
+        )
         dist.gather(send, recv, dst=dst, group=group)
         if out is not None and recv is not None:
             for buf, n, piece in zip(out, sizes, recv):
                 take = min(width, n - offset)
                 if take > 0:
-                    _as_uint8(memoryview(buf)[offset:offset + take]).copy_(piece[:take])
+                    _as_uint8(memoryview(buf)[offset : offset + take]).copy_(piece[:take])
     return out
 
 
@@ -198,8 +223,9 @@ def _serialize(state: dict) -> io.BytesIO:
     return buf
 
 
-def gather_state_dicts(state: dict, dst: int, group: Any = None,
-                       chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[dict]:
+def gather_state_dicts(
+    state: dict, dst: int, group: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[dict]:
     """Gathers ``state`` from every rank of ``group`` to global rank ``dst``, loaded with weights_only.
 
     Yields one rank's dict at a time on ``dst`` (tensors on CPU), and nothing elsewhere:
@@ -225,8 +251,10 @@ def gather_state_dicts(state: dict, dst: int, group: Any = None,
     nbytes = 0
     try:
         if not isinstance(state, dict):
-            raise TypeError(f"{where}: rank {me} passed a state of type {type(state).__name__}; "
-                            "state must be a dict")
+            raise TypeError(
+                f"{where}: rank {me} passed a state of type {type(state).__name__}; "
+                "state must be a dict"
+            )
         _check_dst(dst, ranks, where, me)
         _check_chunk(chunk_bytes, where, me)
         try:
@@ -238,7 +266,9 @@ def gather_state_dicts(state: dict, dst: int, group: Any = None,
                 buf = _serialize(state)
                 nbytes = buf.getbuffer().nbytes
         except Exception as e:
-            raise RuntimeError(f"{where}: rank {me}'s state does not serialize: {type(e).__name__}: {e}") from e
+            raise RuntimeError(
+                f"{where}: rank {me}'s state does not serialize: {type(e).__name__}: {e}"
+            ) from e
     except (TypeError, ValueError, RuntimeError) as e:
         failure = e
     if not distributed:
@@ -260,14 +290,22 @@ def _send(data: memoryview, dst: int, group: Any, chunk: int) -> None:
     src = _as_uint8(data)
     total = src.numel()
     for offset in range(0, total, chunk):
-        piece = src[offset:offset + chunk]
+        piece = src[offset : offset + chunk]
         if device.type != "cpu":
             piece = piece.to(device)
         dist.send(piece, dst=dst, group=group)
 
 
-def _receive_each(where: str, state: dict, dst: int, group: Any, ranks: list[int], sizes: list[int],
-                  me: int, chunk: int) -> Iterator[dict]:
+def _receive_each(
+    where: str,
+    state: dict,
+    dst: int,
+    group: Any,
+    ranks: list[int],
+    sizes: list[int],
+    me: int,
+    chunk: int,
+) -> Iterator[dict]:
     pending = list(zip(ranks, sizes))
     try:
         while pending:
@@ -308,7 +346,7 @@ def _receive(src: int, n: int, group: Any, chunk: int) -> bytearray:
     view = memoryview(out)
     for offset in range(0, n, chunk):
         width = min(chunk, n - offset)
-        dest = _as_uint8(view[offset:offset + width])
+        dest = _as_uint8(view[offset : offset + width])
         if device.type == "cpu":
             dist.recv(dest, src=src, group=group)
         else:

@@ -31,10 +31,24 @@ from . import runtime as _rt
 from .topology import COMBINED, DEFAULT_ORDER, DIMS, Layout
 
 __all__ = [
-    "GroupCoordinator", "destroy_model_parallel", "get_cp_group", "get_cp_size_t", "get_dp_cp_group",
-    "get_dp_group", "get_group", "get_layout", "get_pp_group", "get_tp_cp_group", "get_tp_group",
-    "get_tp_pp_group", "get_world_group", "init_distributed_environment", "initialize_model_parallel",
-    "is_last_rank", "is_last_tp_cp_rank", "model_parallel_is_initialized",
+    "GroupCoordinator",
+    "destroy_model_parallel",
+    "get_cp_group",
+    "get_cp_size_t",
+    "get_dp_cp_group",
+    "get_dp_group",
+    "get_group",
+    "get_layout",
+    "get_pp_group",
+    "get_tp_cp_group",
+    "get_tp_group",
+    "get_tp_pp_group",
+    "get_world_group",
+    "init_distributed_environment",
+    "initialize_model_parallel",
+    "is_last_rank",
+    "is_last_tp_cp_rank",
+    "model_parallel_is_initialized",
 ]
 
 _NOT_INITIALIZED = (
@@ -119,12 +133,15 @@ def init_distributed_environment(
     (``env://``). Returns the world :class:`GroupCoordinator`.
     """
     rt = _rt.current()
-    if _rt.init_default_group(backend, world_size, rank, distributed_init_method, timeout, device_id):
+    if _rt.init_default_group(
+        backend, world_size, rank, distributed_init_method, timeout, device_id
+    ):
         rt.owns_world = True
     if rt.world is None:
         default = dist.group.WORLD
-        rt.world = GroupCoordinator("world", list(range(dist.get_world_size())),
-                                    dist.get_rank(), default, default)
+        rt.world = GroupCoordinator(
+            "world", list(range(dist.get_world_size())), dist.get_rank(), default, default
+        )
     return rt.world
 
 
@@ -152,10 +169,12 @@ def initialize_model_parallel(
     if rt.layout is not None:
         raise RuntimeError(
             f"model parallel groups already exist ({rt.layout.describe()}); "
-            "call destroy_model_parallel() before initializing another layout")
+            "call destroy_model_parallel() before initializing another layout"
+        )
     world_size, rank = dist.get_world_size(), dist.get_rank()
-    layout = Layout(world_size, tp_size=tp_size, cp_size=cp_size, pp_size=pp_size,
-                    dp_size=dp_size, order=order)
+    layout = Layout(
+        world_size, tp_size=tp_size, cp_size=cp_size, pp_size=pp_size, dp_size=dp_size, order=order
+    )
     init_distributed_environment()
     timeout = timedelta(minutes=float(distributed_timeout_minutes))
     backend = _backend_of(None)
@@ -170,8 +189,9 @@ def initialize_model_parallel(
                 key = tuple(members)
                 if key in by_members:
                     continue
-                pg = dist.new_group(members, timeout=timeout, backend=backend, pg_options=options,
-                                    group_desc=name)
+                pg = dist.new_group(
+                    members, timeout=timeout, backend=backend, pg_options=options, group_desc=name
+                )
                 by_members[key] = pg
                 if rank in members:
                     rt.created.append(pg)
@@ -192,8 +212,10 @@ def _load_nccl_options(path: str | None) -> dict[str, dict[str, int]]:
     with open(path) as f:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"nccl_communicator_config_path={path!r}: expected a mapping of group name "
-                         f"to options, got {type(data).__name__}")
+        raise ValueError(
+            f"nccl_communicator_config_path={path!r}: expected a mapping of group name "
+            f"to options, got {type(data).__name__}"
+        )
     return data
 
 
@@ -310,4 +332,3 @@ def is_last_tp_cp_rank() -> bool:
 def get_cp_size_t() -> int | None:
     """CP ranks the last ``find_split`` gave to the time axis (None before any)."""
     return _rt.current().cp_size_t
-

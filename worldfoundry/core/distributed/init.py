@@ -15,8 +15,15 @@ from .env import LaunchEnv, engine_from_environ, env_int, launch_attempt
 from .groups import init_distributed_environment, initialize_model_parallel
 from .topology import Layout, engine_value
 
-__all__ = ["BACKENDS", "LaunchEnv", "dist_init", "env_int", "launch_attempt", "resolve_backend",
-           "start_default_group"]
+__all__ = [
+    "BACKENDS",
+    "LaunchEnv",
+    "dist_init",
+    "env_int",
+    "launch_attempt",
+    "resolve_backend",
+    "start_default_group",
+]
 
 
 def _gloo_on_loopback() -> None:
@@ -24,14 +31,17 @@ def _gloo_on_loopback() -> None:
     unless ``GLOO_SOCKET_IFNAME`` already says where."""
     import socket
 
-    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    names = (
+        {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    )
     loopback = next((n for n in ("lo", "lo0") if n in names), None)
     if loopback is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
 
 
-def start_default_group(requested_backend: str = "auto", timeout: timedelta | None = None,
-                        env: LaunchEnv | None = None) -> tuple[torch.device, bool]:
+def start_default_group(
+    requested_backend: str = "auto", timeout: timedelta | None = None, env: LaunchEnv | None = None
+) -> tuple[torch.device, bool]:
     """Resolve the backend, bind this rank's device and start the default group unless it is up.
 
     The one start-up path of ``dist_init`` and ``distributed_run``:
@@ -57,7 +67,9 @@ def start_default_group(requested_backend: str = "auto", timeout: timedelta | No
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         init_method = _rt.LOCAL_STORE
         _gloo_on_loopback()
-    started = _rt.init_default_group(backend, env.world_size, env.rank, init_method, timeout, device_id)
+    started = _rt.init_default_group(
+        backend, env.world_size, env.rank, init_method, timeout, device_id
+    )
     return device, started
 
 
@@ -80,28 +92,41 @@ def dist_init(config: Any = None) -> torch.device:
         config = {"engine_config": engine_from_environ()}
     engine = engine_value(config, "engine_config", None)
     if engine is None:
-        raise ValueError("dist_init(config): config has no 'engine_config' (expected fields "
-                         "distributed_backend, distributed_timeout_minutes, tp_size, cp_size, pp_size)")
+        raise ValueError(
+            "dist_init(config): config has no 'engine_config' (expected fields "
+            "distributed_backend, distributed_timeout_minutes, tp_size, cp_size, pp_size)"
+        )
     env = LaunchEnv.from_environ()
     if dist.is_initialized():
-        env = LaunchEnv(dist.get_rank(), dist.get_world_size(), env.local_rank, env.local_world_size)
+        env = LaunchEnv(
+            dist.get_rank(), dist.get_world_size(), env.local_rank, env.local_world_size
+        )
     timeout_min = engine_value(engine, "distributed_timeout_minutes", 30)
     try:
         timeout_min = float(timeout_min)
     except (TypeError, ValueError):
         timeout_min = -1.0
     if not timeout_min > 0:
-        raise ValueError(f"engine_config.distributed_timeout_minutes="
-                         f"{engine_value(engine, 'distributed_timeout_minutes', None)!r}: must be a number > 0")
+        raise ValueError(
+            f"engine_config.distributed_timeout_minutes="
+            f"{engine_value(engine, 'distributed_timeout_minutes', None)!r}: must be a number > 0"
+        )
     layout = Layout.from_engine(engine, env.world_size)
-    device, started = start_default_group(engine_value(engine, "distributed_backend", "auto"),
-                                          timedelta(minutes=timeout_min), env)
+    device, started = start_default_group(
+        engine_value(engine, "distributed_backend", "auto"), timedelta(minutes=timeout_min), env
+    )
     if started:
         _rt.current().owns_world = True
     init_distributed_environment()
-    initialize_model_parallel(layout.tp_size, layout.pp_size, layout.cp_size,
-                              engine_value(engine, "nccl_communicator_config_path", None), timeout_min,
-                              layout.order, layout.dp_size)
+    initialize_model_parallel(
+        layout.tp_size,
+        layout.pp_size,
+        layout.cp_size,
+        engine_value(engine, "nccl_communicator_config_path", None),
+        timeout_min,
+        layout.order,
+        layout.dp_size,
+    )
     if layout.pp_size > 1:
         from .pipeline import init_pp_scheduler
 

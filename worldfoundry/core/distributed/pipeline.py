@@ -40,7 +40,9 @@ def _as_timedelta(timeout: Timeout, name: str = "timeout") -> timedelta | None:
             raise ValueError(f"{name} must be positive, got {timeout!r}")
         return timeout
     if not is_number(timeout) or timeout <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, a timedelta or None, got {timeout!r}")
+        raise ValueError(
+            f"{name} must be a positive number of seconds, a timedelta or None, got {timeout!r}"
+        )
     return timedelta(seconds=float(timeout))
 
 
@@ -56,8 +58,13 @@ class PPScheduler:
     scheduler that was reset can never swallow a later scheduler's message.
     """
 
-    def __init__(self, group: Any = None, device: torch.device | str | None = None,
-                 timeout: Timeout = None, tag: int = 0) -> None:
+    def __init__(
+        self,
+        group: Any = None,
+        device: torch.device | str | None = None,
+        timeout: Timeout = None,
+        tag: int = 0,
+    ) -> None:
         self.group = _groups.get_pp_group() if group is None else group
         self._pg = self.group.device_group
         self.next_rank: int = self.group.next_rank
@@ -69,8 +76,10 @@ class PPScheduler:
         self._closed = False
 
     def __repr__(self) -> str:
-        return (f"PPScheduler(ranks={self.group.ranks}, rank={self.group.rank}, next={self.next_rank}, "
-                f"prev={self.prev_rank}, device={self.device}, pending={len(self._queue)})")
+        return (
+            f"PPScheduler(ranks={self.group.ranks}, rank={self.group.rank}, next={self.next_rank}, "
+            f"prev={self.prev_rank}, device={self.device}, pending={len(self._queue)})"
+        )
 
     @property
     def pending(self) -> int:
@@ -79,25 +88,35 @@ class PPScheduler:
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
-            raise RuntimeError(f"PPScheduler.{what}: this scheduler was reset (destroy_model_parallel); "
-                               "use pp_scheduler() after re-initializing")
+            raise RuntimeError(
+                f"PPScheduler.{what}: this scheduler was reset (destroy_model_parallel); "
+                "use pp_scheduler() after re-initializing"
+            )
         if self.group.world_size < 2:
-            raise RuntimeError(f"PPScheduler.{what}: the pp group has one rank ({self.group.ranks}); "
-                               "there is no neighbour stage to talk to")
+            raise RuntimeError(
+                f"PPScheduler.{what}: the pp group has one rank ({self.group.ranks}); "
+                "there is no neighbour stage to talk to"
+            )
 
     def isend_next(self, t: torch.Tensor) -> dist.Work:
         """Start sending ``t`` to the next stage; wait on the returned handle before reusing ``t``."""
         self._check_usable("isend_next")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"PPScheduler.isend_next: t must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(
+                f"PPScheduler.isend_next: t must be a torch.Tensor, got {type(t).__name__}"
+            )
         return dist.isend(t.detach().contiguous(), dst=self.next_rank, group=self._pg, tag=self.tag)
 
     def irecv_prev(self, buf: torch.Tensor) -> dist.Work:
         """Start receiving the previous stage's next message into ``buf`` (contiguous, right shape)."""
         self._check_usable("irecv_prev")
         if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
-            what = "a non-contiguous tensor" if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise ValueError(f"PPScheduler.irecv_prev: buf must be a contiguous torch.Tensor, got {what}")
+            what = (
+                "a non-contiguous tensor" if isinstance(buf, torch.Tensor) else type(buf).__name__
+            )
+            raise ValueError(
+                f"PPScheduler.irecv_prev: buf must be a contiguous torch.Tensor, got {what}"
+            )
         return self._irecv(buf)
 
     def _irecv(self, buf: torch.Tensor) -> dist.Work:
@@ -107,30 +126,37 @@ class PPScheduler:
         try:
             size = torch.Size(shape)
         except TypeError as e:
-            raise ValueError(f"PPScheduler.{what}: shape must be a sequence of ints, got {shape!r}") from e
+            raise ValueError(
+                f"PPScheduler.{what}: shape must be a sequence of ints, got {shape!r}"
+            ) from e
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"PPScheduler.{what}: dtype must be a torch.dtype, got {dtype!r}")
         return torch.empty(size, dtype=dtype, device=self.device)
 
-    def _wait(self, buf: torch.Tensor, work: dist.Work, timeout: Timeout, what: str) -> torch.Tensor:
+    def _wait(
+        self, buf: torch.Tensor, work: dist.Work, timeout: Timeout, what: str
+    ) -> torch.Tensor:
         limit = _as_timedelta(timeout) or self.timeout
         try:
             work.wait() if limit is None else work.wait(limit)
         except RuntimeError as e:
             within = "" if limit is None else f" within {limit.total_seconds():g}s"
-            raise RuntimeError(f"PPScheduler.{what}: receiving a {tuple(buf.shape)} {buf.dtype} tensor from "
-                               f"global rank {self.prev_rank} did not complete{within}: {e}") from e
+            raise RuntimeError(
+                f"PPScheduler.{what}: receiving a {tuple(buf.shape)} {buf.dtype} tensor from "
+                f"global rank {self.prev_rank} did not complete{within}: {e}"
+            ) from e
         return buf
 
-    def recv_prev_data(self, shape: Any, dtype: torch.dtype, timeout: Timeout = None) -> torch.Tensor:
+    def recv_prev_data(
+        self, shape: Any, dtype: torch.dtype, timeout: Timeout = None
+    ) -> torch.Tensor:
         """Receive the previous stage's next message into a new ``shape`` / ``dtype`` tensor and return it.
 
         It is matched after every receive already queued (FIFO).
         """
         self._check_usable("recv_prev_data")
         buf = self._new_buffer(shape, dtype, "recv_prev_data")
-        return self._wait(buf, self._irecv(buf), timeout,
-                          "recv_prev_data")
+        return self._wait(buf, self._irecv(buf), timeout, "recv_prev_data")
 
     def queue_irecv_prev(self, shape: Any, dtype: torch.dtype) -> None:
         """Post a receive of a ``shape`` / ``dtype`` message from the previous stage; collect it later."""
@@ -148,8 +174,10 @@ class PPScheduler:
         if self._closed:
             self._check_usable("queue_irecv_prev_data")
         if not self._queue:
-            raise RuntimeError("PPScheduler.queue_irecv_prev_data: no receive is queued; call "
-                               "queue_irecv_prev(shape, dtype) first (one call per message)")
+            raise RuntimeError(
+                "PPScheduler.queue_irecv_prev_data: no receive is queued; call "
+                "queue_irecv_prev(shape, dtype) first (one call per message)"
+            )
         buf, work = self._queue.popleft()
         return self._wait(buf, work, timeout, "queue_irecv_prev_data")
 
@@ -168,8 +196,10 @@ def init_pp_scheduler(timeout: Timeout = None) -> PPScheduler:
     """
     rt = _rt.current()
     if rt.pp_scheduler is not None:
-        raise RuntimeError(f"init_pp_scheduler: the PP scheduler is already initialized ({rt.pp_scheduler!r}); "
-                           "call destroy_model_parallel() before initializing it again")
+        raise RuntimeError(
+            f"init_pp_scheduler: the PP scheduler is already initialized ({rt.pp_scheduler!r}); "
+            "call destroy_model_parallel() before initializing it again"
+        )
     group = _groups.get_pp_group()
     rt.pp_generation += 1
     rt.pp_scheduler = PPScheduler(group, timeout=timeout, tag=rt.pp_generation)
@@ -180,9 +210,11 @@ def pp_scheduler() -> PPScheduler:
     """The process-wide :class:`PPScheduler`; RuntimeError if it was not initialized."""
     scheduler = _rt.current().pp_scheduler
     if scheduler is None:
-        raise RuntimeError("the PP scheduler is not initialized: call "
-                           "worldfoundry.core.distributed.dist_init(config) with pp_size > 1, or "
-                           "init_pp_scheduler() after initialize_model_parallel(...)")
+        raise RuntimeError(
+            "the PP scheduler is not initialized: call "
+            "worldfoundry.core.distributed.dist_init(config) with pp_size > 1, or "
+            "init_pp_scheduler() after initialize_model_parallel(...)"
+        )
     return scheduler
 
 

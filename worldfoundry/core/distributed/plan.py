@@ -44,7 +44,9 @@ class DistributionPlan:
                 f"DistributionPlan: ep_size={self.ep_size} must divide world_size={self.world_size}"
             )
         if self.dense not in _DENSE:
-            raise ValueError(f"DistributionPlan: dense={self.dense!r} is not allowed; allowed: {_DENSE}")
+            raise ValueError(
+                f"DistributionPlan: dense={self.dense!r} is not allowed; allowed: {_DENSE}"
+            )
 
     @property
     def edp(self) -> int:
@@ -70,9 +72,13 @@ def set_distribution_plan(model: nn.Module, plan: DistributionPlan) -> None:
     one included) this raises and leaves the model as it was.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"set_distribution_plan: model must be an nn.Module, got {type(model).__name__}")
+        raise TypeError(
+            f"set_distribution_plan: model must be an nn.Module, got {type(model).__name__}"
+        )
     if not isinstance(plan, DistributionPlan):
-        raise TypeError(f"set_distribution_plan: plan must be a DistributionPlan, got {type(plan).__name__}")
+        raise TypeError(
+            f"set_distribution_plan: plan must be a DistributionPlan, got {type(plan).__name__}"
+        )
     modules = list(model.named_modules())
     for name, module in modules:
         existing = module.__dict__.get(_ATTR)
@@ -94,7 +100,9 @@ def distribution_plan(model: nn.Module) -> DistributionPlan:
     one. A module added after the plan was recorded has none: read it off the model.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"distribution_plan: model must be an nn.Module, got {type(model).__name__}")
+        raise TypeError(
+            f"distribution_plan: model must be an nn.Module, got {type(model).__name__}"
+        )
     plan = model.__dict__.get(_ATTR)
     if plan is not None:
         return plan

@@ -210,7 +210,9 @@ class DistributedState:
 
 def _parse_device(device: torch.device | str) -> torch.device:
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"distributed_run: device must be a str or torch.device, got {type(device).__name__}")
+        raise TypeError(
+            f"distributed_run: device must be a str or torch.device, got {type(device).__name__}"
+        )
     try:
         return torch.device(device)
     except RuntimeError as e:
@@ -266,7 +268,9 @@ def _abort_world() -> None:
             return
         dist.destroy_process_group()
     except Exception as e:  # the body's error is what the caller must see
-        logger.warning("distributed_run: aborting the process group failed: {}: {}", type(e).__name__, e)
+        logger.warning(
+            "distributed_run: aborting the process group failed: {}: {}", type(e).__name__, e
+        )
 
 
 @contextmanager
@@ -288,17 +292,22 @@ def distributed_run(
     exception then propagates.
     """
     if timeout is not None and not isinstance(timeout, timedelta):
-        raise TypeError(f"distributed_run: timeout must be a datetime.timedelta or None, got {timeout!r}")
+        raise TypeError(
+            f"distributed_run: timeout must be a datetime.timedelta or None, got {timeout!r}"
+        )
     if timeout is not None and timeout <= timedelta(0):
-        raise ValueError(f"distributed_run: timeout={timeout!r} must be a positive datetime.timedelta "
-                         f"(got {timeout.total_seconds()} s)")
+        raise ValueError(
+            f"distributed_run: timeout={timeout!r} must be a positive datetime.timedelta "
+            f"(got {timeout.total_seconds()} s)"
+        )
     dev = _parse_device(device)
     pre_existing = is_initialized()
     if is_distributed_launch():
         dev = _launch_device(dev)
         # the same start-up path as dist_init: NCCL starts as cpu:gloo,cuda:nccl, cuda:LOCAL_RANK bound
-        dev, _ = start_default_group("nccl" if dev.type == "cuda" else "gloo", timeout,
-                                     LaunchEnv.from_environ())
+        dev, _ = start_default_group(
+            "nccl" if dev.type == "cuda" else "gloo", timeout, LaunchEnv.from_environ()
+        )
     elif dev.type == "cuda":
         _require_cuda(dev.index)
 
@@ -359,7 +368,11 @@ class _Outcome:
             if isinstance(self.exc, SystemExit):
                 code = self.exc.code
                 if code is None or isinstance(code, int):
-                    return (where, _EXIT, None if code is None else int(code))  # int(): a plain int pickles
+                    return (
+                        where,
+                        _EXIT,
+                        None if code is None else int(code),
+                    )  # int(): a plain int pickles
                 return (where, _EXIT, _safe_str(code))
             return (where, _ERROR, _describe(self.exc))
         except BaseException:
@@ -396,8 +409,10 @@ def _unpickle(where: str, src: int, me: int, payload: bytes) -> Any:
     try:
         return pickle.loads(payload)
     except BaseException as e:  # whatever a __reduce__ callable raises
-        err = RuntimeError(f"{where}: rank {src}'s value pickled but does not unpickle "
-                           f"(on rank {me}): {_describe(e)}")
+        err = RuntimeError(
+            f"{where}: rank {src}'s value pickled but does not unpickle "
+            f"(on rank {me}): {_describe(e)}"
+        )
         raise err from e
 
 
@@ -432,7 +447,9 @@ def _check_group_ready(where: str) -> bool:
     return False
 
 
-def _raise_uniformly(where: str, headers: list[tuple[str, str, Any]], out: _Outcome, me: int) -> None:
+def _raise_uniformly(
+    where: str, headers: list[tuple[str, str, Any]], out: _Outcome, me: int
+) -> None:
     """Raise the same way on every rank when ranks disagree on the point or any fn failed."""
     first_where = headers[0][0]
     for r, (w, _, _) in enumerate(headers):
@@ -441,7 +458,9 @@ def _raise_uniformly(where: str, headers: list[tuple[str, str, Any]], out: _Outc
                 f"ranks reached different collectives at the same point: rank 0 at {first_where}, "
                 f"rank {r} at {w} (this is rank {me}, at {where})"
             )
-            if isinstance(out.exc, (TypeError, ValueError)) and getattr(out.exc, "_wf_bad_argument", False):
+            if isinstance(out.exc, (TypeError, ValueError)) and getattr(
+                out.exc, "_wf_bad_argument", False
+            ):
                 raise out.exc from err
             raise err from out.exc
     failures = [(r, status, info) for r, (_, status, info) in enumerate(headers) if status != _OK]
@@ -482,7 +501,9 @@ def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _
     """
     bad = None
     if not isinstance(label, str):
-        bad = _bad_argument(TypeError(f"all_reduce: label must be a str, got {type(label).__name__}"))
+        bad = _bad_argument(
+            TypeError(f"all_reduce: label must be a str, got {type(label).__name__}")
+        )
     where = f"all_reduce({_label(label)})"
     if not _check_group_ready(where):
         if bad is not None:
@@ -521,17 +542,24 @@ def broadcast_from(label: str, fn: Callable[[], _V], rank: int = 0) -> _V:
     """
     bad = None
     if not isinstance(label, str):
-        bad = _bad_argument(TypeError(f"broadcast_from: label must be a str, got {type(label).__name__}"))
+        bad = _bad_argument(
+            TypeError(f"broadcast_from: label must be a str, got {type(label).__name__}")
+        )
     elif not is_int(rank):
-        bad = _bad_argument(TypeError(f"broadcast_from: rank must be an int, got {_safe_str(rank)}"))
+        bad = _bad_argument(
+            TypeError(f"broadcast_from: rank must be an int, got {_safe_str(rank)}")
+        )
     shown_rank = rank if is_int(rank) else f"<{type(rank).__name__}>"
     where = f"broadcast_from({_label(label)}, rank={shown_rank})"
     collective = _check_group_ready(where)
     world = size()
     me = dist.get_rank() if collective else 0
     if bad is None and not 0 <= rank < world:
-        bad = _bad_argument(ValueError(
-            f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} (this is rank {me})"))
+        bad = _bad_argument(
+            ValueError(
+                f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} (this is rank {me})"
+            )
+        )
     if not collective:
         if bad is not None:
             raise bad

@@ -34,7 +34,15 @@ import torch.distributed as dist
 from .env import ATTEMPT_ENV, launch_attempt
 from .topology import Layout
 
-__all__ = ["ATTEMPT_ENV", "LOCAL_STORE", "Runtime", "current", "init_default_group", "launch_attempt"]
+__all__ = [
+    "ATTEMPT_ENV",
+    "LOCAL_STORE",
+    "Runtime",
+    "current",
+    "init_default_group",
+    "launch_attempt",
+]
+
 
 @dataclass(eq=False)
 class Runtime:
@@ -126,6 +134,7 @@ def current() -> Runtime:
 
 # ---------------------------------------------------------------- the launch's rendezvous store
 
+
 @dataclass
 class _Rendezvous:
     """The launch's store, kept across destroy/init so the same process can re-initialize."""
@@ -160,8 +169,12 @@ def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedel
     if init_method == LOCAL_STORE:
         return dist.HashStore()
     master = os.environ.get("MASTER_ADDR")
-    if (init_method == "env://" and rank == 0 and _is_loopback(master)
-            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):
+    if (
+        init_method == "env://"
+        and rank == 0
+        and _is_loopback(master)
+        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    ):
         return _loopback_server(str(master), int(os.environ["MASTER_PORT"]), world_size, timeout)
     store, _, _ = next(dist.rendezvous(init_method, rank, world_size, timeout=timeout))
     return store
@@ -178,8 +191,14 @@ def _loopback_server(host: str, port: int, world_size: int, timeout: timedelta) 
         sock.listen(4096)
     except OSError as exc:
         sock.close()
-        raise RuntimeError(f"the launch's store cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return dist.TCPStore(host, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=sock.detach())
+        raise RuntimeError(
+            f"the launch's store cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    return dist.TCPStore(
+        host, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=sock.detach()
+    )
+
+
 _INHERITED_STORES: list[Any] = []
 
 
@@ -226,12 +245,16 @@ def init_default_group(
         # second init after destroy never races the first store's shutdown.
         key = (init_method, rank, world_size)
         if _RDZV.key != key:
-            _RDZV.store = _launch_store(init_method, rank, world_size, timeout or timedelta(minutes=30))
+            _RDZV.store = _launch_store(
+                init_method, rank, world_size, timeout or timedelta(minutes=30)
+            )
             _RDZV.key = key
         _RDZV.generation += 1
-        kwargs.update(store=dist.PrefixStore(f"wf/attempt{attempt}/init{_RDZV.generation}/",
-                                             _RDZV.store),
-                      rank=rank, world_size=world_size)
+        kwargs.update(
+            store=dist.PrefixStore(f"wf/attempt{attempt}/init{_RDZV.generation}/", _RDZV.store),
+            rank=rank,
+            world_size=world_size,
+        )
     else:
         kwargs["init_method"] = init_method
     dist.init_process_group(**kwargs)

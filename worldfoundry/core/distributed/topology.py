@@ -37,13 +37,17 @@ def engine_value(engine: Any, name: str, default: Any = None) -> Any:
     return getattr(engine, name, default)
 
 
-def _layout_error(order: str, sizes: dict[str, int], world_size: int | None, why: str) -> ValueError:
+def _layout_error(
+    order: str, sizes: dict[str, int], world_size: int | None, why: str
+) -> ValueError:
     shown = ", ".join(f"{d}_size={sizes.get(d)!r}" for d in DIMS)
     ws = "" if world_size is None else f", world_size={world_size}"
     return ValueError(f"invalid parallel layout (order={order!r}, {shown}{ws}): {why}")
 
 
-def parse_order(order: str, sizes: dict[str, int], world_size: int | None = None) -> tuple[str, ...]:
+def parse_order(
+    order: str, sizes: dict[str, int], world_size: int | None = None
+) -> tuple[str, ...]:
     """Return the full innermost-first dimension order for ``order``.
 
     Tokens of size 1 may be left out of ``order``; they are appended (they do not
@@ -51,20 +55,29 @@ def parse_order(order: str, sizes: dict[str, int], world_size: int | None = None
     size > 1 that is missing, raise one ValueError naming the order and sizes.
     """
     if not isinstance(order, str) or not order.strip():
-        raise _layout_error(str(order), sizes, world_size,
-                            f"order must be a '-'-joined permutation of {'/'.join(DIMS)}")
+        raise _layout_error(
+            str(order),
+            sizes,
+            world_size,
+            f"order must be a '-'-joined permutation of {'/'.join(DIMS)}",
+        )
     tokens = [t.strip().lower() for t in order.split("-")]
     unknown = [t for t in tokens if t not in DIMS]
     if unknown:
-        raise _layout_error(order, sizes, world_size,
-                            f"unknown token(s) {unknown}; allowed tokens are {list(DIMS)}")
+        raise _layout_error(
+            order, sizes, world_size, f"unknown token(s) {unknown}; allowed tokens are {list(DIMS)}"
+        )
     repeated = sorted({t for t in tokens if tokens.count(t) > 1})
     if repeated:
         raise _layout_error(order, sizes, world_size, f"token(s) {repeated} appear more than once")
     missing = [d for d in DIMS if d not in tokens and sizes.get(d, 1) > 1]
     if missing:
-        raise _layout_error(order, sizes, world_size,
-                            f"token(s) {missing} have size > 1 but are missing from the order")
+        raise _layout_error(
+            order,
+            sizes,
+            world_size,
+            f"token(s) {missing} have size > 1 but are missing from the order",
+        )
     return tuple(tokens) + tuple(d for d in DIMS if d not in tokens)
 
 
@@ -93,16 +106,20 @@ class Layout:
             if v is None and d == "dp":
                 continue
             if not is_int(v) or v < 1:
-                raise _layout_error(self.order, raw, ws, f"{d}_size must be an integer >= 1, got {v!r}")
+                raise _layout_error(
+                    self.order, raw, ws, f"{d}_size must be an integer >= 1, got {v!r}"
+                )
         model = math.prod(raw[d] for d in DIMS if d != "dp")
         if ws % model:
-            raise _layout_error(self.order, raw, ws,
-                                f"tp*cp*pp = {model} does not divide the world size {ws}")
+            raise _layout_error(
+                self.order, raw, ws, f"tp*cp*pp = {model} does not divide the world size {ws}"
+            )
         if self.dp_size is None:
             object.__setattr__(self, "dp_size", ws // model)
         elif model * self.dp_size != ws:
-            raise _layout_error(self.order, raw, ws,
-                                f"tp*cp*pp*dp = {model * self.dp_size} != world size {ws}")
+            raise _layout_error(
+                self.order, raw, ws, f"tp*cp*pp*dp = {model * self.dp_size} != world size {ws}"
+            )
         object.__setattr__(self, "dims", parse_order(self.order, self.sizes, ws))
 
     @classmethod
@@ -116,19 +133,27 @@ class Layout:
         the four sizes, so ``dp_size`` must then be given. Raises the same
         ValueError as the constructor.
         """
-        sizes: dict[str, Any] = {d: engine_value(engine, f"{d}_size", None if d == "dp" else 1) for d in DIMS}
+        sizes: dict[str, Any] = {
+            d: engine_value(engine, f"{d}_size", None if d == "dp" else 1) for d in DIMS
+        }
         if sizes["dp"] in (None, 0, -1):
             sizes["dp"] = None
         order = engine_value(engine, "order", DEFAULT_ORDER)
         if world_size is None:
             if sizes["dp"] is None:
-                raise _layout_error(str(order), sizes, None,
-                                    "dp_size must be given when the world size is not (it is their product)")
+                raise _layout_error(
+                    str(order),
+                    sizes,
+                    None,
+                    "dp_size must be given when the world size is not (it is their product)",
+                )
             world_size = 1
             for d in DIMS:
                 v = sizes[d]
                 if not is_int(v) or v < 1:
-                    raise _layout_error(str(order), sizes, None, f"{d}_size must be an integer >= 1, got {v!r}")
+                    raise _layout_error(
+                        str(order), sizes, None, f"{d}_size must be an integer >= 1, got {v!r}"
+                    )
                 world_size *= v
         return cls(world_size, **{f"{d}_size": v for d, v in sizes.items()}, order=order)
 
@@ -178,7 +203,9 @@ class Layout:
     def _varying(self, name: str) -> list[str]:
         parts = name.split("-")
         if any(p not in DIMS for p in parts) or len(set(parts)) != len(parts):
-            raise ValueError(f"unknown group name {name!r}; use tokens of {list(DIMS)} joined by '-'")
+            raise ValueError(
+                f"unknown group name {name!r}; use tokens of {list(DIMS)} joined by '-'"
+            )
         return [d for d in self.dims if d in parts]
 
     def _enumerate(self, base: dict[str, int], varying: list[str]) -> list[int]:
@@ -194,5 +221,7 @@ class Layout:
     def describe(self) -> str:
         """One line: sizes and order, e.g. 'tp=1 cp=4 pp=2 dp=1 (order tp-cp-pp-dp, 8 ranks)'."""
         s = self.sizes
-        return (f"tp={s['tp']} cp={s['cp']} pp={s['pp']} dp={s['dp']} "
-                f"(order {'-'.join(self.dims)}, {self.world_size} ranks)")
+        return (
+            f"tp={s['tp']} cp={s['cp']} pp={s['pp']} dp={s['dp']} "
+            f"(order {'-'.join(self.dims)}, {self.world_size} ranks)"
+        )
