@@ -108,8 +108,7 @@ def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -
     from wf_launch.tasks.registry import load_task_modules, register_task, task_preload
 
     load_task_modules()  # built-ins register into the real registry, not only into the copy below
-    monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
-    monkeypatch.setattr(registry, "_PRELOAD", dict(registry._PRELOAD))
+    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))
     register_task("preload_probe", preload=("json", "wf_launch.checkpoint"))(lambda ctx: None)
     assert task_preload("preload_probe") == ("json", "wf_launch.checkpoint")
     assert task_preload("noop") == ()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_chec
 
 from omegaconf import MISSING
 
-from ..config.fields import check_bool, check_number, config_error, is_int, unknown_field
+from ..config.fields import check_fields, config_error, flag, is_int, number, unknown_field
 from ..rundir import files
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 C = TypeVar("C", bound="LauncherConfig")
+WEEK_S = 7 * 24 * 3600
+_WEEK_NOTE = "(0.1 s to a week)"
 
 
 def run_dir_mode(value: Any) -> int:
@@ -69,15 +71,15 @@ class LauncherConfig:
     """What every launcher's config has (subclass it for a launcher's own fields)."""
 
     name: str = MISSING
-    dry_run: bool = False
+    dry_run: bool = flag(False)
     console_ranks: list[int] | None = None
-    max_log_mb: float = 1024.0
-    max_metrics_mb: float = 1024.0
-    overwrite: bool = False
-    resume: bool = False
+    max_log_mb: float = number(1024.0, 0, unit="MB", note="per rank log (0 = no cap)")
+    max_metrics_mb: float = number(1024.0, 0, unit="MB", note=f"{files.METRICS} (0 = no cap)")
+    overwrite: bool = flag(False)
+    resume: bool = flag(False)
     run_dir_mode: str = "0700"
-    progress_interval_s: float = 10.0
-    stall_warning_s: float = 300.0
+    progress_interval_s: float = number(10.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)
+    stall_warning_s: float = number(300.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)
 
     @classmethod
     def build(cls: type[C], launcher: dict[str, Any]) -> C:
@@ -104,31 +106,11 @@ class LauncherConfig:
                     list(ranks),
                     f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)",
                 )
-        check_number(
-            "launcher.max_log_mb", self.max_log_mb, 0, unit="MB", note="per rank log (0 = no cap)"
-        )
-        check_number(
-            "launcher.max_metrics_mb",
-            self.max_metrics_mb,
-            0,
-            unit="MB",
-            note=f"{files.METRICS} (0 = no cap)",
-        )
+        check_fields(self, "launcher", LauncherConfig)
         try:
             run_dir_mode(self.run_dir_mode)
         except ValueError as exc:
             raise config_error("launcher.run_dir_mode", self.run_dir_mode, str(exc)) from None
-        for key in ("progress_interval_s", "stall_warning_s"):
-            check_number(
-                f"launcher.{key}",
-                getattr(self, key),
-                0.1,
-                7 * 24 * 3600,
-                unit="seconds",
-                note="(0.1 s to a week)",
-            )
-        for key in ("dry_run", "overwrite", "resume"):
-            check_bool(f"launcher.{key}", getattr(self, key))
         if self.overwrite and self.resume:
             raise config_error(
                 "launcher.resume",

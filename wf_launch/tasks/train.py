@@ -39,7 +39,7 @@ import copy
 import hashlib
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -50,17 +50,25 @@ from torch import nn
 from wf_launch.config import (
     ConfigError,
     EngineConfig,
-    TaskConfig,
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
+    check_fields,
+    choice,
     config_error,
-    positive_int,
+    flag,
+    integer,
+    number,
+    redefault,
 )
 from worldfoundry.core.torch_private import DYNAMO_MODULE
 
-from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
+from ._vdit import (
+    PatchGridSplit,
+    VDiT,
+    VDiTConfig,
+    patchify,
+    sincos_3d,
+    stage_blocks,
+    timestep_embedding,
+)
 from .context import TaskContext
 from .registry import register_task
 
@@ -90,7 +98,7 @@ _BACKWARD_TAG = 1 << 20
 
 
 @dataclass
-class TrainConfig(TaskConfig):
+class TrainConfig(VDiTConfig):
     """Config of task ``train`` (``task=train task.steps=20 ...``).
 
     ``batch`` samples per micro-batch; ``global_batch`` samples per step (0: ``dp_size *
@@ -98,81 +106,61 @@ class TrainConfig(TaskConfig):
     ``global_batch / (dp_size * batch)`` micro-batches per replica (GPipe), so
     ``micro_batches`` only sets the default global batch. ``checkpoint_every`` 0 saves only
     on a stop (and after the last step with ``save_final``). ``step_sleep_s`` stretches
-    every step (drills and tests). Model sizes are the demo's (latent units).
+    every step (drills and tests). The model's fields are the demo's
+    (:class:`~wf_launch.tasks._vdit.VDiTConfig`), with a smaller model by default.
     """
 
     name: str = "train"
-    seed: int = 0
-    steps: int = 10
-    micro_batches: int = 2
-    batch: int = 2
-    global_batch: int = 0
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    ema_beta: float = 0.99
-    loss: str = "flow"
-    checkpoint_every: int = 0
-    keep: int = 3
-    async_save: bool = False
-    save_final: bool = True
-    step_sleep_s: float = 0.0
-    check_reference: bool = False
-    reference_atol: float = 1e-4
-    channels: int = 4
-    frames: int = 4
-    height: int = 8
-    width: int = 8
-    patch: list[int] = field(default_factory=lambda: [1, 2, 2])
-    hidden: int = 32
-    heads: int = 4
-    depth: int = 2
-    mlp_ratio: float = 2.0
+    batch: int = redefault(VDiTConfig, "batch", 2)
+    frames: int = redefault(VDiTConfig, "frames", 4)
+    height: int = redefault(VDiTConfig, "height", 8)
+    width: int = redefault(VDiTConfig, "width", 8)
+    hidden: int = redefault(VDiTConfig, "hidden", 32)
+    depth: int = redefault(VDiTConfig, "depth", 2)
+    mlp_ratio: float = redefault(VDiTConfig, "mlp_ratio", 2.0)
+    steps: int = integer(10, low=1)
+    micro_batches: int = integer(2, low=1)
+    global_batch: int = integer(
+        0, low=0, note="(0: engine.dp_size * task.batch * task.micro_batches)"
+    )
+    lr: float = number(1e-3, 0, low_open=True)
+    weight_decay: float = number(0.0, 0)
+    ema_beta: float = number(0.99, 0, 1, allowed="expected a number in [0, 1]")
+    loss: str = choice("flow", LOSSES)
+    checkpoint_every: int = integer(0, low=0, note="(0: save only when the run is asked to stop)")
+    keep: int = integer(3, low=1)
+    async_save: bool = flag(False)
+    save_final: bool = flag(True)
+    step_sleep_s: float = number(0.0, 0, unit="seconds")
+    check_reference: bool = flag(False)
+    reference_atol: float = number(1e-4, 0, low_open=True)
 
     def validate(self, engine: EngineConfig | None = None) -> None:
         """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
-        from .demo import DemoTaskConfig
-
-        for name in ("steps", "micro_batches", "keep"):
-            positive_int(f"task.{name}", getattr(self, name))
-        check_int(
-            "task.checkpoint_every",
-            self.checkpoint_every,
-            low=0,
-            note="(0: save only when the run is asked to stop)",
-        )
-        check_int(
-            "task.global_batch",
-            self.global_batch,
-            low=0,
-            note="(0: engine.dp_size * task.batch * task.micro_batches)",
-        )
-        check_number("task.lr", self.lr, 0, low_open=True)
-        check_number("task.weight_decay", self.weight_decay, 0)
-        check_number("task.ema_beta", self.ema_beta, 0, 1, allowed="expected a number in [0, 1]")
-        check_number("task.step_sleep_s", self.step_sleep_s, 0, unit="seconds")
-        check_number("task.reference_atol", self.reference_atol, 0, low_open=True)
-        check_choice("task.loss", self.loss, LOSSES)
-        for name in ("async_save", "save_final", "check_reference"):
-            check_bool(f"task.{name}", getattr(self, name))
-        DemoTaskConfig(name="demo", **self._model_fields()).validate()
+        check_fields(self, "task")
+        self.check_model()
         if engine is not None:
-            if self.global_batch:
-                self.micro_batches_at(self.global_batch, engine.dp_size, engine.pp_size)
-            elif engine.pp_size > 1 and self.micro_batches < engine.pp_size:
-                raise config_error(
-                    "task.micro_batches",
-                    self.micro_batches,
-                    f"GPipe needs at least one micro-batch per pipeline stage: an integer "
-                    f">= engine.pp_size={engine.pp_size}",
-                )
-            if self.depth < engine.pp_size:
-                raise config_error(
-                    "task.depth",
-                    self.depth,
-                    f"every pipeline stage needs a block: an integer >= engine.pp_size="
-                    f"{engine.pp_size}",
-                )
-            self.plan_split(engine.cp_size)
+            self._check_layout(engine)
+
+    def _check_layout(self, engine: EngineConfig) -> None:
+        """The batch, the blocks and the latent split over the run's layout."""
+        if self.global_batch:
+            self.micro_batches_at(self.global_batch, engine.dp_size, engine.pp_size)
+        elif engine.pp_size > 1 and self.micro_batches < engine.pp_size:
+            raise config_error(
+                "task.micro_batches",
+                self.micro_batches,
+                f"GPipe needs at least one micro-batch per pipeline stage: an integer "
+                f">= engine.pp_size={engine.pp_size}",
+            )
+        if self.depth < engine.pp_size:
+            raise config_error(
+                "task.depth",
+                self.depth,
+                f"every pipeline stage needs a block: an integer >= engine.pp_size="
+                f"{engine.pp_size}",
+            )
+        self.plan_split(engine.cp_size)
 
     def default_global_batch(self, dp_size: int) -> int:
         """The global batch of a run started at ``dp_size`` replicas: ``task.global_batch``, else dp * batch * micro."""
@@ -204,28 +192,10 @@ class TrainConfig(TaskConfig):
 
         return estimate_memory_gb(self, layout)
 
-    def _model_fields(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "seed",
-                "batch",
-                "channels",
-                "frames",
-                "height",
-                "width",
-                "patch",
-                "hidden",
-                "heads",
-                "depth",
-                "mlp_ratio",
-            )
-        }
-
     def plan_split(self, cp_size: int) -> PatchGridSplit:
         """The CP plan of the latent, with an error naming the config when CP cannot split it."""
         try:
-            return PatchGridSplit.plan(self.latent_shape, tuple(self.patch), cp_size)
+            return self.split_plan(cp_size)
         except (ValueError, RuntimeError) as exc:
             pt, ph, _ = self.patch
             raise ConfigError(
@@ -234,10 +204,6 @@ class TrainConfig(TaskConfig):
                 f"task.patch={list(self.patch)}) splits over cp_size = (a divisor of the patch frames) x "
                 f"(a divisor of the patch rows) ranks ({exc})"
             ) from exc
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int, int]:
-        return self.batch, self.channels, self.frames, self.height, self.width
 
     def build_model(self) -> VDiT:
         """The seeded full model (float32, CPU), identical on every rank and in the reference."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
-from ...config.fields import check_bool, check_choice, check_int, check_number, config_error
+from ...config.fields import check_fields, choice, config_error, flag, integer, number
 from ...observe.rootcause import explain_failure
 from ...rank.entrypoint import RankSpec
 from ...rundir import attempts, files
@@ -53,34 +53,18 @@ class LocalLauncherConfig(LauncherConfig):
     """Ranks as local processes on torch's elastic agent."""
 
     name: str = "local"
-    start_method: str = "auto"
-    max_restarts: int = 0
-    threads_per_rank: int = 0
-    rdzv_port: int = 0
-    monitor_interval_s: float = 0.1
-    shutdown_timeout_s: int = 30
-    loopback_only: bool = True
-    oversubscribe: bool = False
+    start_method: str = choice("auto", START_METHODS)
+    max_restarts: int = integer(0, low=0)
+    threads_per_rank: int = integer(0, low=0)
+    rdzv_port: int = integer(0, 0, 65535, note="(0: pick a free port)")
+    monitor_interval_s: float = number(0.1, 0, 60, low_open=True, unit="seconds")
+    shutdown_timeout_s: int = number(30, 0, 3600, unit="seconds")
+    loopback_only: bool = flag(True)
+    oversubscribe: bool = flag(False)
 
     def check(self, world_size: int) -> None:
         """The local launcher's own fields, and that the world fits this host."""
-        check_choice("launcher.start_method", self.start_method, START_METHODS)
-        for key in ("max_restarts", "threads_per_rank"):
-            check_int(f"launcher.{key}", getattr(self, key), low=0)
-        check_int("launcher.rdzv_port", self.rdzv_port, 0, 65535, note="(0: pick a free port)")
-        check_number(
-            "launcher.monitor_interval_s",
-            self.monitor_interval_s,
-            0,
-            60,
-            low_open=True,
-            unit="seconds",
-        )
-        check_number(
-            "launcher.shutdown_timeout_s", self.shutdown_timeout_s, 0, 3600, unit="seconds"
-        )
-        for key in ("loopback_only", "oversubscribe"):
-            check_bool(f"launcher.{key}", getattr(self, key))
+        check_fields(self, "launcher")
         cores = os.cpu_count() or 1
         if world_size > RANKS_PER_CORE * cores and not self.oversubscribe:
             raise config_error(
