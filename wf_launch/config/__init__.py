@@ -3,7 +3,8 @@
 What task and launcher authors import: :class:`TaskConfig` (subclass it for a task's
 typed fields), :class:`EngineConfig`, :class:`ConfigError`, the field checks of
 :mod:`.fields` and the declared rules (``integer``, ``number``, ``flag``, ``choice``,
-``line``) that :func:`check_fields` applies. :mod:`.run` holds the whole-run schema Hydra composes and its validation.
+``line``) that :func:`check_fields` applies. :mod:`.run` holds the whole-run schema Hydra composes
+and its validation.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def unknown_field(
 ) -> ConfigError:
     """'engine.cp_sise=2 is not allowed: no such field (did you mean engine.cp_size?); ...'.
 
-    The message ends with the allowed fields. ``owner`` names what lacks the field ('train' -> 'train has no such field; ...').
+    The message ends with the allowed fields. ``owner`` names what lacks the field ('train' ->
+    'train has no such field; ...').
     """
     known = sorted(str(k) for k in known)
     parent, _, leaf = field_name.rpartition(".")

@@ -210,7 +210,7 @@ class PatchGridSplit:
         return x.reshape(b, *self.grid, d)
 
     def positions(self, cp_rank: int | None = None) -> torch.Tensor:
-        """Global (t, h, w) patch coordinates, (L, 3) long: of ``cp_rank``'s block, or all (None)."""
+        """Global (t, h, w) patch coordinates, (L, 3) long: ``cp_rank``'s block, or all (None)."""
         if cp_rank is None:
             return torch.cat([self.positions(r) for r in range(self.cp_size)])
         if not 0 <= cp_rank < self.cp_size:
@@ -292,7 +292,7 @@ class CPAttention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor, cp_group: Any = None) -> torch.Tensor:
-        """``x``: this rank's tokens (B, L, D); ``cp_group`` None means the whole sequence is local."""
+        """``x``: this rank's tokens (B, L, D); ``cp_group`` None: the whole sequence is local."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).unbind(2)
         if cp_group is not None:
@@ -398,7 +398,7 @@ class VDiT(nn.Module):
         return self.t_embed(timestep_embedding(t, self.hidden).to(device=t.device, dtype=dtype))
 
     def embed(self, patches: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Patch values (B, L, patch_dim) at global ``positions`` (L, 3) -> tokens (B, L, hidden)."""
+        """Patch values (B, L, patch_dim) at global ``positions`` (L, 3) -> tokens (B, L, D)."""
         pos = sincos_3d(positions, self.hidden).to(device=patches.device, dtype=patches.dtype)
         return self.patch_embed(patches) + pos
 
@@ -415,7 +415,9 @@ class VDiT(nn.Module):
         return self.final(x, c)
 
     def forward(self, latent: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Single-process forward: latent (B, C, T, H, W) and times (B,) -> output of the latent's shape."""
+        """Single-process forward: latent (B, C, T, H, W) and times (B,) -> output of the latent's
+        shape.
+        """
         grid = patchify(latent, self.patch)
         split = PatchGridSplit(tuple(grid.shape[1:4]))
         c = self.condition(t)

@@ -1,4 +1,5 @@
-"""Task ``demo``: a tiny video-DiT forward pass under the run's CP x PP layout, checked against one process.
+"""Task ``demo``: a tiny video-DiT forward pass under the run's CP x PP layout, checked against one
+process.
 
 What every model-parallel replica does:
 
@@ -111,7 +112,9 @@ class DemoTaskConfig(VDiTConfig):
         device: Any = "cpu",
         latent: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Seeded diffusion times (B,) and, if ``latent``, a latent (B, C, T, H, W); generated on CPU."""
+        """Seeded diffusion times (B,) and, if ``latent``, a latent (B, C, T, H, W); generated on
+        CPU.
+        """
         gen = torch.Generator().manual_seed(sample_seed)
         t = torch.rand(self.batch, generator=gen, dtype=torch.float64)
         x = torch.randn(self.latent_shape, generator=gen) if latent else None
@@ -119,7 +122,9 @@ class DemoTaskConfig(VDiTConfig):
 
 
 def plan_split(cfg: DemoTaskConfig, cp_size: int) -> PatchGridSplit:
-    """CP plan of the latent (``find_split``), with an error naming the config when CP cannot be placed."""
+    """CP plan of the latent (``find_split``), with an error naming the config when CP cannot be
+    placed.
+    """
     try:
         return cfg.split_plan(cp_size)
     except (ValueError, RuntimeError) as exc:
@@ -203,7 +208,9 @@ class _Forward:
         return self.cfg.batch, self.split.tokens_per_rank, self.cfg.hidden
 
     def __call__(self) -> torch.Tensor | None:
-        """One forward of this stage; the last stage returns the whole output latent, the others None."""
+        """One forward of this stage; the last stage returns the whole output latent, the others
+        None.
+        """
         cfg, ctx = self.cfg, self.ctx
         cp_pg = ctx.groups["cp"] if ctx.groups["cp"].world_size > 1 else None
         c = self.model.condition(self.t)
@@ -232,7 +239,7 @@ class _Forward:
 
 
 def _timed(fwd: _Forward) -> tuple[torch.Tensor | None, float]:
-    """Warm up, then the mean time of ``repeats`` forwards (reported as progress); the last output."""
+    """Warm up, then the mean time of ``repeats`` forwards (as progress); the last output."""
     for _ in range(fwd.cfg.warmup):
         fwd()
     fwd.settle()
@@ -314,13 +321,36 @@ def _check(
     }
 
 
+def _outputs(holders: list[dict[str, Any]], replicas: int) -> dict[str, Any]:
+    """What the ranks holding the output measured: speed, error, and whether every replica held."""
+    errs = [r["max_abs_err"] for r in holders if r.get("max_abs_err") is not None]
+    return {
+        "tokens_per_s": min(r["tokens_per_s"] for r in holders),
+        "ref_tokens_per_s": min(
+            (r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r), default=None
+        ),
+        "max_abs_err": max(errs) if errs else None,
+        "ok": all(r["ok"] for r in holders) and len(holders) == replicas,
+        "output_ranks": [r["rank"] for r in holders],
+    }
+
+
+def _first_replica_blocks(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """Each pipeline stage's blocks, as the first tp, cp and dp rank of the stage ran them."""
+    return [
+        list(r["blocks"])
+        for r in rows
+        if r["coords"]["tp"] == 0 and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0
+    ]
+
+
 def _summarize(
     cfg: DemoTaskConfig, split: PatchGridSplit, rows: list[dict[str, Any]], ctx: TaskContext
 ) -> dict[str, Any]:
     """Rank 0's view of the run, from every rank's row."""
     layout = get_layout()
     holders = [r for r in rows if r.get("holds_output")]
-    errs = [r["max_abs_err"] for r in holders if r.get("max_abs_err") is not None]
+    outputs = _outputs(holders, layout.world_size // (layout.cp_size * layout.pp_size))
     pt, ph, _ = cfg.patch
     bt, bh, _ = split.block
     return {
@@ -328,25 +358,18 @@ def _summarize(
         "layout_text": layout.describe(),
         "order": "-".join(layout.dims),
         "tokens": cfg.batch * split.tokens,
-        "tokens_per_s": min(r["tokens_per_s"] for r in holders),
-        "ref_tokens_per_s": min(
-            (r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r), default=None
-        ),
-        "max_abs_err": max(errs) if errs else None,
+        "tokens_per_s": outputs["tokens_per_s"],
+        "ref_tokens_per_s": outputs["ref_tokens_per_s"],
+        "max_abs_err": outputs["max_abs_err"],
         "atol": cfg.tolerance,
-        "ok": all(r["ok"] for r in holders)
-        and len(holders) == layout.world_size // (layout.cp_size * layout.pp_size),
-        "output_ranks": [r["rank"] for r in holders],
+        "ok": outputs["ok"],
+        "output_ranks": outputs["output_ranks"],
         "cp_split": {
             "cp_t": split.cp_t,
             "cp_h": split.cp_h,
             "block_latent": [bt * pt, bh * ph, cfg.width],
         },
-        "stage_blocks": [
-            list(r["blocks"])
-            for r in rows
-            if r["coords"]["tp"] == 0 and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0
-        ],
+        "stage_blocks": _first_replica_blocks(rows),
         "tp_replicated": layout.tp_size > 1,
         "dp_samples": f"dp replica d uses sample seed {cfg.seed} + 1 + d",
         "config": asdict(cfg),
