@@ -158,7 +158,7 @@ def _export_rounds(
 ) -> tuple[list[float], list[float], list[float], int]:
     import torch
 
-    from wf_launch.rank.checkpoint.format import complete_checkpoints
+    from wf_launch.rundir.checkpoints import complete_checkpoints
     from wf_launch.tools.checkpoint import consolidate
 
     [(_, ckpt)] = complete_checkpoints(directory)

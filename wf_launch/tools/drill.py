@@ -152,7 +152,7 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
 
     from ..config.overrides import hydra_config_error, refuse_schemas
     from ..config.run import register_configs
-    from ..tasks.registry import load_task_modules
+    from ..rank.task_registry import load_task_modules
 
     mods = [
         m.strip().strip("'\"")

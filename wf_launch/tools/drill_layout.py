@@ -19,8 +19,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..rank.checkpoint.format import CheckpointUnreadable, complete_checkpoints
 from ..rank.checkpoint.safe_read import CheckpointRefused
+from ..rundir.checkpoints import CheckpointUnreadable, complete_checkpoints
 
 __all__ = [
     "DEFAULT_ATOL",
