@@ -22,7 +22,7 @@ import pytest
 from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli
 
 from wf_launch.rank.progress import ProgressReporter
-from wf_launch.tools.plot import expand_runs, run_labels
+from wf_launch.readers.plot import expand_runs, run_labels
 
 TASKS = "task.modules=[wf_identity_tasks]"
 REPO = Path(__file__).resolve().parents[1]

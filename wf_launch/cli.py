@@ -66,7 +66,7 @@ def _app(cfg: DictConfig) -> object:
         hc.mode == RunMode.MULTIRUN
         and OmegaConf.select(cfg, "launcher.resume", default=False) is True
     ):
-        from .tools.sweep.resume import kept_outcome
+        from .launchers.sweep_resume import kept_outcome
 
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:

@@ -83,7 +83,7 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], str | None]:
     """Per module entry: max abs difference and the largest ones, between both runs' final checkpoints."""
-    from .checkpoint import consolidate, module_entries
+    from ..readers.checkpoint import consolidate, module_entries
 
     ref, got = _final_checkpoint(reference), _final_checkpoint(interrupted)
     if ref is None or got is None or ref[0] != got[0]:
