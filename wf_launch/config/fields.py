@@ -252,10 +252,7 @@ _KINDS: dict[str, Callable[[Rule, str, Any], None]] = {
 
 
 def _field(default: Any, rule: Rule) -> Any:
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(
-            default_factory=lambda: type(default)(default), metadata={RULE: rule}
-        )
+    """A dataclass field with ``default`` (a scalar or None) and ``rule`` in its metadata."""
     return dataclasses.field(default=default, metadata={RULE: rule})
 
 
