@@ -168,7 +168,8 @@ OWNED_SRUN_OPTIONS = (
     "--het-group",
     "--pack-group",
 )
-"""srun options the launcher sets itself: the layout (one task per rank) and "one failing rank ends the step"."""
+"""srun options the launcher sets itself: the layout (one task per rank) and "one failing rank
+ends the step"."""
 
 
 def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int) -> None:
@@ -206,7 +207,7 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
 
 
 def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
-    """``sbatch_extra``, ``setup`` and ``srun_args``: single lines, no srun option the launcher owns."""
+    """``sbatch_extra``, ``setup``, ``srun_args``: single lines, no srun option we set ourselves."""
     for key, value in dict(lc.sbatch_extra or {}).items():
         if not isinstance(key, str) or not _SBATCH_KEY.fullmatch(key):
             raise config_error(
