@@ -3,7 +3,8 @@
 Registered for every test module by ``tests/conftest.py`` (``pytest_plugins``). It starts
 ``scripts/ray_cluster.sh start`` with 3 nodes of 2 CPUs (a head and two more raylets, each
 with its custom resource ``wf_node_<i>``) on free ports, in a temporary folder, and stops it
-at the end of the session (``stop`` ends exactly the processes the cluster started, by pid).
+at the end of the session, or by ``tests/cluster_guard.py`` when the run is killed
+(``stop`` ends exactly the processes the cluster started, by pid).
 When Ray is not installed the tests are skipped, unless ``CI=true``: then they fail, because CI
 must never skip the Ray tests silently (``.ci/run`` installs ``.[dev,ray]``).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import cluster_guard
 import psutil
 import pytest
 
@@ -176,7 +177,9 @@ def ray_cluster() -> Iterator[RayCluster]:
         or not (Path(sys.executable).parent / "ray").exists()
     ):
         _skip_or_fail("Ray is not installed in this environment: pip install -e '.[dev,ray]'")
-    state = Path(tempfile.mkdtemp(prefix="wf-ray-"))
+    cluster_guard.reap(Path(tempfile.gettempdir()))
+    state = cluster_guard.state_dir("ray")
+    guardian = cluster_guard.claim(state)
     env = cluster_env()
     port = _free_base(NODES)
     cmd = [
@@ -201,21 +204,24 @@ def ray_cluster() -> Iterator[RayCluster]:
             env={**env, **HEALTH_CHECK},
         )
     except subprocess.TimeoutExpired as exc:
-        subprocess.run(
-            ["bash", str(SCRIPT), "stop", "--dir", str(state)],
-            capture_output=True,
-            timeout=120,
-            env=env,
-        )
+        _stop(state, guardian)
         pytest.fail(f"{' '.join(cmd)} took over {START_TIMEOUT_S}s:\n{exc.stderr}", pytrace=False)
     if out.returncode != 0:
-        shutil.rmtree(state, ignore_errors=True)
+        _stop(state, guardian)
         pytest.fail(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr}", pytrace=False)
     cluster = RayCluster(address=f"127.0.0.1:{port}", dir=state, nodes=NODES, env=env)
     try:
         yield cluster
     finally:
-        stop = cluster.script("stop", timeout=120)
-        shutil.rmtree(state, ignore_errors=True)
-        if stop.returncode != 0:
-            raise RuntimeError(f"stopping the Ray cluster in {state} failed:\n{stop.stderr}")
+        _stop(state, guardian)
+
+
+def _stop(state: Path, guardian: subprocess.Popen[bytes]) -> None:
+    """Stop the cluster in ``state`` (if it still runs), then its guardian."""
+    try:
+        error = cluster_guard.stop(state)
+    finally:
+        guardian.kill()
+        guardian.wait()
+    if error:
+        raise RuntimeError(error)
