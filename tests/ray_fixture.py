@@ -33,6 +33,10 @@ SCRIPT = REPO / "scripts" / "ray_cluster.sh"
 USER_TASKS = Path(__file__).parent / "user_tasks"
 NODES, CPUS = 3, 2
 START_TIMEOUT_S = 300
+PORTS = (12000, 20000)
+"""The cluster's whole port plan lies here: apart from the SLURM test cluster's daemons
+(tests/slurm_fixture.py) and below the rendezvous ports the SLURM launcher gives jobs
+(20000-32000, by job id), which a Ray worker's port would otherwise take now and then."""
 RANK_TITLES = ("ray::WfRayRank", "ray::WfRaySupervisor")
 """Process titles of a run's actors: none may be left once a run ended."""
 
@@ -122,10 +126,11 @@ def _bindable(port: int) -> bool:
 
 
 def _free_base(nodes: int) -> int:
-    """A head port whose whole block (the script's port plan) is free."""
+    """A head port whose whole block (the script's port plan) is free, in :data:`PORTS`."""
+    low, high = PORTS
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 31000 - 200 * (nodes + 1)) // 10 * 10
+        base = rng.randrange(low, high - 200 * (nodes + 1)) // 10 * 10
         fixed = [
             base,
             base + 1,
@@ -135,7 +140,7 @@ def _free_base(nodes: int) -> int:
         workers = range(base + 200, base + 200 * (nodes + 1), 37)
         if all(_bindable(p) for p in [*fixed, *workers]):
             return base
-    raise RuntimeError("no free block of ports for a Ray cluster in 20000-31000")
+    raise RuntimeError(f"no free block of ports for a Ray cluster in {low}-{high}")
 
 
 def cluster_env() -> dict[str, str]:

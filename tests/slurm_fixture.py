@@ -64,6 +64,10 @@ RANK_VARS = (
 JOB_VAR_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
 START_TIMEOUT_S = 180
+DAEMON_PORTS = (10000, 12000)
+"""Where the daemons listen: apart from the Ray test cluster's ports (tests/ray_fixture.py)
+and below the ports the SLURM launcher gives jobs for their rendezvous (20000-32000, by job
+id): a job whose port a test cluster's daemon holds cannot start its process group."""
 
 
 @dataclass(frozen=True)
@@ -150,13 +154,14 @@ def _port_free(port: int) -> bool:
 
 
 def _free_port_block(size: int) -> int:
-    """First port of ``size`` consecutive free ports, below the ephemeral range."""
+    """First port of ``size`` consecutive free ports in :data:`DAEMON_PORTS`."""
+    low, high = DAEMON_PORTS
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(17000, 30000 - size)
+        base = rng.randrange(low, high - size)
         if all(_port_free(base + i) for i in range(size)):
             return base
-    raise RuntimeError(f"no block of {size} free TCP ports found in 17000-30000")
+    raise RuntimeError(f"no block of {size} free TCP ports found in {low}-{high}")
 
 
 def _skip_or_fail(reason: str) -> None:
