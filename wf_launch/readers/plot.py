@@ -25,9 +25,11 @@ from worldfoundry.core.validation import is_int, is_number
 from ..rundir import files
 from ..rundir.io import open_regular, read_bytes
 from ..rundir.text import printable
+from .chart_limits import MAX_NAMES, cap
 
 __all__ = [
     "MAX_POINTS",
+    "Metrics",
     "Series",
     "expand_runs",
     "load_metrics",
@@ -42,13 +44,13 @@ Series = dict[str, dict[str, list[tuple[int, float]]]]
 
 
 MAX_POINTS = 20_000
-"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows no more)."""
+"""The most points kept per metric and rank: beyond it every other point is dropped."""
 MAX_LINE_BYTES = 1 << 20
 """A metrics line longer than this is skipped, not read whole."""
 
 
 def metric_lines(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines skipped.
+    """The lines of a metrics file, streamed (never whole in memory); over-long lines skipped.
 
     Nothing when the file is missing or not a regular file (a FIFO or device is never read).
     """
@@ -82,29 +84,50 @@ class _Series(list):  # type: ignore[type-arg]
             self.stride *= 2
 
 
-def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are skipped).
+class Metrics(dict):  # type: ignore[type-arg]
+    """metric -> rank -> [(step, value)], and ``total``: how many metric names the run reported.
+
+    At most :data:`~wf_launch.readers.chart_limits.MAX_NAMES` names are kept; the others are
+    only counted (up to a bound), so a file of thousands of metrics stays small in memory.
+    """
+
+    total: int = 0
+
+
+_MAX_COUNTED = 100_000
+
+
+def _add_row(out: dict[str, dict[int, _Series]], extra: set[str], row: dict) -> None:
+    rank = row.get("rank", 0)
+    if not is_int(rank):
+        return
+    for name, value in row.items():
+        if name in ("rank", "step", "time") or not is_number(value) or not math.isfinite(value):
+            continue
+        if name in out or len(out) < MAX_NAMES:
+            out[name][rank].add((row["step"], float(value)))
+        elif len(extra) < _MAX_COUNTED:
+            extra.add(name)
+
+
+def load_metrics(run_dir: Path | str) -> Metrics:
+    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, line by line (bad lines skipped).
 
     A long run's file may hold GBs: it is streamed, and each series keeps at most
     :data:`MAX_POINTS` evenly spread points.
     """
     out: dict[str, dict[int, _Series]] = defaultdict(lambda: defaultdict(_Series))
+    extra: set[str] = set()
     for line in metric_lines(files.metrics_file(run_dir)):
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
             continue
-        if not isinstance(row, dict) or not is_int(row.get("step")):
-            continue
-        rank = row.get("rank", 0)
-        if not is_int(rank):
-            continue
-        for name, value in row.items():
-            if name in ("rank", "step", "time") or not is_number(value):
-                continue
-            if math.isfinite(value):
-                out[name][rank].add((row["step"], float(value)))
-    return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
+        if isinstance(row, dict) and is_int(row.get("step")):
+            _add_row(out, extra, row)
+    metrics = Metrics({k: {r: list(points) for r, points in v.items()} for k, v in out.items()})
+    metrics.total = len(out) + len(extra)
+    return metrics
 
 
 def _is_run(path: Path) -> bool:
@@ -112,7 +135,8 @@ def _is_run(path: Path) -> bool:
 
 
 def expand_runs(paths: list[Path]) -> list[Path]:
-    """Run directories: each path itself, or a sweep directory's points (its sub-directories that hold a run)."""
+    """Run directories: each path itself, or a sweep directory's points (its sub-directories
+    that hold a run)."""
     runs: list[Path] = []
     for path in paths:
         if _is_run(path):
@@ -140,7 +164,8 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def run_labels(runs: list[Path]) -> dict[Path, str]:
-    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its directory."""
+    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else
+    its directory."""
     if len(runs) == 1:
         return {runs[0]: runs[0].name}
     given = {run: _overrides(run) for run in runs}
@@ -157,12 +182,16 @@ def run_labels(runs: list[Path]) -> dict[Path, str]:
     return labels
 
 
-def collect(runs: list[Path], all_ranks: bool) -> Series:
-    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the chart."""
+def collect(runs: list[Path], all_ranks: bool) -> tuple[Series, int]:
+    """Every run's metrics as lines (a run's rank 0, every rank with ``all_ranks``), named for
+    the chart; and the most metric names one run reported (see :class:`Metrics`)."""
     labels = run_labels(runs)
     out: Series = defaultdict(dict)
+    total = 0
     for run in runs:
-        for metric, by_rank in load_metrics(run).items():
+        metrics = load_metrics(run)
+        total = max(total, metrics.total)
+        for metric, by_rank in metrics.items():
             ranks = sorted(by_rank) if all_ranks else sorted(by_rank)[:1]
             for rank in ranks:
                 name = (
@@ -171,7 +200,7 @@ def collect(runs: list[Path], all_ranks: bool) -> Series:
                     else f"{labels[run]}" + (f" r{rank}" if all_ranks else "")
                 )
                 out[metric][name] = sorted(by_rank[rank])
-    return dict(out)
+    return dict(out), total
 
 
 def render(
@@ -179,8 +208,12 @@ def render(
     path: Path,
     title: str,
     all_ranks: bool = False,
+    notes: list[str] | None = None,
 ) -> Path:
-    """Draw ``series`` into ``path``: one panel per metric, one line per entry (a rank or a run)."""
+    """Draw ``series`` into ``path``: one panel per metric, one line per entry (a rank or a run).
+
+    ``notes`` (what :func:`~wf_launch.readers.chart_limits.cap` left out) go under the title.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,7 +244,7 @@ def render(
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle("\n".join([title, *(notes or [])]), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -224,8 +257,7 @@ def _default_out(paths: list[Path], runs: list[Path]) -> Path:
     return files.metrics_chart(Path(os.path.commonpath([str(r.absolute()) for r in runs])))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Plot runs' metrics."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m wf_launch.plot", description=__doc__.split("\n\n")[0]
     )
@@ -239,39 +271,48 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="PNG path (default: RUN_DIR/metrics.png)"
     )
     ap.add_argument("--all-ranks", action="store_true", help="one line per rank, not rank 0 alone")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _refusal(runs: list[Path], series: Series, wanted: list[str], total: int) -> str | None:
+    """Why nothing can be drawn (no metrics, or a named one missing), or None."""
+    if not series:
+        where = (
+            files.metrics_file(runs[0])
+            if len(runs) == 1
+            else f"the {files.METRICS} of {len(runs)} runs"
+        )
+        return f"no metrics in {where} (tasks report them with ctx.progress(step, name=value))"
+    unknown = [m for m in wanted if m not in series]
+    if not unknown:
+        return None
+    where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+    more = f" and {total - 20} more" if total > 20 else ""
+    return f"no metric {unknown[0]!r} in {where}; it has {sorted(series)[:20]}{more}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plot runs' metrics."""
+    args = _parser().parse_args(argv)
     paths = [Path(p) for p in args.paths if Path(p).is_dir()]
     wanted = [p for p in args.paths if not Path(p).is_dir()]
     if not paths:
         print(printable(f"wf_launch.plot: no run directory among {args.paths}"), file=sys.stderr)
         return 2
-    runs = expand_runs(paths)
-    series = collect(runs, args.all_ranks)
-    if not series:
-        where = (
-            files.metrics_file(paths[0])
-            if len(runs) <= 1
-            else f"the {files.METRICS} of {len(runs)} runs"
-        )
-        print(
-            f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
-            file=sys.stderr,
-        )
+    runs = expand_runs(paths) or paths[:1]
+    series, total = collect(runs, args.all_ranks)
+    refusal = _refusal(runs, series, wanted, total)
+    if refusal:
+        print(printable(f"wf_launch.plot: {refusal}"), file=sys.stderr)
         return 2
-    unknown = [m for m in wanted if m not in series]
-    if unknown:
-        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
-        print(
-            printable(
-                f"wf_launch.plot: no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
-            ),
-            file=sys.stderr,
-        )
-        return 2
-    chosen = {m: series[m] for m in (wanted or series)}
-    title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
-    out = render(chosen, args.out or _default_out(paths, runs), title, all_ranks=True)
-    print(out)
+    chosen, notes = cap(
+        {m: series[m] for m in (wanted or series)}, len(wanted) if wanted else total
+    )
+    for note in notes:
+        print(f"wf_launch.plot: {note}", file=sys.stderr)
+    title = printable(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
+    out = render(chosen, args.out or _default_out(paths, runs), title, True, notes)
+    print(printable(out))
     return 0
 
 
