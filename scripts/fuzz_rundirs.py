@@ -397,6 +397,7 @@ def _limit(seconds: float) -> Iterator[None]:
 def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[], Any]]]:
     from wf_launch.readers import plot, status
     from wf_launch.readers import runs as runs_tool
+    from wf_launch.readers.chart_limits import cap
     from wf_launch.readers.sweep.charts import render_steps_chart  # noqa: F401  (imported as the report does)
     from wf_launch.readers.sweep.points import collect_points
     from wf_launch.readers.sweep.tables import render_csv, render_markdown
@@ -411,7 +412,7 @@ def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[],
                 f"status --follow {name}",
                 lambda d=d: status.main([str(d), "--follow", "--timeout", "0.05"]),
             ),
-            (f"plot reader {name}", lambda d=d: plot.load_metrics(d)),
+            (f"plot reader {name}", lambda d=d: cap(plot.load_metrics(d))),
         ]
     commands += [
         ("status sweep", lambda: status.main([str(runs["sweep"])])),
