@@ -18,7 +18,6 @@ from wf_launch.rundir.record import RunRecord, Status
 from wf_launch.tools.tune.measure import Measurement, measure_point
 from wf_launch.tools.tune.search import Options, round_steps, select
 from wf_launch.tools.tune.space import (
-    Point,
     TuneError,
     build_space,
     layouts,
@@ -261,6 +260,8 @@ def test_resume_refuses_another_tunes_directory(tmp_path: Path) -> None:
             "cutoff": 0.3,
             "steps_field": "steps",
         },
+        full_length=8,
+        space=[p.to_json() | {"verdict": {"status": "valid"}} for p in build_space(2, [])],
     )
     other.mkdir()
     state.save()
@@ -285,11 +286,11 @@ def test_known_function_has_a_clear_best() -> None:
 
 
 def test_state_round_trips_and_counts_time_over_sessions(tmp_path: Path) -> None:
-    state = TuneState(tmp_path, {"world_size": 2})
-    state.space = [
-        Point(0, (("tp", 1), ("cp", 1), ("pp", 1), ("dp", 2))).to_json()
-        | {"verdict": {"status": "valid"}}
-    ]
+    args = {"world_size": 2, "overrides": [], "also": [], "mem_gb": None, "metric": "tokens_per_s"}
+    args |= {"warmup": 2, "min_steps": 4, "cutoff": 0.3, "steps_field": "steps"}
+    state = TuneState(tmp_path, args, full_length=8)
+    state.space = [p.to_json() | {"verdict": {"status": "valid"}} for p in build_space(2, [])]
+    state.rounds = [{"index": 0, "steps": 6, "trials": [state.space[0]["id"]], "status": "done"}]
     state.add(_m("t00-tp1-cp1-pp1-dp2", 5.0))
     time.sleep(0.05)
     state.save()

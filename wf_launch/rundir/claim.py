@@ -26,10 +26,12 @@ __all__ = [
     "RunDirClaim",
     "RunDirInUse",
     "claim",
+    "claim_tool_dir",
     "launch_alive",
     "lock_holder",
     "make_private",
     "private_umask",
+    "refuse_shared",
     "remove_made_folders",
 ]
 
@@ -90,9 +92,9 @@ def lock_holder(run_dir: Path | str) -> tuple[int | None, str | None]:
     return pid, (words[1] if len(words) > 1 else None)
 
 
-def _lock(run_dir: Path) -> int:
-    """The run directory's lock, held (flock) by this process, naming it; :class:`RunDirInUse` when a live launch
-    holds it."""
+def _lock(run_dir: Path, advice: str = "choose another hydra.run.dir") -> int:
+    """The run directory's lock, held (flock) by this process, naming it; :class:`RunDirInUse`
+    when a live launch holds it (``advice`` ends the message)."""
     import fcntl
 
     try:
@@ -102,7 +104,7 @@ def _lock(run_dir: Path) -> int:
     except OSError as exc:
         raise RunDirInUse(
             f"run directory {run_dir}: cannot open its lock file {files.LOCK} "
-            f"({exc.strerror or exc}); choose another hydra.run.dir"
+            f"({exc.strerror or exc}); {advice}"
         ) from None
     deadline = time.monotonic() + _LOCK_RETRY_S
     while True:
@@ -117,8 +119,7 @@ def _lock(run_dir: Path) -> int:
             os.close(fd)
             raise RunDirInUse(
                 f"run directory {run_dir} is in use by a live launch (pid {pid or '?'}"
-                f"{f' on {host}' if host and host != socket.gethostname() else ''}); "
-                "choose another hydra.run.dir"
+                f"{f' on {host}' if host and host != socket.gethostname() else ''}); {advice}"
             ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -290,6 +291,43 @@ def remove_made_folders(path: Path, since: float) -> None:
         except OSError:
             return
         path = path.parent
+
+
+def refuse_shared(directory: Path, option: str, record: str) -> None:
+    """:class:`RunDirInUse` unless ``directory`` and its ``record`` file are this user's own and
+    writable by no one else: a record someone else could have changed is not acted on."""
+    for path in (directory, directory / record):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RunDirInUse(f"{option} {directory}: {path}: {exc.strerror or exc}") from None
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise RunDirInUse(
+                f"{option} {directory}: {path} is owned by uid {info.st_uid} with mode "
+                f"{info.st_mode & 0o7777:04o}: someone else could have changed it; check it, "
+                f"then make it yours and not writable by others (chmod go-w) to go on"
+            )
+
+
+def claim_tool_dir(directory: Path, option: str) -> RunDirClaim:
+    """A tune's or a drill's directory, made owner-only (0700) and locked by this process for its
+    life: :class:`RunDirInUse` (one line) when another live tool holds it or it is not ours."""
+    directory = Path(directory)
+    try:
+        make_private(directory)
+    except OSError as exc:
+        raise RunDirInUse(
+            f"{option} {directory}: cannot make it owner-only ({exc.strerror or exc}); "
+            f"choose another {option}"
+        ) from None
+    if directory.stat().st_uid != os.getuid():
+        raise RunDirInUse(
+            f"{option} {directory}: owned by uid {directory.stat().st_uid}, not by you; "
+            f"choose another {option}"
+        )
+    return RunDirClaim(directory, _lock(directory, f"choose another {option}"))
 
 
 def make_private(path: Path, mode: int = OWNER_ONLY) -> None:

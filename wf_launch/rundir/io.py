@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "MAX_RECORD_BYTES",
+    "OutputRefused",
     "UnreadableFile",
     "atomic_write_json",
     "atomic_write_text",
+    "check_output_path",
     "open_regular",
     "read_bytes",
     "read_json",
+    "write_output_file",
 ]
 
 MAX_RECORD_BYTES = 64 << 20
@@ -114,3 +119,63 @@ def read_json(path: Path | str, limit: int = MAX_RECORD_BYTES) -> Any:
         raise UnreadableFile(path, "JSON nested too deeply") from None
     except ValueError as exc:
         raise UnreadableFile(path, f"invalid JSON ({exc}); the file may be truncated") from None
+
+
+class OutputRefused(ValueError):
+    """An output path a tool will not write (what it is, and what to do instead)."""
+
+
+def check_output_path(out: Path, force: bool, option: str = "--out") -> None:
+    """:class:`OutputRefused` unless ``out`` is free, or a regular file and ``force`` is set.
+
+    A device, a FIFO, a directory or a link is never replaced (as root, replacing
+    ``/dev/null`` would break the system), and an existing file only when asked.
+    """
+    try:
+        info = os.lstat(out)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputRefused(f"{option} {out}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise OutputRefused(f"{option} {out}: a symbolic link (refusing to replace it)")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise OutputRefused(f"{option} {out}: {kind} (refusing to replace it)")
+    if not force:
+        raise OutputRefused(f"{option} {out}: exists (--force replaces it)")
+
+
+def write_output_file(
+    out: Path, write: Callable[[IO[bytes]], None], force: bool, option: str = "--out"
+) -> None:
+    """Write ``out`` through ``write``: a new temp file beside it (``O_EXCL``, never a link),
+    fsynced, then moved in place; an existing ``out`` only if regular and ``force``.
+
+    Without ``force`` the temp file is hard-linked to ``out``, which fails if ``out``
+    appeared meanwhile: a file is never replaced unless asked. :class:`OutputRefused`, one
+    line, for every refusal and failure (the temp file removed).
+    """
+    out = Path(out)
+    check_output_path(out, force, option)
+    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.part")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OutputRefused(f"{option} {out}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if force:
+            check_output_path(out, force, option)
+            os.replace(tmp, out)
+        else:
+            os.link(tmp, out)
+    except FileExistsError:
+        raise OutputRefused(f"{option} {out}: exists (--force replaces it)") from None
+    except OSError as exc:
+        raise OutputRefused(f"{option} {out}: cannot write it ({exc.strerror or exc})") from None
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..observe.console import print_or_quiet
 from ..rank.checkpoint.format import (
     COMMIT_FILE,
     CheckpointUnreadable,
@@ -31,6 +32,7 @@ from ..rank.checkpoint.format import (
     read_commit,
 )
 from ..rundir import files
+from ..rundir.io import OutputRefused, check_output_path, write_output_file
 
 __all__ = ["ExportError", "consolidate", "list_checkpoints", "main", "module_entries"]
 
@@ -184,13 +186,24 @@ def _pick(run_dir: Path, step: int | None) -> Path:
 
 
 def export(
-    run_dir: Path, out: Path, step: int | None, entry: str | None, ema: bool
+    run_dir: Path,
+    out: Path,
+    step: int | None,
+    entry: str | None,
+    ema: bool,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write one module entry of a checkpoint as a plain ``torch.save`` state dict; what was written."""
-    import torch
+    """Write one module entry of a checkpoint as a plain ``torch.save`` state dict; what was
+    written.
+
+    ``out`` must be free, or a regular file and ``force`` set (:class:`OutputRefused`): checked
+    before the checkpoint is read, and again as the file is put in place.
+    """
+    import torch  # heavy: only an export needs it
 
     from ..rank.checkpoint.safe_read import read_metadata
 
+    check_output_path(out, force)
     directory = _pick(run_dir, step)
     try:
         metadata = read_metadata(directory)
@@ -214,10 +227,13 @@ def export(
         )
         raise ExportError(f"{directory}: {what}; module entries: {modules}")
     state = consolidate(directory, name, metadata)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(out.name + ".part")
-    torch.save(state, part)
-    os.replace(part, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputRefused(
+            f"--out {out}: cannot make its folder ({exc.strerror or exc})"
+        ) from None
+    write_output_file(out, lambda f: torch.save(state, f), force)
     commit = read_commit(directory)
     return {
         "step": commit.step,
@@ -252,6 +268,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--step", type=int, default=None, help="the checkpoint's step (default: the newest commit)"
     )
+    ex.add_argument(
+        "--force", action="store_true", help="replace --out if it is an existing regular file"
+    )
     which = ex.add_mutually_exclusive_group()
     which.add_argument(
         "--ema", action="store_true", help="the module entry 'ema' (the EMA weights)"
@@ -271,15 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "list":
         rows = list_checkpoints(args.run_dir)
-        print(json.dumps(rows, indent=1) if args.json else render_list(rows, args.run_dir))
-        return 0
+        return print_or_quiet(
+            json.dumps(rows, indent=1) if args.json else render_list(rows, args.run_dir)
+        )
     try:
-        done = export(args.run_dir, args.out, args.step, args.entry, args.ema)
-    except (ExportError, CheckpointRefused, CheckpointUnreadable) as exc:
+        done = export(args.run_dir, args.out, args.step, args.entry, args.ema, args.force)
+    except (ExportError, CheckpointRefused, CheckpointUnreadable, OutputRefused) as exc:
         print(f"wf_launch.checkpoint: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"exported entry {done['entry']!r} of step {done['step']} (saved at {done['layout']}): {done['tensors']} "
-        f"tensors, {done['numel']:,} values, {_human(done['bytes'])} -> {done['out']}"
+    return print_or_quiet(
+        f"exported entry {done['entry']!r} of step {done['step']} (saved at {done['layout']}): "
+        f"{done['tensors']} tensors, {done['numel']:,} values, {_human(done['bytes'])} -> "
+        f"{done['out']}"
     )
-    return 0

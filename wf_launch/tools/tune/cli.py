@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...rundir import files
+from ...rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask, refuse_shared
 from .measure import higher_is_better
 from .prune import (
     VALID,
@@ -199,12 +200,30 @@ def _plan(ident: dict[str, Any], directory: Path) -> TuneState:
     )
 
 
+def _holds_files(directory: Path) -> bool:
+    """Whether ``directory`` holds anything but a tool's lock file."""
+    return any(p.name != files.LOCK for p in directory.iterdir())
+
+
+def _claim(args: argparse.Namespace, state: TuneState) -> RunDirClaim:
+    """The tune directory, owner-only and locked for this tune; a second tune is refused."""
+    option = "--resume" if args.resume is not None else "--dir"
+    try:
+        held = claim_tool_dir(state.dir, option)
+    except RunDirInUse as exc:
+        raise TuneError(str(exc)) from None
+    if args.resume is None and _holds_files(state.dir):
+        held.release()
+        raise TuneError(f"--dir {state.dir}: not empty (another tune started there first)")
+    return held
+
+
 def _new(args: argparse.Namespace) -> TuneState:
     ident = _identity(args)
     directory = (
         args.dir or Path("tunes") / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
     ).absolute()
-    if not args.dry_run and directory.exists() and any(directory.iterdir()):
+    if not args.dry_run and directory.exists() and _holds_files(directory):
         raise TuneError(
             f"--dir {directory}: not empty (a tune directory holds one tune; --resume {directory} "
             "continues the one there)"
@@ -222,6 +241,10 @@ def _resumed(args: argparse.Namespace) -> TuneState:
         raise TuneError(
             "--dir and --resume name different directories: --resume DIR continues the tune in DIR"
         )
+    try:
+        refuse_shared(args.resume.absolute(), "--resume", files.TUNE_STATE)
+    except RunDirInUse as exc:
+        raise TuneError(str(exc)) from None
     state = TuneState.load(args.resume.absolute())
     if args.overrides or args.also:
         wanted = _identity(args)
@@ -324,7 +347,6 @@ def _run(state: TuneState, interrupt: Interrupt) -> int:
         state.save()
         write_report(state, chart=False)  # the chart (matplotlib: seconds) once, at the end
 
-    state.dir.mkdir(parents=True, exist_ok=True)
     state.status = "running"
     state.save()
     opts = _options(state)
@@ -358,12 +380,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the tune in {state.dir} has finished; nothing to resume")
             _summary(state)
             return 0
-        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            return _run(state, interrupt)
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        private_umask()
+        with _claim(args, state):
+            previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                return _run(state, interrupt)
+            finally:
+                for s, h in previous.items():
+                    signal.signal(s, h)
     except TuneError as exc:
         print(f"wf_launch.tune: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -172,6 +172,19 @@ class Search:
                 )
             index, trials = index + 1, kept
 
+    def _argv(self, index: int, trials: list[str], steps: int) -> list[str]:
+        """The round's command, built from the tune's checked fields (a stored command is never
+        run: whoever could change ``tune.json`` would choose it)."""
+        return sweep_argv(
+            self.state.dir,
+            index,
+            trials,
+            steps,
+            self.overrides,
+            self.opts.steps_field,
+            self.state.launcher,
+        )
+
     def _spent(self) -> bool:
         deadline = self._deadline()
         return deadline is not None and time.monotonic() >= deadline
@@ -183,7 +196,7 @@ class Search:
         if resuming:
             rec = state.rounds[-1]
             moved = set_aside(state.dir, index)
-            argv = [*rec["argv"], "launcher.resume=true"]
+            argv = [*self._argv(index, trials, rec["steps"]), "launcher.resume=true"]
             known = {m.trial: m for m in state.of_round(index) if m.ok and m.trial not in moved}
             self.say(
                 f"round {index}: resuming: {len(known)} of {len(trials)} trial(s) measured before are kept; "
@@ -192,16 +205,8 @@ class Search:
             )
         else:
             steps = round_steps(index, opts, state.full_length)
-            argv = sweep_argv(
-                state.dir, index, trials, steps, self.overrides, opts.steps_field, state.launcher
-            )
-            rec = {
-                "index": index,
-                "steps": steps,
-                "trials": trials,
-                "argv": argv,
-                "status": "running",
-            }
+            argv = self._argv(index, trials, steps)
+            rec = {"index": index, "steps": steps, "trials": trials, "status": "running"}
             state.rounds.append(rec)
             self.say(
                 f"round {index}: {len(trials)} trial(s) of {steps} steps ({opts.warmup} warm-up), "
