@@ -168,21 +168,38 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
     return full
 
 
-def _pick(run_dir: Path, step: int | None) -> Path:
+def _readable(directory: Path) -> Any:
+    """The checkpoint's metadata, its ``COMMIT`` checked first (:class:`CheckpointUnreadable`)."""
+    from ..rank.checkpoint.safe_read import read_metadata
+
+    read_commit(directory)
+    return read_metadata(directory)
+
+
+def _pick(run_dir: Path, step: int | None) -> tuple[Path, Any]:
+    """The checkpoint to export and its metadata: ``--step``'s, or the newest that reads (each
+    newer one that does not is named on stderr and skipped)."""
     complete = complete_checkpoints(run_dir)
     if not complete:
         raise ExportError(
             f"{run_dir}: no complete checkpoint in {Path(run_dir) / files.CHECKPOINTS}"
         )
-    if step is None:
-        return complete[-1][1]
-    found = [p for s, p in complete if s == step]
-    if not found:
-        raise ExportError(
-            f"--step {step}: no complete checkpoint of that step; complete steps: "
-            f"{[s for s, _ in complete]}"
-        )
-    return found[0]
+    if step is not None:
+        found = [p for s, p in complete if s == step]
+        if not found:
+            raise ExportError(
+                f"--step {step}: no complete checkpoint of that step; complete steps: "
+                f"{[s for s, _ in complete]}"
+            )
+        complete = [(step, found[0])]
+    for number, directory in reversed(complete):
+        try:
+            return directory, _readable(directory)
+        except CheckpointUnreadable as exc:
+            if step is not None:
+                raise ExportError(str(exc)) from None
+            print(f"wf_launch.checkpoint: skipped step {number}: {exc}", file=sys.stderr)
+    raise ExportError(f"{run_dir}: no complete checkpoint could be read (see above)")
 
 
 def export(
@@ -201,14 +218,8 @@ def export(
     """
     import torch  # heavy: only an export needs it
 
-    from ..rank.checkpoint.safe_read import read_metadata
-
     check_output_path(out, force)
-    directory = _pick(run_dir, step)
-    try:
-        metadata = read_metadata(directory)
-    except CheckpointUnreadable as exc:
-        raise ExportError(str(exc)) from None
+    directory, metadata = _pick(run_dir, step)
     modules = module_entries(directory, metadata)
     name = (
         "ema"
