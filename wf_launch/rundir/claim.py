@@ -151,6 +151,7 @@ def claim(
         )
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_foreign(run_dir)
     fd = _lock(run_dir)
     try:
         held = _held_by(run_dir)
@@ -173,6 +174,17 @@ def claim(
         os.close(fd)
         raise
     return RunDirClaim(run_dir, fd)
+
+
+def _refuse_foreign(run_dir: Path) -> None:
+    """:class:`RunDirInUse` when ``run_dir`` belongs to another user: they could read or replace
+    every file of the run (and it cannot be made owner-only)."""
+    owner = run_dir.stat().st_uid
+    if owner != os.getuid():
+        raise RunDirInUse(
+            f"run directory {run_dir} is owned by uid {owner}, not by you (uid {os.getuid()}): "
+            "its owner could read or replace the run's files; choose another hydra.run.dir"
+        )
 
 
 def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -> None:

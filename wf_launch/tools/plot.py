@@ -12,6 +12,7 @@ several runs: their common parent's) unless ``--out`` says where.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -23,10 +24,12 @@ from pathlib import Path
 from worldfoundry.core.validation import is_int, is_number
 
 from ..rundir import files
-from ..rundir.io import open_regular, read_bytes
+from ..rundir.io import atomic_write_bytes, open_regular, read_yaml
 from ..rundir.text import printable
 
 __all__ = [
+    "MAX_METRICS",
+    "MAX_PANELS",
     "MAX_POINTS",
     "Series",
     "expand_runs",
@@ -44,6 +47,10 @@ Series = dict[str, dict[str, list[tuple[int, float]]]]
 MAX_POINTS = 20_000
 """The most points kept per metric and rank: beyond it every other point is dropped (a chart shows no more)."""
 MAX_LINE_BYTES = 1 << 20
+MAX_METRICS = 256
+"""The most metric names read from a run's file (the first seen); more are ignored."""
+MAX_PANELS = 16
+"""The most metrics drawn on one chart unless named (one panel each: 3,000 took 300 s and 7 GB)."""
 """A metrics line longer than this is skipped, not read whole."""
 
 
@@ -102,7 +109,7 @@ def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, flo
         for name, value in row.items():
             if name in ("rank", "step", "time") or not is_number(value):
                 continue
-            if math.isfinite(value):
+            if math.isfinite(value) and (name in out or len(out) < MAX_METRICS):
                 out[name][rank].add((row["step"], float(value)))
     return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
 
@@ -127,12 +134,10 @@ def expand_runs(paths: list[Path]) -> list[Path]:
 
 
 def _overrides(run_dir: Path) -> list[str]:
-    import yaml
-
     for path in (run_dir / files.OVERRIDES, files.hydra_overrides(run_dir)):
         try:
-            data = yaml.safe_load(read_bytes(path, 1 << 20).decode(errors="replace"))
-        except (OSError, ValueError, yaml.YAMLError):
+            data = read_yaml(path, 1 << 20)
+        except (OSError, ValueError):
             continue
         if isinstance(data, list):
             return [str(o) for o in data]
@@ -142,16 +147,16 @@ def _overrides(run_dir: Path) -> list[str]:
 def run_labels(runs: list[Path]) -> dict[Path, str]:
     """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its directory."""
     if len(runs) == 1:
-        return {runs[0]: runs[0].name}
+        return {runs[0]: printable(runs[0].name)}
     given = {run: _overrides(run) for run in runs}
     common = set.intersection(*(set(o) for o in given.values())) if given else set()
     labels = {}
     for run in runs:
         own = [o for o in given[run] if o not in common and not o.startswith("hydra.")]
-        labels[run] = " ".join(own) if own else run.name
+        labels[run] = printable(" ".join(own) if own else run.name)
     if len(set(labels.values())) < len(labels):
         labels = {
-            run: f"{run.name}: {label}" if label != run.name else label
+            run: f"{printable(run.name)}: {label}" if label != printable(run.name) else label
             for run, label in labels.items()
         }
     return labels
@@ -211,10 +216,12 @@ def render(
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(printable(title), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())  # a link at path is replaced, never written through
     return path
 
 
@@ -254,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             else f"the {files.METRICS} of {len(runs)} runs"
         )
         print(
-            f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
+            printable(
+                f"wf_launch.plot: no metrics in {where} "
+                "(tasks report them with ctx.progress(step, name=value))"
+            ),
             file=sys.stderr,
         )
         return 2
@@ -268,11 +278,26 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    chosen = {m: series[m] for m in (wanted or series)}
+    chosen = _chosen(series, wanted)
     title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
     out = render(chosen, args.out or _default_out(paths, runs), title, all_ranks=True)
-    print(out)
+    print(printable(out))
     return 0
+
+
+def _chosen(series: Series, wanted: list[str]) -> Series:
+    """The metrics to draw: those named, else every one; at most :data:`MAX_PANELS`, saying so."""
+    names = wanted or sorted(series)
+    if len(names) > MAX_PANELS or (not wanted and len(series) >= MAX_METRICS):
+        print(
+            printable(
+                f"wf_launch.plot: {len(series)}{'+' if len(series) >= MAX_METRICS else ''} "
+                f"metrics; drawing {min(len(names), MAX_PANELS)} "
+                f"({', '.join(names[:MAX_PANELS])}); name the metrics to draw others"
+            ),
+            file=sys.stderr,
+        )
+    return {m: series[m] for m in names[:MAX_PANELS]}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...config.redact import redact_overrides
 from ...rundir import files
 from ...rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask, refuse_shared
 from .measure import higher_is_better
@@ -193,7 +194,7 @@ def _plan(ident: dict[str, Any], directory: Path) -> TuneState:
     return TuneState(
         directory,
         ident,
-        command=["python -m wf_launch.tune", *sys.argv[1:]],
+        command=["python -m wf_launch.tune", *redact_overrides(sys.argv[1:])],
         full_length=full,
         launcher=str((first.get("launcher") or {}).get("name", "local")),
         space=[{**v.point.to_json(), "verdict": v.to_json()} for v in verdicts],

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from ...config.redact import redact_overrides
 from ...rundir import files
 from ...rundir.io import atomic_write_text
 from ..sweep.tables import fmt
@@ -98,7 +99,8 @@ def best_overrides(state: TuneState) -> list[str]:
 
 
 def best_command(state: TuneState) -> str:
-    return "python -m wf_launch " + " ".join(shlex.quote(o) for o in best_overrides(state))
+    shown = redact_overrides(best_overrides(state))
+    return "python -m wf_launch " + " ".join(shlex.quote(o) for o in shown)
 
 
 def _header(state: TuneState) -> list[str]:

@@ -32,7 +32,7 @@ import yaml
 
 from ...rank.progress import STEPS_ENV
 from ...rundir import files
-from ...rundir.io import atomic_write_text
+from ...rundir.io import atomic_write_text, read_yaml
 from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
@@ -179,8 +179,8 @@ def _die_with_tuner() -> None:
 def trial_of(job_dir: Path) -> str | None:
     """The trial a sweep point ran (its ``+wf_tune_trial=`` override), or None."""
     try:
-        overrides = yaml.safe_load(files.hydra_overrides(job_dir).read_text()) or []
-    except (OSError, yaml.YAMLError):
+        overrides = read_yaml(files.hydra_overrides(job_dir)) or []
+    except (OSError, ValueError):
         return None
     for o in overrides:
         if isinstance(o, str) and override_key(o) == TRIAL_GROUP:
