@@ -15,12 +15,14 @@ against SLURM's syntax before it reaches a command.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
@@ -33,6 +35,7 @@ from .finalize import checked_job_id, finalize, read_job
 from .submitit_adapter import job_watcher, refresh
 
 __all__ = [
+    "STATES",
     "TERMINAL_STATES",
     "UNKNOWN_GRACE_S",
     "JobStates",
@@ -64,6 +67,8 @@ TERMINAL_STATES = frozenset(
 UNKNOWN_GRACE_S = 30.0
 """How long a job may be known to no SLURM command (and leave no record) before its wait
 ends as unknown."""
+SACCT_RETRY_S = 300.0
+"""After sacct failed, how long SLURM's other commands answer alone before it is asked again."""
 CANCEL_WAIT_S = 120.0
 """How long an interrupted wait waits for SLURM to end the jobs it cancelled."""
 
@@ -77,9 +82,14 @@ def _run(args: list[str]) -> str | None:
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
+def _squeue(job_id: str) -> list[str] | None:
+    """squeue's [state, reason, nodes] of the job; None once it left the queue."""
+    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"])
+    return [*out.splitlines()[0].strip().split("|"), "", ""][:3] if out else None
+
+
 def _squeue_state(job_id: str) -> str | None:
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    return out.splitlines()[0].strip() if out else None
+    return (_squeue(job_id) or [None])[0]
 
 
 def _scontrol_state(job_id: str) -> str | None:
@@ -102,15 +112,30 @@ def _records_state(run_dir: Path | None) -> str | None:
 
 
 class JobStates:
-    """The states of the jobs one wait (or one question) is about: sacct through submitit's
-    watcher, one call per :meth:`refresh`; then squeue, scontrol and the run's records."""
+    """The states of SLURM jobs: sacct through submitit's watcher, one call per
+    :meth:`refresh` for every job watched that has not ended; then squeue, scontrol and the
+    run's records.
+
+    One instance serves the process (:data:`STATES`), as submitit shares one watcher between
+    all its jobs. When sacct fails (no accounting) it is not asked again for
+    :data:`SACCT_RETRY_S`: its error would be printed on every poll, and the other commands
+    answer.
+    """
 
     def __init__(self) -> None:
-        self._watcher = job_watcher()
+        self._sacct_off_until = 0.0
+
+    @functools.cached_property
+    def _watcher(self) -> Any:
+        """Made on first use: submitit is imported when a job is first asked about."""
+        return job_watcher()
 
     def refresh(self, job_ids: Iterable[str]) -> None:
         """Ask sacct about these jobs (and every other one watched that has not ended)."""
-        refresh(self._watcher, [checked_job_id(j) for j in job_ids])
+        if time.monotonic() < self._sacct_off_until:
+            return
+        if not refresh(self._watcher, [checked_job_id(j) for j in job_ids]):
+            self._sacct_off_until = time.monotonic() + SACCT_RETRY_S
 
     def state(self, job_id: str, run_dir: Path | None = None) -> str:
         """The job's state at the last :meth:`refresh`, or from the first other source that
@@ -126,6 +151,10 @@ class JobStates:
         return _records_state(run_dir) or "UNKNOWN"
 
 
+STATES = JobStates()
+"""The process's job states (one submitit watcher for every job it asks about)."""
+
+
 def job_state(job_id: str, run_dir: Path | None = None) -> str:
     """The job's state ('PENDING', 'RUNNING', 'CANCELLED by 0' ...), from the first source
     that knows it.
@@ -133,18 +162,17 @@ def job_state(job_id: str, run_dir: Path | None = None) -> str:
     sacct, then squeue, then scontrol, then (with ``run_dir``) the ranks' records;
     'UNKNOWN' when none does (not listed yet, or forgotten without accounting).
     """
-    states = JobStates()
-    states.refresh([job_id])
-    return states.state(job_id, run_dir)
+    STATES.refresh([job_id])
+    return STATES.state(job_id, run_dir)
 
 
 def queue_state(job_id: str) -> str | None:
     """'PENDING (Resources)' or 'RUNNING on n[1-2]' from squeue; None once the job left the
     queue."""
-    out = _run(["squeue", "-h", "-j", checked_job_id(job_id), "-o", "%T|%r|%N"])
-    if not out:
+    queued = _squeue(checked_job_id(job_id))
+    if queued is None:
         return None
-    state, reason, nodes = [*out.splitlines()[0].split("|"), "", ""][:3]
+    state, reason, nodes = queued
     if state == "PENDING":
         return f"PENDING ({reason})" if reason and reason != "None" else "PENDING"
     return f"{state} on {nodes}" if nodes else state
@@ -207,7 +235,7 @@ class _Wait:
             Path(d): checked_job_id((read_job(d) or {}).get("job_id")) for d in run_dirs
         }
         self.outcomes: dict[Path, RunOutcome] = {}
-        self.states = JobStates()
+        self.states = STATES
         self.unknown_since: dict[Path, float] = {}
         self.report = len(run_dirs) > 1
 

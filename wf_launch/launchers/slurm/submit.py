@@ -74,8 +74,8 @@ def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
 
 def code_dir(plan: LaunchPlan, shared: Path | None = None) -> Path | None:
     """Where the job runs its code from: the snapshot (``RUN_DIR/code``, a sweep's
-    ``SWEEP_DIR/code``), or None
-    (``launcher.snapshot=false``, or ``wf_launch`` is an installed package, not a git checkout)."""
+    ``SWEEP_DIR/code``), or None (``launcher.snapshot=false``, or ``wf_launch`` is an installed
+    package, not a git checkout)."""
     if not plan.launcher_config.snapshot or project_root() is None:
         return None
     return (shared or plan.run_dir).absolute() / CODE_DIR

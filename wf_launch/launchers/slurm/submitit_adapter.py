@@ -210,21 +210,34 @@ def job_watcher() -> Any:
     return SlurmInfoWatcher()
 
 
-def refresh(watcher: Any, job_ids: Iterable[str]) -> None:
-    """Register ``job_ids`` on ``watcher`` and ask sacct about its jobs now (one call).
+class _SacctFailed(logging.Filter):
+    """Catches submitit's warning that a sacct call failed (and keeps it off the console)."""
 
-    submitit logs a warning on every failed sacct call; without accounting that is every
-    call, and the caller's other sources answer, so the warning is kept out of the console.
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.failed = self.failed or record.levelno >= logging.WARNING
+        return record.levelno < logging.WARNING
+
+
+def refresh(watcher: Any, job_ids: Iterable[str]) -> bool:
+    """Register ``job_ids`` on ``watcher`` and ask sacct about its jobs now (one call); whether
+    sacct answered.
+
+    submitit logs a warning when sacct fails (no accounting, slurmdbd down) and goes on; the
+    warning is kept off the console: the caller asks SLURM's other commands instead.
     """
     for job_id in job_ids:
         watcher.register_job(job_id)
-    log = logging.getLogger("submitit")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    log, caught = logging.getLogger("submitit"), _SacctFailed()
+    log.addFilter(caught)
     try:
         watcher.update()
     finally:
-        log.setLevel(level)
+        log.removeFilter(caught)
+    return not caught.failed
 
 
 def job_environment() -> Any:
