@@ -70,7 +70,7 @@ class RayCluster:
             text=True,
             capture_output=True,
             timeout=timeout,
-            env=self.env,
+            env={**self.env, **LOOPBACK},
         )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
@@ -153,6 +153,9 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""For a plain ``ray.init`` driver: keep 127.0.0.1 (the cluster listens on loopback only)."""
+
 HEALTH_CHECK = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "1000",
@@ -177,7 +180,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     ):
         _skip_or_fail("Ray is not installed in this environment: pip install -e '.[dev,ray]'")
     state = Path(tempfile.mkdtemp(prefix="wf-ray-"))
-    env = cluster_env()
+    env = {**cluster_env(), "RAY_AUTH_TOKEN_PATH": str(state / "auth_token")}
     port = _free_base(NODES)
     cmd = [
         "bash",

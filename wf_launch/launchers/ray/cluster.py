@@ -15,18 +15,17 @@ makes the placement wait (up to ``placement_timeout_s``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from ...config.fields import config_error
 from . import ray_adapter as rt
+from .private import PrivateInstance
 
 __all__ = [
     "Connection",
@@ -35,11 +34,8 @@ __all__ = [
     "check_fits",
     "connect",
     "describe_nodes",
-    "marked_pids",
     "node_reachable",
     "parse_address",
-    "private_marker",
-    "reap",
 ]
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})")
@@ -49,8 +45,6 @@ ADDRESS_ALLOWED = (
     "HOST:PORT (e.g. 10.0.0.5:6379; on Kubernetes the KubeRay head service, "
     "raycluster-head-svc:6379)"
 )
-MARKER_ENV = "WF_RAY_PRIVATE"
-"""Set (to the run directory) in the environment of every process of a private instance, to find them all."""
 
 
 def parse_address(address: Any) -> tuple[str, int] | str | None:
@@ -218,23 +212,28 @@ def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
     return box["value"]
 
 
-def private_marker(run_dir: str) -> str:
-    return f"{MARKER_ENV}={run_dir}"
-
-
 @dataclass
 class Connection:
     """This process's connection to the run's cluster (a private instance is stopped on :meth:`close`)."""
 
     address: str
-    private: bool
-    marker: str = ""
+    instance: PrivateInstance | None = None
+
+    @property
+    def private(self) -> bool:
+        return self.instance is not None
+
+    @property
+    def token_file(self) -> str:
+        """A private instance's token (for this user's tools that join it: ``status --stacks``)."""
+        return str(self.instance.token_file) if self.instance is not None else ""
 
     def close(self) -> None:
         """Leave the cluster; a private instance is stopped and any process of it left is killed."""
-        rt.shutdown()
-        if self.private:
-            reap(self.marker)
+        if self.instance is not None:
+            self.instance.close()
+        else:
+            rt.shutdown()
 
 
 def connect(
@@ -246,14 +245,14 @@ def connect(
     timeout = float(lc.placement_timeout_s)
     if target is None:
         cpus = max(float(os.cpu_count() or 1), cpus or world_size * float(lc.cpus_per_rank))
-        os.environ[MARKER_ENV] = run_dir  # inherited by every process the instance starts
+        instance = PrivateInstance(run_dir)
         try:
-            # In this (the main) thread: the instance's processes die with the thread that started them.
-            rt.start_private(cpus, None, namespace)
-        finally:
-            os.environ.pop(MARKER_ENV, None)
+            address = instance.start(cpus, namespace)
+        except BaseException:
+            instance.close()
+            raise
         _route_messages()
-        return Connection(rt.gcs_address(), True, private_marker(run_dir))
+        return Connection(address, instance)
     if isinstance(target, tuple):
         _tcp_probe(target[0], target[1], min(timeout, 10.0))
         address = f"{target[0]}:{target[1]}"
@@ -272,46 +271,10 @@ def connect(
             f"{ADDRESS_ALLOWED}",
         ) from None
     _route_messages()
-    return Connection(rt.gcs_address(), False)
+    return Connection(rt.gcs_address())
 
 
 def _route_messages() -> None:
     from loguru import logger
 
     rt.route_cluster_messages(lambda line: logger.debug(line))
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment holds ``marker`` ('NAME=VALUE')."""
-    want = marker.encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                zombie = f.read().rpartition(b")")[2].split()[0] == b"Z"
-        except (OSError, IndexError):
-            continue
-        if want in env and not zombie:
-            found.append(int(entry.name))
-    return found
-
-
-def reap(marker: str, grace_s: float = 5.0) -> None:
-    """Kill (TERM, then KILL) every process still carrying ``marker``: what ``ray.shutdown`` left of an instance."""
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
-        pids = marked_pids(marker)
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = marked_pids(marker)
-        if not pids:
-            return

@@ -58,6 +58,7 @@ class RunOptions:
 
     address: str = ""
     private: bool = False
+    token_file: str = ""
     detached: bool = False
     supervisor: str | None = None
     namespace: str | None = None
@@ -154,6 +155,7 @@ class RayRun:
             supervisor=self.opts.supervisor,
             detached=self.opts.detached,
             private=self.opts.private,
+            token_file=self.opts.token_file or None,
             world_size=self.plan.world_size,
             nodes=lc.nodes,
             started_at=self.launch_time,

@@ -48,6 +48,9 @@ def _final(run_dir: Path) -> RunOutcome | None:
 def _join(info: dict[str, Any]) -> None:
     """Connect this process to the run's cluster (once; it stays connected, e.g. for ``status --follow``)."""
     if not rt.is_connected():
+        if info.get("token_file"):  # a private instance: its own token, in its owner-only dir
+            os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(info["token_file"]))
+            os.environ.pop("RAY_AUTH_TOKEN", None)
         rt.join_cluster(str(info["address"]))
         rt.route_cluster_messages(lambda line: None)
 

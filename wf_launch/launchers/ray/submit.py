@@ -69,7 +69,12 @@ def _precheck(plan: LaunchPlan) -> None:
 def _options(conn: Connection, **extra: Any) -> RunOptions:
     forward, path = forwarded_env()
     return RunOptions(
-        address=conn.address, private=conn.private, forward=forward, path=path, **extra
+        address=conn.address,
+        private=conn.private,
+        token_file=conn.token_file,
+        forward=forward,
+        path=path,
+        **extra,
     )
 
 
