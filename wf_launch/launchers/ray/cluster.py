@@ -123,42 +123,61 @@ def _fit(node: Node, cpus: float, gpus: float) -> int:
     return min(by_cpu, by_gpu)
 
 
+def _one_rank_fits(nodes: list[Node], lc: Any, have: str) -> None:
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
+    if any(_fit(n, cpus, gpus) for n in nodes):
+        return
+    field, value, unit = (
+        ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
+        if gpus and not any(n.gpus >= gpus for n in nodes)
+        else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
+    )
+    raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
+
+
+def _nodes_fit(nodes: list[Node], lc: Any, world_size: int, have: str) -> None:
+    """``launcher.nodes`` set: that many nodes must each hold their share of the ranks."""
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
+    per = world_size // lc.nodes
+    able = [n for n in nodes if _fit(n, cpus, gpus) >= per]
+    if len(able) >= lc.nodes:
+        return
+    raise config_error(
+        "launcher.nodes",
+        lc.nodes,
+        f"{lc.nodes} node(s) of {per} rank(s) each need "
+        f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
+        f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
+        f"node(s) have that: {have}",
+    )
+
+
+def _world_fits(nodes: list[Node], lc: Any, world_size: int, have: str) -> None:
+    """``launcher.nodes`` null: the whole cluster must hold every rank."""
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
+    room = sum(_fit(n, cpus, gpus) for n in nodes)
+    if room >= world_size:
+        return
+    raise config_error(
+        "launcher.cpus_per_rank",
+        lc.cpus_per_rank,
+        f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
+        f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}",
+    )
+
+
 def check_fits(nodes: list[Node], lc: Any, world_size: int, where: str) -> None:
     """ConfigError when the run can never be placed on these nodes (their total resources)."""
     have = f"the cluster at {where} has {len(nodes)} alive node(s): {describe_nodes(nodes)}"
-    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
     if lc.nodes is not None and lc.nodes > len(nodes):
         raise config_error(
             "launcher.nodes", lc.nodes, f"{have}; choose at most {len(nodes)}, or null (anywhere)"
         )
-    if not any(_fit(n, cpus, gpus) for n in nodes):
-        field, value, unit = (
-            ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
-            if gpus and not any(n.gpus >= gpus for n in nodes)
-            else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
-        )
-        raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
+    _one_rank_fits(nodes, lc, have)
     if lc.nodes is not None:
-        per = world_size // lc.nodes
-        able = [n for n in nodes if _fit(n, cpus, gpus) >= per]
-        if len(able) < lc.nodes:
-            raise config_error(
-                "launcher.nodes",
-                lc.nodes,
-                f"{lc.nodes} node(s) of {per} rank(s) each need "
-                f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
-                f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
-                f"node(s) have that: {have}",
-            )
-        return
-    room = sum(_fit(n, cpus, gpus) for n in nodes)
-    if room < world_size:
-        raise config_error(
-            "launcher.cpus_per_rank",
-            lc.cpus_per_rank,
-            f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
-            f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}",
-        )
+        _nodes_fit(nodes, lc, world_size, have)
+    else:
+        _world_fits(nodes, lc, world_size, have)
 
 
 def node_reachable(node: Node, timeout_s: float = 1.0) -> bool:
