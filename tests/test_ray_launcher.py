@@ -91,6 +91,8 @@ def test_two_nodes_run_with_placement_console_and_tools(
         and "hello from rank 3" in proc.stderr
     )
     assert "hello from rank 1" not in proc.stderr  # only the console ranks are streamed
+    placed = next(line for line in proc.stderr.splitlines() if "rank(s) placed:" in line)
+    assert placed.count("(host ") == 2, placed  # every node's host is named
     assert "run ok in" in proc.stderr and str(run / "result.json") in proc.stderr
     record = _record(run)
     assert (
@@ -135,6 +137,9 @@ def test_a_rank_that_raises_is_named_with_its_node(ray_cluster: RayCluster, tmp_
     assert failure["coords"] == {"tp": 0, "cp": 0, "pp": 0, "dp": 3}
     assert f"rank 3 (r3 tp0 cp0 pp0 dp3 on node {node[:12]}, host " in proc.stderr
     assert "failed first: ValueError: rank 3 refuses: bad batch 17" in proc.stderr
+    # shown once, in the summary: never streamed live from the rank's log as well
+    assert proc.stderr.count("Traceback (most recent call last)") <= 1, proc.stderr
+    assert not any("[r3 " in line and "Traceback" in line for line in proc.stderr.splitlines())
     assert ray_cluster.leftovers() == []
 
 
@@ -263,6 +268,44 @@ def test_sigterm_to_a_rank_saves_and_restarts(ray_cluster: RayCluster, tmp_path:
     assert first["ended_by"] == "preempted: TERM (stop flag)"
     assert second["cause"] == first["ended_by"] and second["resumed_from"] == first["last_step"]
     assert second["steps_lost"] == 0 and second["last_step"] == 14
+    assert ray_cluster.leftovers() == []
+
+
+def test_ctrl_c_says_it_stops_and_how_to_resume(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=ray",
+            f"launcher.address={ray_cluster.address}",
+            "engine.dp_size=2",
+            "task=train",
+            "task.steps=400",
+            "task.step_sleep_s=0.2",
+            "task.checkpoint_every=2",
+            f"hydra.run.dir={run}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ray_cluster.env,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list(run.glob("checkpoints/*/COMMIT")) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launching command
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Ctrl-C: every rank stops at its next step boundary" in err
+    assert "continue it from its checkpoint of step " in err and "launcher.resume=true" in err
+    assert _record(run)["status"] == "interrupted"
     assert ray_cluster.leftovers() == []
 
 

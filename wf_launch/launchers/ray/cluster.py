@@ -81,6 +81,7 @@ class Node:
     gpus: float
     head: bool
     name: str = ""
+    host: str = ""
 
     @property
     def short(self) -> str:
@@ -103,6 +104,7 @@ def _node(info: dict[str, Any]) -> Node:
         float(res.get("GPU", 0)),
         "node:__internal_head__" in res,
         names[0] if names else "",
+        str(info.get("NodeManagerHostname") or ""),
     )
 
 
