@@ -312,6 +312,8 @@ def test_ctrl_c_says_it_stops_and_how_to_resume(ray_cluster: RayCluster, tmp_pat
 def test_detached_run_status_runs_stacks_follow_and_cancel(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    """The tools that need a live run ask a long one (it outlives them whatever the load), then
+    cancel it; ``--follow`` follows a short one to its end (or finds it ended: the same lines)."""
     short, long = tmp_path / "short", tmp_path / "long"
     ticker = [
         "launcher.wait=false",
@@ -320,35 +322,34 @@ def test_detached_run_status_runs_stacks_follow_and_cancel(
         TEST_TASKS,
         "task.step_sleep_s=0.3",
     ]
-    started = _cli(ray_cluster, [*ticker, "task.steps=40"], short)
+    started = _cli(ray_cluster, [*ticker, "task.steps=100000"], long)
     assert started.returncode == 0 and "status: python -m wf_launch.status" in started.stdout, (
         started.stderr[-3000:]
     )
-    _wait_step(short, 0, 2)
-    status = _tool(ray_cluster, "status", str(short))
+    _wait_step(long, 0, 2)
+    status = _tool(ray_cluster, "status", str(long))
     assert status.returncode == 0 and "RUNNING attempt 0" in status.stdout, (
         status.stdout + status.stderr
     )
     listing = _tool(ray_cluster, "runs", str(tmp_path))
     assert "running" in listing.stdout and "detached" in listing.stdout, listing.stdout
-    stacks = _tool(ray_cluster, "status", "--stacks", str(short))
+    stacks = _tool(ray_cluster, "status", "--stacks", str(long))
     assert (
         stacks.returncode == 0
         and "ranks 0,1 are at " in stacks.stdout
         and "in ticker" in stacks.stdout
     ), stacks.stdout + stacks.stderr
-    follow = _tool(ray_cluster, "status", "--follow", str(short), timeout=300)
-    assert follow.returncode == 0 and "run ok in" in follow.stderr, follow.stderr[-3000:]
-    assert _record(short)["status"] == "ok"
-
-    started = _cli(ray_cluster, [*ticker, "task.steps=1000"], long)
-    assert started.returncode == 0, started.stderr[-3000:]
-    _wait_step(long, 0, 2)
     cancel = _tool(ray_cluster, "status", "--cancel", str(long))
     assert cancel.returncode == 143 and "cancelled (exit 143)" in cancel.stdout, (
         cancel.stdout + cancel.stderr
     )
     assert _record(long)["status"] == "cancelled"
+
+    started = _cli(ray_cluster, [*ticker, "task.steps=20"], short)
+    assert started.returncode == 0, started.stderr[-3000:]
+    follow = _tool(ray_cluster, "status", "--follow", str(short), timeout=300)
+    assert follow.returncode == 0 and "run ok in" in follow.stderr, follow.stderr[-3000:]
+    assert _record(short)["status"] == "ok"
     assert ray_cluster.leftovers() == []
 
 
