@@ -191,7 +191,7 @@ def signal_ranks(run_dir: Path, signum: int) -> set[int]:
     if not where or _final(run_dir) is not None or not info.get("address"):
         return set()
     with _joined(info):
-        return reach(where, signum)
+        return reach(run_dir, where, signum)
 
 
 def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
@@ -203,7 +203,7 @@ def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
     if rank not in where or not info.get("address"):
         return False
     with _joined(info):
-        return rank in reach({rank: where[rank]}, signum)
+        return rank in reach(run_dir, {rank: where[rank]}, signum)
 
 
 def kill_node(run_dir: Path, rank: int) -> str:

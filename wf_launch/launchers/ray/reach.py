@@ -10,10 +10,13 @@ kills its own node's raylet (whose processes then all end).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
+from ...rundir.pids import live_rank_pid
 from . import ray_adapter as rt
 
 __all__ = ["kill_raylet", "signal_ranks"]
@@ -51,23 +54,41 @@ def _remote(fn: Any) -> Any:
     return _REMOTE[fn.__name__]
 
 
+def _signal_on_this_host(run_dir: Path, where: dict[int, tuple[str, int]], signum: int) -> set[int]:
+    """The ranks that run on this host (their pid file names their live process): signalled
+    directly. A task on their node would need a new worker process first, which a loaded host
+    starts only after the collective that timed out has ended the ranks."""
+    reached = set()
+    for rank, (_, pid) in where.items():
+        if live_rank_pid(run_dir, rank) == int(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signum)
+                reached.add(rank)
+    return reached
+
+
 def signal_ranks(
-    where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0
+    run_dir: Path, where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0
 ) -> set[int]:
     """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); the ranks reached.
 
-    Nodes that do not answer within ``timeout_s`` (dead, or too busy to start a task) are left out.
+    Ranks on this host directly, the others through one small task per node. Nodes that do not
+    answer within ``timeout_s`` (dead, or too busy to start a task) are left out.
     """
+    here = _signal_on_this_host(Path(run_dir), where, signum)
     by_node: dict[str, dict[int, int]] = {}
     for rank, (node, pid) in where.items():
-        by_node.setdefault(node, {})[int(pid)] = rank
+        if rank not in here:
+            by_node.setdefault(node, {})[int(pid)] = rank
+    if not by_node:
+        return here
     fn = _remote(_signal_here)
     refs = {
         fn.options(scheduling_strategy=rt.on_node(node)).remote(list(pids), int(signum)): pids
         for node, pids in by_node.items()
     }
     ready, _ = rt.wait_all(list(refs), timeout_s)
-    reached: set[int] = set()
+    reached = set(here)
     for ref in ready:
         try:
             reached |= {refs[ref][pid] for pid in rt.get(ref)}
