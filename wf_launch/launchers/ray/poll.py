@@ -226,5 +226,5 @@ def kill_node(run_dir: Path, rank: int) -> str:
                 f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
                 "nodekill needs a rank on another node"
             )
-        pid = kill_raylet(node)
+        pid = kill_raylet(run_dir, rank, node)
     return f"raylet pid {pid} of node {node[:12]} (rank {rank}'s)"

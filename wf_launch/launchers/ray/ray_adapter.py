@@ -342,8 +342,21 @@ def remote(obj: type | Callable[..., Any], **options: Any) -> Any:
     return _ray().remote(**options)(obj) if options else _ray().remote(obj)
 
 
+@contextlib.contextmanager
+def _signal_raised() -> Iterator[None]:
+    """What a signal handler raised while Ray waited in C (SIGTERM's ``Stopped``), as itself:
+    Ray's Cython call hands it on as a ``SystemError`` with it as the cause."""
+    try:
+        yield
+    except SystemError as exc:
+        if isinstance(exc.__cause__, BaseException):
+            raise exc.__cause__ from None
+        raise
+
+
 def get(refs: Any, timeout_s: float | None = None) -> Any:
-    return _ray().get(refs, timeout=timeout_s)
+    with _signal_raised():
+        return _ray().get(refs, timeout=timeout_s)
 
 
 def wait(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
@@ -351,7 +364,8 @@ def wait(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
     if not refs:
         return [], []
     ray = _ray()
-    ready, pending = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
+    with _signal_raised():
+        ready, pending = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
     if ready and pending:
         more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
         ready += more
@@ -362,7 +376,8 @@ def wait_all(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any
     """The refs ready within ``timeout_s`` (waiting for all of them, at most that long), and the rest."""
     if not refs:
         return [], []
-    ready, pending = _ray().wait(list(refs), num_returns=len(refs), timeout=max(0.0, timeout_s))
+    with _signal_raised():
+        ready, pending = _ray().wait(list(refs), num_returns=len(refs), timeout=max(0.0, timeout_s))
     return list(ready), list(pending)
 
 

@@ -36,9 +36,8 @@ def _signal_here(pids: list[int], signum: int) -> list[int]:
     return sent
 
 
-def _kill_own_raylet() -> int:
-    """On a node: SIGKILL this node's raylet (checked to be one); its pid."""
-    pid = rt.raylet_pid()
+def _kill_raylet_pid(pid: int | None) -> int:
+    """SIGKILL ``pid``, checked to be a raylet; its pid."""
     if pid is None:
         raise RuntimeError("this process was not started by a raylet")
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -46,6 +45,23 @@ def _kill_own_raylet() -> int:
             raise RuntimeError(f"pid {pid} is not a raylet")
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def _kill_own_raylet() -> int:
+    """On a node: SIGKILL this node's raylet (checked to be one); its pid."""
+    return _kill_raylet_pid(rt.raylet_pid())
+
+
+def _raylet_of(run_dir: Path, rank: int) -> int | None:
+    """The raylet of ``rank``'s node when the rank runs on this host (from its environment)."""
+    pid = live_rank_pid(run_dir, rank)
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0"))
+    except (OSError, TypeError):
+        return None
+    raw = env.get(rt.RAYLET_PID_ENV.encode(), b"")
+    return int(raw) if raw.isdigit() else None
 
 
 def _remote(fn: Any) -> Any:
@@ -97,8 +113,12 @@ def signal_ranks(
     return reached
 
 
-def kill_raylet(node: str, timeout_s: float = 30.0) -> int:
-    """SIGKILL the raylet of ``node`` (every rank on it ends with it); the raylet's pid."""
+def kill_raylet(run_dir: Path, rank: int, node: str, timeout_s: float = 30.0) -> int:
+    """SIGKILL the raylet of ``node``, which runs ``rank`` (every rank on it ends with it); the
+    raylet's pid. On this host directly; elsewhere through a task on that node."""
+    here = _raylet_of(Path(run_dir), rank)
+    if here is not None:
+        return _kill_raylet_pid(here)
     return int(
         rt.get(
             _remote(_kill_own_raylet).options(scheduling_strategy=rt.on_node(node)).remote(),
