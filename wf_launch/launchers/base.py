@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .launch_plan import LaunchPlan
 
 __all__ = [
+    "CTRL_C_NOTICE",
     "DetachedLauncher",
     "Launcher",
     "LauncherConfig",
@@ -43,6 +44,12 @@ __all__ = [
     "run_dir_mode",
     "with_hooks",
 ]
+
+CTRL_C_NOTICE = (
+    "Ctrl-C: every rank stops at its next step boundary (a task that polls "
+    "ctx.should_stop() saves first); press Ctrl-C again to stop at once"
+)
+"""What every launcher says at the first Ctrl-C (the resume command follows the run's end)."""
 
 C = TypeVar("C", bound="LauncherConfig")
 WEEK_S = 7 * 24 * 3600
