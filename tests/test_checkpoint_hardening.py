@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from wf_launch.checkpoint import Checkpointer, complete_checkpoints
-from wf_launch.rank.checkpoint.format import CheckpointUnreadable
 from wf_launch.rank.checkpoint.safe_read import CheckpointRefused, read_metadata
-from wf_launch.tools.checkpoint import main
+from wf_launch.readers.checkpoint import main
+from wf_launch.rundir.checkpoints import CheckpointUnreadable
 
 
 class Net(nn.Module):

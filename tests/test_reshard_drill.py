@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_env
 
-from wf_launch.tools.drill_layout import DEFAULT_ATOL
+from wf_launch.drivers.drill_layout import DEFAULT_ATOL
 
 
 def _drill(
@@ -60,7 +60,7 @@ def _drill(
 def test_bad_layout_drill_arguments_are_refused_before_anything_runs(
     tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from wf_launch.tools.drill import main
+    from wf_launch.drivers.drill import main
 
     assert main(["task=train", *args, "--dir", str(tmp_path / "drill")]) == 2
     assert message in capsys.readouterr().err
@@ -163,7 +163,10 @@ def test_slurm_drill_resumes_on_one_node_within_tolerance(slurm_cluster, tmp_pat
         timeout=900,
         env=env,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logs = "".join(
+        f"\n--- {log.name}\n{log.read_text()[-4000:]}" for log in sorted(directory.glob("*.log"))
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
     assert "drill verdict: WITHIN TOLERANCE" in proc.stdout, proc.stdout
     summary = json.loads((directory / "drill.json").read_text())
     _check_layout_change(summary, {"dp": 2, "world_size": 2}, {"dp": 1, "world_size": 1})

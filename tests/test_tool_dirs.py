@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from cli_helpers import cli_env
 
+from wf_launch.drivers.tune.space import TuneError, build_space
+from wf_launch.drivers.tune.state import TuneState
 from wf_launch.rundir import files
 from wf_launch.rundir.claim import claim_tool_dir
-from wf_launch.tools.tune.space import TuneError, build_space
-from wf_launch.tools.tune.state import TuneState
 
 CLOCKWORK = ["task=clockwork", "task.modules=[wf_tune_tasks]", "task.unit_s=0.01"]
 ARGS = {

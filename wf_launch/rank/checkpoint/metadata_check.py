@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .format import CheckpointUnreadable
+from ...rundir.checkpoints import CheckpointUnreadable
 
 __all__ = [
     "MAX_MARKS",

@@ -28,8 +28,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from worldfoundry.core.torch_private import DCP_METADATA_PRIVATE
 
+from ...rundir.checkpoints import METADATA_FILE, CheckpointUnreadable
 from ...rundir.io import UnreadableFile, read_bytes
-from .format import METADATA_FILE, CheckpointUnreadable
 from .metadata_check import (
     MAX_METADATA_BYTES,
     CheckpointRefused,

@@ -24,10 +24,10 @@ from typing import Any
 
 from worldfoundry.core.validation import is_number
 
+from ...readers.sweep.points import failure_text, point_metrics
 from ...rundir import attempts, files
 from ...rundir.io import read_lines
 from ...rundir.record import RecordError, RunRecord, Status
-from ..sweep.points import failure_text, point_metrics
 
 __all__ = [
     "STEP_TIME",

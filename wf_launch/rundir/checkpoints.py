@@ -23,8 +23,8 @@ from typing import Any
 
 from worldfoundry.core.distributed.topology import DIMS, Layout
 
-from ...rundir import files
-from ...rundir.io import read_bytes
+from . import files
+from .io import read_bytes
 
 __all__ = [
     "COMMIT_FILE",

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..observe.console import print_or_quiet
-from ..rank.checkpoint.format import (
+from ..rundir import files
+from ..rundir.checkpoints import (
     COMMIT_FILE,
     CheckpointUnreadable,
     complete_checkpoints,
@@ -31,7 +32,6 @@ from ..rank.checkpoint.format import (
     parse_step,
     read_commit,
 )
-from ..rundir import files
 from ..rundir.io import OutputRefused, check_output_path, write_output_file
 
 __all__ = ["ExportError", "consolidate", "list_checkpoints", "main", "module_entries"]
@@ -142,9 +142,15 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
     """Module entry ``entry`` of the checkpoint in ``directory`` as full tensors (no process group)."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from ..rank.checkpoint.safe_read import SafeLoadPlanner, SafeReader, read_metadata
+    from ..rank.checkpoint.safe_read import (
+        CheckpointRefused,
+        SafeLoadPlanner,
+        SafeReader,
+        read_metadata,
+    )
 
     metadata = read_metadata(directory) if metadata is None else metadata
     prefix = f"{entry}."
@@ -159,12 +165,19 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
         warnings.filterwarnings(
             "ignore", message=".*assuming the intent is to load in a single process"
         )
-        dcp.load(
-            {entry: full},
-            storage_reader=SafeReader(directory, metadata),
-            planner=SafeLoadPlanner(directory),
-            no_dist=True,
-        )
+        planner = SafeLoadPlanner(directory)
+        try:
+            dcp.load(
+                {entry: full},
+                storage_reader=SafeReader(directory, metadata),
+                planner=planner,
+                no_dist=True,
+            )
+        except (Exception, CheckpointException) as exc:  # DCP's wraps each read failure
+            if planner.refused:
+                raise CheckpointRefused(planner.refused) from None
+            why = next((ln for ln in reversed(str(exc).splitlines()) if ln.strip()), "")
+            raise CheckpointUnreadable(f"{directory}: {type(exc).__name__}: {why}") from None
     return full
 
 
