@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,39 +61,56 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path | str) -> str:
-    """The summary as a Markdown table, with a count per status and the failures listed."""
+def _md_row(point: dict[str, Any], common: list[str], names: list[str]) -> list[str]:
+    """One point's cells: job, status, its own overrides, layout, world, wall time, metrics."""
+    layout = "/".join(fmt(point[d]) if point[d] is not None else "?" for d in DIMS)
+    status = point["status"] if point["status"] == "ok" else f"**{point['status']}**"
+    own = " ".join(o for o in point["overrides"].split() if o not in common)
+    return [
+        fmt(point["job"]),
+        status,
+        f"`{own}`" if own else "",
+        layout,
+        fmt(point["world"]),
+        fmt(point["wall_s"]),
+        *(fmt(point["metrics"].get(m)) for m in names),
+    ]
+
+
+def _charts_lines(charts: dict[str, str]) -> list[str]:
+    """One line per chart: its file and its caption (what it shows)."""
+    if not charts:
+        return []
+    return ["Charts:", "", *(f"- `{name}`: {caption}" for name, caption in charts.items()), ""]
+
+
+def render_markdown(
+    points: list[dict[str, Any]],
+    metric: str,
+    sweep_dir: Path | str,
+    charts: dict[str, str] | None = None,
+) -> str:
+    """The summary as a Markdown table, with a count per status and the failures listed.
+
+    ``charts`` maps each chart's file name to its caption (the metric it shows).
+    """
     names = metric_names(points, metric)
-    counts: dict[str, int] = {}
-    for p in points:
-        counts[p["status"]] = counts.get(p["status"], 0) + 1
+    counts = Counter(p["status"] for p in points)
     lines = [
         f"# Sweep summary: {Path(sweep_dir).name}",
         "",
-        f"{len(points)} point(s): "
-        + ", ".join(f"{n} {s}" for s, n in counts.items())
-        + f". Chart metric: `{metric}`.",
+        f"{len(points)} point(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ".",
         "",
+        *_charts_lines(charts or {}),
     ]
     common, _ = split_overrides(points)
     if common:
         lines += ["Every point: `" + " ".join(common) + "`", ""]
     header = ["job", "status", "overrides", "layout (tp/cp/pp/dp)", "world", "wall_s", *names]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for p in points:
-        layout = "/".join(fmt(p[d]) if p[d] is not None else "?" for d in DIMS)
-        status = p["status"] if p["status"] == "ok" else f"**{p['status']}**"
-        own = " ".join(o for o in p["overrides"].split() if o not in common)
-        row = [
-            fmt(p["job"]),
-            status,
-            f"`{own}`" if own else "",
-            layout,
-            fmt(p["world"]),
-            fmt(p["wall_s"]),
-            *(fmt(p["metrics"].get(m)) for m in names),
-        ]
-        lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
+    lines += [
+        "| " + " | ".join(_md_cell(c) for c in _md_row(p, common, names)) + " |" for p in points
+    ]
     failures = [p for p in points if p["failure"]]
     if failures:
         lines += ["", "## Points that did not succeed", ""]
