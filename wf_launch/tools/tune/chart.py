@@ -1,4 +1,5 @@
-"""``tune_chart.png``: the metric of every measured layout in every round it ran (median, quartiles).
+"""``tune_chart.png``: the metric of every measured layout in every round it ran (median,
+quartiles).
 
 Its title is its caption: it names the metric drawn.
 """
