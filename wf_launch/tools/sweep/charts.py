@@ -53,7 +53,8 @@ def _label(point: dict[str, Any], dims: list[str], varying: list[str]) -> str:
 
 
 def _value_bar(ax: Any, i: int, point: dict[str, Any], value: float, top: float) -> Any:
-    """A bar of the point's value, written over it (red and hatched when the point did not end ok)."""
+    """A bar of the point's value, written over it (red and hatched when the point did not end
+    ok)."""
     ok = point["status"] == "ok"
     ax.bar(
         i,
@@ -98,7 +99,8 @@ def _finite(value: float | int | None) -> bool:
 
 
 def bar_figure(points: list[dict[str, Any]], metric: str) -> tuple[Any, str]:
-    """(the figure, its caption): a bar of ``metric`` per point; points without one marked by status."""
+    """(the figure, its caption): a bar of ``metric`` per point; points without one marked by
+    status."""
     plt = _pyplot()
     drawn = chart_metric(points, metric)
     values = [metric_value(p, drawn) for p in points]
@@ -185,7 +187,8 @@ def steps_figure(points: list[dict[str, Any]], metric: str | None = None) -> tup
 def render_charts(
     points: list[dict[str, Any]], metric: str, sweep_dir: Path
 ) -> dict[str, tuple[Path, str]]:
-    """Draw the sweep's charts into ``sweep_dir``: ``{"png" | "scaling" | "steps": (path, caption)}``.
+    """Draw the sweep's charts into ``sweep_dir``: ``{"png" | "scaling" | "steps": (path,
+    caption)}``.
 
     :class:`ImportError` when matplotlib is not installed.
     """

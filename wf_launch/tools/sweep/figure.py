@@ -51,7 +51,8 @@ def _stretch_needed(fig: Any, texts: list[Any]) -> float:
 
 
 def fit_width(fig: Any, ax: Any, texts: list[Any] | None = None) -> None:
-    """Lay ``fig`` out so that ``ax``'s x tick labels and ``texts`` (e.g. values over bars) stand apart.
+    """Lay ``fig`` out so that ``ax``'s x tick labels and ``texts`` (e.g. values over bars) stand
+    apart.
 
     The figure is widened as far as :data:`MAX_WIDTH_IN`; past it the tick labels are drawn
     upright on one line each, and the figure is widened again for those.
@@ -100,7 +101,8 @@ def legend_below(fig: Any, ax: Any, fontsize: float = 7.5) -> Any:
 
 
 def save_png(fig: Any, path: Path) -> None:
-    """Write ``fig`` to ``path`` atomically (a temporary file beside it, then a rename), then close it."""
+    """Write ``fig`` to ``path`` atomically (a temporary file beside it, then a rename), then close
+    it."""
     import matplotlib.pyplot as plt  # optional and slow to import: only where a chart is drawn
 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")

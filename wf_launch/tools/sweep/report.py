@@ -1,4 +1,5 @@
-"""Writing a sweep's report (``sweep_summary.csv`` / ``.md``, the charts), its exit code, and the CLI.
+"""Writing a sweep's report (``sweep_summary.csv`` / ``.md``, the charts), its exit code, and the
+CLI.
 
 ``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]`` rebuilds the report from the
 job directories alone (:mod:`.points`); the Hydra callback (:mod:`.callback`) writes it
@@ -70,7 +71,8 @@ def status_line(points: list[dict[str, Any]], written: dict[str, Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]``: rebuild the report from the job dirs."""
+    """``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]``: rebuild the report from the job
+    dirs."""
     ap = argparse.ArgumentParser(prog="python -m wf_launch.sweep_report", description=main.__doc__)
     ap.add_argument("sweep_dir", type=Path, help="the multirun directory (hydra.sweep.dir)")
     ap.add_argument(
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not points:
         print(
-            f"wf_launch.sweep_report: no job directories (with {files.HYDRA}/ or {files.RESULT}) in "
+            f"wf_launch.sweep_report: no job directories (with {files.HYDRA}/ or {files.RESULT}) "
+            "in "
             f"{str(args.sweep_dir)!r}",
             file=sys.stderr,
         )
