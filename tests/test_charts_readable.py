@@ -11,14 +11,14 @@ import pytest
 from chart_text import figure_texts, readability_faults
 from matplotlib import pyplot as plt
 
+from wf_launch.drivers.tune.chart import caption, chart_figure
+from wf_launch.drivers.tune.measure import Measurement
+from wf_launch.drivers.tune.space import build_space
+from wf_launch.drivers.tune.state import TuneState
 from wf_launch.rank.progress import ProgressReporter
+from wf_launch.readers.sweep import collect_points, write_report
+from wf_launch.readers.sweep.charts import bar_figure, scaling_figure, steps_figure
 from wf_launch.rundir.record import RunRecord, Status
-from wf_launch.tools.sweep import collect_points, write_report
-from wf_launch.tools.sweep.charts import bar_figure, scaling_figure, steps_figure
-from wf_launch.tools.tune.chart import caption, chart_figure
-from wf_launch.tools.tune.measure import Measurement
-from wf_launch.tools.tune.space import build_space
-from wf_launch.tools.tune.state import TuneState
 
 LONG = "engine.cp_size={cp} engine.pp_size={pp} task.micro_batches={mb} task.learning_rate=0.0003"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..sweep.figure import fit_width, save_png
+from ...readers.sweep.figure import fit_width, save_png
 from .measure import Measurement
 from .state import TuneState, order_points
 
