@@ -17,6 +17,7 @@ __all__ = ["fmt", "render_csv", "render_markdown", "split_overrides"]
 
 
 def fmt(value: Any) -> str:
+    """A cell's text: empty for None, floats to about three significant digits."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -31,7 +32,7 @@ def fmt(value: Any) -> str:
 
 
 def split_overrides(points: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
-    """Overrides every point shares (in order), and the keys whose values differ between points."""
+    """Overrides every point shares (in order), and the keys whose values differ between them."""
     per_point = [p["overrides"].split() for p in points if p["overrides"]]
     common = (
         [o for o in per_point[0] if all(o in other for other in per_point)] if per_point else []
@@ -61,19 +62,33 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _md_row(point: dict[str, Any], common: list[str], names: list[str]) -> list[str]:
-    """One point's cells: job, status, its own overrides, layout, world, wall time, metrics."""
-    layout = "/".join(fmt(point[d]) if point[d] is not None else "?" for d in DIMS)
-    status = point["status"] if point["status"] == "ok" else f"**{point['status']}**"
-    own = " ".join(o for o in point["overrides"].split() if o not in common)
-    return [
-        fmt(point["job"]),
+def _md_row(p: dict[str, Any], common: list[str], names: list[str]) -> str:
+    """One point's row: job, status (bold unless ok), its own overrides, layout, metrics."""
+    layout = "/".join(fmt(p[d]) if p[d] is not None else "?" for d in DIMS)
+    status = p["status"] if p["status"] == "ok" else f"**{p['status']}**"
+    own = " ".join(o for o in p["overrides"].split() if o not in common)
+    row = [
+        fmt(p["job"]),
         status,
         f"`{own}`" if own else "",
         layout,
-        fmt(point["world"]),
-        fmt(point["wall_s"]),
-        *(fmt(point["metrics"].get(m)) for m in names),
+        fmt(p["world"]),
+        fmt(p["wall_s"]),
+        *(fmt(p["metrics"].get(m)) for m in names),
+    ]
+    return "| " + " | ".join(_md_cell(c) for c in row) + " |"
+
+
+def _md_failures(points: list[dict[str, Any]]) -> list[str]:
+    """The section listing the points that did not succeed (none when every point did)."""
+    failures = [p for p in points if p["failure"]]
+    if not failures:
+        return []
+    return [
+        "",
+        "## Points that did not succeed",
+        "",
+        *(f"- job {fmt(p['job'])} ({p['status']}): {p['failure']}" for p in failures),
     ]
 
 
@@ -108,11 +123,6 @@ def render_markdown(
         lines += ["Every point: `" + " ".join(common) + "`", ""]
     header = ["job", "status", "overrides", "layout (tp/cp/pp/dp)", "world", "wall_s", *names]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += [
-        "| " + " | ".join(_md_cell(c) for c in _md_row(p, common, names)) + " |" for p in points
-    ]
-    failures = [p for p in points if p["failure"]]
-    if failures:
-        lines += ["", "## Points that did not succeed", ""]
-        lines += [f"- job {fmt(p['job'])} ({p['status']}): {p['failure']}" for p in failures]
+    lines += [_md_row(p, common, names) for p in points]
+    lines += _md_failures(points)
     return "\n".join(lines) + "\n"
