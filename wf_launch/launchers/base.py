@@ -74,7 +74,7 @@ class LauncherConfig:
     max_log_mb: float = 1024.0
     max_metrics_mb: float = 1024.0
     overwrite: bool = False
-    resume: bool = False
+    resume: Any = False
     run_dir_mode: str = "0700"
     progress_interval_s: float = 10.0
     stall_warning_s: float = 300.0
@@ -127,8 +127,15 @@ class LauncherConfig:
                 unit="seconds",
                 note="(0.1 s to a week)",
             )
-        for key in ("dry_run", "overwrite", "resume"):
+        for key in ("dry_run", "overwrite"):
             check_bool(f"launcher.{key}", getattr(self, key))
+        if not (isinstance(self.resume, bool) or self.resume == "auto"):
+            raise config_error(
+                "launcher.resume",
+                self.resume,
+                "true (continue the run in the directory; refused when none is there), "
+                "false, or auto (continue it if one is there, else start one)",
+            )
         if self.overwrite and self.resume:
             raise config_error(
                 "launcher.resume",

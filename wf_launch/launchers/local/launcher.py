@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
+from ...config.engine import NCCL_BACKENDS
 from ...config.fields import check_bool, check_choice, check_int, check_number, config_error
 from ...observe.rootcause import explain_failure
 from ...rank.entrypoint import RankSpec
@@ -41,7 +42,13 @@ if TYPE_CHECKING:
     from ...config.engine import EngineConfig
     from ..launch_plan import LaunchPlan
 
-__all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threads_per_rank"]
+__all__ = [
+    "LocalLauncher",
+    "LocalLauncherConfig",
+    "check_gpus",
+    "choose_start_method",
+    "threads_per_rank",
+]
 
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RANKS_PER_CORE = 64
@@ -90,6 +97,22 @@ class LocalLauncherConfig(LauncherConfig):
                 f"{cores}-core host ({RANKS_PER_CORE * cores}); use launcher=slurm for more, or "
                 "pass launcher.oversubscribe=true to start them here anyway",
             )
+
+
+def check_gpus(engine: EngineConfig, world_size: int) -> None:
+    """An NCCL backend needs a GPU per rank on this host: refused before launch when it has fewer."""
+    if engine.backend not in NCCL_BACKENDS:
+        return
+    import torch  # only for an NCCL backend: the one question is this host's device count
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < world_size:
+        raise config_error(
+            "engine.distributed_backend",
+            engine.distributed_backend,
+            f"NCCL needs a GPU per rank: the layout has {world_size} rank(s) and this host "
+            f"{gpus} GPU(s); use gloo here, or a launcher whose nodes have GPUs",
+        )
 
 
 def preload(modules: tuple[str, ...]) -> None:
@@ -443,6 +466,7 @@ class LocalLauncher(LauncherHooks):
 
     def validate(self, cfg: LocalLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         cfg.check(layout.world_size)
+        check_gpus(engine, layout.world_size)
 
     def describe(self, plan: LaunchPlan) -> str:
         return describe(plan)
