@@ -5,7 +5,9 @@ run directory exists."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,3 +128,66 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_traceback(
         record = result(run_dir)  # wherever a run directory exists, it holds the record
         assert record["status"] == "interrupted" and record["signal"] == "SIGINT", record
     assert leftover_processes(str(run_dir)) == []
+
+
+# ------------------------------------------------------------------ what the run says of itself
+def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Until rank 0 has published ``step`` (its progress file), or the launch ended."""
+    path = run_dir / "logs" / "rank0.progress.json"
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if json.loads(path.read_text())["step"] >= step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never reached in {run_dir}")
+
+
+@pytest.mark.slow
+def test_status_names_a_ctrl_c_and_a_resume_shows_its_new_total_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    train = ["task=train", "engine.dp_size=2", "task.step_sleep_s=0.3", "task.checkpoint_every=2"]
+    proc = start_cli([*train, "task.steps=40"], run_dir)
+    try:
+        _wait_for_step(run_dir, 4, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    resumed = run_cli([*train, "task.steps=8", "launcher.resume=true"], run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(),
+    )
+    assert "attempt 0: launch;" in status.stdout, status.stdout
+    assert "ended by stop flag: SIGINT (Ctrl-C)" in status.stdout, status.stdout
+    assert "attempt 1: stop flag: SIGINT (Ctrl-C);" in status.stdout, status.stdout
+    assert "SIGTERM" not in status.stdout, status.stdout
+    totals = re.findall(r"\[wf_launch\] INFO +step \d+/(\d+)", resumed.stderr)
+    assert totals and set(totals) == {"8"}, resumed.stderr  # never the stale 40
+
+
+@pytest.mark.slow
+def test_a_stall_warning_is_logged_at_warning_level(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [
+            "task=slow_steps",
+            TASKS,
+            "task.steps=2",
+            "task.step_sleep_s=4",
+            "launcher.stall_warning_s=1",
+        ],
+        run_dir,
+    )
+    assert proc.returncode == 0, proc.stderr
+    stalls = [line for line in proc.stderr.splitlines() if "no progress for" in line]
+    assert stalls and all("[wf_launch] WARNING " in line for line in stalls), proc.stderr

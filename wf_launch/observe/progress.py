@@ -35,6 +35,8 @@ class ProgressView:
     label_of: Callable[[int], str]
     stall_warning_s: float = 120.0
     started: float = field(default_factory=time.time)
+    since: float | None = None
+    """States published before this time (an earlier attempt's, before a resume) are not shown."""
     _history: list[tuple[float, int]] = field(default_factory=list)
     _warned: dict[int, int] = field(default_factory=dict)
 
@@ -42,6 +44,8 @@ class ProgressView:
         """The run's progress now (None before any rank reported)."""
         now = time.time() if now is None else now
         states = read_progress(self.run_dir, self.world_size)
+        if self.since is not None:
+            states = {r: s for r, s in states.items() if float(s.get("time") or 0) >= self.since}
         if not states:
             return None
         slowest = min(states, key=lambda r: (states[r]["step"], r))
@@ -119,9 +123,9 @@ def _duration(seconds: float) -> str:
 class ProgressMonitor:
     """A launcher thread that shows the run's progress until :meth:`stop`.
 
-    ``write`` receives plain lines (stall warnings, and the progress line every
-    ``interval_s`` when not on a terminal); on a terminal a tqdm bar is redrawn in
-    place instead.
+    ``write`` receives the progress line every ``interval_s`` when not on a terminal (on a
+    terminal a tqdm bar is redrawn in place instead); ``warn`` (default: ``write``) the
+    stall warnings.
     """
 
     def __init__(
@@ -131,12 +135,14 @@ class ProgressMonitor:
         write: Callable[[str], None] | None = None,
         tty: bool | None = None,
         poll_s: float = 0.5,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.view = view
         self.interval_s = interval_s
         self.write = write or (
             lambda line: print(f"wf_launch: {line}", file=sys.stderr, flush=True)
         )
+        self.warn = warn or self.write
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.poll_s = poll_s
         self._stop = threading.Event()
@@ -171,7 +177,7 @@ class ProgressMonitor:
         if snap is None:
             return
         for warning in self.view.stalls(snap):
-            self.write(warning)
+            self.warn(warning)
         if self.tty:
             self._draw(snap)
         elif time.monotonic() - self._last_line >= self.interval_s:

@@ -309,7 +309,14 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
     gate = ForkGate()
     # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
     # launcher forks the ranks, and a forking process should run no threads of its own.
-    monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
+    monitor = progress_monitor(
+        plan.run_dir,
+        plan.config,
+        plan.label,
+        write=logger.info,
+        warn=logger.warning,
+        since=time.time(),  # a resumed run's first line is this attempt's, with its total
+    )
     watch = RankWatch(
         plan.run_dir,
         plan.world_size,
@@ -334,6 +341,11 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
         monitor.stop()
 
 
+FORWARDED_CTRL_C = "stop flag: SIGTERM"
+"""How rank 0 records the stop the agent sends for a Ctrl-C (ranks ignore SIGINT itself)."""
+CTRL_C_STOP = "stop flag: SIGINT (Ctrl-C)"
+
+
 class _AttemptTracker:
     """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of the ranks
     is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record is filled in."""
@@ -350,10 +362,16 @@ class _AttemptTracker:
             )
         self.current = self.base + n
 
-    def close(self, ended_by: str) -> list[dict[str, Any]]:
-        """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry."""
+    def close(self, ended_by: str, ctrl_c: bool = False) -> list[dict[str, Any]]:
+        """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry.
+
+        ``ctrl_c``: the agent passed a Ctrl-C on to the ranks as SIGTERM (the stop flag's
+        signal); the record calls the stop by its name.
+        """
         if self.current is not None:
-            attempts.close(self.run_dir, self.current, self.world_size, ended_by)
+            marker = attempts.close(self.run_dir, self.current, self.world_size, ended_by)
+            if ctrl_c and marker.get("ended_by") == FORWARDED_CTRL_C:
+                attempts.update(self.run_dir, self.current, ended_by=CTRL_C_STOP)
         return attempts.collect(self.run_dir)
 
 
@@ -380,7 +398,7 @@ def _interrupted(
         else f"interrupted by {name} while the run was starting: no rank had started"
     )
     logger.debug(summary)
-    info["attempts"] = tracker.close(name)
+    info["attempts"] = tracker.close(name, ctrl_c=name == "SIGINT")
     record = RunRecord.finalize(
         plan.run_dir,
         Status.INTERRUPTED,

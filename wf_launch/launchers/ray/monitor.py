@@ -241,7 +241,7 @@ class RayRun:
             return
         from ...observe.live import LiveView
 
-        self.live = LiveView([self.run_dir], write=logger.info)
+        self.live = LiveView([self.run_dir], write=logger.info, warn=logger.warning)
 
     def _facts(self, att: Attempt) -> dict[str, Any]:
         placement = state.record_placement(att.where)

@@ -230,7 +230,7 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     outcomes: dict[Path, RunOutcome] = {}
     unknown_since: dict[Path, float] = {}
     many = len(run_dirs) > 1
-    live = LiveView(list(pending), write=logger.info, state_of=live_state)
+    live = LiveView(list(pending), write=logger.info, state_of=live_state, warn=logger.warning)
     try:
         with _stop_signals():
             while pending:
