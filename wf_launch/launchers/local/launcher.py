@@ -173,10 +173,13 @@ class _ToLoguru(logging.Handler):
 
 
 def _route_elastic_logs() -> None:
-    elastic = logging.getLogger("torch.distributed.elastic")
-    elastic.handlers[:] = [_ToLoguru()]
-    elastic.setLevel(logging.INFO)
-    elastic.propagate = False
+    """torch's agent and its process contexts log to the launcher log, never the console (their
+    'Terminating process ... via signal SIGTERM' is how every failed run's survivors stop)."""
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        torch_logger = logging.getLogger(name)
+        torch_logger.handlers[:] = [_ToLoguru()]
+        torch_logger.setLevel(logging.INFO)
+        torch_logger.propagate = False
 
 
 SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
