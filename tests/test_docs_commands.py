@@ -200,8 +200,12 @@ def _argv(shown: Shown, scratch: Path, index: int, places: dict[str, str]) -> li
     if module == "wf_launch" and not ({"--help", "-h", "--cfg", "--info"} & set(rest)):
         sweep = "-m" in rest or "--multirun" in rest
         key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+        named = [a.split("=", 1)[1] for a in rest if a.startswith(key + "=")]
         rest = [a for a in rest if not a.startswith(key + "=")]
-        rest += [*_small(rest), f"{key}={scratch / ('sweep' if sweep else 'run')}{index}"]
+        where = scratch / f"{'sweep' if sweep else 'run'}{index}"
+        if named and not sweep:  # the doc's commands that name one run directory share it
+            where = scratch / f"named-{Path(shown.doc).stem}-{named[0].replace('/', '_')}"
+        rest += [*_small(rest), f"{key}={where}"]
     if module in ("wf_launch.drill", "wf_launch.tune") and "--dry-run" not in rest:
         rest += ["--dry-run"]
     return [sys.executable, "-m", module, *rest]

@@ -374,3 +374,21 @@ def test_the_drill_on_a_script_with_the_helpers_and_the_same_script_under_torchr
         got["weights_sha256"] == summary["reference"]["weights_sha256"] and got["steps_done"] == 10
     )
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_script_with_the_helpers_resumes_at_another_layout(tmp_path: Path) -> None:
+    """docs/scripts.md's example: 2 ranks fail at step 5 after the checkpoint of step 4; the resume
+    on 1 rank loads the model and the replicated ``progress`` and finishes the 8 steps."""
+    run_dir = tmp_path / "run"
+    script = [f"task.path={SCRIPTS / 'helpers_train.py'}", "task=script"]
+    failed = run_cli([*script, "task.args=[--steps,8,--fail-at,5]", "engine.dp_size=2"], run_dir)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "RuntimeError: step 5 fails, as asked" in failed.stderr
+    resumed = run_cli(
+        [*script, "task.args=[--steps,8]", "engine.dp_size=1", "launcher.resume=true"], run_dir
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    record = result(run_dir)
+    last = record["attempts"][-1]
+    assert last["resumed_from"] == 4 and last["layout_to"]["dp"] == 1, last
+    assert last["layout_from"]["dp"] == 2 and record["results"]["0"]["steps_done"] == 8
