@@ -158,8 +158,8 @@ def _export_rounds(
 ) -> tuple[list[float], list[float], list[float], int]:
     import torch
 
-    from wf_launch.rank.checkpoint.format import complete_checkpoints
-    from wf_launch.tools.checkpoint import consolidate
+    from wf_launch.readers.checkpoint import consolidate
+    from wf_launch.rundir.checkpoints import complete_checkpoints
 
     [(_, ckpt)] = complete_checkpoints(directory)
     gathered = consolidate(ckpt, "model")

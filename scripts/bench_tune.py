@@ -47,8 +47,8 @@ def _run(cmd: list[str], cwd: Path, log: Path) -> float:
 
 def _valid_points(world: int, overrides: list[str]) -> list[dict[str, Any]]:
     """The points the tuner would measure (validation prunes the rest), as its trial dicts."""
-    from wf_launch.tools.tune.prune import VALID, compose, prune
-    from wf_launch.tools.tune.space import build_space
+    from wf_launch.drivers.tune.prune import VALID, compose, prune
+    from wf_launch.drivers.tune.space import build_space
 
     points = build_space(world, [ALSO])
     combos = sorted({p.also for p in points})
@@ -66,10 +66,10 @@ def exhaustive(
     world: int, steps: int, overrides: list[str], points: list[dict[str, Any]], d: Path
 ) -> dict:
     """One sweep over every valid point at full length: its wall time and each point's steady tokens_per_s."""
+    from wf_launch.drivers.tune.measure import measure_point
+    from wf_launch.drivers.tune.rounds import job_dirs, sweep_argv, write_trial_configs
     from wf_launch.rank.progress import STEPS_ENV
     from wf_launch.rundir import files
-    from wf_launch.tools.tune.measure import measure_point
-    from wf_launch.tools.tune.rounds import job_dirs, sweep_argv, write_trial_configs
 
     write_trial_configs(d, points)
     argv = sweep_argv(d, 0, [p["id"] for p in points], steps, overrides, "steps")

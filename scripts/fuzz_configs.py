@@ -467,7 +467,7 @@ def setup() -> None:
 
     import hydra_plugins.wf_launch_slurm.config  # noqa: F401  (hydra/launcher=wf_slurm, as plugin discovery does)
     from wf_launch.config.run import register_configs
-    from wf_launch.tasks.registry import load_task_modules
+    from wf_launch.rank.task_registry import load_task_modules
 
     load_task_modules()
     register_configs()

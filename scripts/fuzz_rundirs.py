@@ -395,11 +395,11 @@ def _limit(seconds: float) -> Iterator[None]:
 
 
 def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[], Any]]]:
-    from wf_launch.tools import plot, status
-    from wf_launch.tools import runs as runs_tool
-    from wf_launch.tools.sweep.charts import render_steps_chart  # noqa: F401  (imported as the report does)
-    from wf_launch.tools.sweep.points import collect_points
-    from wf_launch.tools.sweep.tables import render_csv, render_markdown
+    from wf_launch.readers import plot, status
+    from wf_launch.readers import runs as runs_tool
+    from wf_launch.readers.sweep.charts import render_steps_chart  # noqa: F401  (imported as the report does)
+    from wf_launch.readers.sweep.points import collect_points
+    from wf_launch.readers.sweep.tables import render_csv, render_markdown
 
     commands: list[tuple[str, Callable[[], Any]]] = []
     for name in ("ok", "failed", "slurm"):

@@ -324,7 +324,7 @@ def test_top_level_holds_only_the_cli_and_app() -> None:
     modules = {p.name for p in top.glob("*.py")}
     assert modules - APP_MODULES - COMMAND_SHIMS == set(), (
         "wf_launch/ must hold only the CLI and app modules; "
-        "put code in the folder that says where it runs (config, rank, rundir, observe, tools, launchers, tasks)"
+        "put code in the folder that says where it runs (config, rank, rundir, observe, launchers, tasks, readers, drivers)"
     )
     for name in COMMAND_SHIMS & modules:
         tree = ast.parse((top / name).read_text())
@@ -347,7 +347,8 @@ def test_top_level_holds_only_the_cli_and_app() -> None:
         "rank",
         "rundir",
         "tasks",
-        "tools",
+        "readers",
+        "drivers",
     }, packages
 
 

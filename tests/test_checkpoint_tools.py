@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from wf_launch.checkpoint import Checkpointer, complete_checkpoints
-from wf_launch.tools.checkpoint import main
+from wf_launch.readers.checkpoint import main
 
 
 class Net(nn.Module):

@@ -22,7 +22,7 @@ import pytest
 from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli
 
 from wf_launch.rank.progress import ProgressReporter
-from wf_launch.tools.plot import expand_runs, run_labels
+from wf_launch.readers.plot import expand_runs, run_labels
 
 TASKS = "task.modules=[wf_identity_tasks]"
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_every_config_mistake_exits_2_naming_what_was_meant(
 def test_help_and_error_messages_offer_no_internal_schema() -> None:
     from wf_launch.config.overrides import group_options
     from wf_launch.config.run import register_configs
-    from wf_launch.tasks.registry import load_task_modules
+    from wf_launch.rank.task_registry import load_task_modules
 
     load_task_modules()
     register_configs()

@@ -13,10 +13,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from wf_launch.launchers import DetachedLauncher, LauncherConfig, get_launcher, register_launcher
 from wf_launch.launchers.slurm import SlurmBatch, current_batch
+from wf_launch.readers import status
+from wf_launch.readers.sweep.points import expand_sweep
 from wf_launch.rundir.outcome import RunOutcome
 from wf_launch.rundir.record import RunRecord, Status
-from wf_launch.tools import status
-from wf_launch.tools.sweep.points import expand_sweep
 
 
 def test_batch_scope_is_set_and_reset() -> None:

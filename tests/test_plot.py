@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from wf_launch.rank.progress import ProgressReporter
-from wf_launch.tools.plot import load_metrics
+from wf_launch.readers.plot import load_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from wf_launch.readers.sweep.points import UNREADABLE, collect_points
+from wf_launch.readers.sweep.report import sweep_exit_code, write_report
 from wf_launch.rundir.outcome import RunOutcome
 from wf_launch.rundir.record import EXIT_CODES, RecordError, RunRecord, Status, exit_code_of
-from wf_launch.tools.sweep.points import UNREADABLE, collect_points
-from wf_launch.tools.sweep.report import sweep_exit_code, write_report
 
 
 def test_every_status_has_one_exit_code() -> None:

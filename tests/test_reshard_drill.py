@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_env
 
-from wf_launch.tools.drill_layout import DEFAULT_ATOL
+from wf_launch.drivers.drill_layout import DEFAULT_ATOL
 
 
 def _drill(
@@ -60,7 +60,7 @@ def _drill(
 def test_bad_layout_drill_arguments_are_refused_before_anything_runs(
     tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from wf_launch.tools.drill import main
+    from wf_launch.drivers.drill import main
 
     assert main(["task=train", *args, "--dir", str(tmp_path / "drill")]) == 2
     assert message in capsys.readouterr().err

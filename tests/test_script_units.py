@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wf_launch.config import ConfigError
+from wf_launch.drivers.run import RunCommandError, hydra_quote, overrides_for, parse
 from wf_launch.rank import user_code
 from wf_launch.tasks.call import CallConfig
 from wf_launch.tasks.script import ScriptConfig, argv_of, find_module
 from wf_launch.tasks.torchrun_env import torchrun_environ
-from wf_launch.tools.run import RunCommandError, hydra_quote, overrides_for, parse
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CONFIG = {

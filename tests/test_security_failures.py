@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import result, run_cli
 
 from wf_launch.rank.progress import ProgressReporter
-from wf_launch.tools import plot
+from wf_launch.readers import plot
 
 TASKS = "task.modules=[wf_test_tasks]"
 

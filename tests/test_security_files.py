@@ -136,7 +136,7 @@ def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_refused_launch_leaves_the_runs_hydra_record_as_it_was(tmp_path: Path) -> None:
-    from wf_launch.tools.sweep.points import collect_points
+    from wf_launch.readers.sweep.points import collect_points
 
     sweep = tmp_path / "sweep"
     first = _cli(["-m", "task=noop", "engine.dp_size=1", f"hydra.sweep.dir={sweep}"], tmp_path)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from wf_launch.rank.progress import ProgressReporter
+from wf_launch.readers.sweep import collect_points, write_report
 from wf_launch.rundir.files import SWEEP_SCALING as SCALING_NAME
 from wf_launch.rundir.files import SWEEP_STEPS as STEPS_NAME
 from wf_launch.rundir.record import RunRecord, Status
-from wf_launch.tools.sweep import collect_points, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

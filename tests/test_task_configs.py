@@ -89,8 +89,8 @@ def test_docs_example_task_validates_before_any_process_starts(tmp_path: Path) -
 
 
 def test_ctx_cfg_is_the_registered_dataclass_with_defaults() -> None:
+    from wf_launch.rank.task_registry import task_config_class
     from wf_launch.tasks.demo import DemoTaskConfig
-    from wf_launch.tasks.registry import task_config_class
 
     cls = task_config_class("demo")
     assert cls is DemoTaskConfig
@@ -104,8 +104,8 @@ def test_ctx_cfg_is_the_registered_dataclass_with_defaults() -> None:
 
 
 def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from wf_launch.tasks import registry
-    from wf_launch.tasks.registry import load_task_modules, register_task, task_preload
+    from wf_launch.rank import task_registry as registry
+    from wf_launch.rank.task_registry import load_task_modules, register_task, task_preload
 
     load_task_modules()  # built-ins register into the real registry, not only into the copy below
     monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))

@@ -24,8 +24,8 @@ def _run_task(
     """On one rank: dist_init, build the context, run task ``name``, tear down."""
     from loguru import logger
 
-    from wf_launch.tasks.context import build_context
-    from wf_launch.tasks.registry import get_task, load_task_modules
+    from wf_launch.rank.task_context import build_context
+    from wf_launch.rank.task_registry import get_task, load_task_modules
     from worldfoundry.core.distributed import destroy_model_parallel, dist_init
 
     eng = {
@@ -71,7 +71,7 @@ def run_task(
 
 
 def test_builtin_tasks_registered() -> None:
-    from wf_launch.tasks.registry import get_task, load_task_modules, registered_configs
+    from wf_launch.rank.task_registry import get_task, load_task_modules, registered_configs
 
     load_task_modules()
     for name in ("demo", "layout", "noop", "train"):

@@ -14,10 +14,9 @@ from cli_helpers import USER_TASKS, cli_env
 sys.path.insert(0, str(USER_TASKS))
 from wf_tune_tasks import layout_key, memory_gb, tokens_per_s
 
-from wf_launch.rundir.record import RunRecord, Status
-from wf_launch.tools.tune.measure import Measurement, measure_point
-from wf_launch.tools.tune.search import Options, round_steps, select
-from wf_launch.tools.tune.space import (
+from wf_launch.drivers.tune.measure import Measurement, measure_point
+from wf_launch.drivers.tune.search import Options, round_steps, select
+from wf_launch.drivers.tune.space import (
     Point,
     TuneError,
     build_space,
@@ -25,7 +24,8 @@ from wf_launch.tools.tune.space import (
     parse_also,
     split_command,
 )
-from wf_launch.tools.tune.state import TuneState
+from wf_launch.drivers.tune.state import TuneState
+from wf_launch.rundir.record import RunRecord, Status
 
 CLOCKWORK = ["task=clockwork", "task.modules=[wf_tune_tasks]"]
 
@@ -300,7 +300,7 @@ def test_state_round_trips_and_counts_time_over_sessions(tmp_path: Path) -> None
 
 def test_round_command_runs_private_ray_trials_one_after_another(tmp_path: Path) -> None:
     """A private Ray instance shares this machine's cores: its trials go one by one; a cluster's side by side."""
-    from wf_launch.tools.tune.rounds import sweep_argv
+    from wf_launch.drivers.tune.rounds import sweep_argv
 
     private = sweep_argv(
         tmp_path, 0, ["t0", "t1"], 6, ["task=train", "launcher=ray"], "steps", "ray"

@@ -19,7 +19,7 @@ from cli_helpers import USER_TASKS, cli_env, leftover_processes
 sys.path.insert(0, str(USER_TASKS))
 from wf_tune_tasks import layout_key, tokens_per_s
 
-from wf_launch.tools.tune.space import layouts
+from wf_launch.drivers.tune.space import layouts
 
 pytestmark = pytest.mark.slow
 CLOCKWORK = ["task=clockwork", "task.modules=[wf_tune_tasks]"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "register_task": "wf_launch.tasks.registry",
-    "TaskContext": "wf_launch.tasks.context",
+    "register_task": "wf_launch.rank.task_registry",
+    "TaskContext": "wf_launch.rank.task_context",
     "TaskConfig": "wf_launch.config",
     "progress": "wf_launch.rank.script_api",
     "should_stop": "wf_launch.rank.script_api",

@@ -20,6 +20,7 @@ from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
 from .observe.interrupt import interrupted
 from .observe.live import final_line
+from .rank.task_registry import task_config_class
 from .rundir import claim as rundir_claim
 from .rundir import files
 from .rundir.identity import ensure_run_id
@@ -27,7 +28,6 @@ from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RecordError, RunRecord, Status
 from .rundir.text import printable
-from .tasks.registry import task_config_class
 
 __all__ = ["resolve", "run"]
 

@@ -1,7 +1,7 @@
 """``from wf_launch.checkpoint import Checkpointer`` (:mod:`wf_launch.rank.checkpoint`); ``from wf_launch import
 checkpoint`` then ``checkpoint.save(step, state)`` / ``checkpoint.load(state)``: the run's checkpoints for code
 without ``ctx`` (:mod:`wf_launch.rank.script_api`, no-ops outside wf_launch); ``python -m wf_launch.checkpoint``
-exports and lists a run's checkpoints (:mod:`wf_launch.tools.checkpoint`)."""
+exports and lists a run's checkpoints (:mod:`wf_launch.readers.checkpoint`)."""
 
 import sys
 
@@ -13,7 +13,7 @@ from wf_launch.rank.checkpoint import (
     complete_checkpoints,
 )
 from wf_launch.rank.script_api import latest_step, load, save, wait
-from wf_launch.tools.checkpoint import main
+from wf_launch.readers.checkpoint import main
 
 __all__ = [
     "COMMIT_FILE",

@@ -21,10 +21,10 @@ from .config.fields import ConfigError
 from .config.overrides import hydra_config_error, refuse_schemas
 from .config.run import register_configs
 from .observe.interrupt import catch_sigint, exit_interrupted, interrupted
+from .rank.task_registry import load_task_modules
 from .rundir.claim import remove_made_folders
 from .rundir.outcome import RunOutcome
 from .rundir.record import EXIT_CONFIG
-from .tasks.registry import load_task_modules
 
 __all__ = ["main"]
 
@@ -69,7 +69,7 @@ def _app(cfg: DictConfig) -> object:
         True,
         "auto",
     ):
-        from .tools.sweep.resume import kept_outcome
+        from .launchers.sweep_resume import kept_outcome
 
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:

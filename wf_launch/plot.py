@@ -1,8 +1,8 @@
-"""``python -m wf_launch.plot``: the command line of :mod:`wf_launch.tools.plot`."""
+"""``python -m wf_launch.plot``: the command line of :mod:`wf_launch.readers.plot`."""
 
 import sys
 
-from wf_launch.tools.plot import main
+from wf_launch.readers.plot import main
 
 if __name__ == "__main__":
     sys.exit(main())

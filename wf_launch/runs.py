@@ -1,8 +1,8 @@
-"""``python -m wf_launch.runs``: the command line of :mod:`wf_launch.tools.runs`."""
+"""``python -m wf_launch.runs``: the command line of :mod:`wf_launch.readers.runs`."""
 
 import sys
 
-from wf_launch.tools.runs import main
+from wf_launch.readers.runs import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
-"""``python -m wf_launch.status``: the command line of :mod:`wf_launch.tools.status`."""
+"""``python -m wf_launch.status``: the command line of :mod:`wf_launch.readers.status`."""
 
 import sys
 
-from wf_launch.tools.status import main
+from wf_launch.readers.status import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,7 +18,7 @@ from omegaconf import MISSING
 from worldfoundry.core.distributed.topology import Layout
 
 from ..launchers import get_launcher, registered_launchers
-from ..tasks.registry import get_task, registered_configs, task_config_class
+from ..rank.task_registry import get_task, registered_configs, task_config_class
 from .engine import EngineConfig
 from .fields import ConfigError, config_error
 from .tracking import TrackingConfig

@@ -117,7 +117,7 @@ def _setup(spec: RankSpec) -> _Rank:
 
 def _load_task(r: _Rank) -> tuple[Any, bool]:
     """The task function, and whether it starts its own process group (``register_task(own_group=True)``)."""
-    from ..tasks.registry import get_task, load_task_modules, task_owns_group
+    from .task_registry import get_task, load_task_modules, task_owns_group
 
     task_cfg = r.spec.config["task"]
     load_task_modules(task_cfg.get("modules") or [], builtins=False)
@@ -129,7 +129,7 @@ def _join(r: _Rank, task: Any) -> None:
     from worldfoundry.core.distributed import groups
     from worldfoundry.core.distributed.init import dist_init
 
-    from ..tasks.context import build_context
+    from .task_context import build_context
 
     r.log.debug(f"rank {r.rank} joining the process group (pid {os.getpid()})")
     files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
@@ -252,7 +252,7 @@ def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
     rank 0 waits for all of them and writes ``result.json`` from them, no collective needed.
     """
     from ..rundir import exits
-    from ..tasks.context import build_own_group_context
+    from .task_context import build_own_group_context
 
     files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
     _joined(r)

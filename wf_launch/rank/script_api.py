@@ -1,7 +1,7 @@
 """What code without ``ctx`` uses: ``from wf_launch import progress, should_stop, checkpoint, report_result``.
 
 The same contract as ``ctx.progress``, ``ctx.should_stop()`` and ``ctx.checkpoint``
-(:class:`~wf_launch.tasks.context.TaskContext`), for a script or a function that
+(:class:`~wf_launch.rank.task_context.TaskContext`), for a script or a function that
 wf_launch runs (``task=script``, ``task=call``) and for any task's helper code: the
 rank entrypoint binds its context here before the task starts (:func:`bind`).
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..tasks.context import TaskContext
+    from .task_context import TaskContext
 
 __all__ = [
     "RESERVED_KEYS",

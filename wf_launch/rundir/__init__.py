@@ -4,6 +4,7 @@
 :mod:`.io` writes atomically; :mod:`.record` is the one reader and writer of
 ``result.json`` and :mod:`.outcome` what a launch hands back; :mod:`.attempts`,
 :mod:`.failures`, :mod:`.progress` and :mod:`.environment` the other records;
-:mod:`.claim` makes a directory one launch's own. Ranks write through these modules,
-launchers and tools read through them.
+:mod:`.claim` makes a directory one launch's own; :mod:`.checkpoints` is the format of
+``checkpoints/`` (step names, ``COMMIT``, which checkpoints are complete). Ranks write
+through these modules, launchers and tools read through them.
 """

@@ -115,7 +115,7 @@ MLFLOW_STORE = "mlruns"
 SWEEP_PLAN = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_CHART = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
 SWEEP_SCALING, SWEEP_STEPS = "sweep_scaling.png", "sweep_steps.png"
-"""A sweep directory's own files: Hydra's plan, and the report (:mod:`wf_launch.tools.sweep`)."""
+"""A sweep directory's own files: Hydra's plan, and the report (:mod:`wf_launch.readers.sweep`)."""
 
 TUNE_STATE, TUNE_MD, TUNE_CSV, TUNE_CHART, TUNE_BEST = (
     "tune.json",
@@ -125,7 +125,7 @@ TUNE_STATE, TUNE_MD, TUNE_CSV, TUNE_CHART, TUNE_BEST = (
     "best.yaml",
 )
 TUNE_CONF, TUNE_ROUNDS, TUNE_ASIDE = "conf", "rounds", "aside"
-"""A tune directory's own files (:mod:`wf_launch.tools.tune`): its state, the report, the winner, the trial
+"""A tune directory's own files (:mod:`wf_launch.drivers.tune`): its state, the report, the winner, the trial
 configs, one sweep directory per round, and trials set aside on a resume."""
 
 MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)

@@ -42,7 +42,7 @@ def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
     status = record.status if record is not None else Status.UNKNOWN
     if status not in RESUMABLE:
         return ""
-    from ..rank.checkpoint import complete_checkpoints
+    from .checkpoints import complete_checkpoints
 
     found = complete_checkpoints(run_dir)
     start = (

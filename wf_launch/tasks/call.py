@@ -4,7 +4,7 @@
 
 The function runs in each rank's process with torchrun's environment, like a script
 (:mod:`.script`): it starts its own process group, and wf_launch tears down what it
-left. It gets ``ctx`` (the rank's :class:`~wf_launch.tasks.context.TaskContext`, without
+left. It gets ``ctx`` (the rank's :class:`~wf_launch.rank.task_context.TaskContext`, without
 groups) when its signature has a ``ctx`` parameter. Its return value is the rank's
 result: a dict as it is, None as nothing, any other JSON-able value as ``{"value": v}``.
 The module is imported in the launcher to check the target and the keyword arguments
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.fields import config_error
-from .registry import register_task
+from ..rank.task_registry import register_task
 from .script import OwnGroupConfig, describe_ranks
 
 if TYPE_CHECKING:
     from ..config.engine import EngineConfig
     from ..launchers.launch_plan import LaunchPlan
-    from .context import TaskContext
+    from ..rank.task_context import TaskContext
 
 __all__ = ["CallConfig", "call", "resolve_target"]
 

@@ -44,9 +44,9 @@ from wf_launch.config import (
 )
 from worldfoundry.core.distributed import broadcast_split_tensor, cat_outputs_cp, get_layout
 
+from ..rank.task_context import TaskContext
+from ..rank.task_registry import register_task
 from ._vdit import PatchGridSplit, VDiT, patchify, stage_blocks, unpatchify
-from .context import TaskContext
-from .registry import register_task
 
 __all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split"]
 

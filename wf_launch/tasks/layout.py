@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from worldfoundry.core.distributed.topology import COMBINED, DIMS
 
-from .context import TaskContext
-from .registry import register_task
+from ..rank.task_context import TaskContext
+from ..rank.task_registry import register_task
 
 __all__ = ["GROUPS", "check_group", "format_ranks", "layout", "render_table"]
 

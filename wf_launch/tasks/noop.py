@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import TaskContext
-from .registry import register_task
+from ..rank.task_context import TaskContext
+from ..rank.task_registry import register_task
 
 __all__ = ["noop"]
 

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.fields import check_bool, config_error, positive_int
 from ..config.task import TaskConfig
-from .registry import register_task
+from ..rank.task_registry import register_task
 
 if TYPE_CHECKING:
     from ..config.engine import EngineConfig
     from ..launchers.launch_plan import LaunchPlan
-    from .context import TaskContext
+    from ..rank.task_context import TaskContext
 
 __all__ = ["OwnGroupConfig", "ScriptConfig", "argv_of", "describe_ranks", "in_code_copy", "script"]
 

@@ -60,9 +60,9 @@ from wf_launch.config import (
 )
 from worldfoundry.core.torch_private import DYNAMO_MODULE
 
+from ..rank.task_context import TaskContext
+from ..rank.task_registry import register_task
 from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
-from .context import TaskContext
-from .registry import register_task
 
 __all__ = [
     "LOSSES",
@@ -510,7 +510,7 @@ def load(t: Trainer) -> int | None:
     entry: dict[str, Any] = {"attempt": attempt, "resumed_from": resumed}
     report = t.ctx.checkpoint.last_load if resumed is not None else None
     if report is not None and report.changed:
-        from wf_launch.rank.checkpoint.format import describe_layout
+        from wf_launch.rundir.checkpoints import describe_layout
 
         entry["layout"] = {
             "from": describe_layout(report.layout_from),

@@ -27,12 +27,12 @@ from ...config.engine import NCCL_BACKENDS
 from ...config.fields import check_bool, check_choice, check_int, check_number, config_error
 from ...observe.rootcause import explain_failure
 from ...rank.entrypoint import RankSpec
+from ...rank.task_registry import task_preload
 from ...rundir import attempts, files
 from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
-from ...tasks.registry import task_preload
 from ..base import LauncherConfig, LauncherHooks
 from ..registry import register_launcher
 

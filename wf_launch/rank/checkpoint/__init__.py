@@ -17,15 +17,16 @@ Layout, under ``RUN_DIR/checkpoints/``::
         COMMIT                        written last: step, commit order, layout, entries
     .step_00000020.tmp-<hex>/ a save in progress (or one a crash left behind)
 
-Modules: :mod:`.format` (names, ``COMMIT``, which checkpoints are complete), :mod:`.safe_read`
+The on-disk format (names, ``COMMIT``, which checkpoints are complete) is
+:mod:`wf_launch.rundir.checkpoints`. Modules: :mod:`.safe_read`
 (reading as data: a restricted unpickler for DCP's metadata), :mod:`.disk` (rank 0's commit,
 recovery and pruning by commit order), :mod:`.per_rank`, :mod:`.sharded`, :mod:`.staging`
 (async buffers), :mod:`.checkpointer`. ``docs/checkpointing.md`` is the user's guide.
 """
 
+from ...rundir.checkpoints import COMMIT_FILE, CheckpointUnreadable, complete_checkpoints
 from .checkpointer import Checkpointer, LoadReport
 from .entries import Scope
-from .format import COMMIT_FILE, CheckpointUnreadable, complete_checkpoints
 from .safe_read import CheckpointRefused
 
 __all__ = [

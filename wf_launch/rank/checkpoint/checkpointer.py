@@ -16,9 +16,7 @@ from worldfoundry.core.distributed.topology import Layout
 from worldfoundry.core.validation import is_int
 
 from ...rundir import files
-from .disk import Disk
-from .entries import Plan, classify, derive_rng, set_rng_states
-from .format import (
+from ...rundir.checkpoints import (
     CheckpointUnreadable,
     Commit,
     complete_checkpoints,
@@ -27,6 +25,8 @@ from .format import (
     read_commit,
     step_name,
 )
+from .disk import Disk
+from .entries import Plan, classify, derive_rng, set_rng_states
 from .per_rank import check_present, read_payloads, resolve, restore, write_rank_file
 from .safe_read import CheckpointRefused, read_metadata
 from .sharded import global_state_dicts, load_sharded

@@ -24,7 +24,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from .format import (
+from ...rundir.checkpoints import (
     COMMIT_FILE,
     Commit,
     candidates,

@@ -20,8 +20,7 @@ import torch
 
 from worldfoundry.core.distributed.topology import Layout
 
-from .entries import Plan, Scope, rng_states
-from .format import (
+from ...rundir.checkpoints import (
     CheckpointUnreadable,
     Commit,
     describe_layout,
@@ -30,6 +29,7 @@ from .format import (
     layout_of,
     rank_file,
 )
+from .entries import Plan, Scope, rng_states
 from .safe_read import CheckpointRefused
 
 __all__ = [

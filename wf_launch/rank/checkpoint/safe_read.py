@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from worldfoundry.core.torch_private import DCP_METADATA_PRIVATE
 
-from .format import METADATA_FILE, CheckpointUnreadable
+from ...rundir.checkpoints import METADATA_FILE, CheckpointUnreadable
 
 __all__ = [
     "ADMITTED",

@@ -24,8 +24,8 @@ from typing import Any
 
 from torch import nn
 
+from ...rundir.checkpoints import CheckpointUnreadable
 from .entries import Plan
-from .format import CheckpointUnreadable
 from .safe_read import CheckpointRefused, SafeLoadPlanner, SafeReader
 
 __all__ = ["global_state_dicts", "load_sharded", "optimizer_key"]

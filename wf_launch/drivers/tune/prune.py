@@ -69,7 +69,7 @@ def compose(overrides_list: Iterable[list[str]]) -> list[dict[str, Any]]:
 
     from ...cli import _task_modules_from_argv
     from ...config.run import register_configs
-    from ...tasks.registry import load_task_modules
+    from ...rank.task_registry import load_task_modules
 
     lists = [list(o) for o in overrides_list]
     try:
@@ -94,7 +94,7 @@ def compose(overrides_list: Iterable[list[str]]) -> list[dict[str, Any]]:
 
 def task_config(config: dict[str, Any]) -> Any:
     """The task's typed config (its dataclass) built from a composed config; :class:`TuneError` if refused."""
-    from ...tasks.registry import task_config_class
+    from ...rank.task_registry import task_config_class
 
     task = config.get("task") or {}
     try:

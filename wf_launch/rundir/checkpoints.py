@@ -22,7 +22,7 @@ from typing import Any
 
 from worldfoundry.core.distributed.topology import DIMS, Layout
 
-from ...rundir import files
+from . import files
 
 __all__ = [
     "COMMIT_FILE",

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...launchers.sweep_resume import still_running
 from ...rundir import files
 from ...rundir.record import RecordError, RunRecord, Status
-from ..sweep.resume import still_running
 from . import state as st
 from .measure import Measurement, higher_is_better
 from .rounds import (

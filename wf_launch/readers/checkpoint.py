@@ -21,7 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..rank.checkpoint.format import (
+from ..rundir import files
+from ..rundir.checkpoints import (
     COMMIT_FILE,
     CheckpointUnreadable,
     complete_checkpoints,
@@ -30,7 +31,6 @@ from ..rank.checkpoint.format import (
     parse_step,
     read_commit,
 )
-from ..rundir import files
 
 __all__ = ["ExportError", "consolidate", "list_checkpoints", "main", "module_entries"]
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from worldfoundry.core.validation import is_number
 
+from ...readers.sweep.points import failure_text, point_metrics
 from ...rundir import attempts, files
 from ...rundir.record import RecordError, RunRecord, Status
-from ..sweep.points import failure_text, point_metrics
 
 __all__ = [
     "STEP_TIME",

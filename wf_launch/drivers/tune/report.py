@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from ...readers.sweep.tables import fmt
 from ...rundir import files
 from ...rundir.io import atomic_write_text
-from ..sweep.tables import fmt
 from .measure import STEP_TIME, Measurement, higher_is_better
 from .state import TuneState, order_points
 

@@ -19,8 +19,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..rank.checkpoint.format import CheckpointUnreadable, complete_checkpoints
 from ..rank.checkpoint.safe_read import CheckpointRefused
+from ..rundir.checkpoints import CheckpointUnreadable, complete_checkpoints
 
 __all__ = [
     "DEFAULT_ATOL",
@@ -83,7 +83,7 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], str | None]:
     """Per module entry: max abs difference and the largest ones, between both runs' final checkpoints."""
-    from .checkpoint import consolidate, module_entries
+    from ..readers.checkpoint import consolidate, module_entries
 
     ref, got = _final_checkpoint(reference), _final_checkpoint(interrupted)
     if ref is None or got is None or ref[0] != got[0]:

@@ -138,7 +138,7 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         """``launcher.resume=true``: check that this sweep made ``sweep_dir`` (else exit 2), and say what will run."""
         from omegaconf import OmegaConf
 
-        from .resume import ResumeRefused, check_same_sweep, count_kept
+        from ...launchers.sweep_resume import ResumeRefused, check_same_sweep, count_kept
 
         if OmegaConf.select(config, "launcher.overwrite", default=False) is True:
             print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..sweep.charts import _save
+from ...readers.sweep.charts import _save
 from .measure import Measurement
 from .state import TuneState, order_points
 

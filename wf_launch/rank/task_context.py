@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from worldfoundry.core.distributed.pipeline import PPScheduler
 
     from ..config.task import TaskConfig
-    from ..rank.checkpoint import Checkpointer
-    from ..rank.progress import ProgressReporter
-    from ..rank.stop import StopFlag
+    from .checkpoint import Checkpointer
+    from .progress import ProgressReporter
+    from .stop import StopFlag
 
 __all__ = ["TaskContext", "build_context", "build_own_group_context"]
 
@@ -81,7 +81,7 @@ class TaskContext:
         if self._checkpointer is None:
             from worldfoundry.core.validation import is_int
 
-            from ..rank.checkpoint import Checkpointer
+            from .checkpoint import Checkpointer
 
             seed = getattr(
                 self.cfg, "seed", 0
@@ -141,8 +141,8 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         pp = pp_scheduler()
     from worldfoundry.core.distributed.init import LaunchEnv
 
-    from ..rank.stop import StopFlag
-    from .registry import task_config_class
+    from .stop import StopFlag
+    from .task_registry import task_config_class
 
     task = dict(config.get("task", {}))
     run_id, reporter = _reporter(config, run_dir, world.rank, log)
@@ -177,8 +177,8 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
     from worldfoundry.core.distributed.env import LaunchEnv
 
     from ..config.layout import layout_of
-    from ..rank.stop import StopFlag
-    from .registry import task_config_class
+    from .stop import StopFlag
+    from .task_registry import task_config_class
 
     env = LaunchEnv.from_environ()
     task = dict(config.get("task", {}))
@@ -205,9 +205,9 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
 def _reporter(config: dict[str, Any], run_dir: Path, rank: int, log: Any) -> tuple[str, Any]:
     """The run's id and this rank's progress reporter (``metrics.jsonl`` within ``launcher.max_metrics_mb``,
     the experiment trackers of ``tracking``)."""
-    from ..rank.progress import ProgressReporter, publish_interval
-    from ..rank.trackers import open_trackers
     from ..rundir.identity import RUN_ID_ENV, read_run_id
+    from .progress import ProgressReporter, publish_interval
+    from .trackers import open_trackers
 
     run_id = os.environ.get(RUN_ID_ENV) or read_run_id(run_dir) or ""
     sink = open_trackers(config, run_dir, rank, run_id, _attempt(), log)

@@ -24,7 +24,7 @@
    per interruption (from the interruption until rank 0 is back at the step it had
    reached). ``DIR/drill.json`` keeps all of it. Exit code 0 only when identical.
 
-Across a layout change (:mod:`wf_launch.tools.drill_layout`): ``--resume-with OVERRIDES``
+Across a layout change (:mod:`wf_launch.drivers.drill_layout`): ``--resume-with OVERRIDES``
 relaunches the interrupted run at another layout after a ``sigterm`` (locally) or a
 ``usr2`` (SLURM: the drill cancels the requeued job once the stop was saved and submits
 again), and ``--atol`` (default 1e-4 with ``--resume-with``) compares the loss curve, the
@@ -57,13 +57,13 @@ from worldfoundry.core.validation import is_int
 from ..config.layout import layout_of
 from ..launchers import get_launcher
 from ..rank.progress import PUBLISH_ENV
+from ..readers.plot import metric_lines
 from ..rundir import attempts, files
 from ..rundir.io import atomic_write_json
 from ..rundir.pids import live_rank_pid
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
-from .plot import metric_lines
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -152,7 +152,7 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
 
     from ..config.overrides import hydra_config_error, refuse_schemas
     from ..config.run import register_configs
-    from ..tasks.registry import load_task_modules
+    from ..rank.task_registry import load_task_modules
 
     mods = [
         m.strip().strip("'\"")
