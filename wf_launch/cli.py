@@ -174,7 +174,7 @@ def main() -> None:
     except BaseException:
         if not interrupted():
             raise
-        for run_dir in _RUN_DIRS:  # no run started there: the folders Hydra made go
+        for run_dir in [*_RUN_DIRS, *_hydra_run_dir()]:  # no run claimed: Hydra's folders go
             remove_made_folders(run_dir, _STARTED)
         exit_interrupted()
     from loguru import logger
@@ -183,6 +183,16 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _hydra_run_dir() -> list[Path]:
+    """The run directory Hydra makes for a single run, once it has composed (a Ctrl-C may come
+    between its making the folder and the app's start)."""
+    try:
+        hc = HydraConfig.get()
+        return [] if hc.mode == RunMode.MULTIRUN else [Path(str(hc.run.dir))]
+    except Exception:  # not composed yet, or not resolvable: Hydra made nothing
+        return []
 
 
 def _main(argv: list[str]) -> int:

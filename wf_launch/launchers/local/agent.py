@@ -187,13 +187,19 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         self.dumps = None
         if self.watch is not None:
             self.watch.restart()
-        if self.gate is None or self.start_method != "fork":
-            return start()
-        self.gate.arm()
+        # Ranks start with Ctrl-C blocked (a fork and an exec keep the mask): one that reaches
+        # them before their entry ignores it would run the agent's inherited handler there.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            return start()
+            if self.gate is None or self.start_method != "fork":
+                return start()
+            self.gate.arm()
+            try:
+                return start()
+            finally:
+                self.gate.release(len(worker_group.workers))
         finally:
-            self.gate.release(len(worker_group.workers))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def stop_signal(self, death_sig: Any) -> Any:
         """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag, so a task
