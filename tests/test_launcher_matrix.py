@@ -201,7 +201,7 @@ def _record_contract(launch: Launch, status: str, code: int) -> dict[str, Any]:
     """The fields every run that ran its ranks records, whatever the launcher."""
     record = launch.record
     assert record["status"] == status and record["exit_code"] == code, record
-    assert record["final"] is True and record["run_id"], record
+    assert record["run_id"] and record["finished_at"], record
     assert record["layout"] == {
         "tp": 1,
         "cp": 1,

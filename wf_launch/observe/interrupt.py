@@ -33,7 +33,7 @@ def _note_and_raise(signum: int, frame: FrameType | None) -> None:
 
 
 def catch_sigint() -> None:
-    """From now on, a Ctrl-C is noted (:func:`interrupted`) and raises :class:`KeyboardInterrupt`."""
+    """From now on a Ctrl-C is noted (:func:`interrupted`) and raises :class:`KeyboardInterrupt`."""
     signal.signal(signal.SIGINT, _note_and_raise)
 
 

@@ -73,7 +73,8 @@ def progress_monitor(
     warn: Callable[[str], None] | None = None,
     since: float | None = None,
 ) -> ProgressMonitor:
-    """The run's progress display, from its ``launcher.progress_interval_s`` and ``stall_warning_s``.
+    """The run's progress display, set up from its ``launcher.progress_interval_s`` and
+    ``stall_warning_s``.
 
     Stall warnings go to ``warn`` (default ``write``); states older than ``since`` (an earlier
     attempt's, on a resume) are not shown.

@@ -43,18 +43,13 @@ class ProgressView:
     def snapshot(self, now: float | None = None) -> dict[str, Any] | None:
         """The run's progress now (None before any rank reported)."""
         now = time.time() if now is None else now
-        states = read_progress(self.run_dir, self.world_size)
-        if self.since is not None:
-            states = {r: s for r, s in states.items() if float(s.get("time") or 0) >= self.since}
+        states = self._states()
         if not states:
             return None
         slowest = min(states, key=lambda r: (states[r]["step"], r))
         step = states[slowest]["step"]
         total = next((s["total"] for s in states.values() if s.get("total")), None)
-        self._history.append((now, step))
-        self._history = [(t, s) for t, s in self._history if now - t <= 30] or [(now, step)]
-        t0, s0 = self._history[0]
-        rate = (step - s0) / (now - t0) if now > t0 and step > s0 else None
+        rate = self._rate(now, step)
         eta = (total - step) / rate if rate and total is not None and total > step else None
         return {
             "step": step,
@@ -66,6 +61,20 @@ class ProgressView:
             "metrics": (states.get(0) or {}).get("metrics") or {},
             "states": states,
         }
+
+    def _states(self) -> dict[int, dict[str, Any]]:
+        """Every rank's latest state, but those published before :attr:`since`."""
+        states = read_progress(self.run_dir, self.world_size)
+        if self.since is None:
+            return states
+        return {r: s for r, s in states.items() if float(s.get("time") or 0) >= self.since}
+
+    def _rate(self, now: float, step: int) -> float | None:
+        """Steps per second over the last 30 s (None until the step moved)."""
+        self._history.append((now, step))
+        self._history = [(t, s) for t, s in self._history if now - t <= 30] or [(now, step)]
+        t0, s0 = self._history[0]
+        return (step - s0) / (now - t0) if now > t0 and step > s0 else None
 
     def line(self, snap: dict[str, Any]) -> str:
         """'step 340/1000 (34%), 2.1 steps/s, ETA 5 min; slowest rank 5 (tp0 cp1 pp1 dp0); loss=0.12'."""

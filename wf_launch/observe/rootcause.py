@@ -186,9 +186,7 @@ def failure_summary(
         lines = [f"rank {rank} ({label_of(rank)}) was killed by {cause['signal']}", f"  log: {log}"]
         return "\n".join(lines + [line for g in groups for line in g.describe(label_of, run_dir)])
     first = next((g for g in groups if rank in g.ranks), None)
-    if first is not None and first.exit is not None:
-        lines = first.describe(label_of, run_dir)
-    elif first is None or len(first.ranks) == 1:
+    if first is None or (len(first.ranks) == 1 and first.exit is None):
         lines = [
             f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: {_first_line(cause['message'])}",
             f"  log: {log}",

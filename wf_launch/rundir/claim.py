@@ -156,9 +156,7 @@ def claim(
     fd = _lock(run_dir)
     try:
         held = _held_by(run_dir)
-        if resume is True and not held:
-            _refuse_no_run(run_dir)
-        resume = bool(held) and resume in (True, "auto")
+        resume = _resumes(run_dir, resume, held)
         if held and (overwrite or resume) and is_live is not None:
             _refuse_if_live(
                 run_dir, is_live, "launcher.resume=true" if resume else "launcher.overwrite=true"
@@ -199,6 +197,14 @@ def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -
         )
 
 
+def _resumes(run_dir: Path, resume: bool | str, held: str | None) -> bool:
+    """Whether the launch continues the run there: ``resume`` is True or "auto" and one is;
+    True where none is (a typo) is refused."""
+    if resume is True and not held:
+        _refuse_no_run(run_dir)
+    return bool(held) and resume in (True, "auto")
+
+
 def _refuse_no_run(run_dir: Path) -> None:
     """:class:`RunDirInUse`: ``launcher.resume=true`` into a directory that holds no run."""
     near = close_runs(run_dir)
@@ -210,7 +216,7 @@ def _refuse_no_run(run_dir: Path) -> None:
 
 
 def close_runs(run_dir: Path, n: int = 3) -> list[Path]:
-    """The run directories beside ``run_dir`` whose names are closest to its name (a typo's target)."""
+    """The run directories beside ``run_dir`` with names closest to its name (a typo's target)."""
     import difflib
 
     parent = run_dir.parent

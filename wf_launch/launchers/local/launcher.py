@@ -100,7 +100,7 @@ class LocalLauncherConfig(LauncherConfig):
 
 
 def check_gpus(engine: EngineConfig, world_size: int) -> None:
-    """An NCCL backend needs a GPU per rank on this host: refused before launch when it has fewer."""
+    """An NCCL backend needs a GPU per rank on this host: refused before launch if it has fewer."""
     if engine.backend not in NCCL_BACKENDS:
         return
     import torch  # only for an NCCL backend: the one question is this host's device count
