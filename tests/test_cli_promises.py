@@ -50,8 +50,10 @@ def test_resume_into_a_mistyped_folder_is_refused_and_auto_resumes_or_starts(
 def test_resume_takes_true_false_or_auto(tmp_path: Path) -> None:
     proc = run_cli(["task=noop", "launcher.resume=maybe", "launcher.dry_run=true"], tmp_path / "r")
     assert proc.returncode == 2
-    assert "launcher.resume='maybe' is not allowed: true (continue the run" in proc.stderr
-    assert "or auto (continue it if one is there, else start one)" in proc.stderr
+    assert "launcher.resume='maybe' is not allowed: choose one of [True, False, 'auto']" in (
+        proc.stderr
+    )
+    assert "auto: continue it if one is there, else start one" in proc.stderr
 
 
 # ------------------------------------------------------------------ NCCL needs GPUs
