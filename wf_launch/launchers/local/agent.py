@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
