@@ -42,13 +42,15 @@ Series = dict[str, dict[str, list[tuple[int, float]]]]
 
 
 MAX_POINTS = 20_000
-"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows no more)."""
+"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows
+no more)."""
 MAX_LINE_BYTES = 1 << 20
 """A metrics line longer than this is skipped, not read whole."""
 
 
 def metric_lines(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines skipped.
+    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines
+    skipped.
 
     Nothing when the file is missing or not a regular file (a FIFO or device is never read).
     """
@@ -83,7 +85,8 @@ class _Series(list):  # type: ignore[type-arg]
 
 
 def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are skipped).
+    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are
+    skipped).
 
     A long run's file may hold GBs: it is streamed, and each series keeps at most
     :data:`MAX_POINTS` evenly spread points.
@@ -112,7 +115,8 @@ def _is_run(path: Path) -> bool:
 
 
 def expand_runs(paths: list[Path]) -> list[Path]:
-    """Run directories: each path itself, or a sweep directory's points (its sub-directories that hold a run)."""
+    """Run directories: each path itself, or a sweep directory's points (its sub-directories that
+    hold a run)."""
     runs: list[Path] = []
     for path in paths:
         if _is_run(path):
@@ -140,7 +144,8 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def run_labels(runs: list[Path]) -> dict[Path, str]:
-    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its directory."""
+    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its
+    directory."""
     if len(runs) == 1:
         return {runs[0]: runs[0].name}
     given = {run: _overrides(run) for run in runs}
@@ -158,7 +163,8 @@ def run_labels(runs: list[Path]) -> dict[Path, str]:
 
 
 def collect(runs: list[Path], all_ranks: bool) -> Series:
-    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the chart."""
+    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the
+    chart."""
     labels = run_labels(runs)
     out: Series = defaultdict(dict)
     for run in runs:
@@ -224,6 +230,22 @@ def _default_out(paths: list[Path], runs: list[Path]) -> Path:
     return files.metrics_chart(Path(os.path.commonpath([str(r.absolute()) for r in runs])))
 
 
+def _missing(series: Series, wanted: list[str], paths: list[Path], runs: list[Path]) -> str | None:
+    """Why nothing can be drawn: no metrics at all, or a metric asked for that no run has."""
+    if not series:
+        where = (
+            files.metrics_file(paths[0])
+            if len(runs) <= 1
+            else f"the {files.METRICS} of {len(runs)} runs"
+        )
+        return f"no metrics in {where} (tasks report them with ctx.progress(step, name=value))"
+    unknown = [m for m in wanted if m not in series]
+    if unknown:
+        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+        return f"no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Plot runs' metrics."""
     ap = argparse.ArgumentParser(
@@ -247,26 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = expand_runs(paths)
     series = collect(runs, args.all_ranks)
-    if not series:
-        where = (
-            files.metrics_file(paths[0])
-            if len(runs) <= 1
-            else f"the {files.METRICS} of {len(runs)} runs"
-        )
-        print(
-            f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
-            file=sys.stderr,
-        )
-        return 2
-    unknown = [m for m in wanted if m not in series]
-    if unknown:
-        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
-        print(
-            printable(
-                f"wf_launch.plot: no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
-            ),
-            file=sys.stderr,
-        )
+    missing = _missing(series, wanted, paths, runs)
+    if missing is not None:
+        print(printable(f"wf_launch.plot: {missing}"), file=sys.stderr)
         return 2
     chosen = {m: series[m] for m in (wanted or series)}
     title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"

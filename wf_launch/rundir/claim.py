@@ -26,6 +26,7 @@ __all__ = [
     "RunDirClaim",
     "RunDirInUse",
     "claim",
+    "close_runs",
     "launch_alive",
     "lock_holder",
     "make_private",
@@ -128,7 +129,7 @@ def _lock(run_dir: Path) -> int:
 def claim(
     run_dir: Path,
     overwrite: bool = False,
-    resume: bool = False,
+    resume: bool | str = False,
     is_live: Callable[[Path], bool] | None = None,
 ) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
@@ -138,7 +139,9 @@ def claim(
     and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside into
     a sibling ``NAME.replaced-TIMESTAMP`` directory (mode 0700), never merged into. With
     ``resume`` the launch continues that run in place (its checkpoints and attempt
-    records stay; its last ``result.json`` moves to ``logs/``), unless it completed.
+    records stay; its last ``result.json`` moves to ``logs/``), unless it completed; when the
+    directory holds no run, ``resume=True`` is refused (naming the run directories close to
+    its name: a typo would otherwise train from scratch) and ``resume="auto"`` starts one.
     Either is refused while the run may still be going: ``is_live(run_dir)`` is its launcher's
     :meth:`~wf_launch.launchers.LauncherHooks.is_live` (a detached SLURM job whose launcher has
     left still runs). Once claimed, the directory is made owner-only (0700).
@@ -153,6 +156,7 @@ def claim(
     fd = _lock(run_dir)
     try:
         held = _held_by(run_dir)
+        resume = _resumes(run_dir, resume, held)
         if held and (overwrite or resume) and is_live is not None:
             _refuse_if_live(
                 run_dir, is_live, "launcher.resume=true" if resume else "launcher.overwrite=true"
@@ -169,6 +173,8 @@ def claim(
             _move_aside(run_dir)
         os.chmod(run_dir, OWNER_ONLY)
     except BaseException:
+        if not _held_by(run_dir):  # refused or interrupted: no run here, so no lock file either
+            (run_dir / files.LOCK).unlink(missing_ok=True)
         os.close(fd)
         raise
     return RunDirClaim(run_dir, fd)
@@ -189,6 +195,40 @@ def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -
             "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
             f"--cancel {run_dir})"
         )
+
+
+def _resumes(run_dir: Path, resume: bool | str, held: str | None) -> bool:
+    """Whether the launch continues the run there: ``resume`` is True or "auto" and one is;
+    True where none is (a typo) is refused."""
+    if resume is True and not held:
+        _refuse_no_run(run_dir)
+    return bool(held) and resume in (True, "auto")
+
+
+def _refuse_no_run(run_dir: Path) -> None:
+    """:class:`RunDirInUse`: ``launcher.resume=true`` into a directory that holds no run."""
+    near = close_runs(run_dir)
+    raise RunDirInUse(
+        f"launcher.resume=true: there is no run in {run_dir} to resume"
+        + (f"; did you mean {' or '.join(map(str, near))}?" if near else "")
+        + " (launcher.resume=auto starts a run when none is there)"
+    )
+
+
+def close_runs(run_dir: Path, n: int = 3) -> list[Path]:
+    """The run directories beside ``run_dir`` with names closest to its name (a typo's target)."""
+    import difflib
+
+    parent = run_dir.parent
+    try:
+        names = [
+            d.name
+            for d in parent.iterdir()
+            if d.is_dir() and d != run_dir and any((d / m).exists() for m in files.MARKERS)
+        ]
+    except OSError:
+        return []
+    return [parent / m for m in difflib.get_close_matches(run_dir.name, names, n=n, cutoff=0.6)]
 
 
 def _or_resume(run_dir: Path) -> str:

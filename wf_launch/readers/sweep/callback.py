@@ -106,7 +106,7 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             if sweep_dir.is_dir()
             else []
         )
-        resume = OmegaConf.select(config, "launcher.resume", default=False) is True
+        resume = OmegaConf.select(config, "launcher.resume", default=False) in (True, "auto")
         if resume:
             self._resume(config, sweep_dir, old)
         elif old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
