@@ -225,10 +225,14 @@ class LiveView:
             if first:
                 lines = lines[1:] if offset else lines  # the first one may be cut
                 lines = lines[-self.backlog :] if self.backlog else []
-            for line in lines:
-                self._shown[path] = console_shows(line, self._shown.get(path, True))
-                if self._shown[path]:
-                    self.write(console_form(line))
+            self._show(path, lines)
+
+    def _show(self, path: Path, lines: list[str]) -> None:
+        """Write what the rank's console would show of ``lines`` (:func:`console_shows`)."""
+        for line in lines:
+            self._shown[path] = console_shows(line, self._shown.get(path, True))
+            if self._shown[path]:
+                self.write(console_form(line))
 
     def close(self) -> None:
         """Show the last lines and the last progress state, and close the bar (the final line follows it)."""
