@@ -12,6 +12,7 @@ several runs: their common parent's) unless ``--out`` says where.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -23,13 +24,13 @@ from pathlib import Path
 from worldfoundry.core.validation import is_int, is_number
 
 from ..rundir import files
-from ..rundir.io import open_regular, read_bytes
+from ..rundir.io import atomic_write_bytes, open_regular, read_yaml
 from ..rundir.text import printable
-from .chart_limits import MAX_NAMES, cap
 
 __all__ = [
+    "MAX_METRICS",
+    "MAX_PANELS",
     "MAX_POINTS",
-    "Metrics",
     "Series",
     "expand_runs",
     "load_metrics",
@@ -44,13 +45,19 @@ Series = dict[str, dict[str, list[tuple[int, float]]]]
 
 
 MAX_POINTS = 20_000
-"""The most points kept per metric and rank: beyond it every other point is dropped."""
+"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows
+no more)."""
 MAX_LINE_BYTES = 1 << 20
+MAX_METRICS = 256
+"""The most metric names read from a run's file (the first seen); more are ignored."""
+MAX_PANELS = 16
+"""The most metrics drawn on one chart unless named (one panel each: 3,000 took 300 s and 7 GB)."""
 """A metrics line longer than this is skipped, not read whole."""
 
 
 def metric_lines(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """The lines of a metrics file, streamed (never whole in memory); over-long lines skipped.
+    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines
+    skipped.
 
     Nothing when the file is missing or not a regular file (a FIFO or device is never read).
     """
@@ -84,50 +91,30 @@ class _Series(list):  # type: ignore[type-arg]
             self.stride *= 2
 
 
-class Metrics(dict):  # type: ignore[type-arg]
-    """metric -> rank -> [(step, value)], and ``total``: how many metric names the run reported.
-
-    At most :data:`~wf_launch.readers.chart_limits.MAX_NAMES` names are kept; the others are
-    only counted (up to a bound), so a file of thousands of metrics stays small in memory.
-    """
-
-    total: int = 0
-
-
-_MAX_COUNTED = 100_000
-
-
-def _add_row(out: dict[str, dict[int, _Series]], extra: set[str], row: dict) -> None:
-    rank = row.get("rank", 0)
-    if not is_int(rank):
-        return
-    for name, value in row.items():
-        if name in ("rank", "step", "time") or not is_number(value) or not math.isfinite(value):
-            continue
-        if name in out or len(out) < MAX_NAMES:
-            out[name][rank].add((row["step"], float(value)))
-        elif len(extra) < _MAX_COUNTED:
-            extra.add(name)
-
-
-def load_metrics(run_dir: Path | str) -> Metrics:
-    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, line by line (bad lines skipped).
+def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, float]]]]:
+    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are
+    skipped).
 
     A long run's file may hold GBs: it is streamed, and each series keeps at most
     :data:`MAX_POINTS` evenly spread points.
     """
     out: dict[str, dict[int, _Series]] = defaultdict(lambda: defaultdict(_Series))
-    extra: set[str] = set()
     for line in metric_lines(files.metrics_file(run_dir)):
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
             continue
-        if isinstance(row, dict) and is_int(row.get("step")):
-            _add_row(out, extra, row)
-    metrics = Metrics({k: {r: list(points) for r, points in v.items()} for k, v in out.items()})
-    metrics.total = len(out) + len(extra)
-    return metrics
+        if not isinstance(row, dict) or not is_int(row.get("step")):
+            continue
+        rank = row.get("rank", 0)
+        if not is_int(rank):
+            continue
+        for name, value in row.items():
+            if name in ("rank", "step", "time") or not is_number(value):
+                continue
+            if math.isfinite(value) and (name in out or len(out) < MAX_METRICS):
+                out[name][rank].add((row["step"], float(value)))
+    return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
 
 
 def _is_run(path: Path) -> bool:
@@ -135,8 +122,8 @@ def _is_run(path: Path) -> bool:
 
 
 def expand_runs(paths: list[Path]) -> list[Path]:
-    """Run directories: each path itself, or a sweep directory's points (its sub-directories
-    that hold a run)."""
+    """Run directories: each path itself, or a sweep directory's points (its sub-directories that
+    hold a run)."""
     runs: list[Path] = []
     for path in paths:
         if _is_run(path):
@@ -151,12 +138,10 @@ def expand_runs(paths: list[Path]) -> list[Path]:
 
 
 def _overrides(run_dir: Path) -> list[str]:
-    import yaml
-
     for path in (run_dir / files.OVERRIDES, files.hydra_overrides(run_dir)):
         try:
-            data = yaml.safe_load(read_bytes(path, 1 << 20).decode(errors="replace"))
-        except (OSError, ValueError, yaml.YAMLError):
+            data = read_yaml(path, 1 << 20)
+        except (OSError, ValueError):
             continue
         if isinstance(data, list):
             return [str(o) for o in data]
@@ -164,34 +149,31 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def run_labels(runs: list[Path]) -> dict[Path, str]:
-    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else
-    its directory."""
+    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its
+    directory."""
     if len(runs) == 1:
-        return {runs[0]: runs[0].name}
+        return {runs[0]: printable(runs[0].name)}
     given = {run: _overrides(run) for run in runs}
     common = set.intersection(*(set(o) for o in given.values())) if given else set()
     labels = {}
     for run in runs:
         own = [o for o in given[run] if o not in common and not o.startswith("hydra.")]
-        labels[run] = " ".join(own) if own else run.name
+        labels[run] = printable(" ".join(own) if own else run.name)
     if len(set(labels.values())) < len(labels):
         labels = {
-            run: f"{run.name}: {label}" if label != run.name else label
+            run: f"{printable(run.name)}: {label}" if label != printable(run.name) else label
             for run, label in labels.items()
         }
     return labels
 
 
-def collect(runs: list[Path], all_ranks: bool) -> tuple[Series, int]:
-    """Every run's metrics as lines (a run's rank 0, every rank with ``all_ranks``), named for
-    the chart; and the most metric names one run reported (see :class:`Metrics`)."""
+def collect(runs: list[Path], all_ranks: bool) -> Series:
+    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the
+    chart."""
     labels = run_labels(runs)
     out: Series = defaultdict(dict)
-    total = 0
     for run in runs:
-        metrics = load_metrics(run)
-        total = max(total, metrics.total)
-        for metric, by_rank in metrics.items():
+        for metric, by_rank in load_metrics(run).items():
             ranks = sorted(by_rank) if all_ranks else sorted(by_rank)[:1]
             for rank in ranks:
                 name = (
@@ -200,7 +182,7 @@ def collect(runs: list[Path], all_ranks: bool) -> tuple[Series, int]:
                     else f"{labels[run]}" + (f" r{rank}" if all_ranks else "")
                 )
                 out[metric][name] = sorted(by_rank[rank])
-    return dict(out), total
+    return dict(out)
 
 
 def render(
@@ -208,12 +190,8 @@ def render(
     path: Path,
     title: str,
     all_ranks: bool = False,
-    notes: list[str] | None = None,
 ) -> Path:
-    """Draw ``series`` into ``path``: one panel per metric, one line per entry (a rank or a run).
-
-    ``notes`` (what :func:`~wf_launch.readers.chart_limits.cap` left out) go under the title.
-    """
+    """Draw ``series`` into ``path``: one panel per metric, one line per entry (a rank or a run)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,10 +222,12 @@ def render(
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
-    fig.suptitle("\n".join([title, *(notes or [])]), fontsize=10)
+    fig.suptitle(printable(title), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())  # a link at path is replaced, never written through
     return path
 
 
@@ -257,7 +237,24 @@ def _default_out(paths: list[Path], runs: list[Path]) -> Path:
     return files.metrics_chart(Path(os.path.commonpath([str(r.absolute()) for r in runs])))
 
 
-def _parser() -> argparse.ArgumentParser:
+def _missing(series: Series, wanted: list[str], paths: list[Path], runs: list[Path]) -> str | None:
+    """Why nothing can be drawn: no metrics at all, or a metric asked for that no run has."""
+    if not series:
+        where = (
+            files.metrics_file(paths[0])
+            if len(runs) <= 1
+            else f"the {files.METRICS} of {len(runs)} runs"
+        )
+        return f"no metrics in {where} (tasks report them with ctx.progress(step, name=value))"
+    unknown = [m for m in wanted if m not in series]
+    if unknown:
+        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+        return f"no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plot runs' metrics."""
     ap = argparse.ArgumentParser(
         prog="python -m wf_launch.plot", description=__doc__.split("\n\n")[0]
     )
@@ -271,49 +268,38 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="PNG path (default: RUN_DIR/metrics.png)"
     )
     ap.add_argument("--all-ranks", action="store_true", help="one line per rank, not rank 0 alone")
-    return ap
-
-
-def _refusal(runs: list[Path], series: Series, wanted: list[str], total: int) -> str | None:
-    """Why nothing can be drawn (no metrics, or a named one missing), or None."""
-    if not series:
-        where = (
-            files.metrics_file(runs[0])
-            if len(runs) == 1
-            else f"the {files.METRICS} of {len(runs)} runs"
-        )
-        return f"no metrics in {where} (tasks report them with ctx.progress(step, name=value))"
-    unknown = [m for m in wanted if m not in series]
-    if not unknown:
-        return None
-    where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
-    more = f" and {total - 20} more" if total > 20 else ""
-    return f"no metric {unknown[0]!r} in {where}; it has {sorted(series)[:20]}{more}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Plot runs' metrics."""
-    args = _parser().parse_args(argv)
+    args = ap.parse_args(argv)
     paths = [Path(p) for p in args.paths if Path(p).is_dir()]
     wanted = [p for p in args.paths if not Path(p).is_dir()]
     if not paths:
         print(printable(f"wf_launch.plot: no run directory among {args.paths}"), file=sys.stderr)
         return 2
-    runs = expand_runs(paths) or paths[:1]
-    series, total = collect(runs, args.all_ranks)
-    refusal = _refusal(runs, series, wanted, total)
-    if refusal:
-        print(printable(f"wf_launch.plot: {refusal}"), file=sys.stderr)
+    runs = expand_runs(paths)
+    series = collect(runs, args.all_ranks)
+    missing = _missing(series, wanted, paths, runs)
+    if missing is not None:
+        print(printable(f"wf_launch.plot: {missing}"), file=sys.stderr)
         return 2
-    chosen, notes = cap(
-        {m: series[m] for m in (wanted or series)}, len(wanted) if wanted else total
-    )
-    for note in notes:
-        print(f"wf_launch.plot: {note}", file=sys.stderr)
-    title = printable(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
-    out = render(chosen, args.out or _default_out(paths, runs), title, True, notes)
+    chosen = _chosen(series, wanted)
+    title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
+    out = render(chosen, args.out or _default_out(paths, runs), title, all_ranks=True)
     print(printable(out))
     return 0
+
+
+def _chosen(series: Series, wanted: list[str]) -> Series:
+    """The metrics to draw: those named, else every one; at most :data:`MAX_PANELS`, saying so."""
+    names = wanted or sorted(series)
+    if len(names) > MAX_PANELS or (not wanted and len(series) >= MAX_METRICS):
+        print(
+            printable(
+                f"wf_launch.plot: {len(series)}{'+' if len(series) >= MAX_METRICS else ''} "
+                f"metrics; drawing {min(len(names), MAX_PANELS)} "
+                f"({', '.join(names[:MAX_PANELS])}); name the metrics to draw others"
+            ),
+            file=sys.stderr,
+        )
+    return {m: series[m] for m in names[:MAX_PANELS]}
 
 
 if __name__ == "__main__":

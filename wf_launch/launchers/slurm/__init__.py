@@ -1,20 +1,24 @@
-"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main`` (docs/slurm.md).
+"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``.
+
+See docs/slurm.md.
 
 The launcher renders the sbatch script with submitit (``launcher.dry_run`` prints it),
 submits one job (or, for a ``-m`` sweep through the ``wf_slurm`` Hydra launcher, every
 point at once as job arrays, see :class:`SlurmBatch`), records ``slurm_job.json`` in
-the run directory, and either returns (``launcher.wait=false``) or polls ``sacct``
-until the job ends and finalizes ``result.json``.
+the run directory, and either returns (``launcher.wait=false``) or watches the job with
+submitit's ``sacct`` watcher until it ends and finalizes ``result.json``.
 
 By role: :mod:`.rank_entry` (inside a SLURM task), :mod:`.submit` (sbatch parameters, one
-job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view, cancel), :mod:`.finalize`
-(``result.json`` of an ended job, each rank's outcome), :mod:`.submitit_adapter`
-(every submitit name we use). This module holds the config and the launcher class.
+job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view,
+cancel), :mod:`.finalize` (``result.json`` of an ended job, each rank's outcome),
+:mod:`.submitit_adapter` (every submitit name we use). This module holds the config and
+the launcher class.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,34 +33,15 @@ from ...config.fields import (
     line,
     number,
 )
+from ...rundir.claim import launch_alive
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
 from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
-from .finalize import JOB_FILE, finalize, rank_outcomes, read_job
-from .poll import (
-    TERMINAL_STATES,
-    cancel,
-    in_queue,
-    is_terminal,
-    job_state,
-    live_state,
-    wait_all,
-    wait_gone,
-)
-from .rank_entry import SlurmRank, SlurmRequeue, export_rank_env, master_port
-from .submit import (
-    Pending,
-    SlurmBatch,
-    current_batch,
-    describe,
-    launch,
-    sbatch_parameters,
-    sbatch_script,
-    slurm_tasks_per_node,
-    submitit_folder,
-)
+from . import poll
+from .finalize import finalize, rank_outcomes, read_job
+from .submit import SlurmBatch, current_batch, describe, launch, slurm_tasks_per_node
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -64,33 +49,11 @@ if TYPE_CHECKING:
     from ...config.engine import EngineConfig
 
 __all__ = [
-    "JOB_FILE",
-    "TERMINAL_STATES",
-    "Pending",
     "SlurmBatch",
     "SlurmLauncher",
     "SlurmLauncherConfig",
-    "SlurmRank",
-    "SlurmRequeue",
-    "cancel",
     "current_batch",
-    "describe",
-    "export_rank_env",
-    "finalize",
-    "in_queue",
-    "is_terminal",
-    "job_state",
-    "launch",
-    "master_port",
-    "rank_outcomes",
-    "read_job",
-    "sbatch_parameters",
-    "sbatch_script",
-    "slurm_tasks_per_node",
-    "submitit_folder",
     "validate_slurm_launcher",
-    "wait_all",
-    "wait_gone",
 ]
 
 
@@ -286,50 +249,41 @@ class SlurmLauncher(LauncherHooks):
             if record is not None and record.final:
                 return "NOT SUBMITTED", RunOutcome.of(record, Path(run_dir))
             return "NOT SUBMITTED", None
-        state = job_state(job["job_id"], Path(run_dir))
-        if is_terminal(state) and not in_queue(job["job_id"]):
+        state = poll.job_state(job["job_id"], Path(run_dir))
+        if poll.is_terminal(state) and not poll.in_queue(job["job_id"]):
             return state, finalize(run_dir, state)
         return state, None
 
     def cancel(self, run_dir: Path) -> str | None:
-        return cancel(run_dir)
+        return poll.cancel(run_dir)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """``scancel --signal`` to the run's job (its steps: every rank, on any node); every rank is expected."""
-        import signal as _signal
-        import subprocess
-
+        """``scancel --signal`` to the run's job (its steps: every rank, on any node); every
+        rank is expected."""
         job = read_job(run_dir)
-        if not job or is_terminal(job_state(job["job_id"], Path(run_dir))):
+        if not job or poll.is_terminal(poll.job_state(job["job_id"], Path(run_dir))):
             return set()
-        out = subprocess.run(
-            [
-                "scancel",
-                f"--signal={_signal.Signals(signum).name.removeprefix('SIG')}",
-                job["job_id"],
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        return set(range(int(job.get("world_size") or 0))) if out.returncode == 0 else set()
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        if not poll.scancel(job["job_id"], f"--signal={name}"):
+            return set()
+        return set(range(int(job.get("world_size") or 0)))
 
     def is_live(self, run_dir: Path) -> bool:
-        """Whether the run may still be going: its launch still holds the run directory, or its job has not ended
-        (or SLURM still lists it: its processes may still be writing). ValueError for a malformed job file."""
-        from ...rundir.claim import launch_alive
-
+        """Whether the run may still be going: its launch still holds the run directory, or
+        its job has not ended (or SLURM still lists it: its processes may still be writing).
+        ValueError for a malformed job file."""
         if launch_alive(run_dir):
             return True
         job = read_job(run_dir)
         if not job:
             return False
-        return not is_terminal(job_state(job["job_id"], Path(run_dir))) or in_queue(job["job_id"])
+        state = poll.job_state(job["job_id"], Path(run_dir))
+        return not poll.is_terminal(state) or poll.in_queue(job["job_id"])
 
     def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None once it left the queue."""
-        return live_state(run_dir)
+        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None
+        once it left the queue."""
+        return poll.live_state(run_dir)
 
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"
