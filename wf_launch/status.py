@@ -2,8 +2,7 @@
 
 import sys
 
-from wf_launch.readers.console import run_tool
 from wf_launch.readers.status import main
 
 if __name__ == "__main__":
-    sys.exit(run_tool(main))
+    sys.exit(main())
