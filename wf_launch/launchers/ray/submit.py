@@ -302,7 +302,12 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
     from .poll import live_state
 
     pending = {p.ref: p for p in points}
-    live = LiveView([p.plan.run_dir for p in points], write=logger.info, state_of=live_state)
+    live = LiveView(
+        [p.plan.run_dir for p in points],
+        write=logger.info,
+        state_of=live_state,
+        warn=logger.warning,
+    )
     try:
         with _stop_signals(True):
             while pending:
