@@ -57,6 +57,7 @@ def run_suite(root: Path, env: dict[str, str], *args: str) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow
 def test_a_test_that_uses_a_cluster_without_its_marker_is_refused(tmp_path: Path) -> None:
     root = make_suite(
         tmp_path,

@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_chec
 
 from omegaconf import MISSING
 
-from ..config.fields import check_fields, config_error, flag, is_int, number, unknown_field
+from ..config.fields import (
+    check_fields,
+    choice,
+    config_error,
+    flag,
+    is_int,
+    number,
+    unknown_field,
+)
 from ..rundir import files
 
 if TYPE_CHECKING:
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
     from .launch_plan import LaunchPlan
 
 __all__ = [
+    "CTRL_C_NOTICE",
     "DetachedLauncher",
     "Launcher",
     "LauncherConfig",
@@ -44,9 +53,19 @@ __all__ = [
     "with_hooks",
 ]
 
+CTRL_C_NOTICE = (
+    "Ctrl-C: every rank stops at its next step boundary (a task that polls "
+    "ctx.should_stop() saves first); press Ctrl-C again to stop at once"
+)
+"""What every launcher says at the first Ctrl-C (the resume command follows the run's end)."""
+
 C = TypeVar("C", bound="LauncherConfig")
 WEEK_S = 7 * 24 * 3600
 _WEEK_NOTE = "(0.1 s to a week)"
+RESUME_NOTE = (
+    "(true: continue the run in the directory, refused when none is there; auto: continue it "
+    "if one is there, else start one)"
+)
 
 
 def run_dir_mode(value: Any) -> int:
@@ -77,7 +96,7 @@ class LauncherConfig:
     max_log_mb: float = number(1024.0, 0, unit="MB", note="per rank log (0 = no cap)")
     max_metrics_mb: float = number(1024.0, 0, unit="MB", note=f"{files.METRICS} (0 = no cap)")
     overwrite: bool = flag(False)
-    resume: bool = flag(False)
+    resume: bool | str = choice(False, (True, False, "auto"), note=RESUME_NOTE)
     run_dir_mode: str = "0700"
     progress_interval_s: float = number(10.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)
     stall_warning_s: float = number(300.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)

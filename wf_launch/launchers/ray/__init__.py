@@ -60,14 +60,7 @@ class RayLauncherConfig(LauncherConfig):
     shutdown_timeout_s: float = number(10.0, 0, 3600, unit="seconds")
 
 
-def _validate_runtime_env(env: Any) -> None:
-    allowed = f"a mapping with any of {list(RUNTIME_ENV_KEYS)} (Ray's runtime environment fields)"
-    if not isinstance(env, dict):
-        raise config_error("launcher.runtime_env", env, allowed)
-    unknown = sorted(str(k) for k in env if k not in RUNTIME_ENV_KEYS)
-    if unknown:
-        raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
-    env_vars = env.get("env_vars") or {}
+def _check_env_vars(env_vars: Any) -> None:
     if not isinstance(env_vars, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
     ):
@@ -81,18 +74,51 @@ def _validate_runtime_env(env: Any) -> None:
             env_vars[owned[0]],
             f"set by the launcher for every rank ({', '.join(LAUNCHER_VARS)})",
         )
-    pip = env.get("pip")
-    if pip is not None and not (
-        isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip))
-    ):
+
+
+def _check_pip(pip: Any) -> None:
+    if isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip)):
+        return
+    raise config_error(
+        "launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path"
+    )
+
+
+def _check_working_dir(path: Any) -> None:
+    """A URI (Ray fetches it), or a directory that exists here (Ray uploads it)."""
+    allowed = "a directory that exists on this machine, or a URI (s3://..., https://...zip)"
+    if not isinstance(path, str):
+        raise config_error("launcher.runtime_env.working_dir", path, allowed)
+    if "://" not in path and not Path(path).expanduser().is_dir():
+        raise config_error("launcher.runtime_env.working_dir", path, allowed)
+
+
+def _check_excludes(excludes: Any) -> None:
+    if not isinstance(excludes, list) or not all(isinstance(e, str) for e in excludes):
         raise config_error(
-            "launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path"
+            "launcher.runtime_env.excludes", excludes, "a list of paths or patterns to leave out"
         )
-    for key in ("working_dir",):
-        if env.get(key) is not None and not isinstance(env[key], str):
-            raise config_error(
-                f"launcher.runtime_env.{key}", env[key], "a directory or a URI (a string)"
-            )
+
+
+_RUNTIME_ENV_CHECKS = {
+    "env_vars": _check_env_vars,
+    "pip": _check_pip,
+    "working_dir": _check_working_dir,
+    "excludes": _check_excludes,
+}
+
+
+def _validate_runtime_env(env: Any) -> None:
+    """Each field of ``launcher.runtime_env`` by its own check (:data:`_RUNTIME_ENV_CHECKS`)."""
+    allowed = f"a mapping with any of {list(RUNTIME_ENV_KEYS)} (Ray's runtime environment fields)"
+    if not isinstance(env, dict):
+        raise config_error("launcher.runtime_env", env, allowed)
+    unknown = sorted(str(k) for k in env if k not in RUNTIME_ENV_KEYS)
+    if unknown:
+        raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
+    for key, check in _RUNTIME_ENV_CHECKS.items():
+        if env.get(key) is not None:
+            check(env[key])
 
 
 def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_size: int) -> None:

@@ -22,12 +22,15 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
 from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import files
 from . import ray_adapter as rt
+from . import state
+from .reach import signal_ranks
 
 __all__ = ["RayPreempt", "RayStackDump", "RunDirNotShared", "WfRayRank"]
 
@@ -64,10 +67,8 @@ class RayStackDump:
     settle_s: float = 1.5
 
     def __call__(self) -> None:
-        from . import state
-        from .reach import signal_ranks
-
-        signal_ranks(state.where_of(self.run_dir), int(DUMP_SIGNAL), timeout_s=10.0)
+        where = state.where_of(self.run_dir)
+        signal_ranks(Path(self.run_dir), where, int(DUMP_SIGNAL), timeout_s=10.0)
         time.sleep(self.settle_s)
 
 

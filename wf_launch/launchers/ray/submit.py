@@ -69,7 +69,12 @@ def _precheck(plan: LaunchPlan) -> None:
 def _options(conn: Connection, **extra: Any) -> RunOptions:
     forward, path = forwarded_env()
     return RunOptions(
-        address=conn.address, private=conn.private, forward=forward, path=path, **extra
+        address=conn.address,
+        private=conn.private,
+        token_file=conn.token_file,
+        forward=forward,
+        path=path,
+        **extra,
     )
 
 
@@ -84,8 +89,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         conn = connect(lc, str(plan.run_dir), plan.world_size)
     except (ConfigError, rt.RayMissing) as exc:
         return _invalid(plan, str(exc))
-    except KeyboardInterrupt:
-        return _interrupted_early(plan)
+    # Ctrl-C before any rank started goes on up: the app records it as for every launcher.
     try:
         try:
             check_fits(
@@ -115,22 +119,6 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         )
     finally:
         conn.close()
-
-
-def _interrupted_early(plan: LaunchPlan) -> RunOutcome:
-    """Ctrl-C before any rank started (while the cluster was asked): nothing to stop, recorded 'interrupted'."""
-    summary = "interrupted by SIGINT before any rank started"
-    record = RunRecord.finalize(
-        plan.run_dir,
-        Status.INTERRUPTED,
-        signal_name="SIGINT",
-        launcher="ray",
-        task=plan.task,
-        overrides=plan.overrides,
-        run_dir=str(plan.run_dir),
-        failure={"cause": "interrupt", "signal": "SIGINT", "message": summary},
-    )
-    return RunOutcome.of(record, plan.run_dir, summary)
 
 
 def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> list[Path]:
@@ -314,7 +302,12 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
     from .poll import live_state
 
     pending = {p.ref: p for p in points}
-    live = LiveView([p.plan.run_dir for p in points], write=logger.info, state_of=live_state)
+    live = LiveView(
+        [p.plan.run_dir for p in points],
+        write=logger.info,
+        state_of=live_state,
+        warn=logger.warning,
+    )
     try:
         with _stop_signals(True):
             while pending:

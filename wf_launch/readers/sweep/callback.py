@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...rundir import files
+from ...rundir.io import MAX_RECORD_BYTES, read_text
 from ...rundir.record import RunRecord, Status
 from .points import DEFAULT_METRIC, collect_points
 from .report import status_line, sweep_exit_code, write_report
@@ -28,8 +29,8 @@ def _mode(value: Any) -> int:
 
 def _read_plan(sweep_dir: Path) -> str | None:
     try:
-        return (sweep_dir / files.SWEEP_PLAN).read_text()
-    except OSError:
+        return read_text(sweep_dir / files.SWEEP_PLAN, MAX_RECORD_BYTES)
+    except (OSError, ValueError):
         return None
 
 
@@ -106,7 +107,7 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             if sweep_dir.is_dir()
             else []
         )
-        resume = OmegaConf.select(config, "launcher.resume", default=False) is True
+        resume = OmegaConf.select(config, "launcher.resume", default=False) in (True, "auto")
         if resume:
             self._resume(config, sweep_dir, old)
         elif old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
