@@ -14,6 +14,7 @@ from wf_launch.rank.checkpoint import (
 )
 from wf_launch.rank.script_api import latest_step, load, save, wait
 from wf_launch.readers.checkpoint import main
+from wf_launch.readers.console import run_tool
 
 __all__ = [
     "COMMIT_FILE",
@@ -29,4 +30,4 @@ __all__ = [
 ]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(main))

@@ -2,7 +2,8 @@
 
 import sys
 
+from wf_launch.readers.console import run_tool
 from wf_launch.readers.runs import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(main))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
 import socket
 import time
 from collections.abc import Callable
@@ -125,6 +126,23 @@ def _lock(run_dir: Path, advice: str = "choose another hydra.run.dir") -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def _refuse_foreign(run_dir: Path) -> None:
+    """:class:`RunDirInUse` when another user owns ``run_dir``: its owner could read or replace
+    what the run writes, and this process could not make it owner-only (a pre-created 0777
+    directory once ended a launch with a ``PermissionError`` traceback)."""
+    uid = os.stat(run_dir).st_uid
+    if uid == os.geteuid():
+        return
+    try:
+        owner = f"{pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except KeyError:
+        owner = f"uid {uid}"
+    raise RunDirInUse(
+        f"run directory {run_dir} belongs to {owner}, not to this user (uid {os.geteuid()}); "
+        "choose another hydra.run.dir"
+    )
 
 
 def claim(
