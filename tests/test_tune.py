@@ -14,6 +14,7 @@ from cli_helpers import USER_TASKS, cli_env
 sys.path.insert(0, str(USER_TASKS))
 from wf_tune_tasks import layout_key, memory_gb, tokens_per_s
 
+from wf_launch.drivers.tune.cli import main as tune_main
 from wf_launch.drivers.tune.measure import Measurement, measure_point
 from wf_launch.drivers.tune.plan import EXHAUSTIVE, HALVING, choose
 from wf_launch.drivers.tune.report import render_markdown
@@ -70,6 +71,15 @@ def test_space_is_layouts_times_also_values() -> None:
         p.label.endswith("micro_batches=4 batch=2")
         and p.id == "t05-tp1-cp1-pp1-dp8-micro_batches4-batch2"
     )
+
+
+def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The tuner's CLI in this process (the slow tests run ``python -m wf_launch.tune``) on input
+    it must refuse with exit code 2; what it printed on stderr."""
+    code = tune_main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    return err
 
 
 @pytest.mark.parametrize(
@@ -243,19 +253,26 @@ def test_dry_run_prunes_by_validation_and_memory_exactly(tmp_path: Path) -> None
         ),
     ],
 )
-def test_bad_input_exits_2_with_the_reason(tmp_path: Path, args: list[str], message: str) -> None:
-    proc = tune([*CLOCKWORK, *args, "--dir", str(tmp_path / "t")], tmp_path)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert message in proc.stderr and "+task." not in proc.stderr  # never Hydra's append advice
+def test_bad_input_exits_2_with_the_reason(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = refused([*CLOCKWORK, *args, "--dir", str(tmp_path / "t")], capsys)
+    assert message in err and "+task." not in err  # never Hydra's append advice
     assert not (tmp_path / "t").exists()
 
 
-def test_a_task_without_a_steps_field_is_refused(tmp_path: Path) -> None:
-    proc = tune(["task=noop", "world_size=2"], tmp_path)
-    assert proc.returncode == 2 and "task=noop has no integer field 'steps'" in proc.stderr
+def test_a_task_without_a_steps_field_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = refused(["task=noop", "world_size=2"], capsys)
+    assert "task=noop has no integer field 'steps'" in err
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_resume_refuses_another_tunes_directory(tmp_path: Path) -> None:
+def test_resume_refuses_another_tunes_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     other = tmp_path / "other"
     state = TuneState(
         other,
@@ -275,11 +292,9 @@ def test_resume_refuses_another_tunes_directory(tmp_path: Path) -> None:
     )
     other.mkdir()
     state.save()
-    proc = tune(["--resume", str(other), *CLOCKWORK, "world_size=4"], tmp_path)
-    assert proc.returncode == 2 and "holds another tune" in proc.stderr
-    assert "world_size: 2 in" in proc.stderr and "4 now" in proc.stderr
-    proc = tune(["--resume", str(tmp_path)], tmp_path)
-    assert proc.returncode == 2 and "not a tune directory (no tune.json" in proc.stderr
+    err = refused(["--resume", str(other), *CLOCKWORK, "world_size=4"], capsys)
+    assert "holds another tune" in err and "world_size: 2 in" in err and "4 now" in err
+    assert "not a tune directory (no tune.json" in refused(["--resume", str(tmp_path)], capsys)
 
 
 def test_known_function_has_a_clear_best() -> None:
