@@ -52,11 +52,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
 from worldfoundry.core.validation import is_int
 
+from ..cli import register_configs
 from ..config.layout import layout_of
+from ..config.overrides import hydra_config_error, refuse_schemas, task_modules
 from ..launchers import get_launcher
 from ..rank.progress import PUBLISH_ENV
+from ..rank.task_registry import load_task_modules
 from ..readers.plot import metric_lines
 from ..rundir import attempts, files
 from ..rundir.io import atomic_write_json
@@ -147,23 +154,9 @@ STOP_KINDS = ("sigterm", "usr2")
 def composed_task(overrides: list[str]) -> dict[str, Any]:
     """The run's ``task`` section as ``python -m wf_launch OVERRIDES`` would compose it (Hydra's compose API), so
     the drill can check its injections before anything runs; :class:`DrillError` for a config mistake."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from ..config.overrides import hydra_config_error, refuse_schemas
-    from ..config.run import register_configs
-    from ..rank.task_registry import load_task_modules
-
-    mods = [
-        m.strip().strip("'\"")
-        for o in overrides
-        if o.lstrip("+~").startswith("task.modules=")
-        for m in o.split("=", 1)[1].strip("[]").split(",")
-        if m.strip()
-    ]
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     try:
-        load_task_modules(mods)
+        load_task_modules(task_modules(overrides))
         register_configs()
         refuse_schemas(plain)
         for name in ("wf_uid", "wf_config_groups"):
@@ -181,9 +174,6 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
 
 def _resolved(section: Any, key: str) -> Any:
     """``section[key]`` resolved; None for a value that needs a running Hydra app (``${hydra:runtime.cwd}``)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import InterpolationResolutionError
-
     try:
         value = section[key]
     except InterpolationResolutionError:

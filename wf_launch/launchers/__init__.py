@@ -1,7 +1,7 @@
 """Launchers differ only in how rank processes come to exist.
 
 This package is also the one place launcher authors import from: the protocol
-(:mod:`.base`), the registry (:mod:`.registry`: built-ins and the
+(:mod:`.protocol`, the common config and hooks in :mod:`.base`), the registry (:mod:`.registry`: built-ins and the
 ``wf_launch.launchers`` entry-point group), the plan a launcher receives, what every
 rank runs (:class:`RankSpec`, :func:`rank_main`) and the run record it finalizes.
 ``local`` and ``slurm`` are the built-in launchers, one folder each.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import DetachedLauncher, Launcher, LauncherConfig, LauncherHooks
+from .base import LauncherConfig, LauncherHooks
+from .protocol import DetachedLauncher, Launcher
 from .registry import (
     ENTRY_POINT_GROUP,
     get_launcher,

@@ -10,6 +10,7 @@ from typing import Any
 from worldfoundry.core.distributed.topology import DIMS, Layout
 
 from ..config.layout import rank_label
+from .registry import get_launcher
 
 __all__ = ["TABLE_MAX_RANKS", "LaunchPlan"]
 
@@ -43,8 +44,6 @@ class LaunchPlan:
     @cached_property
     def launcher_config(self) -> Any:
         """The ``launcher`` section as the chosen launcher's typed config (its ``config_class``)."""
-        from .registry import get_launcher
-
         return get_launcher(self.launcher).config_class.build(self.config["launcher"])
 
     def label(self, rank: int) -> str:

@@ -244,12 +244,7 @@ def describe_ranks(plan: LaunchPlan, workdir: str, command: list[str]) -> list[s
 
 def code_copy() -> tuple[Path, Path] | None:
     """(project, its copy) when this rank runs from a launcher's code copy (SLURM's snapshot), else None."""
-    import wf_launch
-
-    from ..rundir import files
-    from ..rundir.io import read_json
-
-    copy = Path(wf_launch.__file__).resolve().parent.parent
+    copy = Path(__file__).resolve().parents[2]  # what holds the imported wf_launch package
     try:
         manifest = read_json(copy / files.SNAPSHOT_MANIFEST)
     except ValueError:

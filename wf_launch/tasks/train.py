@@ -63,6 +63,7 @@ from worldfoundry.core.torch_private import DYNAMO_MODULE
 from ..rank.task_context import TaskContext
 from ..rank.task_registry import register_task
 from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
+from .train_memory import estimate_memory_gb
 
 __all__ = [
     "LOSSES",
@@ -200,8 +201,6 @@ class TrainConfig(TaskConfig):
 
     def estimate_memory_gb(self, layout: dict[str, Any]) -> float:
         """Peak memory per rank (GB) on ``layout`` (tp/cp/pp/dp, device): :mod:`wf_launch.tasks.train_memory`."""
-        from .train_memory import estimate_memory_gb
-
         return estimate_memory_gb(self, layout)
 
     def _model_fields(self) -> dict[str, Any]:
