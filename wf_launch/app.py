@@ -29,6 +29,7 @@ from .rundir.identity import ensure_run_id
 from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RecordError, RunRecord, Status
+from .rundir.resume import resume_hint
 from .rundir.text import printable
 
 __all__ = ["resolve", "run", "validate_run_config"]
@@ -156,7 +157,6 @@ def _existing_run_live(run_dir: Path) -> bool:
 def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) -> RunOutcome:
     """Ctrl-C while the launch was setting up (before its launcher took over): a record, the final line, and how
     to resume, never a traceback. A record the launcher already finalized stays as it is."""
-    from .rundir.resume import resume_hint
 
     try:
         record = RunRecord.read(run_dir)

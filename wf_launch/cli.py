@@ -19,11 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .app import run
 from .config.engine import EngineConfig
 from .config.fields import ConfigError
 from .config.overrides import hydra_config_error, refuse_schemas, task_modules
 from .config.run import RunConfig
 from .launchers.registry import registered_launchers
+from .launchers.sweep_resume import kept_outcome
 from .rank.task_registry import load_task_modules, registered_configs
 from .rundir.claim import remove_made_folders
 from .rundir.record import EXIT_CONFIG
@@ -50,7 +52,6 @@ def _hydra_record(cfg: DictConfig) -> dict[str, str]:
 
 
 def _app(cfg: DictConfig) -> object:
-    from .app import run
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -58,8 +59,6 @@ def _app(cfg: DictConfig) -> object:
         hc.mode == RunMode.MULTIRUN
         and OmegaConf.select(cfg, "launcher.resume", default=False) is True
     ):
-        from .launchers.sweep_resume import kept_outcome
-
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:
             return kept

@@ -32,6 +32,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from wf_launch.launchers.slurm import SlurmBatch
+
 log = logging.getLogger(__name__)
 
 
@@ -82,7 +84,6 @@ class WfSlurmLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from wf_launch.launchers.slurm import SlurmBatch
 
         assert self.config is not None
         setup_globals()

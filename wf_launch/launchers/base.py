@@ -14,7 +14,9 @@ a new launcher end to end.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -22,7 +24,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from omegaconf import MISSING
 
 from ..config.fields import check_bool, check_number, config_error, is_int, unknown_field
+from ..config.layout import run_layout
+from ..observe.stacks import local_pids, trigger
 from ..rundir import files
+from ..rundir.claim import launch_alive
+from ..rundir.pids import live_rank_pid
 
 if TYPE_CHECKING:
     from ..rundir.record import RunRecord
@@ -133,6 +139,11 @@ class LauncherHooks:
     """What the tools ask a run's launcher after the launch; each hook has a default that fits a local run."""
 
     name: ClassVar[str]
+    drill_kinds: ClassVar[tuple[str, ...]] = ()
+    """The interruptions ``python -m wf_launch.drill --backend NAME`` may inject into this
+    launcher's runs: ``kill9`` (:meth:`kill_rank`), ``sigterm`` (to the launch process, which
+    stops its ranks), ``usr2`` (:meth:`signal_ranks` with SIGUSR2), ``nodekill``
+    (:meth:`kill_node`). None by default: the drill refuses the launcher."""
 
     def status_label(self, run_dir: Path) -> str:
         """How ``status`` names the run: 'SLURM job 42'; by default '<launcher> run'."""
@@ -155,17 +166,11 @@ class LauncherHooks:
 
         By default: the ranks whose recorded process (``logs/rank{r}.pid``) lives on this host.
         """
-        from ..config.layout import run_layout
-        from ..observe.stacks import local_pids, trigger
-        from ..rundir import files
-
         world = run_layout(files.read_config(run_dir, strict=True)).world_size
         return trigger(local_pids(run_dir, world), signum=signum)
 
     def is_live(self, run_dir: Path) -> bool:
         """Whether the run may still be going (its launch holds the run directory's lock on this host)."""
-        from ..rundir.claim import launch_alive
-
         return launch_alive(run_dir)
 
     def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
@@ -173,10 +178,28 @@ class LauncherHooks:
 
         By default: the rank's recorded process (``logs/rank{r}.pid``), if it lives on this host.
         """
-        from ..observe.stacks import local_pids, trigger
-
         pid = local_pids(run_dir, rank + 1).get(rank)
         return bool(pid) and rank in trigger({rank: pid}, signum=signum)
+
+    def kill_rank(self, run_dir: Path, rank: int, progress: dict[int, dict[str, Any]]) -> str:
+        """SIGKILL one rank (the drill's ``kill9:RANK``); what was killed ('pid 4242').
+
+        ``progress`` is every rank's last published progress (its ``pid`` among it). ValueError
+        when the rank cannot be reached. By default: the rank's recorded process on this host,
+        only if it is the live process that published the progress.
+        """
+        if rank not in progress:
+            raise ValueError(
+                f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(progress)})"
+            )
+        pid = live_rank_pid(run_dir, rank)
+        if pid is None or pid != progress[rank].get("pid"):
+            raise ValueError(
+                f"kill9:{rank}: rank {rank}'s recorded pid {progress[rank].get('pid')} is not its "
+                "live process on this host (stale or foreign); refusing to signal it"
+            )
+        os.kill(pid, signal.SIGKILL)
+        return f"pid {progress[rank]['pid']}"
 
     def kill_node(self, run_dir: Path, rank: int) -> str:
         """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by default."""

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..config import TaskConfig
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "get_task",
@@ -65,8 +67,6 @@ def register_task(
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
-
-    from ..config import TaskConfig
 
     if config is not None and not (isinstance(config, type) and issubclass(config, TaskConfig)):
         raise ValueError(
@@ -139,7 +139,6 @@ def get_task(name: str) -> TaskFn:
 
 def task_config_class(name: str) -> type:
     """The config dataclass of task ``name`` (its own, else :class:`~wf_launch.config.TaskConfig`)."""
-    from ..config import TaskConfig
 
     get_task(name)
     return _CONFIGS.get(name, TaskConfig)

@@ -21,6 +21,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..rank.checkpoint.safe_read import (
+    CheckpointRefused,
+    SafeLoadPlanner,
+    SafeReader,
+    read_metadata,
+)
 from ..rundir import files
 from ..rundir.checkpoints import (
     COMMIT_FILE,
@@ -142,8 +148,6 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from ..rank.checkpoint.safe_read import SafeLoadPlanner, SafeReader, read_metadata
-
     metadata = read_metadata(directory) if metadata is None else metadata
     prefix = f"{entry}."
     full = {
@@ -188,8 +192,6 @@ def export(
 ) -> dict[str, Any]:
     """Write one module entry of a checkpoint as a plain ``torch.save`` state dict; what was written."""
     import torch
-
-    from ..rank.checkpoint.safe_read import read_metadata
 
     directory = _pick(run_dir, step)
     try:
@@ -264,7 +266,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from ..rank.checkpoint.safe_read import CheckpointRefused
 
     if not args.run_dir.is_dir():
         print(f"wf_launch.checkpoint: {args.run_dir}: not a directory", file=sys.stderr)

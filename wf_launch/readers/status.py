@@ -24,12 +24,17 @@ from typing import Any
 
 from ..config.layout import rank_label, run_layout
 from ..launchers import DetachedLauncher, get_launcher
+from ..observe.console import setup_launcher_logging
+from ..observe.live import LiveView, console_ranks, final_line
+from ..observe.stacks import live_autopsy, rank_ranges
 from ..rundir import attempts, files
 from ..rundir.claim import launch_alive
 from ..rundir.io import open_regular
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RecordError, RunRecord, Status
 from ..rundir.text import printable
+from .sweep.points import collect_points
+from .sweep.report import write_report
 
 __all__ = ["FOLLOW_BACKLOG", "launcher_of", "main", "runs_at", "tail_lines"]
 
@@ -138,7 +143,6 @@ def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 
 
 def _tail(run_dir: Path, lines: int) -> int:
     """``--tail N``: the last N lines of each console rank's log (ranks without a log yet are named once)."""
-    from ..observe.live import console_ranks
 
     try:
         config = files.read_config(run_dir, strict=True)
@@ -161,8 +165,6 @@ def _tail(run_dir: Path, lines: int) -> int:
             )
     missing = sorted(set(ranks) - set(logs))
     if missing:
-        from ..observe.stacks import rank_ranges
-
         _say(f"(no log yet: rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)})")
     return 0
 
@@ -203,9 +205,6 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
     Exit code: the run's, once it ended; 0 when it still runs at the timeout; 130 after Ctrl-C.
     """
     from loguru import logger
-
-    from ..observe.console import setup_launcher_logging
-    from ..observe.live import LiveView, final_line
 
     setup_launcher_logging(None)
     launcher = launcher_of(run_dir)
@@ -253,7 +252,6 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
 
 def _stacks(run_dir: Path) -> int:
     """``--stacks``: signal the run's ranks (through its launcher) to dump their stacks, and print them grouped."""
-    from ..observe.stacks import live_autopsy
 
     launcher = launcher_of(run_dir)
     try:
@@ -359,9 +357,6 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.wait or args.cancel):
         codes += _show_waited({d: launcher for d, launcher in runs.items() if d not in detached})
     if is_sweep:
-        from .sweep.points import collect_points
-        from .sweep.report import write_report
-
         _say(f"sweep report: {write_report(args.dir, collect_points(args.dir))['md']}")
     return codes[0] if codes else 0
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .io import read_bytes
+
 __all__ = [
     "CHECKPOINTS",
     "CODE",
@@ -324,8 +326,6 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
     Only a regular file of at most 64 MiB is read (a FIFO or a huge file is unreadable).
     """
     import yaml
-
-    from .io import read_bytes
 
     path = config_path(run_dir)
     try:

@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 from . import files
+from .checkpoints import complete_checkpoints
 from .record import RecordError, RunRecord, Status
 
 __all__ = ["RESUMABLE", "resume_command", "resume_hint"]
@@ -42,7 +43,6 @@ def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
     status = record.status if record is not None else Status.UNKNOWN
     if status not in RESUMABLE:
         return ""
-    from .checkpoints import complete_checkpoints
 
     found = complete_checkpoints(run_dir)
     start = (

@@ -58,11 +58,20 @@ from wf_launch.config import (
     config_error,
     positive_int,
 )
+from wf_launch.rundir.checkpoints import describe_layout
+from worldfoundry.core.distributed import gather_state_dicts, get_layout
+from worldfoundry.core.distributed.backends import group_device
+from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
+from worldfoundry.core.distributed.env import launch_attempt
+from worldfoundry.core.distributed.fsdp import fsdp2_wrap
+from worldfoundry.core.distributed.groups import GroupCoordinator
+from worldfoundry.core.distributed.pipeline import PPScheduler
 from worldfoundry.core.torch_private import DYNAMO_MODULE
 
 from ..rank.task_context import TaskContext
 from ..rank.task_registry import register_task
 from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
+from .demo import DemoTaskConfig
 from .train_memory import estimate_memory_gb
 
 __all__ = [
@@ -131,7 +140,6 @@ class TrainConfig(TaskConfig):
 
     def validate(self, engine: EngineConfig | None = None) -> None:
         """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
-        from .demo import DemoTaskConfig
 
         for name in ("steps", "micro_batches", "keep"):
             positive_int(f"task.{name}", getattr(self, name))
@@ -351,8 +359,6 @@ def _wait(handles: list[Any]) -> None:
 
 def _reversed_pp(pp: Any) -> Any:
     """A PP scheduler on the reversed ring: "next" is the previous stage (gradients go back)."""
-    from worldfoundry.core.distributed.groups import GroupCoordinator
-    from worldfoundry.core.distributed.pipeline import PPScheduler
 
     g = pp.group
     back = GroupCoordinator(
@@ -443,10 +449,6 @@ def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
     """Build this rank's stage of the seeded model and its EMA copy, shard both with FSDP2, make the optimizer."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    from worldfoundry.core.distributed.backends import group_device
-    from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
-    from worldfoundry.core.distributed.fsdp import fsdp2_wrap
-
     place = Placement.of(ctx, cfg)
     # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
     # Stage's outputs are views of FSDP2's own hooks and linear layers, and nothing edits them in place.
@@ -490,7 +492,6 @@ def _global_batch(t: Trainer) -> int:
 
 def load(t: Trainer) -> int | None:
     """Resume from the newest checkpoint (if any, at any layout), fix the global batch, record this attempt."""
-    from worldfoundry.core.distributed.env import launch_attempt
 
     resumed = t.ctx.checkpoint.load(t.state)
     t.global_batch = _global_batch(t)
@@ -509,8 +510,6 @@ def load(t: Trainer) -> int | None:
     entry: dict[str, Any] = {"attempt": attempt, "resumed_from": resumed}
     report = t.ctx.checkpoint.last_load if resumed is not None else None
     if report is not None and report.changed:
-        from wf_launch.rundir.checkpoints import describe_layout
-
         entry["layout"] = {
             "from": describe_layout(report.layout_from),
             "to": describe_layout(report.layout_to),
@@ -604,7 +603,6 @@ def report(
     t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float
 ) -> dict[str, Any]:
     """Gather the full weights to rank 0; rank 0 returns the run's results, every other rank its place."""
-    from worldfoundry.core.distributed import gather_state_dicts, get_layout
 
     ctx, cfg, progress = t.ctx, t.cfg, t.progress
     rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
@@ -712,7 +710,6 @@ def reference_run(
     steps: int,
 ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One process, no parallelism: the same model, global batches (in micro-batches of ``batch``) and optimizer."""
-    from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
 
     model = cfg.build_model()
     ema = copy.deepcopy(model).requires_grad_(False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...readers.sweep.charts import _save
+from ...readers.sweep.charts import save_figure
 from .measure import Measurement
 from .state import TuneState, order_points
 
@@ -81,4 +81,4 @@ def render_chart(state: TuneState, path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)

@@ -30,6 +30,7 @@ from .prune import (
     full_length,
     prune,
 )
+from .report import best_command, describe_measurement, full_length_cost, write_report
 from .rounds import Interrupt
 from .search import Options, Search, round_steps
 from .space import TuneError, build_space, parse_also, split_command
@@ -295,7 +296,6 @@ def _print_plan(state: TuneState, opts: Options) -> None:
 
 
 def _summary(state: TuneState) -> None:
-    from .report import best_command, describe_measurement, full_length_cost
 
     if state.winner is None:
         return
@@ -318,7 +318,6 @@ def _summary(state: TuneState) -> None:
 
 
 def _run(state: TuneState, interrupt: Interrupt) -> int:
-    from .report import write_report
 
     def on_round() -> None:
         state.save()

@@ -19,6 +19,7 @@ import yaml
 from ...readers.sweep.tables import fmt
 from ...rundir import files
 from ...rundir.io import atomic_write_text
+from .chart import render_chart
 from .measure import STEP_TIME, Measurement, higher_is_better
 from .state import TuneState, order_points
 
@@ -319,8 +320,6 @@ def write_report(state: TuneState, chart: bool = True) -> dict[str, Path]:
     if best is not None:
         written["best"] = best
     if chart and state.measurements:
-        from .chart import render_chart
-
         try:
             render_chart(state, state.dir / files.TUNE_CHART)
             written["png"] = state.dir / files.TUNE_CHART

@@ -33,6 +33,7 @@ from ...rundir import files
 from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
+from .stall import last_activity, stop_stalled
 
 __all__ = [
     "TRIAL_GROUP",
@@ -354,7 +355,6 @@ class RoundRunner:
         return out
 
     def _check_stall(self, trial: str, job_dir: Path) -> None:
-        from .stall import last_activity, stop_stalled
 
         world = self.trials[trial]["world_size"]
         since = last_activity(job_dir, world, local=self.watch.launcher == "local")

@@ -22,6 +22,7 @@ from ...rundir import files
 from ...rundir.record import RecordError, RunRecord, Status
 from . import state as st
 from .measure import Measurement, higher_is_better
+from .report import describe_measurement
 from .rounds import (
     BUDGET,
     DONE,
@@ -242,7 +243,6 @@ class Search:
         return self._after_round(rec, outcome.status, outcome.message, outcome.measurements)
 
     def _heard(self, m: Measurement) -> None:
-        from .report import describe_measurement
 
         self.state.add(m)
         self.state.save()

@@ -26,16 +26,18 @@ from typing import Any
 from loguru import logger
 
 from ...config.fields import ConfigError
+from ...observe.live import LiveView
 from ...rundir import attempts
 from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from . import state
 from .attempt import Attempt, Ended, Stopped
+from .cluster import alive_nodes, check_fits, node_reachable
 from .failure import Verdict
 from .placement import LAUNCHER_VARS, describe_slots
 
-__all__ = ["RayRun", "RunOptions", "forwarded_env"]
+__all__ = ["RayRun", "RunOptions", "forwarded_env", "stop_signals"]
 
 NODE_DEATH_WAIT_S = 45.0
 """How long a restart waits for the GCS to list a node whose raylet stopped answering as dead."""
@@ -68,7 +70,7 @@ class RunOptions:
 
 
 @contextlib.contextmanager
-def _stop_signals(active: bool) -> Iterator[None]:
+def stop_signals(active: bool) -> Iterator[None]:
     """SIGTERM and SIGHUP raise :class:`Stopped` in the launching command (SIGINT: KeyboardInterrupt)."""
     if not active or threading.current_thread() is not threading.main_thread():
         yield
@@ -134,7 +136,6 @@ class RayRun:
 
     def node_alive(self, node: str) -> bool:
         """Whether the GCS lists ``node`` alive and its raylet answers (cached for a second)."""
-        from .cluster import alive_nodes, node_reachable
 
         stamp, nodes = self._nodes
         if time.monotonic() - stamp > 1.0:
@@ -164,7 +165,7 @@ class RayRun:
         )
         self._open_live()
         try:
-            with _stop_signals(self.opts.show):
+            with stop_signals(self.opts.show):
                 return self._attempts()
         finally:
             if self.live is not None:
@@ -214,7 +215,6 @@ class RayRun:
 
     def _can_restart(self, ended: Ended) -> bool:
         """Whether a restart can place the run again: a dead node gone from the GCS, the run fitting what is left."""
-        from .cluster import alive_nodes, check_fits
 
         cause = ended.verdict.cause if ended.verdict is not None else {}
         if cause.get("cause") in ("placement_timeout", "init_timeout", "invalid_config"):
@@ -239,7 +239,6 @@ class RayRun:
     def _open_live(self) -> None:
         if not self.opts.show:
             return
-        from ...observe.live import LiveView
 
         self.live = LiveView([self.run_dir], write=logger.info)
 

@@ -28,6 +28,8 @@ from ...rank.entrypoint import Preempted, RankSpec, rank_main
 from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import files
 from . import ray_adapter as rt
+from . import state
+from .reach import signal_ranks
 
 __all__ = ["RayPreempt", "RayStackDump", "RunDirNotShared", "WfRayRank"]
 
@@ -64,8 +66,6 @@ class RayStackDump:
     settle_s: float = 1.5
 
     def __call__(self) -> None:
-        from . import state
-        from .reach import signal_ranks
 
         signal_ranks(state.where_of(self.run_dir), int(DUMP_SIGNAL), timeout_s=10.0)
         time.sleep(self.settle_s)

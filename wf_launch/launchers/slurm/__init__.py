@@ -28,6 +28,7 @@ from ...config.fields import (
     config_error,
     positive_int,
 )
+from ...rundir.claim import launch_alive
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
@@ -280,6 +281,7 @@ class SlurmLauncher(LauncherHooks):
 
     name: ClassVar[str] = "slurm"
     config_class: ClassVar[type[LauncherConfig]] = SlurmLauncherConfig
+    drill_kinds: ClassVar[tuple[str, ...]] = ("usr2",)
 
     def validate(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_slurm_launcher(cfg, engine, layout.world_size)
@@ -330,7 +332,6 @@ class SlurmLauncher(LauncherHooks):
     def is_live(self, run_dir: Path) -> bool:
         """Whether the run may still be going: its launch still holds the run directory, or its job has not ended
         (or SLURM still lists it: its processes may still be writing). ValueError for a malformed job file."""
-        from ...rundir.claim import launch_alive
 
         if launch_alive(run_dir):
             return True

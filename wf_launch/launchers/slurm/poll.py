@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...observe.live import LiveView
 from ...rundir.failures import load_failure_records
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
@@ -223,8 +224,6 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     left no record, ends as 'unknown' after :data:`UNKNOWN_GRACE_S`.
     """
     from loguru import logger
-
-    from ...observe.live import LiveView
 
     pending = {Path(d): read_job(d)["job_id"] for d in run_dirs}  # type: ignore[index]
     outcomes: dict[Path, RunOutcome] = {}

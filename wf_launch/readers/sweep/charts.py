@@ -10,10 +10,11 @@ from typing import Any
 
 from worldfoundry.core.distributed.topology import DIMS
 
+from ..plot import load_metrics
 from .points import metric_value
 from .tables import fmt, split_overrides
 
-__all__ = ["render_chart", "render_scaling_chart", "render_steps_chart"]
+__all__ = ["render_chart", "render_scaling_chart", "render_steps_chart", "save_figure"]
 
 
 def _label(point: dict[str, Any], dims: list[str], varying: list[str]) -> str:
@@ -90,11 +91,12 @@ def render_chart(points: list[dict[str, Any]], metric: str, path: Path | str) ->
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    _save(fig, Path(path))
+    save_figure(fig, Path(path))
     return drawn
 
 
-def _save(fig: Any, path: Path) -> None:
+def save_figure(fig: Any, path: Path) -> None:
+    """Write ``fig`` to ``path`` as PNG atomically (a temporary file, a rename); close it."""
     import matplotlib.pyplot as plt
 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
@@ -155,7 +157,7 @@ def render_scaling_chart(points: list[dict[str, Any]], metric: str, path: Path |
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, Path(path))
+    save_figure(fig, Path(path))
     return True
 
 
@@ -164,7 +166,6 @@ def render_steps_chart(
 ) -> str | None:
     """One metric over steps (from each point's ``metrics.jsonl``), one line per point; the metric drawn,
     or None when no point reported progress metrics."""
-    from ..plot import load_metrics
 
     series = {p["job"]: load_metrics(p["dir"]) for p in points if p.get("dir")}
     names = [n for s in series.values() for n in s]
@@ -191,5 +192,5 @@ def render_steps_chart(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    _save(fig, Path(path))
+    save_figure(fig, Path(path))
     return drawn

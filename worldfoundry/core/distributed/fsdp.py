@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .backends import group_device
+
 __all__ = ["fsdp2_wrap", "is_fsdp2_model"]
 
 
@@ -102,8 +104,6 @@ def fsdp2_wrap(
         OffloadPolicy,
         fully_shard,
     )
-
-    from .backends import group_device
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"fsdp2_wrap: model must be an nn.Module, got {type(model).__name__}")
