@@ -78,6 +78,8 @@ def _cluster(work: str, world: int) -> tuple[str, str]:
     )
     if out.returncode != 0:
         raise SystemExit(f"could not start a Ray cluster:\n{out.stderr}")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = f"{state}/auth_token"  # the cluster's own token
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # it listens on 127.0.0.1 only
     return out.stdout.strip().splitlines()[-1].partition("=")[2], state
 
 

@@ -11,8 +11,10 @@
 # Every process the cluster runs carries WF_RAY_CLUSTER=DIR in its environment or has a file open
 # in its own Ray temp dir; `stop` ends exactly those processes, by pid, TERM then KILL. It never
 # runs `ray stop`, which would end every Ray process of the user.
-# Authentication: Ray's token (RAY_AUTH_MODE=token, the user's ~/.ray/auth_token, made if
-# missing), which drivers of the same user find; RAY_AUTH_MODE=disabled turns it off.
+# Security: every server binds 127.0.0.1 only; DIR and Ray's temp dir (made here with mktemp,
+# never reused unless this script made it) are owner-only; the cluster's own token is
+# DIR/auth_token (0600): drivers use it through RAY_AUTH_TOKEN_PATH (DIR/env.sh exports it).
+# RAY_AUTH_MODE=disabled turns token authentication off (then any local user can join).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +30,10 @@ CPUS=4
 GPUS=0
 OBJECT_STORE_MB=100
 
+# A driver of this script: keeps 127.0.0.1 as given (Ray would use the host's address, where
+# nothing of this cluster listens). Not for `ray start` of a node: it refuses that mode.
+DRIVER="env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"
+
 log() { printf '[%s] %s\n' "$PROG" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "$PROG" "$*" >&2; exit 1; }
 
@@ -35,12 +41,16 @@ usage() {
     sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
-setup_auth() {  # Ray's token authentication, as Ray 2.60 has it by default: the user's token, made if missing
+setup_auth() {  # token authentication with the cluster's own token, DIR/auth_token (0600)
     AUTH_MODE=${RAY_AUTH_MODE:-token}
     export RAY_AUTH_MODE=$AUTH_MODE  # this script's own drivers (alive_nodes, status) need it too
-    if [[ $AUTH_MODE == token && -z ${RAY_AUTH_TOKEN:-} && -z ${RAY_AUTH_TOKEN_PATH:-} ]]; then
-        "$RAY" get-auth-token --generate >/dev/null 2>&1 || die "could not make a Ray auth token (ray get-auth-token --generate)"
-    fi
+    unset RAY_AUTH_TOKEN
+    export RAY_AUTH_TOKEN_PATH=$TOKEN
+}
+
+make_token() {  # a fresh random token, readable by its owner only
+    (umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$TOKEN") \
+        || die "could not write the cluster's token $TOKEN"
 }
 
 find_ray() {  # the `ray` CLI: $RAY, the repository's venv, or PATH
@@ -53,13 +63,13 @@ find_ray() {  # the `ray` CLI: $RAY, the repository's venv, or PATH
     fi
     PYTHON=$(dirname "$RAY")/python
     [[ -x $PYTHON ]] || PYTHON=$(command -v python3)
-    setup_auth
 }
 
 set_paths() {
     STATE="$DIR/cluster.env"    # PORT, NODES, TEMP of the running cluster
     LOG_DIR="$DIR/log"
     ENV_SH="$DIR/env.sh"
+    TOKEN="$DIR/auth_token"
 }
 
 # ----------------------------------------------------------------------------- our processes
@@ -167,20 +177,38 @@ start_node() {  # start_node I: the head (I = 1) or one more raylet
         role=node$i
         args+=(--address="127.0.0.1:$PORT")
     fi
-    if ! WF_RAY_CLUSTER="$DIR" RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE="$AUTH_MODE" "$RAY" start "${args[@]}" \
+    if ! WF_RAY_CLUSTER="$DIR" RAY_USAGE_STATS_ENABLED=0 ray_start "${args[@]}" \
             >"$LOG_DIR/$role.log" 2>&1; then
         tail -n 20 "$LOG_DIR/$role.log" >&2
         return 1
     fi
 }
 
+ray_start() {  # `ray start` with --node-ip-address=127.0.0.1 kept as given: every server on loopback
+    # (`ray start` replaces 127.0.0.1 by the host's address, and its servers then bind every interface)
+    "$PYTHON" -c '
+import sys
+from ray._private import services
+from ray.scripts.scripts import main
+services.resolve_ip_for_localhost = lambda host: host
+sys.argv[0] = "ray"
+sys.exit(main())
+' start "$@"
+}
+
 alive_nodes() {  # how many nodes the GCS reports alive
-    timeout 30 "$PYTHON" - "127.0.0.1:$PORT" <<'EOF' 2>"$LOG_DIR/alive_nodes.err"
+    $DRIVER timeout 30 "$PYTHON" - "127.0.0.1:$PORT" <<'EOF' 2>"$LOG_DIR/alive_nodes.err"
 import sys
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 print(sum(1 for n in ray.nodes() if n["Alive"]))
 EOF
+}
+
+fail_start() {  # fail_start MESSAGE: end what started, remove Ray's temp dir, and fail
+    kill_cluster
+    remove_temp
+    die "$1"
 }
 
 cmd_start() {
@@ -189,35 +217,41 @@ cmd_start() {
     [[ $GPUS =~ ^[0-9]+$ ]] || die "--gpus $GPUS: expected an integer >= 0"
     [[ $OBJECT_STORE_MB =~ ^[0-9]+$ ]] && ((OBJECT_STORE_MB >= 80)) || die "--object-store-mb: Ray needs at least 80"
     if [[ -d $DIR ]]; then
-        [[ -z $(ls -A "$DIR") || -e $DIR/$MARKER ]] || die "$DIR exists and was not made by $PROG; choose another --dir"
+        [[ -O $DIR && ( -z $(ls -A "$DIR") || -e $DIR/$MARKER ) ]] \
+            || die "$DIR exists and was not made by $PROG (as this user); choose another --dir"
         DIR=$(cd "$DIR" && pwd)
         set_paths
         local old_port=$PORT old_nodes=$NODES old_cpus=$CPUS old_gpus=$GPUS old_mb=$OBJECT_STORE_MB
         # shellcheck disable=SC1090
         [[ -f $STATE ]] && source "$STATE"  # the old cluster's TEMP, to find all of its processes
         kill_cluster
-        [[ -n ${TEMP:-} && -e $TEMP/$MARKER ]] && rm -rf "$TEMP"
+        remove_temp
         PORT=$old_port NODES=$old_nodes CPUS=$old_cpus GPUS=$old_gpus OBJECT_STORE_MB=$old_mb TEMP=""
         rm -rf "$DIR"
     fi
-    mkdir -p "$DIR"
+    mkdir -p -m 700 "$DIR"
+    chmod 700 "$DIR"
     DIR=$(cd "$DIR" && pwd)
     set_paths
     touch "$DIR/$MARKER"
     mkdir -p "$LOG_DIR"
     check_ports
-    # Ray's own temp dir: short, since Unix socket paths inside it must stay under ~107 bytes.
-    TEMP="/tmp/wfray-$PORT"
-    [[ ! -e $TEMP || -e $TEMP/$MARKER ]] || die "$TEMP exists and was not made by $PROG"
-    rm -rf "$TEMP" && mkdir -p "$TEMP" && touch "$TEMP/$MARKER"
+    make_token
+    setup_auth
+    # Ray's own temp dir: short (Unix socket paths inside it must stay under ~107 bytes), in a
+    # dir made here by mktemp (an unpredictable name, mode 0700): no other user can have made it
+    # first, and none can enter it (Ray makes its own session dirs 0777).
+    TEMP=$(mktemp -d /tmp/wfray-XXXXXXXX)/ray || die "could not make a temp dir in /tmp"
+    touch "${TEMP%/ray}/$MARKER"
+    mkdir "$TEMP"
     printf 'PORT=%s\nNODES=%s\nTEMP=%s\nCPUS=%s\nGPUS=%s\nOBJECT_STORE_MB=%s\n' \
         "$PORT" "$NODES" "$TEMP" "$CPUS" "$GPUS" "$OBJECT_STORE_MB" >"$STATE"
     local t0=$SECONDS i
     log "starting the head (GCS on 127.0.0.1:$PORT, $CPUS CPU(s), $GPUS GPU(s), resource wf_node_1)"
-    start_node 1 || { kill_cluster; die "the head did not start (log: $LOG_DIR/head.log)"; }
+    start_node 1 || fail_start "the head did not start (log: $LOG_DIR/head.log)"
     for ((i = 2; i <= NODES; i++)); do  # one after the other: a loaded host misses Ray's 30 s start-up bound
         log "starting node $i ($CPUS CPU(s), resource wf_node_$i)"
-        start_node "$i" || { kill_cluster; die "node $i did not start (log: $LOG_DIR/node$i.log)"; }
+        start_node "$i" || fail_start "node $i did not start (log: $LOG_DIR/node$i.log)"
     done
     local deadline=$((SECONDS + UP_TIMEOUT)) up=0
     while ((SECONDS < deadline)); do
@@ -225,8 +259,9 @@ cmd_start() {
         [[ $up == "$NODES" ]] && break
         sleep 0.5
     done
-    [[ $up == "$NODES" ]] || { kill_cluster; die "$up/$NODES node(s) alive after ${UP_TIMEOUT}s (logs: $LOG_DIR/)"; }
-    printf 'export RAY_ADDRESS=127.0.0.1:%s\nexport RAY_AUTH_MODE=%s\n' "$PORT" "$AUTH_MODE" >"$ENV_SH"
+    [[ $up == "$NODES" ]] || fail_start "$up/$NODES node(s) alive after ${UP_TIMEOUT}s (logs: $LOG_DIR/)"
+    printf 'export RAY_ADDRESS=127.0.0.1:%s\nexport RAY_AUTH_MODE=%s\nexport RAY_AUTH_TOKEN_PATH=%s\n%s\n' \
+        "$PORT" "$AUTH_MODE" "$TOKEN" "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" >"$ENV_SH"
     log "cluster up in $((SECONDS - t0))s: $NODES node(s); state in $DIR, Ray's temp dir $TEMP"
     echo "launcher.address=127.0.0.1:$PORT"
 }
@@ -236,16 +271,23 @@ read_state() {
     [[ -d $DIR ]] || return 1
     DIR=$(cd "$DIR" && pwd)
     set_paths
-    [[ -e $DIR/$MARKER ]] || die "$DIR was not made by $PROG"
+    [[ -O $DIR && -e $DIR/$MARKER ]] || die "$DIR was not made by $PROG (as this user)"
     # shellcheck disable=SC1090
     [[ -f $STATE ]] && source "$STATE"
+    setup_auth
     return 0
+}
+
+remove_temp() {  # Ray's temp dir of the cluster and the dir above it, if this script made them
+    local base=${TEMP:-}
+    base=${base%/ray}
+    if [[ -n ${TEMP:-} && $TEMP == */ray && -O $base && -e $base/$MARKER ]]; then rm -rf "$base"; fi
 }
 
 cmd_stop() {
     read_state || { log "no cluster folder $DIR; nothing to stop"; return 0; }
     kill_cluster
-    if [[ -n ${TEMP:-} && -e $TEMP/$MARKER ]]; then rm -rf "$TEMP"; fi
+    remove_temp
     log "stopped the cluster in $DIR"
 }
 
@@ -257,7 +299,7 @@ cmd_status() {
     echo "--- ${#pids[@]} process(es) of the cluster in $DIR"
     for pid in "${pids[@]}"; do echo "$pid $(describe_pid "$pid")"; done
     echo "--- nodes (GCS 127.0.0.1:$PORT)"
-    "$PYTHON" - "127.0.0.1:$PORT" <<'EOF'
+    $DRIVER "$PYTHON" - "127.0.0.1:$PORT" <<'EOF'
 import sys
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
@@ -268,7 +310,7 @@ EOF
 }
 
 alive_names() {  # the wf_node_<i> numbers of the nodes the GCS reports alive
-    timeout 30 "$PYTHON" -c '
+    $DRIVER timeout 30 "$PYTHON" -c '
 import sys
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")

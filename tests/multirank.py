@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import socket
 import traceback
 from collections.abc import Callable
@@ -28,11 +29,25 @@ class RankFailure(AssertionError):
         self.errors = errors
 
 
+RENDEZVOUS_PORTS = (3000, 6300)
+"""Where ranks rendezvous: below the kernel's ephemeral range (32768-60999 here), which every
+outgoing connection of the suite (gloo's own pairs included) draws from, so that none takes
+the port between the moment it is chosen and the moment rank 0 binds it; apart from the test
+clusters' ports (10000-20000) and the SLURM jobs' (20000-32000)."""
+
+
 def free_port() -> int:
-    """Return a TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on loopback, in :data:`RENDEZVOUS_PORTS`, that was free a moment ago."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(*RENDEZVOUS_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {RENDEZVOUS_PORTS}")
 
 
 def _child(

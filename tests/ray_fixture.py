@@ -3,7 +3,8 @@
 Registered for every test module by ``tests/conftest.py`` (``pytest_plugins``). It starts
 ``scripts/ray_cluster.sh start`` with 3 nodes of 2 CPUs (a head and two more raylets, each
 with its custom resource ``wf_node_<i>``) on free ports, in a temporary folder, and stops it
-at the end of the session (``stop`` ends exactly the processes the cluster started, by pid).
+at the end of the session, or by ``tests/cluster_guard.py`` when the run is killed
+(``stop`` ends exactly the processes the cluster started, by pid).
 When Ray is not installed the tests are skipped, unless ``CI=true``: then they fail, because CI
 must never skip the Ray tests silently (``.ci/run`` installs ``.[dev,ray]``).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import cluster_guard
 import psutil
 import pytest
 
@@ -32,6 +33,10 @@ SCRIPT = REPO / "scripts" / "ray_cluster.sh"
 USER_TASKS = Path(__file__).parent / "user_tasks"
 NODES, CPUS = 3, 2
 START_TIMEOUT_S = 300
+PORTS = (12000, 20000)
+"""The cluster's whole port plan lies here: apart from the SLURM test cluster's daemons
+(tests/slurm_fixture.py) and below the rendezvous ports the SLURM launcher gives jobs
+(20000-32000, by job id), which a Ray worker's port would otherwise take now and then."""
 RANK_TITLES = ("ray::WfRayRank", "ray::WfRaySupervisor")
 """Process titles of a run's actors: none may be left once a run ended."""
 
@@ -70,7 +75,7 @@ class RayCluster:
             text=True,
             capture_output=True,
             timeout=timeout,
-            env=self.env,
+            env={**self.env, **LOOPBACK},
         )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
@@ -121,10 +126,11 @@ def _bindable(port: int) -> bool:
 
 
 def _free_base(nodes: int) -> int:
-    """A head port whose whole block (the script's port plan) is free."""
+    """A head port whose whole block (the script's port plan) is free, in :data:`PORTS`."""
+    low, high = PORTS
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 31000 - 200 * (nodes + 1)) // 10 * 10
+        base = rng.randrange(low, high - 200 * (nodes + 1)) // 10 * 10
         fixed = [
             base,
             base + 1,
@@ -134,7 +140,7 @@ def _free_base(nodes: int) -> int:
         workers = range(base + 200, base + 200 * (nodes + 1), 37)
         if all(_bindable(p) for p in [*fixed, *workers]):
             return base
-    raise RuntimeError("no free block of ports for a Ray cluster in 20000-31000")
+    raise RuntimeError(f"no free block of ports for a Ray cluster in {low}-{high}")
 
 
 def cluster_env() -> dict[str, str]:
@@ -153,13 +159,19 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""For a plain ``ray.init`` driver: keep 127.0.0.1 (the cluster listens on loopback only)."""
+
 HEALTH_CHECK = {
     "RAY_health_check_period_ms": "1000",
-    "RAY_health_check_timeout_ms": "1000",
-    "RAY_health_check_failure_threshold": "3",
+    "RAY_health_check_timeout_ms": "5000",
+    "RAY_health_check_failure_threshold": "5",
 }
-"""For the test cluster's GCS only: a node whose raylet died is declared dead after about 3 s (Ray's default:
-about 15 s), so that the nodekill test restarts sooner. The launcher does not depend on it."""
+"""For the test cluster's GCS only. A killed raylet refuses the check at once: its node is declared
+dead after about 5 s (Ray's default: about 15 s), so the nodekill test restarts sooner. A raylet
+that is only slow (a loaded host) has 5 s per check, 25 s in all: with a 1 s bound, a raylet
+stalled 3 s by load was declared dead and took a run's ranks with it (``NodeDiedError`` in the
+drill's reference run). The launcher does not depend on these values."""
 
 
 def _skip_or_fail(reason: str) -> None:
@@ -176,8 +188,10 @@ def ray_cluster() -> Iterator[RayCluster]:
         or not (Path(sys.executable).parent / "ray").exists()
     ):
         _skip_or_fail("Ray is not installed in this environment: pip install -e '.[dev,ray]'")
-    state = Path(tempfile.mkdtemp(prefix="wf-ray-"))
-    env = cluster_env()
+    cluster_guard.reap(Path(tempfile.gettempdir()))
+    state = cluster_guard.state_dir("ray")
+    guardian = cluster_guard.claim(state)
+    env = {**cluster_env(), "RAY_AUTH_TOKEN_PATH": str(state / "auth_token")}
     port = _free_base(NODES)
     cmd = [
         "bash",
@@ -201,21 +215,24 @@ def ray_cluster() -> Iterator[RayCluster]:
             env={**env, **HEALTH_CHECK},
         )
     except subprocess.TimeoutExpired as exc:
-        subprocess.run(
-            ["bash", str(SCRIPT), "stop", "--dir", str(state)],
-            capture_output=True,
-            timeout=120,
-            env=env,
-        )
+        _stop(state, guardian)
         pytest.fail(f"{' '.join(cmd)} took over {START_TIMEOUT_S}s:\n{exc.stderr}", pytrace=False)
     if out.returncode != 0:
-        shutil.rmtree(state, ignore_errors=True)
+        _stop(state, guardian)
         pytest.fail(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr}", pytrace=False)
     cluster = RayCluster(address=f"127.0.0.1:{port}", dir=state, nodes=NODES, env=env)
     try:
         yield cluster
     finally:
-        stop = cluster.script("stop", timeout=120)
-        shutil.rmtree(state, ignore_errors=True)
-        if stop.returncode != 0:
-            raise RuntimeError(f"stopping the Ray cluster in {state} failed:\n{stop.stderr}")
+        _stop(state, guardian)
+
+
+def _stop(state: Path, guardian: subprocess.Popen[bytes]) -> None:
+    """Stop the cluster in ``state`` (if it still runs), then its guardian."""
+    try:
+        error = cluster_guard.stop(state)
+    finally:
+        guardian.kill()
+        guardian.wait()
+    if error:
+        raise RuntimeError(error)

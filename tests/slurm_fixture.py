@@ -8,7 +8,7 @@ Where the cluster comes from, in order:
    (CI starts one with ``scripts/slurm_cluster.sh start --nodes 2`` in ``.ci/run``).
 2. We are root and the packages are installed (``scripts/slurm_cluster.sh install``):
    a two-node cluster is started in a temporary folder on free ports and stopped at
-   the end of the session.
+   the end of the session, or by ``tests/cluster_guard.py`` when the run is killed.
 3. Otherwise the tests are skipped, unless ``CI=true``: then they fail, because CI
    must never skip the SLURM tests silently.
 """
@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import cluster_guard
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,10 @@ RANK_VARS = (
 JOB_VAR_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
 START_TIMEOUT_S = 180
-STOP_TIMEOUT_S = 90
+DAEMON_PORTS = (10000, 12000)
+"""Where the daemons listen: apart from the Ray test cluster's ports (tests/ray_fixture.py)
+and below the ports the SLURM launcher gives jobs for their rendezvous (20000-32000, by job
+id): a job whose port a test cluster's daemon holds cannot start its process group."""
 
 
 @dataclass(frozen=True)
@@ -150,13 +154,14 @@ def _port_free(port: int) -> bool:
 
 
 def _free_port_block(size: int) -> int:
-    """First port of ``size`` consecutive free ports, below the ephemeral range."""
+    """First port of ``size`` consecutive free ports in :data:`DAEMON_PORTS`."""
+    low, high = DAEMON_PORTS
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(17000, 30000 - size)
+        base = rng.randrange(low, high - size)
         if all(_port_free(base + i) for i in range(size)):
             return base
-    raise RuntimeError(f"no block of {size} free TCP ports found in 17000-30000")
+    raise RuntimeError(f"no block of {size} free TCP ports found in {low}-{high}")
 
 
 def _skip_or_fail(reason: str) -> None:
@@ -165,8 +170,7 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _start(nodes: int) -> SlurmCluster:
-    state = Path(tempfile.mkdtemp(prefix="wf-slurm-"))
+def _start(nodes: int, state: Path) -> SlurmCluster:
     base = _free_port_block(5)  # ctld, slurmd n1, slurmd n2, slurmdbd, mariadb
     cmd = [
         "bash",
@@ -191,22 +195,16 @@ def _start(nodes: int) -> SlurmCluster:
         _stop(state)
         pytest.fail(f"{' '.join(cmd)} took over {START_TIMEOUT_S}s:\n{exc.stderr}", pytrace=False)
     if out.returncode != 0:
-        shutil.rmtree(state, ignore_errors=True)
+        _stop(state)
         pytest.fail(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr}", pytrace=False)
     conf = state / "slurm.conf"
     return SlurmCluster(conf=conf, dir=state, nodes=nodes, env=cluster_env(conf), started_here=True)
 
 
 def _stop(state: Path) -> None:
-    out = subprocess.run(
-        ["bash", str(SCRIPT), "stop", "--dir", str(state)],
-        text=True,
-        capture_output=True,
-        timeout=STOP_TIMEOUT_S,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"stopping the SLURM cluster in {state} failed:\n{out.stderr}")
-    shutil.rmtree(state, ignore_errors=True)
+    error = cluster_guard.stop(state)
+    if error:
+        raise RuntimeError(error)
 
 
 @pytest.fixture(scope="session")
@@ -246,8 +244,14 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             f"SLURM packages not installed (missing {', '.join(missing)}); "
             "run: bash scripts/slurm_cluster.sh install"
         )
-    cluster = _start(nodes=2)
+    cluster_guard.reap(Path(tempfile.gettempdir()))
+    state = cluster_guard.state_dir("slurm")
+    guardian = cluster_guard.claim(state)
     try:
-        yield cluster
+        yield _start(nodes=2, state=state)
     finally:
-        _stop(cluster.dir)
+        try:
+            _stop(state)
+        finally:
+            guardian.kill()
+            guardian.wait()

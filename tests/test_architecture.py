@@ -30,7 +30,9 @@ def _modules() -> dict[str, Path]:
 
 
 def _type_checking_only(tree: ast.AST) -> set[int]:
-    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks (never executed: no runtime cycle)."""
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks (never executed: no runtime
+    cycle).
+    """
     skip: set[int] = set()
     for node in ast.walk(tree):
         if (
@@ -362,7 +364,7 @@ def _code_text(path: Path) -> str:
 
 
 def test_run_directory_file_names_are_spelled_in_one_module() -> None:
-    """Every file name of a run (or sweep) directory is a literal in wf_launch/rundir/files.py only."""
+    """Every file name of a run (or sweep) directory is a literal in wf_launch/rundir/files.py."""
     offenders = []
     for path in _code_files():
         rel = str(path.relative_to(REPO))
@@ -375,7 +377,9 @@ def test_run_directory_file_names_are_spelled_in_one_module() -> None:
 
 
 def test_torch_private_names_live_in_one_adapter() -> None:
-    """Private torch names (``torch...._x``, and every name the adapter lists) appear in the adapter only."""
+    """Private torch names (``torch...._x``, and every name the adapter lists) appear in the adapter
+    only.
+    """
     from worldfoundry.core import torch_private
 
     adapter = Path(torch_private.__file__).resolve()
@@ -418,6 +422,32 @@ def test_no_function_is_longer_than_the_limit() -> None:
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+MAX_COMPLEXITY = 15
+
+
+def test_no_function_branches_more_than_the_limit() -> None:
+    """radon's cyclomatic complexity of every function in wf_launch/ and worldfoundry/ is <= 15.
+
+    A function over it is broken by meaning (a table of cases, a small class, one function
+    per branch's job); the message lists every offender.
+    """
+    from radon.complexity import cc_visit  # radon is a dev dependency, needed by this test only
+
+    over = []
+    for pkg in ("wf_launch", "worldfoundry"):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            for block in cc_visit(path.read_text()):
+                # a class counts through its methods, not as one block
+                for fn in getattr(block, "methods", [block]):
+                    if fn.complexity > MAX_COMPLEXITY:
+                        name = f"{fn.classname}.{fn.name}" if fn.classname else fn.name
+                        over.append(
+                            f"{path.relative_to(REPO)}:{fn.lineno} {name} ({fn.complexity})"
+                        )
+    over = sorted(set(over))
+    assert over == [], f"functions over complexity {MAX_COMPLEXITY}: {over}"
+
+
 APP_MODULES = {"__init__.py", "__main__.py", "cli.py", "app.py"}
 COMMAND_SHIMS = {
     "status.py",
@@ -429,7 +459,9 @@ COMMAND_SHIMS = {
     "run.py",
     "tune.py",
 }
-"""``python -m wf_launch.NAME`` entry points (and ``wf_launch.checkpoint``'s documented import): a few lines each."""
+"""``python -m wf_launch.NAME`` entry points (and ``wf_launch.checkpoint``'s documented import): a
+few lines each.
+"""
 
 
 def test_top_level_holds_only_the_cli_and_app() -> None:
@@ -437,7 +469,8 @@ def test_top_level_holds_only_the_cli_and_app() -> None:
     modules = {p.name for p in top.glob("*.py")}
     assert modules - APP_MODULES - COMMAND_SHIMS == set(), (
         "wf_launch/ must hold only the CLI and app modules; "
-        "put code in the folder that says where it runs (config, rank, rundir, observe, launchers, tasks, readers, drivers)"
+        "put code in the folder that says where it runs "
+        "(config, rank, rundir, observe, launchers, tasks, readers, drivers)"
     )
     for name in COMMAND_SHIMS & modules:
         tree = ast.parse((top / name).read_text())
@@ -449,7 +482,8 @@ def test_top_level_holds_only_the_cli_and_app() -> None:
         assert len(code) <= 6 and not any(
             isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in code
         ), (
-            f"wf_launch/{name} is a command's entry point: it imports from its folder and defines nothing"
+            f"wf_launch/{name} is a command's entry point: "
+            "it imports from its folder and defines nothing"
         )
     packages = {p.name for p in top.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert packages == {
@@ -466,10 +500,14 @@ def test_top_level_holds_only_the_cli_and_app() -> None:
 
 
 def test_an_int_is_never_a_bool_is_spelled_once() -> None:
-    """The "an int but not a bool" check lives in worldfoundry.core.validation; everything else calls it."""
+    """The "an int but not a bool" check lives in worldfoundry.core.validation; everything else
+    calls it.
+    """
     idiom = re.compile(
-        r"isinstance\(\s*(\w+(?:\.\w+)*)\s*,\s*bool\s*\)\s*or\s+not\s+isinstance\(\s*\1\s*,\s*\(?int|"
-        r"isinstance\(\s*(\w+(?:\.\w+)*)\s*,\s*\(?int[^)]*\)+\s*(and|or)\s+(not\s+)?isinstance\(\s*\2\s*,\s*bool"
+        r"isinstance\(\s*(\w+(?:\.\w+)*)\s*,\s*bool\s*\)\s*or\s+"
+        r"not\s+isinstance\(\s*\1\s*,\s*\(?int|"
+        r"isinstance\(\s*(\w+(?:\.\w+)*)\s*,\s*\(?int[^)]*\)+\s*(and|or)\s+"
+        r"(not\s+)?isinstance\(\s*\2\s*,\s*bool"
     )
     users = sorted(
         str(p.relative_to(REPO))

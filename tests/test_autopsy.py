@@ -58,7 +58,7 @@ def test_a_rank_that_never_joins_fails_start_up_with_its_stack(tmp_path: Path) -
             "task.modules=[wf_hang_at_import]",
             "engine.dp_size=4",
             "engine.init_timeout_s=15",
-            "launcher.start_method=spawn",
+            "launcher.start_method=fork",  # ranks 0-2 arrive at once (see wf_hang_at_import)
             f"hydra.run.dir={run_dir}",
         ],
         capture_output=True,

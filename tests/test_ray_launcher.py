@@ -91,6 +91,8 @@ def test_two_nodes_run_with_placement_console_and_tools(
         and "hello from rank 3" in proc.stderr
     )
     assert "hello from rank 1" not in proc.stderr  # only the console ranks are streamed
+    placed = next(line for line in proc.stderr.splitlines() if "rank(s) placed:" in line)
+    assert placed.count("(host ") == 2, placed  # every node's host is named
     assert "run ok in" in proc.stderr and str(run / "result.json") in proc.stderr
     record = _record(run)
     assert (
@@ -135,6 +137,9 @@ def test_a_rank_that_raises_is_named_with_its_node(ray_cluster: RayCluster, tmp_
     assert failure["coords"] == {"tp": 0, "cp": 0, "pp": 0, "dp": 3}
     assert f"rank 3 (r3 tp0 cp0 pp0 dp3 on node {node[:12]}, host " in proc.stderr
     assert "failed first: ValueError: rank 3 refuses: bad batch 17" in proc.stderr
+    # shown once, in the summary: never streamed live from the rank's log as well
+    assert proc.stderr.count("Traceback (most recent call last)") <= 1, proc.stderr
+    assert not any("[r3 " in line and "Traceback" in line for line in proc.stderr.splitlines())
     assert ray_cluster.leftovers() == []
 
 
@@ -266,9 +271,49 @@ def test_sigterm_to_a_rank_saves_and_restarts(ray_cluster: RayCluster, tmp_path:
     assert ray_cluster.leftovers() == []
 
 
+def test_ctrl_c_says_it_stops_and_how_to_resume(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=ray",
+            f"launcher.address={ray_cluster.address}",
+            "engine.dp_size=2",
+            "task=train",
+            "task.steps=400",
+            "task.step_sleep_s=0.2",
+            "task.checkpoint_every=2",
+            f"hydra.run.dir={run}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ray_cluster.env,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list(run.glob("checkpoints/*/COMMIT")) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launching command
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Ctrl-C: every rank stops at its next step boundary" in err
+    assert "continue it from its checkpoint of step " in err and "launcher.resume=true" in err
+    assert _record(run)["status"] == "interrupted"
+    assert ray_cluster.leftovers() == []
+
+
 def test_detached_run_status_runs_stacks_follow_and_cancel(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    """The tools that need a live run ask a long one (it outlives them whatever the load), then
+    cancel it; ``--follow`` follows a short one to its end (or finds it ended: the same lines)."""
     short, long = tmp_path / "short", tmp_path / "long"
     ticker = [
         "launcher.wait=false",
@@ -277,35 +322,34 @@ def test_detached_run_status_runs_stacks_follow_and_cancel(
         TEST_TASKS,
         "task.step_sleep_s=0.3",
     ]
-    started = _cli(ray_cluster, [*ticker, "task.steps=40"], short)
+    started = _cli(ray_cluster, [*ticker, "task.steps=100000"], long)
     assert started.returncode == 0 and "status: python -m wf_launch.status" in started.stdout, (
         started.stderr[-3000:]
     )
-    _wait_step(short, 0, 2)
-    status = _tool(ray_cluster, "status", str(short))
+    _wait_step(long, 0, 2)
+    status = _tool(ray_cluster, "status", str(long))
     assert status.returncode == 0 and "RUNNING attempt 0" in status.stdout, (
         status.stdout + status.stderr
     )
     listing = _tool(ray_cluster, "runs", str(tmp_path))
     assert "running" in listing.stdout and "detached" in listing.stdout, listing.stdout
-    stacks = _tool(ray_cluster, "status", "--stacks", str(short))
+    stacks = _tool(ray_cluster, "status", "--stacks", str(long))
     assert (
         stacks.returncode == 0
         and "ranks 0,1 are at " in stacks.stdout
         and "in ticker" in stacks.stdout
     ), stacks.stdout + stacks.stderr
-    follow = _tool(ray_cluster, "status", "--follow", str(short), timeout=300)
-    assert follow.returncode == 0 and "run ok in" in follow.stderr, follow.stderr[-3000:]
-    assert _record(short)["status"] == "ok"
-
-    started = _cli(ray_cluster, [*ticker, "task.steps=1000"], long)
-    assert started.returncode == 0, started.stderr[-3000:]
-    _wait_step(long, 0, 2)
     cancel = _tool(ray_cluster, "status", "--cancel", str(long))
     assert cancel.returncode == 143 and "cancelled (exit 143)" in cancel.stdout, (
         cancel.stdout + cancel.stderr
     )
     assert _record(long)["status"] == "cancelled"
+
+    started = _cli(ray_cluster, [*ticker, "task.steps=20"], short)
+    assert started.returncode == 0, started.stderr[-3000:]
+    follow = _tool(ray_cluster, "status", "--follow", str(short), timeout=300)
+    assert follow.returncode == 0 and "run ok in" in follow.stderr, follow.stderr[-3000:]
+    assert _record(short)["status"] == "ok"
     assert ray_cluster.leftovers() == []
 
 
@@ -367,7 +411,7 @@ def test_bad_inputs_are_refused_before_any_actor_starts(
 def test_a_private_instance_runs_and_leaves_nothing(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
-    from wf_launch.launchers.ray.cluster import marked_pids, private_marker
+    from wf_launch.launchers.ray.private import marked_pids, private_marker
 
     run = tmp_path / "run"
     proc = _cli(ray_cluster, ["launcher=ray", "engine.dp_size=2", "task=noop"], run, ray=False)

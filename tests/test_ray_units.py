@@ -4,6 +4,7 @@ and that every Ray name we use still exists."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,16 @@ def _cfg(**fields: Any) -> RayLauncherConfig:
             "launcher.runtime_env.env_vars={'A': 1} is not allowed",
         ),
         ({"runtime_env": {"pip": [1]}}, 2, "launcher.runtime_env.pip=[1] is not allowed"),
+        (
+            {"runtime_env": {"working_dir": "/nonexistent"}},
+            2,
+            "launcher.runtime_env.working_dir='/nonexistent' is not allowed: a directory that",
+        ),
+        (
+            {"runtime_env": {"excludes": "*.ckpt"}},
+            2,
+            "launcher.runtime_env.excludes='*.ckpt' is not allowed: a list of",
+        ),
     ],
 )
 def test_bad_launcher_values_name_the_field(
@@ -246,6 +257,33 @@ def test_without_ray_the_launcher_says_how_to_install_it(tmp_path: Path) -> None
         "launcher=ray needs Ray" in proc.stderr
         and "pip install 'worldfoundry-launch[ray]'" in proc.stderr
     )
+
+
+def test_a_missing_working_dir_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "launcher=ray",
+            "task=noop",
+            "+launcher.runtime_env.working_dir=/nonexistent",
+            f"hydra.run.dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "wf_launch: config error: launcher.runtime_env.working_dir='/nonexistent' is not allowed"
+    ), proc.stderr
+    assert json.loads((run / "result.json").read_text())["status"] == "invalid"
+    assert not (run / "logs").exists()
 
 
 def test_a_relative_run_directory_is_refused(

@@ -163,7 +163,10 @@ def test_slurm_drill_resumes_on_one_node_within_tolerance(slurm_cluster, tmp_pat
         timeout=900,
         env=env,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logs = "".join(
+        f"\n--- {log.name}\n{log.read_text()[-4000:]}" for log in sorted(directory.glob("*.log"))
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
     assert "drill verdict: WITHIN TOLERANCE" in proc.stdout, proc.stdout
     summary = json.loads((directory / "drill.json").read_text())
     _check_layout_change(summary, {"dp": 2, "world_size": 2}, {"dp": 1, "world_size": 1})

@@ -80,6 +80,29 @@ RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 600
     )
 
 
+def test_a_forked_rank_starting_up_is_not_placed_in_the_launcher_it_inherited() -> None:
+    """Below a forked rank's entry lie the launcher's own frames (the agent, the CLI): a rank
+    still joining its group waits in the runtime, not in the launcher's code."""
+    tb = """Traceback (most recent call last):
+  File "/x/wf_launch/cli.py", line 146, in main
+    _main(argv)
+  File "/x/worldfoundry/core/torch_private.py", line 221, in <lambda>
+    lambda: agent._start_workers(worker_group)
+  File "/x/multiprocessing/popen_fork.py", line 71, in _launch
+    code = process_obj._bootstrap(parent_sentinel=child_r)
+  File "/x/wf_launch/rank/entrypoint.py", line 207, in rank_main
+    _join(r, task)
+  File "/x/wf_launch/rank/entrypoint.py", line 136, in _join
+    device = dist_init(...)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 1899, in init_process_group
+    store = rendezvous(...)
+RuntimeError: timed out
+"""
+    spot = stacks.spot_of(stacks.parse_traceback(tb))
+    assert spot.frame == stacks.Frame("/x/wf_launch/rank/entrypoint.py", 136, "_join")
+    assert spot.waits_in == "init_process_group"
+
+
 def test_rank_ranges() -> None:
     assert stacks.rank_ranges([0, 1, 2, 3, 4, 6, 7]) == "0-4,6,7"
     assert stacks.rank_ranges([5]) == "5" and stacks.rank_ranges([1, 2]) == "1,2"

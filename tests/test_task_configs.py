@@ -108,8 +108,7 @@ def test_preload_is_kept_per_task_and_checked(monkeypatch: pytest.MonkeyPatch) -
     from wf_launch.rank.task_registry import load_task_modules, register_task, task_preload
 
     load_task_modules()  # built-ins register into the real registry, not only into the copy below
-    monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
-    monkeypatch.setattr(registry, "_PRELOAD", dict(registry._PRELOAD))
+    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))
     register_task("preload_probe", preload=("json", "wf_launch.checkpoint"))(lambda ctx: None)
     assert task_preload("preload_probe") == ("json", "wf_launch.checkpoint")
     assert task_preload("noop") == ()
@@ -135,3 +134,40 @@ def test_forked_ranks_inherit_the_preloaded_modules(tmp_path: Path, method: str)
     for r in results.values():
         launcher_imported = r["imported_by"] == r["parent_pid"] != r["rank_pid"]
         assert launcher_imported == (method == "fork"), r  # spawned ranks import it themselves
+
+
+def test_demo_and_train_share_one_model_declaration() -> None:
+    """The model's fields and their rules are declared once; train only changes defaults."""
+    from dataclasses import fields
+
+    from wf_launch.config import ConfigError
+    from wf_launch.tasks._vdit import VDiTConfig
+    from wf_launch.tasks.demo import DemoTaskConfig
+    from wf_launch.tasks.train import TrainConfig
+
+    model = [f.name for f in fields(VDiTConfig)]
+    for cls in (DemoTaskConfig, TrainConfig):
+        assert [f.name for f in fields(cls)][: len(model)] == model
+    assert (DemoTaskConfig().frames, TrainConfig().frames) == (6, 4)
+    for cls in (DemoTaskConfig, TrainConfig):
+        with pytest.raises(ConfigError) as err:
+            cls(frames=0).validate()
+        assert str(err.value) == "task.frames=0 is not allowed: expected an integer >= 1"
+        with pytest.raises(ConfigError) as err:
+            cls(hidden=10, heads=4).validate()
+        assert str(err.value) == "task.heads=4 is not allowed: must divide task.hidden=10"
+
+
+def test_each_task_is_one_record() -> None:
+    from wf_launch.config import TaskConfig
+    from wf_launch.rank.task_registry import TaskSpec, task_spec
+    from wf_launch.tasks.train import TrainConfig, train
+
+    spec = task_spec("train")
+    assert isinstance(spec, TaskSpec)
+    assert (spec.name, spec.fn, spec.config, spec.own_group) == ("train", train, TrainConfig, False)
+    assert "torch.distributed.checkpoint" in spec.preload
+    assert task_spec("script").own_group
+    assert task_spec("noop").config in (None, TaskConfig)
+    with pytest.raises(KeyError, match="task.name='nope' is not registered"):
+        task_spec("nope")

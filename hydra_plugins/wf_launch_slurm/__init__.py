@@ -1,4 +1,6 @@
-"""Hydra launcher ``wf_slurm``: a ``-m`` sweep whose SLURM points all go to SLURM at once (docs/slurm.md).
+"""Hydra launcher ``wf_slurm``: a ``-m`` sweep whose SLURM points go to SLURM at once.
+
+See docs/slurm.md.
 
 Laid out as Hydra's own launcher plugins are: :mod:`.config` only registers the
 launcher's config node; :mod:`.wf_slurm_launcher` holds the launcher class and

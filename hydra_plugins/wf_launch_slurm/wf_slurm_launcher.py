@@ -1,6 +1,7 @@
 # No ``from __future__ import annotations`` here (see config.py): Hydra's plugin scanner
 # executes this module before it is in sys.modules.
-"""Hydra launcher ``wf_slurm`` (selected by ``launcher=slurm``, see wf_launch/conf/launcher/slurm.yaml).
+"""Hydra launcher ``wf_slurm`` (selected by ``launcher=slurm``, see
+wf_launch/conf/launcher/slurm.yaml).
 
 Hydra's basic launcher calls the app once per point and waits for it; that would submit
 a SLURM sweep one job after another. This launcher runs every point through the app
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class WfSlurmLauncher(Launcher):
-    """Run every point inline; submit the SLURM points prepared meanwhile at once, then wait for them."""
+    """Run every point inline; submit the SLURM points prepared meanwhile at once, then wait
+    for them."""
 
     def __init__(self) -> None:
         self.config: DictConfig | None = None

@@ -1,9 +1,9 @@
 """The ``engine`` section: how ranks are laid out and connected (read by ``dist_init``).
 
-OmegaConf checks types when a value is set; :meth:`EngineConfig.validate` checks values
-(the way torchtitan's ``ParallelDims`` validates itself) and raises
-:class:`~wf_launch.config.fields.ConfigError` naming the field, the value and what is
-allowed, before any process starts.
+OmegaConf checks types when a value is set; each field declares what values it allows, and
+:meth:`EngineConfig.validate` checks them and what spans fields (the way torchtitan's
+``ParallelDims`` validates itself), raising :class:`~wf_launch.config.fields.ConfigError`
+naming the field, the value and what is allowed, before any process starts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from worldfoundry.core.distributed.backends import BACKENDS
 from worldfoundry.core.distributed.topology import DIMS, Layout, parse_order
 
-from .fields import check_choice, check_number, config_error, positive_int, unknown_field
+from .fields import check_fields, choice, config_error, integer, number, unknown_field
 
 __all__ = [
     "BACKENDS",
@@ -45,13 +45,25 @@ def normalize_backend(backend: Any) -> str:
 class EngineConfig:
     """How ranks are laid out and connected (read by ``dist_init``)."""
 
-    distributed_backend: str = "auto"
-    distributed_timeout_minutes: float = 30.0
-    init_timeout_s: float = 300.0
-    tp_size: int = 1
-    cp_size: int = 1
-    pp_size: int = 1
-    dp_size: int = 1
+    distributed_backend: str = choice("auto", BACKENDS, normalize=normalize_backend)
+    distributed_timeout_minutes: float = number(
+        30.0,
+        MIN_TIMEOUT_MINUTES,
+        MAX_TIMEOUT_MINUTES,
+        allowed=f"expected minutes from {MIN_TIMEOUT_MINUTES:.6g} (1 ms) to "
+        f"{MAX_TIMEOUT_MINUTES} (a week); fractions allowed, e.g. 0.5",
+    )
+    init_timeout_s: float = number(
+        300.0,
+        1,
+        MAX_TIMEOUT_MINUTES * 60,
+        unit="seconds",
+        note="(how long ranks may take to join the process groups)",
+    )
+    tp_size: int = integer(1, low=1)
+    cp_size: int = integer(1, low=1)
+    pp_size: int = integer(1, low=1)
+    dp_size: int = integer(1, low=1)
     order: str = "tp-cp-pp-dp"
     nccl_communicator_config_path: str | None = None
 
@@ -83,29 +95,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for the first value that is not allowed."""
-        check_choice(
-            "engine.distributed_backend",
-            self.distributed_backend if self.backend not in BACKENDS else self.backend,
-            BACKENDS,
-        )
-        check_number(
-            "engine.distributed_timeout_minutes",
-            self.distributed_timeout_minutes,
-            MIN_TIMEOUT_MINUTES,
-            MAX_TIMEOUT_MINUTES,
-            allowed=f"expected minutes from {MIN_TIMEOUT_MINUTES:.6g} (1 ms) to {MAX_TIMEOUT_MINUTES} "
-            "(a week); fractions allowed, e.g. 0.5",
-        )
-        check_number(
-            "engine.init_timeout_s",
-            self.init_timeout_s,
-            1,
-            MAX_TIMEOUT_MINUTES * 60,
-            unit="seconds",
-            note="(how long ranks may take to join the process groups)",
-        )
-        for d in DIMS:
-            positive_int(f"engine.{d}_size", getattr(self, f"{d}_size"))
+        check_fields(self, "engine")
         if self.world_size > MAX_WORLD_SIZE:
             raise config_error(
                 "engine.tp_size*cp_size*pp_size*dp_size",

@@ -1,9 +1,11 @@
-"""The ``tracking`` section: which experiment trackers follow the run (``tracking=tensorboard``, a list for several).
+"""The ``tracking`` section: which experiment trackers follow the run (``tracking=tensorboard``,
+a list for several).
 
-Each tracker has a sub-section, off until its option is selected (``wf_launch/conf/tracking/NAME.yaml``
-sets its ``enabled``): ``tracking=[tensorboard,mlflow]`` turns both on, ``tracking=none`` (the
-default) none; a tracker's fields can be set whether or not it is on. The libraries are optional extras; a tracker
-whose library is missing is refused before anything starts, with the command that installs it.
+Each tracker has a sub-section, off until its option is selected
+(``wf_launch/conf/tracking/NAME.yaml`` sets its ``enabled``): ``tracking=[tensorboard,mlflow]``
+turns both on, ``tracking=none`` (the default) none; a tracker's fields can be set whether or
+not it is on. The libraries are optional extras; a tracker whose library is missing is refused
+before anything starts, with the command that installs it.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .fields import (
-    check_bool,
     check_choice,
-    check_number,
+    check_fields,
     check_single_line,
     config_error,
+    flag,
+    number,
     unknown_field,
 )
 
@@ -41,7 +44,7 @@ WANDB_MODES = (None, "online", "offline", "disabled")
 class TensorBoardConfig:
     """TensorBoard event files (``torch.utils.tensorboard``)."""
 
-    enabled: bool = False
+    enabled: bool = flag(False)
     log_dir: str | None = None
 
 
@@ -49,17 +52,29 @@ class TensorBoardConfig:
 class MLflowConfig:
     """One MLflow run per wf_launch run, continued by every attempt."""
 
-    enabled: bool = False
+    enabled: bool = flag(False)
     uri: str | None = None
     experiment: str = "wf_launch"
     run_name: str | None = None
+
+    def check_selected(self) -> None:
+        """What a selected MLflow tracker needs: non-empty single-line names, null where allowed."""
+        for key in ("uri", "experiment", "run_name"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise config_error(
+                    f"tracking.mlflow.{key}",
+                    value,
+                    "a non-empty string" + ("" if key == "experiment" else " or null"),
+                )
+            check_single_line(f"tracking.mlflow.{key}", value)
 
 
 @dataclass
 class WandbConfig:
     """One W&B run per wf_launch run: its id is the run id, resumed by every attempt."""
 
-    enabled: bool = False
+    enabled: bool = flag(False)
     project: str = "wf_launch"
     entity: str | None = None
     mode: str | None = None
@@ -67,21 +82,42 @@ class WandbConfig:
     group: str | None = None
     tags: list[str] = field(default_factory=list)
 
+    def check_selected(self) -> None:
+        """What a selected W&B tracker needs: a known mode, single-line names, a project."""
+        check_choice(
+            "tracking.wandb.mode",
+            self.mode,
+            WANDB_MODES,
+            note="(null: W&B's own default, WANDB_MODE)",
+        )
+        for key in ("project", "entity", "name", "group"):
+            check_single_line(f"tracking.wandb.{key}", getattr(self, key))
+        if not isinstance(self.project, str) or not self.project.strip():
+            raise config_error("tracking.wandb.project", self.project, "a non-empty string")
+
 
 @dataclass
 class TrackingConfig:
     """Which trackers follow the run's ``ctx.progress`` metrics, config and final status."""
 
-    all_ranks: bool = False
-    flush_s: float = 1.0
-    close_timeout_s: float = 30.0
+    all_ranks: bool = flag(False)
+    flush_s: float = number(1.0, 0, 3600, low_open=True, unit="seconds")
+    close_timeout_s: float = number(
+        30.0,
+        0,
+        3600,
+        unit="seconds",
+        note="(how long a rank waits at its end for the trackers to write what they hold)",
+    )
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any] | None) -> TrackingConfig:
-        """The ``tracking`` section as a checked dataclass (a run config without one tracks nothing)."""
+        """The ``tracking`` section as a checked dataclass (a run config without one tracks
+        nothing).
+        """
         section = dict(section or {})
         _check_keys("tracking", section, cls)
         sub = {
@@ -108,42 +144,16 @@ class TrackingConfig:
         return cfg
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` for a bad value, or a selected tracker whose library is not installed."""
-        check_bool("tracking.all_ranks", self.all_ranks)
+        """Raise :class:`ConfigError` for a bad value, or a selected tracker whose library is
+        not installed.
+        """
+        check_fields(self, "tracking")
         for name in TRACKERS:
-            check_bool(f"tracking.{name}.enabled", getattr(self, name).enabled)
-        check_number("tracking.flush_s", self.flush_s, 0, 3600, low_open=True, unit="seconds")
-        check_number(
-            "tracking.close_timeout_s",
-            self.close_timeout_s,
-            0,
-            3600,
-            unit="seconds",
-            note="(how long a rank waits at its end for the trackers to write what they hold)",
-        )
+            check_fields(getattr(self, name), f"tracking.{name}")
         if self.mlflow.enabled:
-            for key in ("uri", "experiment", "run_name"):
-                value = getattr(self.mlflow, key)
-                if value is not None and (not isinstance(value, str) or not value.strip()):
-                    raise config_error(
-                        f"tracking.mlflow.{key}",
-                        value,
-                        "a non-empty string" + ("" if key == "experiment" else " or null"),
-                    )
-                check_single_line(f"tracking.mlflow.{key}", value)
+            self.mlflow.check_selected()
         if self.wandb.enabled:
-            check_choice(
-                "tracking.wandb.mode",
-                self.wandb.mode,
-                WANDB_MODES,
-                note="(null: W&B's own default, WANDB_MODE)",
-            )
-            for key in ("project", "entity", "name", "group"):
-                check_single_line(f"tracking.wandb.{key}", getattr(self.wandb, key))
-            if not isinstance(self.wandb.project, str) or not self.wandb.project.strip():
-                raise config_error(
-                    "tracking.wandb.project", self.wandb.project, "a non-empty string"
-                )
+            self.wandb.check_selected()
         for name in enabled_trackers(self):
             if not _installed(TRACKERS[name]):
                 raise config_error(

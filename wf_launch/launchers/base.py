@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from omegaconf import MISSING
 
-from ..config.fields import check_bool, check_number, config_error, is_int, unknown_field
+from ..config.fields import check_fields, config_error, flag, is_int, number, unknown_field
 from ..config.layout import run_layout
 from ..observe.stacks import local_pids, trigger
 from ..rundir import files
@@ -34,13 +34,22 @@ if TYPE_CHECKING:
     from ..rundir.record import RunRecord
 
 __all__ = [
+    "CTRL_C_NOTICE",
     "LauncherConfig",
     "LauncherHooks",
     "run_dir_mode",
     "with_hooks",
 ]
 
+CTRL_C_NOTICE = (
+    "Ctrl-C: every rank stops at its next step boundary (a task that polls "
+    "ctx.should_stop() saves first); press Ctrl-C again to stop at once"
+)
+"""What every launcher says at the first Ctrl-C (the resume command follows the run's end)."""
+
 C = TypeVar("C", bound="LauncherConfig")
+WEEK_S = 7 * 24 * 3600
+_WEEK_NOTE = "(0.1 s to a week)"
 
 
 def run_dir_mode(value: Any) -> int:
@@ -66,19 +75,21 @@ class LauncherConfig:
     """What every launcher's config has (subclass it for a launcher's own fields)."""
 
     name: str = MISSING
-    dry_run: bool = False
+    dry_run: bool = flag(False)
     console_ranks: list[int] | None = None
-    max_log_mb: float = 1024.0
-    max_metrics_mb: float = 1024.0
-    overwrite: bool = False
-    resume: bool = False
+    max_log_mb: float = number(1024.0, 0, unit="MB", note="per rank log (0 = no cap)")
+    max_metrics_mb: float = number(1024.0, 0, unit="MB", note=f"{files.METRICS} (0 = no cap)")
+    overwrite: bool = flag(False)
+    resume: bool = flag(False)
     run_dir_mode: str = "0700"
-    progress_interval_s: float = 10.0
-    stall_warning_s: float = 300.0
+    progress_interval_s: float = number(10.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)
+    stall_warning_s: float = number(300.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)
 
     @classmethod
     def build(cls: type[C], launcher: dict[str, Any]) -> C:
-        """The typed config from the run's resolved ``launcher`` section; an unknown field is an error."""
+        """The typed config from the run's resolved ``launcher`` section; an unknown field is an
+        error.
+        """
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in launcher if k not in known)
         if unknown:
@@ -101,31 +112,11 @@ class LauncherConfig:
                     list(ranks),
                     f"ranks must be integers in [0, {world_size - 1}] (null shows every rank)",
                 )
-        check_number(
-            "launcher.max_log_mb", self.max_log_mb, 0, unit="MB", note="per rank log (0 = no cap)"
-        )
-        check_number(
-            "launcher.max_metrics_mb",
-            self.max_metrics_mb,
-            0,
-            unit="MB",
-            note=f"{files.METRICS} (0 = no cap)",
-        )
+        check_fields(self, "launcher", LauncherConfig)
         try:
             run_dir_mode(self.run_dir_mode)
         except ValueError as exc:
             raise config_error("launcher.run_dir_mode", self.run_dir_mode, str(exc)) from None
-        for key in ("progress_interval_s", "stall_warning_s"):
-            check_number(
-                f"launcher.{key}",
-                getattr(self, key),
-                0.1,
-                7 * 24 * 3600,
-                unit="seconds",
-                note="(0.1 s to a week)",
-            )
-        for key in ("dry_run", "overwrite", "resume"):
-            check_bool(f"launcher.{key}", getattr(self, key))
         if self.overwrite and self.resume:
             raise config_error(
                 "launcher.resume",
@@ -136,7 +127,9 @@ class LauncherConfig:
 
 
 class LauncherHooks:
-    """What the tools ask a run's launcher after the launch; each hook has a default that fits a local run."""
+    """What the tools ask a run's launcher after the launch; each hook has a default that fits a
+    local run.
+    """
 
     name: ClassVar[str]
     drill_kinds: ClassVar[tuple[str, ...]] = ()
@@ -150,19 +143,26 @@ class LauncherHooks:
         return f"{self.name} run"
 
     def status_details(self, run_dir: Path) -> list[str]:
-        """Extra lines ``status`` prints about the run (each rank's outcome on SLURM); none by default."""
+        """Extra lines ``status`` prints about the run (each rank's outcome on SLURM); none by
+        default.
+        """
         return []
 
     def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        """``('SLURM job 42', 'PENDING (Priority)')`` for the live view, on change; None when there is no queue."""
+        """``('SLURM job 42', 'PENDING (Priority)')`` for the live view, on change; None when there
+        is no queue.
+        """
         return None
 
     def run_label(self, run_dir: Path, record: RunRecord | None) -> str:
-        """The launcher column of ``python -m wf_launch.runs`` ('slurm 42'); by default the launcher's name."""
+        """The launcher column of ``python -m wf_launch.runs`` ('slurm 42'); by default the
+        launcher's name.
+        """
         return self.name
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """Send ``signum`` to every running rank of the run; the ranks it reached (expected to answer).
+        """Send ``signum`` to every running rank of the run; the ranks it reached (expected to
+        answer).
 
         By default: the ranks whose recorded process (``logs/rank{r}.pid``) lives on this host.
         """
@@ -170,7 +170,10 @@ class LauncherHooks:
         return trigger(local_pids(run_dir, world), signum=signum)
 
     def is_live(self, run_dir: Path) -> bool:
-        """Whether the run may still be going (its launch holds the run directory's lock on this host)."""
+        """Whether the run may still be going (its launch holds the run directory's lock on this
+        host).
+        """
+
         return launch_alive(run_dir)
 
     def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
@@ -202,14 +205,18 @@ class LauncherHooks:
         return f"pid {progress[rank]['pid']}"
 
     def kill_node(self, run_dir: Path, rank: int) -> str:
-        """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by default."""
+        """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by
+        default.
+        """
         raise NotImplementedError(
             f"launcher={self.name} has no nodes to kill (nodekill needs launcher=ray)"
         )
 
 
 def with_hooks(cls: type) -> type:
-    """``cls`` itself when it subclasses :class:`LauncherHooks`, else a subclass with the hooks' defaults mixed in."""
+    """``cls`` itself when it subclasses :class:`LauncherHooks`, else a subclass with the hooks'
+    defaults mixed in.
+    """
     if issubclass(cls, LauncherHooks):
         return cls
     return type(

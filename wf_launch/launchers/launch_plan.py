@@ -1,4 +1,5 @@
-"""LaunchPlan: what will run, computed once in the launcher as plain data, and the dry run's layout table."""
+"""LaunchPlan: what will run, computed once in the launcher as plain data, and the dry run's
+layout table."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ class LaunchPlan:
     def launcher_config(self) -> Any:
         """The ``launcher`` section as the chosen launcher's typed config (its ``config_class``)."""
         return get_launcher(self.launcher).config_class.build(self.config["launcher"])
+
+    def run_info(self) -> dict[str, Any]:
+        """What every launcher's ``result.json`` says of the launch: launcher, task, overrides,
+        run directory."""
+        return {
+            "launcher": self.launcher,
+            "task": self.task,
+            "overrides": self.overrides,
+            "run_dir": str(self.run_dir),
+        }
 
     def label(self, rank: int) -> str:
         """'r5 tp0 cp1 pp1 dp0' for log prefixes and failure reports."""

@@ -32,13 +32,14 @@ class Launcher(Protocol):
     config_class: ClassVar[type[LauncherConfig]]
 
     def validate(self, cfg: Any, layout: Layout, engine: EngineConfig) -> None:
-        """Raise :class:`~wf_launch.config.ConfigError` (field, value, what is allowed) before any process starts.
+        """Raise :class:`~wf_launch.config.ConfigError` (field, value, what is allowed) before any
+        process starts.
 
         ``cfg`` is an instance of ``config_class`` whose common fields are already checked.
         """
 
     def describe(self, plan: LaunchPlan) -> str:
-        """The launch plan as text, for ``launcher.dry_run=true`` (starts nothing, writes nothing)."""
+        """The plan as text for ``launcher.dry_run=true`` (starts nothing, writes nothing)."""
 
     def launch(self, plan: LaunchPlan) -> RunOutcome:
         """Start every rank of ``plan``, and (unless detached) wait and finalize the run record."""
@@ -49,7 +50,11 @@ class DetachedLauncher(Launcher, Protocol):
     """A launcher whose runs can outlive the command that started them."""
 
     def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
-        """The scheduler's state of the run, and its final outcome once it ended (finalizing the record)."""
+        """The scheduler's state of the run, and its final outcome once it ended (finalizing the
+        record).
+        """
 
     def cancel(self, run_dir: Path) -> str | None:
-        """Stop the run if it still runs; returns the scheduler's id of what was cancelled (None: nothing)."""
+        """Stop the run if it still runs; returns the scheduler's id of what was cancelled (None:
+        nothing).
+        """

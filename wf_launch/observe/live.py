@@ -27,6 +27,7 @@ from typing import Any
 from worldfoundry.core.validation import is_int
 
 from ..config.layout import rank_label, run_layout
+from ..rank.ranklog import QUIET_MARK
 from ..rundir import files
 from ..rundir.io import open_regular
 from ..rundir.outcome import RunOutcome
@@ -98,6 +99,16 @@ def console_form(line: str) -> str:
     return line
 
 
+def console_shows(line: str, previous: bool) -> bool:
+    """Whether a rank's console would show this log line: INFO and above, never a record it keeps
+    for its file (its failure: the launcher shows ranks that failed alike once). A line that
+    continues a record (a traceback) goes with it (``previous``)."""
+    parts = line.split(" | ", 3)
+    if len(parts) != 4 or not parts[2].startswith("["):
+        return previous
+    return parts[1].strip() != "DEBUG" and not parts[2].endswith(QUIET_MARK)
+
+
 class LiveView:
     """What is shown about runs while they run (call :meth:`tick` every poll, :meth:`close` at the end).
 
@@ -124,6 +135,7 @@ class LiveView:
         self.console: list[int] = []
         self._states: dict[Path, tuple[str, str]] = {}
         self._offsets: dict[Path, int] = {}
+        self._shown: dict[Path, bool] = {}
         self._monitor: ProgressMonitor | None = None
         if self.single:
             config = files.read_config(self.runs[0])
@@ -194,7 +206,9 @@ class LiveView:
                 lines = lines[1:] if offset else lines  # the first one may be cut
                 lines = lines[-self.backlog :] if self.backlog else []
             for line in lines:
-                self.write(console_form(line))
+                self._shown[path] = console_shows(line, self._shown.get(path, True))
+                if self._shown[path]:
+                    self.write(console_form(line))
 
     def close(self) -> None:
         """Show the last lines and the last progress state, and close the bar (the final line follows it)."""

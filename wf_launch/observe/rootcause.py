@@ -81,29 +81,50 @@ def root_cause(
     return None
 
 
+def _waits(record: dict[str, Any]) -> bool:
+    """Whether a rank's record shows it waiting: it timed out, or it lost a peer while waiting."""
+    return record.get("kind") == "timeout" or bool(PEER_LOSS.search(record.get("message", "")))
+
+
+def _waiting_spots(records: list[dict[str, Any]]) -> dict[int, Any]:
+    """Where each waiting rank waited, from the traceback it recorded."""
+    return {
+        r["rank"]: spot_of(parse_traceback(r.get("traceback", ""))) for r in records if _waits(r)
+    }
+
+
+def _raised_elsewhere(records: list[dict[str, Any]]) -> bool:
+    """Whether a rank raised something other than losing a peer: that, not a hang, is the cause."""
+    return any(
+        r.get("kind") == "exception" and not PEER_LOSS.search(r.get("message", "")) for r in records
+    )
+
+
+def _never_arrived_frames(never: list[int], dumped: dict[int, Any]) -> dict[str, Any]:
+    """Where each rank that never arrived was: its dump's frame, or why there is none."""
+    return {
+        str(r): dumped[r].as_record()
+        if r in dumped
+        else {"frame": None, "note": "no stack dump (the rank had ended)"}
+        for r in never
+    }
+
+
 def _stuck(
     records: list[dict[str, Any]],
     world_size: int | None,
     dumps: dict[int, list[Frame]],
     exits: dict[int, int],
 ) -> dict[str, Any] | None:
-    """The timed-out collective's verdict: who waited where, who never arrived and where each of those was.
+    """The timed-out collective's verdict: who waited where, who never arrived, where each was.
 
     A rank never arrived when it left no record of its own and its stack dump (if
     any) shows it somewhere other than where the ranks that timed out waited.
     """
     timed = [r for r in records if r.get("kind") == "timeout"]
-    if not timed or not world_size:
+    if not timed or not world_size or _raised_elsewhere(records):
         return None
-    if any(
-        r.get("kind") == "exception" and not PEER_LOSS.search(r.get("message", "")) for r in records
-    ):
-        return None
-    waiting = {
-        r["rank"]: spot_of(parse_traceback(r.get("traceback", "")))
-        for r in records
-        if r.get("kind") == "timeout" or PEER_LOSS.search(r.get("message", ""))
-    }
+    waiting = _waiting_spots(records)
     timed_spots = [waiting[r["rank"]] for r in timed]
     common = max(set(timed_spots), key=timed_spots.count)
     recorded = {r["rank"] for r in records}
@@ -112,18 +133,24 @@ def _stuck(
     if not never:
         return None
     first = min(timed, key=lambda r: r.get("time", 0.0))
-    spots = {
+    return {
+        **first,
+        "cause": "stuck",
+        "missing_ranks": never,
+        "stuck": _never_arrived_frames(never, dumped),
+        "_spots": _spots(waiting, dumped, common, never),
+    }
+
+
+def _spots(
+    waiting: dict[int, Any], dumped: dict[int, Any], common: Any, never: list[int]
+) -> dict[int, Any]:
+    """Where each rank was: the waiting ranks, the dumped ones at the common spot, the missing."""
+    return {
         **waiting,
         **{r: s for r, s in dumped.items() if s == common},
         **{r: dumped[r] for r in never if r in dumped},
     }
-    stuck = {
-        str(r): dumped[r].as_record()
-        if r in dumped
-        else {"frame": None, "note": "no stack dump (the rank had ended)"}
-        for r in never
-    }
-    return {**first, "cause": "stuck", "missing_ranks": never, "stuck": stuck, "_spots": spots}
 
 
 def _signal_cause(rank: int, exit_code: int) -> dict[str, Any]:
@@ -145,7 +172,8 @@ def explain_failure(
     world_size: int | None = None,
     dumps: dict[int, list[Frame]] | None = None,
 ) -> tuple[dict[str, Any], str] | None:
-    """The root cause of a failed run, shaped for ``result.json``, and its summary (None: nothing explains it).
+    """The root cause of a failed run, shaped for ``result.json``, and its summary (None: nothing
+    explains it).
 
     Without ``dumps``, the last stack dump each rank left in its stacks file is used.
     """
@@ -171,10 +199,12 @@ def explain_failure(
 def failure_summary(
     cause: dict[str, Any], label_of: Any, run_dir: Path, records: list[dict[str, Any]] | None = None
 ) -> str:
-    """One human summary: the root cause (rank, coordinates, what happened, log), then every other failure once.
+    """One human summary: the root cause (rank, coordinates, what happened, log), then every other
+    failure once.
 
     Ranks that failed with the same exception at the same place are one entry, with one traceback
-    (:func:`group_failures`); ranks that only lost a peer are one line per kind. The rank logs keep everything.
+    (:func:`group_failures`); ranks that only lost a peer are one line per kind. The rank logs keep
+    everything.
     """
     rank = cause["rank"]
     log = files.rank_log(run_dir, rank)
@@ -187,7 +217,8 @@ def failure_summary(
     first = next((g for g in groups if rank in g.ranks), None)
     if first is None or len(first.ranks) == 1:
         lines = [
-            f"rank {rank} ({label_of(rank)}) failed first: {cause['type']}: {_first_line(cause['message'])}",
+            f"rank {rank} ({label_of(rank)}) failed first: "
+            f"{cause['type']}: {_first_line(cause['message'])}",
             f"  log: {log}",
             *(first.traceback_lines() if first is not None else []),
         ]
@@ -223,7 +254,9 @@ def _stuck_summary(cause: dict[str, Any], label_of: Any, run_dir: Path) -> str:
 
 @dataclass
 class FailureGroup:
-    """Ranks that failed alike: the same exception type at the same place, messages equal but for numbers."""
+    """Ranks that failed alike: the same exception type at the same place, messages equal but for
+    numbers.
+    """
 
     ranks: list[int]
     type: str
@@ -239,7 +272,7 @@ class FailureGroup:
         )
 
     def describe(self, label_of: Any, run_dir: Path) -> list[str]:
-        """'ranks 0-7 (8 ranks) failed alike: ValueError: bad shape', their logs and one traceback."""
+        """'ranks 0-7 (8 ranks) failed alike: ValueError: bad shape', their logs, one traceback."""
         first = self.ranks[0]
         who = (
             f"rank {first} ({label_of(first)})"
@@ -264,7 +297,8 @@ _NUMBER = re.compile(r"\d+")
 
 
 def group_failures(records: list[dict[str, Any]]) -> list[FailureGroup]:
-    """The failure records grouped by (type, innermost frame, message with its numbers blanked), first failure
+    """The failure records grouped by (type, innermost frame, message with its numbers blanked),
+    first failure
     first; ranks that only lost a peer are grouped apart from the ranks that raised."""
     groups: dict[tuple[Any, ...], FailureGroup] = {}
     for record in sorted(records, key=lambda r: (r.get("time", 0.0), r.get("rank", 0))):

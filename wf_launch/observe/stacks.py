@@ -55,6 +55,7 @@ _PROJECT = re.compile(
     r"[/\\](worldfoundry[/\\]core[/\\]distributed|wf_launch[/\\](rank|observe|launchers)"
     r"|submitit[/\\])"
 )
+_RANK_ENTRY = re.compile(r"wf_launch[/\\]rank[/\\]entrypoint\.py$")
 _GENERIC = frozenset(
     {"wrapper", "inner", "_fn", "fn", "__call__", "_wrapped_call_impl", "_call_impl"}
 )
@@ -169,8 +170,10 @@ def spot_of(frames: list[Frame]) -> Spot:
 
     The innermost frame of the user's code, else (a rank still starting up) the
     innermost frame of this project's runtime; ``waits_in`` is the library call
-    made from there.
+    made from there. Frames outside the rank's entry (``rank_main``) are not the rank's:
+    a forked rank inherits the launcher's stack below it (Hydra, the CLI, the agent).
     """
+    frames = rank_frames(frames)
     for wanted in (lambda f: not f.is_library, lambda f: f.is_project):
         for i, frame in enumerate(frames):
             if wanted(frame):
@@ -179,6 +182,15 @@ def spot_of(frames: list[Frame]) -> Spot:
                 ]
                 return Spot(frame, inner[-1] if inner else None)
     return Spot(None)
+
+
+def rank_frames(frames: list[Frame]) -> list[Frame]:
+    """``frames`` (innermost first) up to the rank's entry, ``rank/entrypoint.py:rank_main``;
+    all of them when there is none (a process that is not a rank)."""
+    for i, frame in enumerate(frames):
+        if frame.function == "rank_main" and _RANK_ENTRY.search(frame.file):
+            return frames[: i + 1]
+    return frames
 
 
 def last_dump(text: str) -> dict[int, list[Frame]]:

@@ -21,6 +21,7 @@ __all__ = [
     "CONSOLE_FORMAT",
     "FILE_FORMAT",
     "FILE_ONLY",
+    "QUIET_MARK",
     "RankLogSink",
     "setup_rank_logging",
 ]
@@ -33,6 +34,17 @@ FILE_FORMAT = (
     "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | [{extra[label]}] "
     "{name}:{function}:{line} | {message}"
 )
+
+
+QUIET_MARK = " (file only)"
+"""After a record's ``where`` in a rank log: a record its console does not show (its failure), so
+a launcher that streams the log (Ray, SLURM, ``status --follow``) does not show it either."""
+_FILE_LINE = FILE_FORMAT + "\n{exception}"
+_QUIET_LINE = FILE_FORMAT.replace("{line} |", "{line}" + QUIET_MARK + " |") + "\n{exception}"
+
+
+def _file_format(record: Any) -> str:
+    return _QUIET_LINE if record["extra"].get(FILE_ONLY) else _FILE_LINE
 
 
 class RankLogSink:
@@ -217,7 +229,7 @@ def setup_rank_logging(
     max_bytes = int(max_log_mb * (1 << 20)) if max_log_mb and max_log_mb > 0 else None
     logger.add(
         RankLogSink(log_file, max_bytes),
-        format=FILE_FORMAT,
+        format=_file_format,
         level="DEBUG",
         enqueue=False,
         colorize=False,

@@ -1,4 +1,4 @@
-"""Task registry: ``@register_task("name")`` and lookup by name.
+"""Task registry: ``@register_task("name")`` and lookup by name, one :class:`TaskSpec` per task.
 
 Built-in tasks live in this package; user tasks come from modules named in the
 config (``task.module=my_pkg.tasks``) or from the ``wf_launch.tasks`` entry-point
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..config import TaskConfig
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "TaskSpec",
     "get_task",
     "load_task_modules",
     "register_task",
@@ -23,14 +25,27 @@ __all__ = [
     "task_config_class",
     "task_owns_group",
     "task_preload",
+    "task_spec",
 ]
 
 TaskFn = Callable[[Any], dict[str, Any] | None]
 
-_TASKS: dict[str, TaskFn] = {}
-_CONFIGS: dict[str, type] = {}
-_PRELOAD: dict[str, tuple[str, ...]] = {}
-_OWN_GROUP: set[str] = set()
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One registered task: its function and what :func:`register_task` was told about it.
+
+    ``config`` None means a plain :class:`~wf_launch.config.TaskConfig`.
+    """
+
+    name: str
+    fn: TaskFn
+    config: type | None = None
+    preload: tuple[str, ...] = ()
+    own_group: bool = False
+
+
+_SPECS: dict[str, TaskSpec] = {}
 _BUILTINS = {
     "demo": "wf_launch.tasks.demo",
     "layout": "wf_launch.tasks.layout",
@@ -79,7 +94,8 @@ def register_task(
         raise ValueError(f"register_task({name!r}): preload={preload!r} must be module names")
 
     def deco(fn: TaskFn) -> TaskFn:
-        existing = _TASKS.get(name)
+        known = _SPECS.get(name)
+        existing = None if known is None else known.fn
         if (
             existing is not None
             and existing is not fn
@@ -89,13 +105,7 @@ def register_task(
                 f"task {name!r} is already registered by "
                 f"{existing.__module__}.{existing.__qualname__}"
             )
-        _TASKS[name] = fn
-        if config is not None:
-            _CONFIGS[name] = config
-        if modules:
-            _PRELOAD[name] = modules
-        if own_group:
-            _OWN_GROUP.add(name)
+        _SPECS[name] = TaskSpec(name, fn, config, modules, own_group)
         return fn
 
     return deco
@@ -125,38 +135,42 @@ def load_task_modules(modules: Iterable[str] = (), builtins: bool = True) -> Non
             raise ImportError(f"task.modules: cannot import {mod!r}: {exc}") from exc
 
 
-def get_task(name: str) -> TaskFn:
-    """The task registered as ``name``; KeyError lists the registered names."""
-    if name not in _TASKS and name in _BUILTINS:
+def task_spec(name: str) -> TaskSpec:
+    """The record of task ``name`` (importing a built-in's module); KeyError lists the names."""
+    if name not in _SPECS and name in _BUILTINS:
         importlib.import_module(_BUILTINS[name])
     try:
-        return _TASKS[name]
+        return _SPECS[name]
     except KeyError:
         raise KeyError(
-            f"task.name={name!r} is not registered; registered tasks: {sorted(_TASKS)}"
+            f"task.name={name!r} is not registered; registered tasks: {sorted(_SPECS)}"
         ) from None
 
 
-def task_config_class(name: str) -> type:
-    """The config dataclass of task ``name`` (its own, else :class:`~wf_launch.config.TaskConfig`)."""
+def get_task(name: str) -> TaskFn:
+    """The task registered as ``name``; KeyError lists the registered names."""
+    return task_spec(name).fn
 
-    get_task(name)
-    return _CONFIGS.get(name, TaskConfig)
+
+def task_config_class(name: str) -> type:
+    """The config dataclass of task ``name``: its own, else a plain ``TaskConfig``."""
+
+    return task_spec(name).config or TaskConfig
 
 
 def registered_configs() -> dict[str, Any]:
     """A config node for every registered task: its own dataclass, else a plain TaskConfig."""
-    return {name: task_config_class(name)(name=name) for name in _TASKS}
+    return {name: task_config_class(name)(name=name) for name in _SPECS}
 
 
 def task_preload(name: str) -> tuple[str, ...]:
     """The modules task ``name`` asked the launcher to import before forking its ranks."""
-    if name not in _TASKS and name in _BUILTINS:
+    if name not in _SPECS and name in _BUILTINS:
         importlib.import_module(_BUILTINS[name])
-    return _PRELOAD.get(name, ())
+    spec = _SPECS.get(name)
+    return () if spec is None else spec.preload
 
 
 def task_owns_group(name: str) -> bool:
     """Whether task ``name`` starts its own process group (``register_task(own_group=True)``)."""
-    get_task(name)
-    return name in _OWN_GROUP
+    return task_spec(name).own_group

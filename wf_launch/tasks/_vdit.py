@@ -8,6 +8,8 @@ share:
 - :class:`PatchGridSplit`: which (T', H', W) block of the patch grid each CP rank holds
   (planned with ``find_split``), the block-major token order that makes each block
   a contiguous slice of the sequence, and every token's global (t, h, w) position.
+- :class:`VDiTConfig`: the model's and the latent's sizes, the config fields tasks
+  ``demo`` and ``train`` share.
 - :class:`VDiT`: ``embed`` (patch embedding + 3D sin-cos positions), ``condition``
   (timestep -> adaLN vector), ``run_blocks(start, stop)`` (one pipeline stage) and
   ``head``; ``forward`` chains them on one process (the reference).
@@ -23,13 +25,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wf_launch.config import TaskConfig, config_error, integer, is_int, number
 from worldfoundry.core.distributed import cat_outputs_cp, cat_outputs_cp_with_grad, find_split
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "FinalLayer",
     "PatchGridSplit",
     "VDiT",
+    "VDiTConfig",
     "gather_kv_with_grad",
     "patchify",
     "sincos_3d",
@@ -47,6 +51,65 @@ __all__ = [
 ]
 
 Patch = tuple[int, int, int]
+MAX_WIDTH = 1 << 16
+"""The widest model (``hidden``); the tasks run on CPUs."""
+MAX_MLP_RATIO = 64.0
+_RATIO_TEXT = f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1"
+
+
+@dataclass
+class VDiTConfig(TaskConfig):
+    """The model and its latent, the fields tasks ``demo`` and ``train`` share (latent units).
+
+    ``patch`` is (t, h, w) and must divide (frames, height, width). A task redeclares a
+    field only to give it another default (:func:`~wf_launch.config.fields.redefault`).
+    """
+
+    seed: int = integer(0, low=0)
+    batch: int = integer(1, low=1)
+    channels: int = integer(4, low=1)
+    frames: int = integer(6, low=1)
+    height: int = integer(32, low=1)
+    width: int = integer(32, low=1)
+    patch: list[int] = field(default_factory=lambda: [1, 2, 2])
+    hidden: int = integer(64, low=1)
+    heads: int = integer(4, low=1)
+    depth: int = integer(4, low=1)
+    mlp_ratio: float = number(4.0, 0, MAX_MLP_RATIO, low_open=True, allowed=_RATIO_TEXT)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int, int]:
+        return self.batch, self.channels, self.frames, self.height, self.width
+
+    def check_model(self) -> None:
+        """The sizes that must fit together (after each field's own rule); ConfigError if not."""
+        if (
+            not isinstance(self.patch, (list, tuple))
+            or len(self.patch) != 3
+            or not all(is_int(p) and p >= 1 for p in self.patch)
+        ):
+            raise config_error("task.patch", self.patch, "expected three integers >= 1: [t, h, w]")
+        for name, p in zip(("frames", "height", "width"), self.patch):
+            if getattr(self, name) % p:
+                raise config_error(
+                    f"task.{name}",
+                    getattr(self, name),
+                    f"must be a multiple of its patch size {p} (patch={list(self.patch)})",
+                )
+        if self.hidden % 2 or not 6 <= self.hidden <= MAX_WIDTH:
+            raise config_error(
+                "task.hidden",
+                self.hidden,
+                f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)",
+            )
+        if self.hidden % self.heads:
+            raise config_error("task.heads", self.heads, f"must divide task.hidden={self.hidden}")
+        if int(self.hidden * self.mlp_ratio) < 1:
+            raise config_error("task.mlp_ratio", self.mlp_ratio, _RATIO_TEXT)
+
+    def split_plan(self, cp_size: int) -> PatchGridSplit:
+        """The CP plan of the latent (``find_split``); ValueError or RuntimeError if it cannot."""
+        return PatchGridSplit.plan(self.latent_shape, tuple(self.patch), cp_size)
 
 
 def patchify(latent: torch.Tensor, patch: Patch) -> torch.Tensor:
@@ -147,7 +210,7 @@ class PatchGridSplit:
         return x.reshape(b, *self.grid, d)
 
     def positions(self, cp_rank: int | None = None) -> torch.Tensor:
-        """Global (t, h, w) patch coordinates, (L, 3) long: of ``cp_rank``'s block, or all (None)."""
+        """Global (t, h, w) patch coordinates, (L, 3) long: ``cp_rank``'s block, or all (None)."""
         if cp_rank is None:
             return torch.cat([self.positions(r) for r in range(self.cp_size)])
         if not 0 <= cp_rank < self.cp_size:
@@ -228,7 +291,7 @@ class CPAttention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor, cp_group: Any = None) -> torch.Tensor:
-        """``x``: this rank's tokens (B, L, D); ``cp_group`` None means the whole sequence is local."""
+        """``x``: this rank's tokens (B, L, D); ``cp_group`` None: the whole sequence is local."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).unbind(2)
         if cp_group is not None:
@@ -332,7 +395,7 @@ class VDiT(nn.Module):
         return self.t_embed(timestep_embedding(t, self.hidden).to(device=t.device, dtype=dtype))
 
     def embed(self, patches: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Patch values (B, L, patch_dim) at global ``positions`` (L, 3) -> tokens (B, L, hidden)."""
+        """Patch values (B, L, patch_dim) at global ``positions`` (L, 3) -> tokens (B, L, D)."""
         pos = sincos_3d(positions, self.hidden).to(device=patches.device, dtype=patches.dtype)
         return self.patch_embed(patches) + pos
 
@@ -349,7 +412,9 @@ class VDiT(nn.Module):
         return self.final(x, c)
 
     def forward(self, latent: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Single-process forward: latent (B, C, T, H, W) and times (B,) -> output of the latent's shape."""
+        """Single-process forward: latent (B, C, T, H, W) and times (B,) -> output of the latent's
+        shape.
+        """
         grid = patchify(latent, self.patch)
         split = PatchGridSplit(tuple(grid.shape[1:4]))
         c = self.condition(t)

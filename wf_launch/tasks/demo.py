@@ -1,4 +1,5 @@
-"""Task ``demo``: a tiny video-DiT forward pass under the run's CP x PP layout, checked against one process.
+"""Task ``demo``: a tiny video-DiT forward pass under the run's CP x PP layout, checked against one
+process.
 
 What every model-parallel replica does:
 
@@ -33,20 +34,17 @@ import torch.distributed as dist
 from wf_launch.config import (
     ConfigError,
     EngineConfig,
-    TaskConfig,
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
-    config_error,
-    is_int,
-    positive_int,
+    check_fields,
+    choice,
+    flag,
+    integer,
+    number,
 )
 from worldfoundry.core.distributed import broadcast_split_tensor, cat_outputs_cp, get_layout
 
 from ..rank.task_context import TaskContext
 from ..rank.task_registry import register_task
-from ._vdit import PatchGridSplit, VDiT, patchify, stage_blocks, unpatchify
+from ._vdit import PatchGridSplit, VDiT, VDiTConfig, patchify, stage_blocks, unpatchify
 
 __all__ = ["DEFAULT_ATOL", "DTYPES", "DemoTaskConfig", "demo", "plan_split"]
 
@@ -55,100 +53,36 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
     "bfloat16": torch.bfloat16,
 }
-MAX_WIDTH = 1 << 16
-"""The widest demo model (``hidden``); the demo runs on CPUs."""
-MAX_MLP_RATIO = 64.0
 DEFAULT_ATOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 0.05}
 """Tolerance when ``atol`` is null: reduction-order noise of each dtype on outputs of order 1."""
 
 
 @dataclass
-class DemoTaskConfig(TaskConfig):
+class DemoTaskConfig(VDiTConfig):
     """Config of task ``demo`` (``task=demo task.frames=8 ...``).
 
-    Sizes are in latent units; ``patch`` is (t, h, w) and must divide
-    (frames, height, width). ``atol`` null picks a per-dtype tolerance
-    (:data:`DEFAULT_ATOL`).
+    The model's fields are :class:`~wf_launch.tasks._vdit.VDiTConfig`'s. ``atol`` null
+    picks a per-dtype tolerance (:data:`DEFAULT_ATOL`).
     """
 
     name: str = "demo"
-    seed: int = 0
-    batch: int = 1
-    channels: int = 4
-    frames: int = 6
-    height: int = 32
-    width: int = 32
-    patch: list[int] = field(default_factory=lambda: [1, 2, 2])
-    hidden: int = 64
-    heads: int = 4
-    depth: int = 4
-    mlp_ratio: float = 4.0
-    dtype: str = "float32"
-    warmup: int = 1
-    repeats: int = 3
-    check: bool = True
-    atol: float | None = None
+    dtype: str = choice("float32", DTYPES)
+    warmup: int = integer(1, low=0)
+    repeats: int = integer(3, low=1)
+    check: bool = flag(True)
+    atol: float | None = number(
+        None, 0, low_open=True, note="or null for the dtype's default", optional=True
+    )
 
     def validate(self, engine: EngineConfig | None = None) -> None:
         """Raise :class:`ConfigError` naming the field, its value and what is allowed.
 
         With the run's ``engine``, also check that its ``cp_size`` can split the latent.
         """
-        check_int("task.seed", self.seed, low=0)
-        for name in (
-            "batch",
-            "channels",
-            "frames",
-            "height",
-            "width",
-            "hidden",
-            "heads",
-            "depth",
-            "repeats",
-        ):
-            positive_int(f"task.{name}", getattr(self, name))
-        check_int("task.warmup", self.warmup, low=0)
-        if (
-            not isinstance(self.patch, (list, tuple))
-            or len(self.patch) != 3
-            or not all(is_int(p) and p >= 1 for p in self.patch)
-        ):
-            raise config_error("task.patch", self.patch, "expected three integers >= 1: [t, h, w]")
-        for name, p in zip(("frames", "height", "width"), self.patch):
-            if getattr(self, name) % p:
-                raise config_error(
-                    f"task.{name}",
-                    getattr(self, name),
-                    f"must be a multiple of its patch size {p} (patch={list(self.patch)})",
-                )
-        if self.hidden % 2 or not 6 <= self.hidden <= MAX_WIDTH:
-            raise config_error(
-                "task.hidden",
-                self.hidden,
-                f"expected an even integer >= 6 and <= {MAX_WIDTH} (3D sin-cos positions)",
-            )
-        if self.hidden % self.heads:
-            raise config_error("task.heads", self.heads, f"must divide task.hidden={self.hidden}")
-        ratio_text = (
-            f"expected a number > 0 and <= {MAX_MLP_RATIO:g} with int(hidden * mlp_ratio) >= 1"
-        )
-        check_number(
-            "task.mlp_ratio", self.mlp_ratio, 0, MAX_MLP_RATIO, low_open=True, allowed=ratio_text
-        )
-        if int(self.hidden * self.mlp_ratio) < 1:
-            raise config_error("task.mlp_ratio", self.mlp_ratio, ratio_text)
-        check_choice("task.dtype", self.dtype, DTYPES)
-        check_bool("task.check", self.check)
-        if self.atol is not None:
-            check_number(
-                "task.atol", self.atol, 0, low_open=True, note="or null for the dtype's default"
-            )
+        check_fields(self, "task")
+        self.check_model()
         if engine is not None:
             plan_split(self, engine.cp_size)
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int, int]:
-        return self.batch, self.channels, self.frames, self.height, self.width
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -178,7 +112,9 @@ class DemoTaskConfig(TaskConfig):
         device: Any = "cpu",
         latent: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Seeded diffusion times (B,) and, if ``latent``, a latent (B, C, T, H, W); generated on CPU."""
+        """Seeded diffusion times (B,) and, if ``latent``, a latent (B, C, T, H, W); generated on
+        CPU.
+        """
         gen = torch.Generator().manual_seed(sample_seed)
         t = torch.rand(self.batch, generator=gen, dtype=torch.float64)
         x = torch.randn(self.latent_shape, generator=gen) if latent else None
@@ -186,9 +122,11 @@ class DemoTaskConfig(TaskConfig):
 
 
 def plan_split(cfg: DemoTaskConfig, cp_size: int) -> PatchGridSplit:
-    """CP plan of the latent (``find_split``), with an error naming the config when CP cannot be placed."""
+    """CP plan of the latent (``find_split``), with an error naming the config when CP cannot be
+    placed.
+    """
     try:
-        return PatchGridSplit.plan(cfg.latent_shape, tuple(cfg.patch), cp_size)
+        return cfg.split_plan(cp_size)
     except (ValueError, RuntimeError) as exc:
         pt, ph, pw = cfg.patch
         raise ConfigError(
@@ -270,7 +208,9 @@ class _Forward:
         return self.cfg.batch, self.split.tokens_per_rank, self.cfg.hidden
 
     def __call__(self) -> torch.Tensor | None:
-        """One forward of this stage; the last stage returns the whole output latent, the others None."""
+        """One forward of this stage; the last stage returns the whole output latent, the others
+        None.
+        """
         cfg, ctx = self.cfg, self.ctx
         cp_pg = ctx.groups["cp"] if ctx.groups["cp"].world_size > 1 else None
         c = self.model.condition(self.t)
@@ -299,7 +239,7 @@ class _Forward:
 
 
 def _timed(fwd: _Forward) -> tuple[torch.Tensor | None, float]:
-    """Warm up, then the mean time of ``repeats`` forwards (reported as progress); the last output."""
+    """Warm up, then the mean time of ``repeats`` forwards (as progress); the last output."""
     for _ in range(fwd.cfg.warmup):
         fwd()
     fwd.settle()
@@ -381,13 +321,36 @@ def _check(
     }
 
 
+def _outputs(holders: list[dict[str, Any]], replicas: int) -> dict[str, Any]:
+    """What the ranks holding the output measured: speed, error, and whether every replica held."""
+    errs = [r["max_abs_err"] for r in holders if r.get("max_abs_err") is not None]
+    return {
+        "tokens_per_s": min(r["tokens_per_s"] for r in holders),
+        "ref_tokens_per_s": min(
+            (r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r), default=None
+        ),
+        "max_abs_err": max(errs) if errs else None,
+        "ok": all(r["ok"] for r in holders) and len(holders) == replicas,
+        "output_ranks": [r["rank"] for r in holders],
+    }
+
+
+def _first_replica_blocks(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """Each pipeline stage's blocks, as the first tp, cp and dp rank of the stage ran them."""
+    return [
+        list(r["blocks"])
+        for r in rows
+        if r["coords"]["tp"] == 0 and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0
+    ]
+
+
 def _summarize(
     cfg: DemoTaskConfig, split: PatchGridSplit, rows: list[dict[str, Any]], ctx: TaskContext
 ) -> dict[str, Any]:
     """Rank 0's view of the run, from every rank's row."""
     layout = get_layout()
     holders = [r for r in rows if r.get("holds_output")]
-    errs = [r["max_abs_err"] for r in holders if r.get("max_abs_err") is not None]
+    outputs = _outputs(holders, layout.world_size // (layout.cp_size * layout.pp_size))
     pt, ph, _ = cfg.patch
     bt, bh, _ = split.block
     return {
@@ -395,25 +358,18 @@ def _summarize(
         "layout_text": layout.describe(),
         "order": "-".join(layout.dims),
         "tokens": cfg.batch * split.tokens,
-        "tokens_per_s": min(r["tokens_per_s"] for r in holders),
-        "ref_tokens_per_s": min(
-            (r["ref_tokens_per_s"] for r in holders if "ref_tokens_per_s" in r), default=None
-        ),
-        "max_abs_err": max(errs) if errs else None,
+        "tokens_per_s": outputs["tokens_per_s"],
+        "ref_tokens_per_s": outputs["ref_tokens_per_s"],
+        "max_abs_err": outputs["max_abs_err"],
         "atol": cfg.tolerance,
-        "ok": all(r["ok"] for r in holders)
-        and len(holders) == layout.world_size // (layout.cp_size * layout.pp_size),
-        "output_ranks": [r["rank"] for r in holders],
+        "ok": outputs["ok"],
+        "output_ranks": outputs["output_ranks"],
         "cp_split": {
             "cp_t": split.cp_t,
             "cp_h": split.cp_h,
             "block_latent": [bt * pt, bh * ph, cfg.width],
         },
-        "stage_blocks": [
-            list(r["blocks"])
-            for r in rows
-            if r["coords"]["tp"] == 0 and r["coords"]["cp"] == 0 and r["coords"]["dp"] == 0
-        ],
+        "stage_blocks": _first_replica_blocks(rows),
         "tp_replicated": layout.tp_size > 1,
         "dp_samples": f"dp replica d uses sample seed {cfg.seed} + 1 + d",
         "config": asdict(cfg),

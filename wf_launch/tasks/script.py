@@ -29,7 +29,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.fields import check_bool, config_error, positive_int
+from ..config.fields import check_fields, config_error, flag, integer
 from ..config.task import TaskConfig
 from ..launchers.snapshot import project_root
 from ..rank import script_api, user_code
@@ -47,16 +47,20 @@ __all__ = ["OwnGroupConfig", "ScriptConfig", "argv_of", "describe_ranks", "in_co
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 DESCRIBE_EDGE = 8
-"""The dry run lists every rank's command up to twice this many ranks, else the first and last this many."""
+"""The dry run lists every rank's command up to twice this many ranks, else the first and last this
+many.
+"""
 
 
 @dataclass
 class OwnGroupConfig(TaskConfig):
-    """What every task running code that starts its own process group has (``task=script``, ``task=call``)."""
+    """What every task running code that starts its own process group has (``task=script``,
+    ``task=call``).
+    """
 
     workdir: str = "${hydra:runtime.cwd}"
-    fresh_interpreter: bool = False
-    keep: int = 3
+    fresh_interpreter: bool = flag(False)
+    keep: int = integer(3, low=1, note="(complete checkpoints kept by wf_launch.checkpoint)")
 
     def validate(self, engine: EngineConfig | None = None) -> None:
         if not isinstance(self.workdir, str) or not Path(self.workdir).is_dir():
@@ -65,15 +69,14 @@ class OwnGroupConfig(TaskConfig):
                 self.workdir,
                 "an existing directory (default: where the command was started)",
             )
-        check_bool("task.fresh_interpreter", self.fresh_interpreter)
-        positive_int(
-            "task.keep", self.keep, note="(complete checkpoints kept by wf_launch.checkpoint)"
-        )
+        check_fields(self, "task", OwnGroupConfig)
 
 
 @dataclass
 class ScriptConfig(OwnGroupConfig):
-    """``task.path`` (a file, relative to ``task.workdir``) or ``task.module`` (``python -m``), and ``task.args``."""
+    """``task.path`` (a file, relative to ``task.workdir``) or ``task.module`` (``python -m``), and
+    ``task.args``.
+    """
 
     name: str = "script"
     path: str | None = None
@@ -114,7 +117,8 @@ class ScriptConfig(OwnGroupConfig):
 
 
 def argv_of(args: Any) -> list[str]:
-    """``task.args`` as the strings the code sees; numbers and booleans (as Hydra parses them) as their text.
+    """``task.args`` as the strings the code sees; numbers and booleans (as Hydra parses them) as
+    their text.
 
     ConfigError naming ``task.args`` for anything else (not a list, a nested list, a mapping, null).
     """
@@ -151,7 +155,8 @@ def _check_path(path: Any, workdir: Path) -> None:
 
 
 def find_module(module: str, workdir: Path) -> bool:
-    """Whether ``python -m module`` started in ``workdir`` would find it, without importing anything.
+    """Whether ``python -m module`` started in ``workdir`` would find it, without importing
+    anything.
 
     Searches ``workdir`` and ``sys.path`` package by package (:class:`PathFinder`); a
     package counts when it has ``__main__.py``. Modules only a meta-path hook knows of (some
@@ -199,7 +204,10 @@ def _shown_path(path: str, workdir: str, plan: LaunchPlan) -> str:
 
 
 def describe_ranks(plan: LaunchPlan, workdir: str, command: list[str]) -> list[str]:
-    """The dry run's lines: the working directory, the environment every rank shares, each rank's command."""
+    """The dry run's lines: the working directory, the environment every rank shares, each rank's
+    command.
+    """
+
     world = plan.world_size
     per_node = world // max(1, int(getattr(plan.launcher_config, "nodes", 1) or 1))
     envs = [
@@ -242,7 +250,9 @@ def describe_ranks(plan: LaunchPlan, workdir: str, command: list[str]) -> list[s
 
 
 def code_copy() -> tuple[Path, Path] | None:
-    """(project, its copy) when this rank runs from a launcher's code copy (SLURM's snapshot), else None."""
+    """(project, its copy) when this rank runs from a launcher's code copy (SLURM's snapshot), else
+    None.
+    """
     copy = Path(__file__).resolve().parents[2]  # what holds the imported wf_launch package
     try:
         manifest = read_json(copy / files.SNAPSHOT_MANIFEST)
@@ -254,7 +264,9 @@ def code_copy() -> tuple[Path, Path] | None:
 
 
 def in_code_copy(path: Path, copy: tuple[Path, Path] | None) -> Path:
-    """``path`` inside the code copy when it is part of the copied project (and copied), else ``path``."""
+    """``path`` inside the code copy when it is part of the copied project (and copied), else
+    ``path``.
+    """
     if copy is None:
         return path
     source, root = copy
@@ -266,7 +278,10 @@ def in_code_copy(path: Path, copy: tuple[Path, Path] | None) -> Path:
 
 @register_task("script", config=ScriptConfig, own_group=True)
 def script(ctx: TaskContext) -> dict[str, Any]:
-    """Run the script (or module) on this rank: torchrun's environment, the launch directory, ``__main__``."""
+    """Run the script (or module) on this rank: torchrun's environment, the launch directory,
+    ``__main__``.
+    """
+
     cfg: ScriptConfig = ctx.cfg
     export(ctx.config, ctx.run_dir)
     workdir, copy = Path(cfg.workdir), code_copy()

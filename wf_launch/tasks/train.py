@@ -1,4 +1,5 @@
-"""Task ``train``: train the demo's video DiT on seeded synthetic latents, deterministic and resumable at any layout.
+"""Task ``train``: train the demo's video DiT on seeded synthetic latents, deterministic and
+resumable at any layout.
 
 Every rank builds the same seeded :class:`~wf_launch.tasks._vdit.VDiT` and keeps its
 pipeline stage's share (:class:`Stage`: blocks ``stage_blocks(depth, pp_size, s)``,
@@ -39,7 +40,7 @@ import copy
 import hashlib
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -50,13 +51,13 @@ from torch import nn
 from wf_launch.config import (
     ConfigError,
     EngineConfig,
-    TaskConfig,
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
+    check_fields,
+    choice,
     config_error,
-    positive_int,
+    flag,
+    integer,
+    number,
+    redefault,
 )
 from wf_launch.rundir.checkpoints import describe_layout
 from worldfoundry.core.distributed import gather_state_dicts, get_layout
@@ -70,8 +71,15 @@ from worldfoundry.core.torch_private import DYNAMO_MODULE
 
 from ..rank.task_context import TaskContext
 from ..rank.task_registry import register_task
-from ._vdit import PatchGridSplit, VDiT, patchify, sincos_3d, stage_blocks, timestep_embedding
-from .demo import DemoTaskConfig
+from ._vdit import (
+    PatchGridSplit,
+    VDiT,
+    VDiTConfig,
+    patchify,
+    sincos_3d,
+    stage_blocks,
+    timestep_embedding,
+)
 from .train_memory import estimate_memory_gb
 
 __all__ = [
@@ -100,7 +108,7 @@ _BACKWARD_TAG = 1 << 20
 
 
 @dataclass
-class TrainConfig(TaskConfig):
+class TrainConfig(VDiTConfig):
     """Config of task ``train`` (``task=train task.steps=20 ...``).
 
     ``batch`` samples per micro-batch; ``global_batch`` samples per step (0: ``dp_size *
@@ -108,143 +116,111 @@ class TrainConfig(TaskConfig):
     ``global_batch / (dp_size * batch)`` micro-batches per replica (GPipe), so
     ``micro_batches`` only sets the default global batch. ``checkpoint_every`` 0 saves only
     on a stop (and after the last step with ``save_final``). ``step_sleep_s`` stretches
-    every step (drills and tests). Model sizes are the demo's (latent units).
+    every step (drills and tests). The model's fields are the demo's
+    (:class:`~wf_launch.tasks._vdit.VDiTConfig`), with a smaller model by default.
     """
 
     name: str = "train"
-    seed: int = 0
-    steps: int = 10
-    micro_batches: int = 2
-    batch: int = 2
-    global_batch: int = 0
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    ema_beta: float = 0.99
-    loss: str = "flow"
-    checkpoint_every: int = 0
-    keep: int = 3
-    async_save: bool = False
-    save_final: bool = True
-    step_sleep_s: float = 0.0
-    check_reference: bool = False
-    reference_atol: float = 1e-4
-    channels: int = 4
-    frames: int = 4
-    height: int = 8
-    width: int = 8
-    patch: list[int] = field(default_factory=lambda: [1, 2, 2])
-    hidden: int = 32
-    heads: int = 4
-    depth: int = 2
-    mlp_ratio: float = 2.0
+    batch: int = redefault(VDiTConfig, "batch", 2)
+    frames: int = redefault(VDiTConfig, "frames", 4)
+    height: int = redefault(VDiTConfig, "height", 8)
+    width: int = redefault(VDiTConfig, "width", 8)
+    hidden: int = redefault(VDiTConfig, "hidden", 32)
+    depth: int = redefault(VDiTConfig, "depth", 2)
+    mlp_ratio: float = redefault(VDiTConfig, "mlp_ratio", 2.0)
+    steps: int = integer(10, low=1)
+    micro_batches: int = integer(2, low=1)
+    global_batch: int = integer(
+        0, low=0, note="(0: engine.dp_size * task.batch * task.micro_batches)"
+    )
+    lr: float = number(1e-3, 0, low_open=True)
+    weight_decay: float = number(0.0, 0)
+    ema_beta: float = number(0.99, 0, 1, allowed="expected a number in [0, 1]")
+    loss: str = choice("flow", LOSSES)
+    checkpoint_every: int = integer(0, low=0, note="(0: save only when the run is asked to stop)")
+    keep: int = integer(3, low=1)
+    async_save: bool = flag(False)
+    save_final: bool = flag(True)
+    step_sleep_s: float = number(0.0, 0, unit="seconds")
+    check_reference: bool = flag(False)
+    reference_atol: float = number(1e-4, 0, low_open=True)
 
     def validate(self, engine: EngineConfig | None = None) -> None:
         """Raise :class:`ConfigError` naming the field, its value and what is allowed."""
-
-        for name in ("steps", "micro_batches", "keep"):
-            positive_int(f"task.{name}", getattr(self, name))
-        check_int(
-            "task.checkpoint_every",
-            self.checkpoint_every,
-            low=0,
-            note="(0: save only when the run is asked to stop)",
-        )
-        check_int(
-            "task.global_batch",
-            self.global_batch,
-            low=0,
-            note="(0: engine.dp_size * task.batch * task.micro_batches)",
-        )
-        check_number("task.lr", self.lr, 0, low_open=True)
-        check_number("task.weight_decay", self.weight_decay, 0)
-        check_number("task.ema_beta", self.ema_beta, 0, 1, allowed="expected a number in [0, 1]")
-        check_number("task.step_sleep_s", self.step_sleep_s, 0, unit="seconds")
-        check_number("task.reference_atol", self.reference_atol, 0, low_open=True)
-        check_choice("task.loss", self.loss, LOSSES)
-        for name in ("async_save", "save_final", "check_reference"):
-            check_bool(f"task.{name}", getattr(self, name))
-        DemoTaskConfig(name="demo", **self._model_fields()).validate()
+        check_fields(self, "task")
+        self.check_model()
         if engine is not None:
-            if self.global_batch:
-                self.micro_batches_at(self.global_batch, engine.dp_size, engine.pp_size)
-            elif engine.pp_size > 1 and self.micro_batches < engine.pp_size:
-                raise config_error(
-                    "task.micro_batches",
-                    self.micro_batches,
-                    f"GPipe needs at least one micro-batch per pipeline stage: an integer "
-                    f">= engine.pp_size={engine.pp_size}",
-                )
-            if self.depth < engine.pp_size:
-                raise config_error(
-                    "task.depth",
-                    self.depth,
-                    f"every pipeline stage needs a block: an integer >= engine.pp_size="
-                    f"{engine.pp_size}",
-                )
-            self.plan_split(engine.cp_size)
+            self._check_layout(engine)
+
+    def _check_layout(self, engine: EngineConfig) -> None:
+        """The batch, the blocks and the latent split over the run's layout."""
+        if self.global_batch:
+            self.micro_batches_at(self.global_batch, engine.dp_size, engine.pp_size)
+        elif engine.pp_size > 1 and self.micro_batches < engine.pp_size:
+            raise config_error(
+                "task.micro_batches",
+                self.micro_batches,
+                f"GPipe needs at least one micro-batch per pipeline stage: an integer "
+                f">= engine.pp_size={engine.pp_size}",
+            )
+        if self.depth < engine.pp_size:
+            raise config_error(
+                "task.depth",
+                self.depth,
+                f"every pipeline stage needs a block: an integer >= engine.pp_size="
+                f"{engine.pp_size}",
+            )
+        self.plan_split(engine.cp_size)
 
     def default_global_batch(self, dp_size: int) -> int:
-        """The global batch of a run started at ``dp_size`` replicas: ``task.global_batch``, else dp * batch * micro."""
+        """The global batch of a run started at ``dp_size`` replicas: ``task.global_batch``, else dp
+        * batch * micro.
+        """
         return self.global_batch or dp_size * self.batch * self.micro_batches
 
     def micro_batches_at(self, global_batch: int, dp_size: int, pp_size: int) -> int:
-        """Micro-batches per replica at a layout: ``global_batch / (dp_size * batch)``; ConfigError if it cannot."""
+        """Micro-batches per replica at a layout: ``global_batch / (dp_size * batch)``; ConfigError
+        if it cannot.
+        """
         per = dp_size * self.batch
         if global_batch % per:
             raise config_error(
                 "task.global_batch",
                 global_batch,
-                f"a multiple of engine.dp_size * task.batch = {dp_size} * {self.batch} = {per} (every "
-                "replica runs whole micro-batches of task.batch samples)",
+                f"a multiple of engine.dp_size * task.batch = {dp_size} * {self.batch} = {per} "
+                "(every replica runs whole micro-batches of task.batch samples)",
             )
         micro = global_batch // per
         if pp_size > 1 and micro < pp_size:
             raise config_error(
                 "task.global_batch",
                 global_batch,
-                f">= engine.dp_size * task.batch * engine.pp_size = {per * pp_size} (GPipe needs at "
-                "least one micro-batch per pipeline stage)",
+                f">= engine.dp_size * task.batch * engine.pp_size = {per * pp_size} "
+                "(GPipe needs at least one micro-batch per pipeline stage)",
             )
         return micro
 
     def estimate_memory_gb(self, layout: dict[str, Any]) -> float:
-        """Peak memory per rank (GB) on ``layout`` (tp/cp/pp/dp, device): :mod:`wf_launch.tasks.train_memory`."""
-        return estimate_memory_gb(self, layout)
+        """Peak memory per rank (GB) on ``layout`` (tp/cp/pp/dp, device):
+        :mod:`wf_launch.tasks.train_memory`.
+        """
 
-    def _model_fields(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "seed",
-                "batch",
-                "channels",
-                "frames",
-                "height",
-                "width",
-                "patch",
-                "hidden",
-                "heads",
-                "depth",
-                "mlp_ratio",
-            )
-        }
+        return estimate_memory_gb(self, layout)
 
     def plan_split(self, cp_size: int) -> PatchGridSplit:
         """The CP plan of the latent, with an error naming the config when CP cannot split it."""
         try:
-            return PatchGridSplit.plan(self.latent_shape, tuple(self.patch), cp_size)
+            return self.split_plan(cp_size)
         except (ValueError, RuntimeError) as exc:
             pt, ph, _ = self.patch
             raise ConfigError(
-                f"engine.cp_size={cp_size} is not allowed: the sequence of {self.frames // pt} patch frames x "
-                f"{self.height // ph} patch rows (task.frames={self.frames}, task.height={self.height}, "
-                f"task.patch={list(self.patch)}) splits over cp_size = (a divisor of the patch frames) x "
+                f"engine.cp_size={cp_size} is not allowed: the sequence of "
+                f"{self.frames // pt} patch frames x {self.height // ph} patch rows "
+                f"(task.frames={self.frames}, task.height={self.height}, "
+                f"task.patch={list(self.patch)}) splits over cp_size = "
+                "(a divisor of the patch frames) x "
                 f"(a divisor of the patch rows) ranks ({exc})"
             ) from exc
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int, int]:
-        return self.batch, self.channels, self.frames, self.height, self.width
 
     def build_model(self) -> VDiT:
         """The seeded full model (float32, CPU), identical on every rank and in the reference."""
@@ -260,7 +236,9 @@ class TrainConfig(TaskConfig):
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
-    """The generator seed of one sample: a pure function of (seed, step, its index in the step's global batch)."""
+    """The generator seed of one sample: a pure function of (seed, step, its index in the step's
+    global batch).
+    """
     digest = hashlib.sha256(f"wf_launch.train/{seed}/{step}/{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
@@ -271,7 +249,8 @@ def make_batch(
     first: int,
     count: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Samples ``first .. first + count - 1`` of step ``step``'s global batch: times (B,), noisy latents x_t
+    """Samples ``first .. first + count - 1`` of step ``step``'s global batch: times (B,), noisy
+    latents x_t
     and regression targets (B, C, T, H, W), float32 on the CPU. The same samples whatever the split.
 
     ``x0`` is a seeded prototype latent plus a little noise; ``x_t = (1 - t) x0 + t noise``;
@@ -333,7 +312,9 @@ class Stage(nn.Module):
 
 
 def full_state(stage: Stage) -> dict[str, torch.Tensor]:
-    """The stage's unsharded parameters under full-model names, on the CPU (collective over its mesh)."""
+    """The stage's unsharded parameters under full-model names, on the CPU (collective over its
+    mesh).
+    """
     out = {}
     for name, p in stage.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
@@ -381,7 +362,9 @@ PRELOAD = (
 
 @dataclass
 class Placement:
-    """Where this rank sits in the layout, as training needs it: its pipeline stage, replica and CP block."""
+    """Where this rank sits in the layout, as training needs it: its pipeline stage, replica and CP
+    block.
+    """
 
     stage_id: int
     n_stages: int
@@ -416,12 +399,15 @@ class Placement:
 
 
 SCOPES = {"progress": "replicated"}
-"""The scope of ``train``'s per-rank entries: the progress (step, loss curve, attempts, global batch) is one copy."""
+"""The scope of ``train``'s per-rank entries: the progress (step, loss curve, attempts, global
+batch) is one copy.
+"""
 
 
 @dataclass
 class Trainer:
-    """One rank's training state: the stage (FSDP2 over dp x cp), its EMA copy, the optimizer, the progress.
+    """One rank's training state: the stage (FSDP2 over dp x cp), its EMA copy, the optimizer, the
+    progress.
 
     ``state`` is what a checkpoint holds (the model, EMA and optimizer under the full model's
     names, so they reshard on another layout; ``progress`` replicated). ``global_batch`` and
@@ -446,12 +432,14 @@ class Trainer:
 
 
 def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
-    """Build this rank's stage of the seeded model and its EMA copy, shard both with FSDP2, make the optimizer."""
+    """Build this rank's stage of the seeded model and its EMA copy, shard both with FSDP2, make the
+    optimizer.
+    """
     from torch.distributed.device_mesh import DeviceMesh
 
     place = Placement.of(ctx, cfg)
     # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
-    # Stage's outputs are views of FSDP2's own hooks and linear layers, and nothing edits them in place.
+    # Stage's outputs are views of FSDP2's own hooks and linear layers; nothing edits them in place.
     warnings.filterwarnings(
         "ignore", message=r"FSDP2-wrapped module \(FSDPStage\) returned a view tensor"
     )
@@ -476,7 +464,9 @@ def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
 
 
 def _global_batch(t: Trainer) -> int:
-    """The run's global batch: the checkpoint's (a resumed run keeps it at any layout), else the config's."""
+    """The run's global batch: the checkpoint's (a resumed run keeps it at any layout), else the
+    config's.
+    """
     saved = t.progress["data"].get("global_batch")
     if saved is None:
         return t.cfg.default_global_batch(t.place.dp_size)
@@ -491,7 +481,9 @@ def _global_batch(t: Trainer) -> int:
 
 
 def load(t: Trainer) -> int | None:
-    """Resume from the newest checkpoint (if any, at any layout), fix the global batch, record this attempt."""
+    """Resume from the newest checkpoint (if any, at any layout), fix the global batch, record this
+    attempt.
+    """
 
     resumed = t.ctx.checkpoint.load(t.state)
     t.global_batch = _global_batch(t)
@@ -522,8 +514,9 @@ def load(t: Trainer) -> int | None:
             else ""
         )
         t.ctx.log.info(
-            f"train: attempt {attempt} resumes from step {resumed}{moved}; global batch {t.global_batch} "
-            f"= {t.place.dp_size} replica(s) x {t.micro} micro-batch(es) x {t.cfg.batch}"
+            f"train: attempt {attempt} resumes from step {resumed}{moved}; "
+            f"global batch {t.global_batch} = {t.place.dp_size} replica(s) x {t.micro} "
+            f"micro-batch(es) x {t.cfg.batch}"
         )
     return resumed
 
@@ -538,7 +531,7 @@ def _local_seq(t: Trainer, latent: torch.Tensor) -> torch.Tensor:
 def _forward_all(
     t: Trainer, step: int, positions: torch.Tensor
 ) -> tuple[list[tuple[Any, ...]], float]:
-    """GPipe's forward half: every micro-batch through this stage; activations go to the next stage."""
+    """GPipe's forward half: every micro-batch through this stage, activations to the next."""
     cfg, pl, pp = t.cfg, t.place, t.ctx.pp
     x_shape, c_shape = (cfg.batch, pl.split.tokens_per_rank, cfg.hidden), (cfg.batch, cfg.hidden)
     sends: list[Any] = []
@@ -565,7 +558,9 @@ def _forward_all(
 
 
 def _backward_all(t: Trainer, saved: list[tuple[Any, ...]]) -> None:
-    """GPipe's backward half, in reverse micro-batch order; input gradients go back to the previous stage."""
+    """GPipe's backward half, in reverse micro-batch order; input gradients go back to the previous
+    stage.
+    """
     cfg, pl, back = t.cfg, t.place, t.back
     x_shape, c_shape = (cfg.batch, pl.split.tokens_per_rank, cfg.hidden), (cfg.batch, cfg.hidden)
     sends: list[Any] = []
@@ -587,7 +582,9 @@ def _backward_all(t: Trainer, saved: list[tuple[Any, ...]]) -> None:
 
 
 def train_step(t: Trainer, step: int, positions: torch.Tensor) -> float:
-    """One optimizer step over the global batch (GPipe, FSDP2 averaging, AdamW, EMA); the global mean loss."""
+    """One optimizer step over the global batch (GPipe, FSDP2 averaging, AdamW, EMA); the global
+    mean loss.
+    """
     t.opt.zero_grad(set_to_none=True)
     saved, local_loss = _forward_all(t, step, positions)
     _backward_all(t, saved)
@@ -602,7 +599,9 @@ def train_step(t: Trainer, step: int, positions: torch.Tensor) -> float:
 def report(
     t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float
 ) -> dict[str, Any]:
-    """Gather the full weights to rank 0; rank 0 returns the run's results, every other rank its place."""
+    """Gather the full weights to rank 0; rank 0 returns the run's results, every other rank its
+    place.
+    """
 
     ctx, cfg, progress = t.ctx, t.cfg, t.progress
     rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
@@ -658,11 +657,13 @@ def report(
 
 @register_task("train", config=TrainConfig, preload=PRELOAD)
 def train(ctx: TaskContext) -> dict[str, Any]:
-    """Train under the run's CP x PP x DP layout, checkpoint, resume (at any layout); rank 0 reports the run.
+    """Train under the run's CP x PP x DP layout, checkpoint, resume (at any layout); rank 0 reports
+    the run.
 
     The steps a training task takes, each a function above: :func:`build` the model, :func:`load`
     the newest checkpoint, then :func:`train_step` until ``steps``, reporting progress, saving every
-    ``checkpoint_every`` steps, when every rank agrees to stop and after the last step; then :func:`report`.
+    ``checkpoint_every`` steps, when every rank agrees to stop and after the last step; then
+    :func:`report`.
     """
     cfg: TrainConfig = ctx.cfg
     if ctx.stop is not None and ctx.stop.calls == 0:
@@ -709,7 +710,9 @@ def reference_run(
     global_batch: int,
     steps: int,
 ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One process, no parallelism: the same model, global batches (in micro-batches of ``batch``) and optimizer."""
+    """One process, no parallelism: the same model, global batches (in micro-batches of ``batch``)
+    and optimizer.
+    """
 
     model = cfg.build_model()
     ema = copy.deepcopy(model).requires_grad_(False)

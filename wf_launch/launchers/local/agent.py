@@ -41,6 +41,8 @@ from worldfoundry.core.torch_private import (
     worker_pids,
 )
 
+from ..base import CTRL_C_NOTICE
+
 __all__ = ["LOOPBACK", "ForkGate", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
 
 LOOPBACK = "127.0.0.1"
@@ -183,10 +185,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag, so a task
         that polls ``ctx.should_stop()`` saves and returns; a second Ctrl-C stops them at once."""
         if death_sig == signal.SIGINT:
-            logger.warning(
-                "Ctrl-C: every rank stops at its next step boundary (a task that polls "
-                "ctx.should_stop() saves first); press Ctrl-C again to stop at once"
-            )
+            logger.warning(CTRL_C_NOTICE)
             return signal.SIGTERM
         return death_sig
 

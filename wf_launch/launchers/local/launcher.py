@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
-from ...config.fields import check_bool, check_choice, check_int, check_number, config_error
+from ...config.fields import (
+    check_fields,
+    choice,
+    config_error,
+    flag,
+    integer,
+    number,
+)
 from ...observe.live import progress_monitor
 from ...observe.rootcause import explain_failure
 from ...observe.stacks import describe_groups, group_spots, spot_of
@@ -50,7 +57,8 @@ __all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threa
 
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RANKS_PER_CORE = 64
-"""Local ranks allowed per core without ``launcher.oversubscribe=true`` (128 on a 2-core machine)."""
+"""Local ranks allowed per core without ``launcher.oversubscribe=true`` (128 on a 2-core machine).
+"""
 
 
 @dataclass
@@ -58,34 +66,18 @@ class LocalLauncherConfig(LauncherConfig):
     """Ranks as local processes on torch's elastic agent."""
 
     name: str = "local"
-    start_method: str = "auto"
-    max_restarts: int = 0
-    threads_per_rank: int = 0
-    rdzv_port: int = 0
-    monitor_interval_s: float = 0.1
-    shutdown_timeout_s: int = 30
-    loopback_only: bool = True
-    oversubscribe: bool = False
+    start_method: str = choice("auto", START_METHODS)
+    max_restarts: int = integer(0, low=0)
+    threads_per_rank: int = integer(0, low=0)
+    rdzv_port: int = integer(0, 0, 65535, note="(0: pick a free port)")
+    monitor_interval_s: float = number(0.1, 0, 60, low_open=True, unit="seconds")
+    shutdown_timeout_s: int = number(30, 0, 3600, unit="seconds")
+    loopback_only: bool = flag(True)
+    oversubscribe: bool = flag(False)
 
     def check(self, world_size: int) -> None:
         """The local launcher's own fields, and that the world fits this host."""
-        check_choice("launcher.start_method", self.start_method, START_METHODS)
-        for key in ("max_restarts", "threads_per_rank"):
-            check_int(f"launcher.{key}", getattr(self, key), low=0)
-        check_int("launcher.rdzv_port", self.rdzv_port, 0, 65535, note="(0: pick a free port)")
-        check_number(
-            "launcher.monitor_interval_s",
-            self.monitor_interval_s,
-            0,
-            60,
-            low_open=True,
-            unit="seconds",
-        )
-        check_number(
-            "launcher.shutdown_timeout_s", self.shutdown_timeout_s, 0, 3600, unit="seconds"
-        )
-        for key in ("loopback_only", "oversubscribe"):
-            check_bool(f"launcher.{key}", getattr(self, key))
+        check_fields(self, "launcher")
         cores = os.cpu_count() or 1
         if world_size > RANKS_PER_CORE * cores and not self.oversubscribe:
             raise config_error(
@@ -98,7 +90,8 @@ class LocalLauncherConfig(LauncherConfig):
 
 
 def preload(modules: tuple[str, ...]) -> None:
-    """Import what the task's ranks will import (``register_task(preload=...)``), so forked ranks inherit it.
+    """Import what the task's ranks will import (``register_task(preload=...)``), so forked ranks
+    inherit it.
 
     A module that fails to import is left to the ranks, which report the error where it matters.
     """
@@ -162,11 +155,14 @@ def _route_elastic_logs() -> None:
 
 
 SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-"""torch elastic's switch that makes rank 0 start a second store for the ranks instead of sharing the agent's."""
+"""torch elastic's switch that makes rank 0 start a second store for the ranks instead of sharing
+the agent's.
+"""
 
 
 def _share_the_loopback_store() -> None:
-    """The ranks share the launcher's loopback store: :data:`SEPARATE_STORE_ENV` is dropped, with a warning.
+    """The ranks share the launcher's loopback store: :data:`SEPARATE_STORE_ENV` is dropped, with a
+    warning.
 
     With it, rank 0 starts a second store on a port the agent picked and released (another
     process can take it in between) and, in torch's own code, listens on every interface.
@@ -174,13 +170,16 @@ def _share_the_loopback_store() -> None:
     value = os.environ.pop(SEPARATE_STORE_ENV, None)
     if value not in (None, "", "0"):
         logger.warning(
-            f"{SEPARATE_STORE_ENV}={value} ignored: with launcher.loopback_only=true the ranks share the "
-            "launcher's store on 127.0.0.1 (set launcher.loopback_only=false to keep it)"
+            f"{SEPARATE_STORE_ENV}={value} ignored: with launcher.loopback_only=true "
+            "the ranks share the launcher's store on 127.0.0.1 "
+            "(set launcher.loopback_only=false to keep it)"
         )
 
 
 def _launch_config(plan: LaunchPlan, method: str) -> Any:
-    """torch's ``LaunchConfig`` for the plan: one node, loopback c10d rendezvous, the launcher's settings."""
+    """torch's ``LaunchConfig`` for the plan: one node, loopback c10d rendezvous, the launcher's
+    settings.
+    """
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -203,7 +202,9 @@ def _launch_config(plan: LaunchPlan, method: str) -> Any:
 
 
 def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
-    """Preload, threads, environment and torch's launch config; (config, the ranks' spec, start method)."""
+    """Preload, threads, environment and torch's launch config; (config, the ranks' spec, start
+    method).
+    """
     lc: LocalLauncherConfig = plan.launcher_config
     nproc = plan.world_size
     if lc.start_method in ("auto", "fork"):
@@ -239,12 +240,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     from .agent import PortInUse, RanksFailed
 
     tracker = _AttemptTracker(plan.run_dir, plan.world_size, attempts.count(plan.run_dir))
-    info: dict[str, Any] = {
-        "launcher": "local",
-        "task": plan.task,
-        "overrides": plan.overrides,
-        "run_dir": str(plan.run_dir),
-    }
+    info: dict[str, Any] = plan.run_info()
     t0 = time.time()
     try:
         _start_and_wait(plan, info, tracker)
@@ -276,7 +272,9 @@ def launch(plan: LaunchPlan) -> RunOutcome:
 
 
 def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker) -> None:
-    """Preload, record the environment, start the ranks on the agent and wait for them (raises how it ended)."""
+    """Preload, record the environment, start the ranks on the agent and wait for them (raises how
+    it ended).
+    """
     # torch's elastic agent, imported once ranks are about to start (see _launch)
     from .agent import ForkGate, run_agent
 
@@ -315,15 +313,19 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
 
 
 class _AttemptTracker:
-    """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of the ranks
-    is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record is filled in."""
+    """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of
+    the ranks
+    is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record is filled
+    in."""
 
     def __init__(self, run_dir: Any, world_size: int, base: int) -> None:
         self.run_dir, self.world_size, self.base = run_dir, world_size, base
         self.current: int | None = None
 
     def on_start(self, n: int, exit_codes: dict[int, int]) -> None:
-        """Before the ranks' ``n``-th start: close the attempt that crashed (its failed ranks' ``exit_codes``)."""
+        """Before the ranks' ``n``-th start: close the attempt that crashed (its failed ranks'
+        ``exit_codes``).
+        """
         if self.current is not None:
             attempts.close(
                 self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes)

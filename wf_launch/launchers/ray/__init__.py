@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...config.engine import NCCL_BACKENDS
-from ...config.fields import check_bool, check_int, check_number, config_error, positive_int
+from ...config.fields import (
+    check_fields,
+    config_error,
+    flag,
+    integer,
+    number,
+)
 from ...observe.stacks import rank_ranges
 from ..base import LauncherConfig, LauncherHooks
 from ..registry import register_launcher
@@ -53,24 +59,19 @@ class RayLauncherConfig(LauncherConfig):
 
     name: str = "ray"
     address: str | None = None
-    nodes: int | None = None
-    cpus_per_rank: float = 1.0
-    gpus_per_rank: float = 0.0
-    placement_timeout_s: float = 60.0
+    nodes: int | None = integer(None, low=1, note="(null: anywhere)", optional=True)
+    cpus_per_rank: float = number(
+        1.0, 0, 1024, low_open=True, unit="CPUs", note="per rank (fractions allowed)"
+    )
+    gpus_per_rank: float = number(0.0, 0, 64, unit="GPUs", note="per rank")
+    placement_timeout_s: float = number(60.0, 0, WEEK_S, low_open=True, unit="seconds")
     runtime_env: dict[str, Any] = field(default_factory=dict)
-    wait: bool = True
-    max_restarts: int = 0
-    shutdown_timeout_s: float = 10.0
+    wait: bool = flag(True)
+    max_restarts: int = integer(0, low=0)
+    shutdown_timeout_s: float = number(10.0, 0, 3600, unit="seconds")
 
 
-def _validate_runtime_env(env: Any) -> None:
-    allowed = f"a mapping with any of {list(RUNTIME_ENV_KEYS)} (Ray's runtime environment fields)"
-    if not isinstance(env, dict):
-        raise config_error("launcher.runtime_env", env, allowed)
-    unknown = sorted(str(k) for k in env if k not in RUNTIME_ENV_KEYS)
-    if unknown:
-        raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
-    env_vars = env.get("env_vars") or {}
+def _check_env_vars(env_vars: Any) -> None:
     if not isinstance(env_vars, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
     ):
@@ -84,22 +85,58 @@ def _validate_runtime_env(env: Any) -> None:
             env_vars[owned[0]],
             f"set by the launcher for every rank ({', '.join(LAUNCHER_VARS)})",
         )
-    pip = env.get("pip")
-    if pip is not None and not (
-        isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip))
-    ):
+
+
+def _check_pip(pip: Any) -> None:
+    if isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip)):
+        return
+    raise config_error(
+        "launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path"
+    )
+
+
+def _check_working_dir(path: Any) -> None:
+    """A URI (Ray fetches it), or a directory that exists here (Ray uploads it)."""
+    allowed = "a directory that exists on this machine, or a URI (s3://..., https://...zip)"
+    if not isinstance(path, str):
+        raise config_error("launcher.runtime_env.working_dir", path, allowed)
+    if "://" not in path and not Path(path).expanduser().is_dir():
+        raise config_error("launcher.runtime_env.working_dir", path, allowed)
+
+
+def _check_excludes(excludes: Any) -> None:
+    if not isinstance(excludes, list) or not all(isinstance(e, str) for e in excludes):
         raise config_error(
-            "launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path"
+            "launcher.runtime_env.excludes", excludes, "a list of paths or patterns to leave out"
         )
-    for key in ("working_dir",):
-        if env.get(key) is not None and not isinstance(env[key], str):
-            raise config_error(
-                f"launcher.runtime_env.{key}", env[key], "a directory or a URI (a string)"
-            )
+
+
+_RUNTIME_ENV_CHECKS = {
+    "env_vars": _check_env_vars,
+    "pip": _check_pip,
+    "working_dir": _check_working_dir,
+    "excludes": _check_excludes,
+}
+
+
+def _validate_runtime_env(env: Any) -> None:
+    """Each field of ``launcher.runtime_env`` by its own check (:data:`_RUNTIME_ENV_CHECKS`)."""
+    allowed = f"a mapping with any of {list(RUNTIME_ENV_KEYS)} (Ray's runtime environment fields)"
+    if not isinstance(env, dict):
+        raise config_error("launcher.runtime_env", env, allowed)
+    unknown = sorted(str(k) for k in env if k not in RUNTIME_ENV_KEYS)
+    if unknown:
+        raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
+    for key, check in _RUNTIME_ENV_CHECKS.items():
+        if env.get(key) is not None:
+            check(env[key])
 
 
 def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_size: int) -> None:
-    """The Ray launcher's own fields, before the cluster is asked (:func:`~.cluster.check_fits` asks it)."""
+    """The Ray launcher's own fields, before the cluster is asked.
+
+    :func:`~.cluster.check_fits` asks the cluster whether the run fits.
+    """
     if importlib.util.find_spec("ray") is None:
         raise config_error(
             "launcher",
@@ -107,50 +144,16 @@ def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_siz
             f"Ray is not installed in this environment; install it with: {INSTALL_HINT}",
         )
     parse_address(lc.address)
+    check_fields(lc, "launcher")
     if lc.nodes is not None:
-        positive_int("launcher.nodes", lc.nodes, note="(null: anywhere)")
-        if world_size % lc.nodes:
-            raise config_error(
-                "launcher.nodes",
-                lc.nodes,
-                f"the layout's {world_size} rank(s) must split evenly "
-                "over the nodes (consecutive ranks on one node); or null (anywhere)",
-            )
-        if lc.nodes > 1 and lc.address is None:
-            raise config_error(
-                "launcher.nodes",
-                lc.nodes,
-                "launcher.address=null runs a private Ray instance on "
-                "this one machine; join a cluster of that many nodes with launcher.address=HOST:PORT",
-            )
-    check_number(
-        "launcher.cpus_per_rank",
-        lc.cpus_per_rank,
-        0,
-        1024,
-        low_open=True,
-        unit="CPUs",
-        note="per rank (fractions allowed)",
-    )
-    check_number("launcher.gpus_per_rank", lc.gpus_per_rank, 0, 64, unit="GPUs", note="per rank")
+        _check_nodes(lc.nodes, lc.address, world_size)
     if engine.backend in NCCL_BACKENDS and lc.gpus_per_rank < 1:
         raise config_error(
             "launcher.gpus_per_rank",
             lc.gpus_per_rank,
-            f"engine.distributed_backend={engine.distributed_backend!r} needs a GPU per rank: at "
-            "least 1; or use gloo",
+            f"engine.distributed_backend={engine.distributed_backend!r} needs a GPU per rank: "
+            "at least 1; or use gloo",
         )
-    check_number(
-        "launcher.placement_timeout_s",
-        lc.placement_timeout_s,
-        0,
-        WEEK_S,
-        low_open=True,
-        unit="seconds",
-    )
-    check_number("launcher.shutdown_timeout_s", lc.shutdown_timeout_s, 0, 3600, unit="seconds")
-    check_int("launcher.max_restarts", lc.max_restarts, low=0)
-    check_bool("launcher.wait", lc.wait)
     if not lc.wait and lc.address is None:
         raise config_error(
             "launcher.wait",
@@ -159,6 +162,24 @@ def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_siz
             "set launcher.address (a private instance ends with the command)",
         )
     _validate_runtime_env(lc.runtime_env)
+
+
+def _check_nodes(nodes: int, address: str | None, world_size: int) -> None:
+    """``launcher.nodes`` splits the layout evenly, and more than one node needs a cluster."""
+    if world_size % nodes:
+        raise config_error(
+            "launcher.nodes",
+            nodes,
+            f"the layout's {world_size} rank(s) must split evenly "
+            "over the nodes (consecutive ranks on one node); or null (anywhere)",
+        )
+    if nodes > 1 and address is None:
+        raise config_error(
+            "launcher.nodes",
+            nodes,
+            "launcher.address=null runs a private Ray instance on this one machine; "
+            "join a cluster of that many nodes with launcher.address=HOST:PORT",
+        )
 
 
 def describe(plan: LaunchPlan) -> str:

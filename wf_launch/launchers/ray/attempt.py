@@ -287,7 +287,7 @@ class Attempt:
             for r in ranks
             if r in self.where and alive(str(self.where[r]["node"]))
         }
-        return signal_ranks(where, signum, timeout_s) if where else set()
+        return signal_ranks(self.run_dir, where, signum, timeout_s) if where else set()
 
     def _all_returned(self) -> Ended:
         marker = attempts.read(self.run_dir, self.number) or {}

@@ -15,18 +15,17 @@ makes the placement wait (up to ``placement_timeout_s``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from ...config.fields import config_error
 from . import ray_adapter as rt
+from .private import PrivateInstance
 
 __all__ = [
     "Connection",
@@ -35,11 +34,8 @@ __all__ = [
     "check_fits",
     "connect",
     "describe_nodes",
-    "marked_pids",
     "node_reachable",
     "parse_address",
-    "private_marker",
-    "reap",
 ]
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})")
@@ -49,8 +45,6 @@ ADDRESS_ALLOWED = (
     "HOST:PORT (e.g. 10.0.0.5:6379; on Kubernetes the KubeRay head service, "
     "raycluster-head-svc:6379)"
 )
-MARKER_ENV = "WF_RAY_PRIVATE"
-"""Set (to the run directory) in the environment of every process of a private instance, to find them all."""
 
 
 def parse_address(address: Any) -> tuple[str, int] | str | None:
@@ -87,6 +81,7 @@ class Node:
     gpus: float
     head: bool
     name: str = ""
+    host: str = ""
 
     @property
     def short(self) -> str:
@@ -109,6 +104,7 @@ def _node(info: dict[str, Any]) -> Node:
         float(res.get("GPU", 0)),
         "node:__internal_head__" in res,
         names[0] if names else "",
+        str(info.get("NodeManagerHostname") or ""),
     )
 
 
@@ -129,42 +125,61 @@ def _fit(node: Node, cpus: float, gpus: float) -> int:
     return min(by_cpu, by_gpu)
 
 
+def _one_rank_fits(nodes: list[Node], lc: Any, have: str) -> None:
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
+    if any(_fit(n, cpus, gpus) for n in nodes):
+        return
+    field, value, unit = (
+        ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
+        if gpus and not any(n.gpus >= gpus for n in nodes)
+        else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
+    )
+    raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
+
+
+def _nodes_fit(nodes: list[Node], lc: Any, world_size: int, have: str) -> None:
+    """``launcher.nodes`` set: that many nodes must each hold their share of the ranks."""
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
+    per = world_size // lc.nodes
+    able = [n for n in nodes if _fit(n, cpus, gpus) >= per]
+    if len(able) >= lc.nodes:
+        return
+    raise config_error(
+        "launcher.nodes",
+        lc.nodes,
+        f"{lc.nodes} node(s) of {per} rank(s) each need "
+        f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
+        f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
+        f"node(s) have that: {have}",
+    )
+
+
+def _world_fits(nodes: list[Node], lc: Any, world_size: int, have: str) -> None:
+    """``launcher.nodes`` null: the whole cluster must hold every rank."""
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
+    room = sum(_fit(n, cpus, gpus) for n in nodes)
+    if room >= world_size:
+        return
+    raise config_error(
+        "launcher.cpus_per_rank",
+        lc.cpus_per_rank,
+        f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
+        f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}",
+    )
+
+
 def check_fits(nodes: list[Node], lc: Any, world_size: int, where: str) -> None:
     """ConfigError when the run can never be placed on these nodes (their total resources)."""
     have = f"the cluster at {where} has {len(nodes)} alive node(s): {describe_nodes(nodes)}"
-    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
     if lc.nodes is not None and lc.nodes > len(nodes):
         raise config_error(
             "launcher.nodes", lc.nodes, f"{have}; choose at most {len(nodes)}, or null (anywhere)"
         )
-    if not any(_fit(n, cpus, gpus) for n in nodes):
-        field, value, unit = (
-            ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
-            if gpus and not any(n.gpus >= gpus for n in nodes)
-            else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
-        )
-        raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
+    _one_rank_fits(nodes, lc, have)
     if lc.nodes is not None:
-        per = world_size // lc.nodes
-        able = [n for n in nodes if _fit(n, cpus, gpus) >= per]
-        if len(able) < lc.nodes:
-            raise config_error(
-                "launcher.nodes",
-                lc.nodes,
-                f"{lc.nodes} node(s) of {per} rank(s) each need "
-                f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
-                f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
-                f"node(s) have that: {have}",
-            )
-        return
-    room = sum(_fit(n, cpus, gpus) for n in nodes)
-    if room < world_size:
-        raise config_error(
-            "launcher.cpus_per_rank",
-            lc.cpus_per_rank,
-            f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
-            f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}",
-        )
+        _nodes_fit(nodes, lc, world_size, have)
+    else:
+        _world_fits(nodes, lc, world_size, have)
 
 
 def node_reachable(node: Node, timeout_s: float = 1.0) -> bool:
@@ -218,23 +233,28 @@ def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
     return box["value"]
 
 
-def private_marker(run_dir: str) -> str:
-    return f"{MARKER_ENV}={run_dir}"
-
-
 @dataclass
 class Connection:
     """This process's connection to the run's cluster (a private instance is stopped on :meth:`close`)."""
 
     address: str
-    private: bool
-    marker: str = ""
+    instance: PrivateInstance | None = None
+
+    @property
+    def private(self) -> bool:
+        return self.instance is not None
+
+    @property
+    def token_file(self) -> str:
+        """A private instance's token (for this user's tools that join it: ``status --stacks``)."""
+        return str(self.instance.token_file) if self.instance is not None else ""
 
     def close(self) -> None:
         """Leave the cluster; a private instance is stopped and any process of it left is killed."""
-        rt.shutdown()
-        if self.private:
-            reap(self.marker)
+        if self.instance is not None:
+            self.instance.close()
+        else:
+            rt.shutdown()
 
 
 def connect(
@@ -246,14 +266,14 @@ def connect(
     timeout = float(lc.placement_timeout_s)
     if target is None:
         cpus = max(float(os.cpu_count() or 1), cpus or world_size * float(lc.cpus_per_rank))
-        os.environ[MARKER_ENV] = run_dir  # inherited by every process the instance starts
+        instance = PrivateInstance(run_dir)
         try:
-            # In this (the main) thread: the instance's processes die with the thread that started them.
-            rt.start_private(cpus, None, namespace)
-        finally:
-            os.environ.pop(MARKER_ENV, None)
+            address = instance.start(cpus, namespace)
+        except BaseException:
+            instance.close()
+            raise
         _route_messages()
-        return Connection(rt.gcs_address(), True, private_marker(run_dir))
+        return Connection(address, instance)
     if isinstance(target, tuple):
         _tcp_probe(target[0], target[1], min(timeout, 10.0))
         address = f"{target[0]}:{target[1]}"
@@ -272,46 +292,10 @@ def connect(
             f"{ADDRESS_ALLOWED}",
         ) from None
     _route_messages()
-    return Connection(rt.gcs_address(), False)
+    return Connection(rt.gcs_address())
 
 
 def _route_messages() -> None:
     from loguru import logger
 
     rt.route_cluster_messages(lambda line: logger.debug(line))
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment holds ``marker`` ('NAME=VALUE')."""
-    want = marker.encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                zombie = f.read().rpartition(b")")[2].split()[0] == b"Z"
-        except (OSError, IndexError):
-            continue
-        if want in env and not zombie:
-            found.append(int(entry.name))
-    return found
-
-
-def reap(marker: str, grace_s: float = 5.0) -> None:
-    """Kill (TERM, then KILL) every process still carrying ``marker``: what ``ray.shutdown`` left of an instance."""
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
-        pids = marked_pids(marker)
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = marked_pids(marker)
-        if not pids:
-            return

@@ -31,6 +31,8 @@ from ...rundir import attempts
 from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
+from ...rundir.resume import resume_hint
+from ..base import CTRL_C_NOTICE
 from . import state
 from .attempt import Attempt, Ended, Stopped
 from .cluster import alive_nodes, check_fits, node_reachable
@@ -60,6 +62,7 @@ class RunOptions:
 
     address: str = ""
     private: bool = False
+    token_file: str = ""
     detached: bool = False
     supervisor: str | None = None
     namespace: str | None = None
@@ -86,6 +89,11 @@ def stop_signals(active: bool) -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _hosts() -> dict[str, str]:
+    """Each alive node's host name, by node id."""
+    return {n.node_id: n.host for n in alive_nodes()}
 
 
 class RayRun:
@@ -136,7 +144,6 @@ class RayRun:
 
     def node_alive(self, node: str) -> bool:
         """Whether the GCS lists ``node`` alive and its raylet answers (cached for a second)."""
-
         stamp, nodes = self._nodes
         if time.monotonic() - stamp > 1.0:
             nodes = {n.node_id: (n, node_reachable(n)) for n in alive_nodes()}
@@ -155,6 +162,7 @@ class RayRun:
             supervisor=self.opts.supervisor,
             detached=self.opts.detached,
             private=self.opts.private,
+            token_file=self.opts.token_file or None,
             world_size=self.plan.world_size,
             nodes=lc.nodes,
             started_at=self.launch_time,
@@ -202,12 +210,14 @@ class RayRun:
             if ended is None:
                 write(
                     f"attempt {att.number}: {self.plan.world_size} rank(s) placed: "
-                    + "; ".join(describe_slots(att.slots, att.where))
+                    + "; ".join(describe_slots(att.slots, _hosts()))
                 )
                 att.start_ranks(write)
                 ended = att.watch()
         except (KeyboardInterrupt, Stopped) as exc:
             name = exc.name if isinstance(exc, Stopped) else "SIGINT"
+            if name == "SIGINT" and self.opts.show:
+                logger.warning(CTRL_C_NOTICE)
             ended = att.stop("cancelled" if name == "cancel" else "interrupted", name)
         finally:
             att.teardown()
@@ -215,7 +225,6 @@ class RayRun:
 
     def _can_restart(self, ended: Ended) -> bool:
         """Whether a restart can place the run again: a dead node gone from the GCS, the run fitting what is left."""
-
         cause = ended.verdict.cause if ended.verdict is not None else {}
         if cause.get("cause") in ("placement_timeout", "init_timeout", "invalid_config"):
             return False
@@ -239,7 +248,6 @@ class RayRun:
     def _open_live(self) -> None:
         if not self.opts.show:
             return
-
         self.live = LiveView([self.run_dir], write=logger.info)
 
     def _facts(self, att: Attempt) -> dict[str, Any]:
@@ -296,8 +304,7 @@ class RayRun:
         name = ended.signal or "SIGTERM"
         by_rank = ended.ended_by.startswith("stop flag")
         summary = (
-            f"stopped by {name} to a rank (stop flag): the task saved and returned; resume with "
-            "launcher.resume=true"
+            f"stopped by {name} to a rank (stop flag): the task saved and returned"
             if by_rank
             else f"interrupted by {name}: every rank was stopped"
         )
@@ -308,4 +315,5 @@ class RayRun:
             **facts,
             failure={"cause": "interrupt", "signal": name, "message": summary},
         )
-        return RunOutcome.of(record, self.run_dir, summary)
+        hint = resume_hint(self.run_dir, self.plan.overrides)
+        return RunOutcome.of(record, self.run_dir, f"{summary}\n  {hint}" if hint else summary)

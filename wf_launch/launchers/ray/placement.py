@@ -16,7 +16,6 @@ sees the node's granted GPUs in one order in which its own first GPU sits at ``L
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
@@ -152,15 +151,16 @@ def rank_env(
     return env
 
 
-def describe_slots(slots: list[Slot], hosts: dict[int, dict[str, Any]] | None = None) -> list[str]:
-    """'ranks 0-3 on node 5bc47700 (host vm)' lines, one per node, in rank order."""
+def describe_slots(slots: list[Slot], hosts: dict[str, str]) -> list[str]:
+    """'ranks 0-3 on node 5bc47700 (host vm)' lines, one per node, in rank order (``hosts``: the
+    nodes' host names, by node id)."""
 
     lines: list[str] = []
     by_node: dict[str, list[int]] = {}
     for slot in slots:
         by_node.setdefault(slot.node, []).append(slot.rank)
     for node, ranks in by_node.items():
-        host = (hosts or {}).get(ranks[0], {}).get("host")
+        host = hosts.get(node)
         where = f"node {node[:12]}" + (f" (host {host})" if host else "")
         lines.append(f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} on {where}")
     return lines

@@ -51,6 +51,9 @@ def _final(run_dir: Path) -> RunOutcome | None:
 def _join(info: dict[str, Any]) -> None:
     """Connect this process to the run's cluster (once; it stays connected, e.g. for ``status --follow``)."""
     if not rt.is_connected():
+        if info.get("token_file"):  # a private instance: its own token, in its owner-only dir
+            os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(info["token_file"]))
+            os.environ.pop("RAY_AUTH_TOKEN", None)
         rt.join_cluster(str(info["address"]))
         rt.route_cluster_messages(lambda line: None)
 
@@ -190,7 +193,7 @@ def signal_ranks(run_dir: Path, signum: int) -> set[int]:
     if not where or _final(run_dir) is not None or not info.get("address"):
         return set()
     with _joined(info):
-        return reach(where, signum)
+        return reach(run_dir, where, signum)
 
 
 def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
@@ -201,7 +204,7 @@ def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
     if rank not in where or not info.get("address"):
         return False
     with _joined(info):
-        return rank in reach({rank: where[rank]}, signum)
+        return rank in reach(run_dir, {rank: where[rank]}, signum)
 
 
 def kill_node(run_dir: Path, rank: int) -> str:
@@ -222,5 +225,5 @@ def kill_node(run_dir: Path, rank: int) -> str:
                 f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
                 "nodekill needs a rank on another node"
             )
-        pid = kill_raylet(node)
+        pid = kill_raylet(run_dir, rank, node)
     return f"raylet pid {pid} of node {node[:12]} (rank {rank}'s)"

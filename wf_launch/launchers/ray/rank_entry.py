@@ -22,6 +22,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
@@ -66,8 +67,8 @@ class RayStackDump:
     settle_s: float = 1.5
 
     def __call__(self) -> None:
-
-        signal_ranks(state.where_of(self.run_dir), int(DUMP_SIGNAL), timeout_s=10.0)
+        where = state.where_of(self.run_dir)
+        signal_ranks(Path(self.run_dir), where, int(DUMP_SIGNAL), timeout_s=10.0)
         time.sleep(self.settle_s)
 
 

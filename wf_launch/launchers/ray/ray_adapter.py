@@ -9,10 +9,12 @@ fails loudly on it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import ipaddress
 import os
 import pkgutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "join_cluster",
     "kill",
     "list_nodes",
+    "loopback",
     "node_ip",
     "on_node",
     "pg_ready",
@@ -41,6 +44,7 @@ __all__ = [
     "raylet_pid",
     "remote",
     "remove_placement_group",
+    "reset_auth_token",
     "route_cluster_messages",
     "shutdown",
     "start_private",
@@ -65,6 +69,18 @@ PRIVATE_NAMES = (
         "~/.ray/auth_token",
         "the default token file of Ray's token authentication (RAY_AUTH_MODE=token)",
     ),
+    (
+        "ray._private.ray_constants",
+        "ENABLE_RAY_CLUSTER",
+        "False (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) keeps 127.0.0.1 as the node address: "
+        "a private instance binds loopback only",
+    ),
+    (
+        "ray._raylet",
+        "AuthenticationTokenLoader.instance",
+        "its cache is reset when a private instance brings its own token",
+    ),
+    ("ray._raylet", "Config.initialize", "reads RAY_AUTH_MODE again (a private instance's)"),
     (
         "ray._private.worker",
         "print_to_stdstream",
@@ -156,18 +172,66 @@ def _token_auth_when_available() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def loopback() -> Iterator[None]:
+    """Ray's single-machine mode, for this process and the processes it starts meanwhile.
+
+    By default Ray replaces 127.0.0.1 by the host's address, and its servers then listen on
+    every interface; in this mode the node address stays 127.0.0.1 and every server binds it.
+    """
+    constants = importlib.import_module("ray._private.ray_constants")
+    saved = (os.environ.get(LOOPBACK_ENV), constants.ENABLE_RAY_CLUSTER)
+    os.environ[LOOPBACK_ENV] = "0"
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved[1]
+        if saved[0] is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = saved[0]
+
+
+def reset_auth_token() -> None:
+    """Forget the token this process loaded (a private instance brings its own)."""
+    _ray()
+    raylet = importlib.import_module("ray._raylet")
+    raylet.Config.initialize("")
+    raylet.AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def join_cluster(address: str, namespace: str | None = None) -> dict[str, Any]:
-    """Connect this process to the cluster at ``address`` ('auto' or 'HOST:PORT'); its address info."""
-    ctx = _ray().init(
-        address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR"
-    )
+    """Connect this process to the cluster at ``address`` ('auto' or 'HOST:PORT'); its address info.
+
+    A loopback address is a cluster of this machine that may listen on loopback only: joined
+    in Ray's single-machine mode (Ray would replace 127.0.0.1 by the host's address).
+    """
+    ray = _ray()
+    mode = loopback() if _is_loopback(address) else contextlib.nullcontext()
+    with mode:
+        ctx = ray.init(
+            address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR"
+        )
     return dict(ctx.address_info)
 
 
 def start_private(
-    num_cpus: float, num_gpus: int | None, namespace: str | None = None
+    num_cpus: float, num_gpus: int | None, namespace: str | None, temp_dir: str
 ) -> dict[str, Any]:
-    """Start a private Ray instance on this machine (``address='local'``) and connect; its address info."""
+    """Start a private Ray instance on this machine (``address='local'``, its temp dir
+    ``temp_dir``) and connect; its address info."""
     ctx = _ray().init(
         address="local",
         num_cpus=num_cpus,
@@ -176,6 +240,7 @@ def start_private(
         include_dashboard=False,
         log_to_driver=False,
         logging_level="ERROR",
+        _temp_dir=temp_dir,
     )
     return dict(ctx.address_info)
 
@@ -277,8 +342,21 @@ def remote(obj: type | Callable[..., Any], **options: Any) -> Any:
     return _ray().remote(**options)(obj) if options else _ray().remote(obj)
 
 
+@contextlib.contextmanager
+def _signal_raised() -> Iterator[None]:
+    """What a signal handler raised while Ray waited in C (SIGTERM's ``Stopped``), as itself:
+    Ray's Cython call hands it on as a ``SystemError`` with it as the cause."""
+    try:
+        yield
+    except SystemError as exc:
+        if isinstance(exc.__cause__, BaseException):
+            raise exc.__cause__ from None
+        raise
+
+
 def get(refs: Any, timeout_s: float | None = None) -> Any:
-    return _ray().get(refs, timeout=timeout_s)
+    with _signal_raised():
+        return _ray().get(refs, timeout=timeout_s)
 
 
 def wait(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
@@ -286,7 +364,8 @@ def wait(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
     if not refs:
         return [], []
     ray = _ray()
-    ready, pending = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
+    with _signal_raised():
+        ready, pending = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
     if ready and pending:
         more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
         ready += more
@@ -297,7 +376,8 @@ def wait_all(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any
     """The refs ready within ``timeout_s`` (waiting for all of them, at most that long), and the rest."""
     if not refs:
         return [], []
-    ready, pending = _ray().wait(list(refs), num_returns=len(refs), timeout=max(0.0, timeout_s))
+    with _signal_raised():
+        ready, pending = _ray().wait(list(refs), num_returns=len(refs), timeout=max(0.0, timeout_s))
     return list(ready), list(pending)
 
 

@@ -72,7 +72,12 @@ def _precheck(plan: LaunchPlan) -> None:
 def _options(conn: Connection, **extra: Any) -> RunOptions:
     forward, path = forwarded_env()
     return RunOptions(
-        address=conn.address, private=conn.private, forward=forward, path=path, **extra
+        address=conn.address,
+        private=conn.private,
+        token_file=conn.token_file,
+        forward=forward,
+        path=path,
+        **extra,
     )
 
 
@@ -87,8 +92,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         conn = connect(lc, str(plan.run_dir), plan.world_size)
     except (ConfigError, rt.RayMissing) as exc:
         return _invalid(plan, str(exc))
-    except KeyboardInterrupt:
-        return _interrupted_early(plan)
+    # Ctrl-C before any rank started goes on up: the app records it as for every launcher.
     try:
         try:
             check_fits(
@@ -118,22 +122,6 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         )
     finally:
         conn.close()
-
-
-def _interrupted_early(plan: LaunchPlan) -> RunOutcome:
-    """Ctrl-C before any rank started (while the cluster was asked): nothing to stop, recorded 'interrupted'."""
-    summary = "interrupted by SIGINT before any rank started"
-    record = RunRecord.finalize(
-        plan.run_dir,
-        Status.INTERRUPTED,
-        signal_name="SIGINT",
-        launcher="ray",
-        task=plan.task,
-        overrides=plan.overrides,
-        run_dir=str(plan.run_dir),
-        failure={"cause": "interrupt", "signal": "SIGINT", "message": summary},
-    )
-    return RunOutcome.of(record, plan.run_dir, summary)
 
 
 def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> list[Path]:

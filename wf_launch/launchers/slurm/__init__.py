@@ -1,32 +1,37 @@
-"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main`` (docs/slurm.md).
+"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``.
+
+See docs/slurm.md.
 
 The launcher renders the sbatch script with submitit (``launcher.dry_run`` prints it),
 submits one job (or, for a ``-m`` sweep through the ``wf_slurm`` Hydra launcher, every
 point at once as job arrays, see :class:`SlurmBatch`), records ``slurm_job.json`` in
-the run directory, and either returns (``launcher.wait=false``) or polls ``sacct``
-until the job ends and finalizes ``result.json``.
+the run directory, and either returns (``launcher.wait=false``) or watches the job with
+submitit's ``sacct`` watcher until it ends and finalizes ``result.json``.
 
 By role: :mod:`.rank_entry` (inside a SLURM task), :mod:`.submit` (sbatch parameters, one
-job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view, cancel), :mod:`.finalize`
-(``result.json`` of an ended job, each rank's outcome), :mod:`.submitit_adapter`
-(every submitit name we use). This module holds the config and the launcher class.
+job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view,
+cancel), :mod:`.finalize` (``result.json`` of an ended job, each rank's outcome),
+:mod:`.submitit_adapter` (every submitit name we use). This module holds the config and
+the launcher class.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...config.engine import NCCL_BACKENDS
 from ...config.fields import (
-    check_bool,
-    check_int,
-    check_number,
+    check_fields,
     check_single_line,
     config_error,
-    positive_int,
+    flag,
+    integer,
+    line,
+    number,
 )
 from ...rundir.claim import launch_alive
 from ...rundir.outcome import RunOutcome
@@ -34,29 +39,9 @@ from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
 from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
-from .finalize import JOB_FILE, finalize, rank_outcomes, read_job
-from .poll import (
-    TERMINAL_STATES,
-    cancel,
-    in_queue,
-    is_terminal,
-    job_state,
-    live_state,
-    wait_all,
-    wait_gone,
-)
-from .rank_entry import SlurmRank, SlurmRequeue, export_rank_env, master_port
-from .submit import (
-    Pending,
-    SlurmBatch,
-    current_batch,
-    describe,
-    launch,
-    sbatch_parameters,
-    sbatch_script,
-    slurm_tasks_per_node,
-    submitit_folder,
-)
+from . import poll
+from .finalize import finalize, rank_outcomes, read_job
+from .submit import SlurmBatch, current_batch, describe, launch, slurm_tasks_per_node
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -64,34 +49,17 @@ if TYPE_CHECKING:
     from ...config.engine import EngineConfig
 
 __all__ = [
-    "JOB_FILE",
-    "TERMINAL_STATES",
-    "Pending",
     "SlurmBatch",
     "SlurmLauncher",
     "SlurmLauncherConfig",
-    "SlurmRank",
-    "SlurmRequeue",
-    "cancel",
     "current_batch",
-    "describe",
-    "export_rank_env",
-    "finalize",
-    "in_queue",
-    "is_terminal",
-    "job_state",
-    "launch",
-    "master_port",
-    "rank_outcomes",
-    "read_job",
-    "sbatch_parameters",
-    "sbatch_script",
-    "slurm_tasks_per_node",
-    "submitit_folder",
     "validate_slurm_launcher",
-    "wait_all",
-    "wait_gone",
 ]
+
+
+MAX_POLL_S = 600.0
+MAX_MEM_GB = 1 << 20
+_NEWLINE = "a newline would end the #SBATCH block and run the rest as shell"
 
 
 @dataclass
@@ -99,30 +67,45 @@ class SlurmLauncherConfig(LauncherConfig):
     """One SLURM task per rank, submitted through submitit (docs/slurm.md)."""
 
     name: str = "slurm"
-    nodes: int = 1
-    tasks_per_node: int | None = None
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-    mem_gb: float | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_min: int = 60
-    constraint: str | None = None
-    exclude: str | None = None
-    job_name: str = "wf_launch"
+    nodes: int = integer(1, low=1)
+    tasks_per_node: int | None = integer(None, low=1, optional=True)
+    gpus_per_node: int = integer(0, low=0)
+    cpus_per_task: int = integer(1, low=1)
+    mem_gb: float | None = number(
+        None,
+        0,
+        MAX_MEM_GB,
+        low_open=True,
+        unit="GB",
+        note="per node, or null for the partition's default",
+        optional=True,
+    )
+    partition: str | None = line(None, why=_NEWLINE)
+    account: str | None = line(None, why=_NEWLINE)
+    qos: str | None = line(None, why=_NEWLINE)
+    time_min: int = integer(60, low=1)
+    constraint: str | None = line(None, why=_NEWLINE)
+    exclude: str | None = line(None, why=_NEWLINE)
+    job_name: str = line("wf_launch", why=_NEWLINE)
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
     srun_args: list[str] = field(default_factory=list)
     folder: str = "submitit"
-    wait: bool = True
-    poll_interval_s: float = 1.0
-    signal_delay_s: int = 90
-    max_requeues: int = 3
-    preempt_wait_s: float = 20.0
-    snapshot: bool = True
-    snapshot_untracked: bool = False
-    snapshot_max_mb: float = 256.0
+    wait: bool = flag(True)
+    poll_interval_s: float = number(1.0, 0, MAX_POLL_S, low_open=True, unit="seconds")
+    signal_delay_s: int = integer(90, low=1)
+    max_requeues: int = integer(3, low=0)
+    preempt_wait_s: float = number(20.0, 0, MAX_POLL_S, low_open=True, unit="seconds")
+    snapshot: bool = flag(True)
+    snapshot_untracked: bool = flag(False)
+    snapshot_max_mb: float = number(
+        256.0,
+        0,
+        MAX_MEM_GB * 1024,
+        low_open=True,
+        unit="MB",
+        note="the largest code snapshot a submission copies",
+    )
 
 
 _SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -148,10 +131,8 @@ OWNED_SRUN_OPTIONS = (
     "--het-group",
     "--pack-group",
 )
-"""srun options the launcher sets itself: the layout (one task per rank) and "one failing rank ends the step"."""
-MAX_POLL_S = 600.0
-MAX_MEM_GB = 1 << 20
-_NEWLINE = "a newline would end the #SBATCH block and run the rest as shell"
+"""srun options the launcher sets itself: the layout (one task per rank) and "one failing rank
+ends the step"."""
 
 
 def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int) -> None:
@@ -161,47 +142,13 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
     partition or an ``sbatch_extra`` value would end the ``#SBATCH`` block, run
     what follows as shell, and silently drop every later ``#SBATCH`` line.
     """
-    positive_int("launcher.nodes", lc.nodes)
-    if lc.tasks_per_node is not None:
-        positive_int("launcher.tasks_per_node", lc.tasks_per_node)
-    for key in ("cpus_per_task", "time_min", "signal_delay_s"):
-        positive_int(f"launcher.{key}", getattr(lc, key))
-    for key in ("gpus_per_node", "max_requeues"):
-        check_int(f"launcher.{key}", getattr(lc, key), low=0)
-    if lc.mem_gb is not None:
-        check_number(
-            "launcher.mem_gb",
-            lc.mem_gb,
-            0,
-            MAX_MEM_GB,
-            low_open=True,
-            unit="GB",
-            note="per node, or null for the partition's default",
-        )
-    for key in ("poll_interval_s", "preempt_wait_s"):
-        check_number(
-            f"launcher.{key}", getattr(lc, key), 0, MAX_POLL_S, low_open=True, unit="seconds"
-        )
+    check_fields(lc, "launcher")
     if lc.signal_delay_s >= lc.time_min * 60:
         raise config_error(
             "launcher.signal_delay_s",
             lc.signal_delay_s,
             f"expected fewer seconds than the time limit ({lc.time_min * 60} s)",
         )
-    check_bool("launcher.snapshot", lc.snapshot)
-    check_bool("launcher.snapshot_untracked", lc.snapshot_untracked)
-    check_number(
-        "launcher.snapshot_max_mb",
-        lc.snapshot_max_mb,
-        0,
-        MAX_MEM_GB * 1024,
-        low_open=True,
-        unit="MB",
-        note="the largest code snapshot a submission copies",
-    )
-    check_bool("launcher.wait", lc.wait)
-    for key in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
-        check_single_line(f"launcher.{key}", getattr(lc, key), why=_NEWLINE)
     _validate_script_lines(lc)
     _validate_folder(lc.folder)
     tpn = slurm_tasks_per_node(lc, world_size)
@@ -210,8 +157,8 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
             "launcher.tasks_per_node",
             lc.tasks_per_node,
             f"launcher.nodes ({lc.nodes}) x launcher.tasks_per_node ({tpn}) = "
-            f"{lc.nodes * tpn} SLURM tasks, but the layout (tp*cp*pp*dp) has {world_size} rank(s); "
-            "one task per rank",
+            f"{lc.nodes * tpn} SLURM tasks, but the layout (tp*cp*pp*dp) has {world_size} "
+            "rank(s); one task per rank",
         )
     if engine.backend in NCCL_BACKENDS and lc.gpus_per_node < tpn:
         raise config_error(
@@ -223,7 +170,7 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
 
 
 def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
-    """``sbatch_extra``, ``setup`` and ``srun_args``: single lines, and no srun option the launcher owns."""
+    """``sbatch_extra``, ``setup``, ``srun_args``: single lines, no srun option we set ourselves."""
     for key, value in dict(lc.sbatch_extra or {}).items():
         if not isinstance(key, str) or not _SBATCH_KEY.fullmatch(key):
             raise config_error(
@@ -236,9 +183,9 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
             value if isinstance(value, str) else str(value),
             why=_NEWLINE,
         )
-    for i, line in enumerate(lc.setup or []):
+    for i, text in enumerate(lc.setup or []):
         check_single_line(
-            f"launcher.setup[{i}]", line, "one shell line per list item", why=_NEWLINE
+            f"launcher.setup[{i}]", text, "one shell line per list item", why=_NEWLINE
         )
     for i, arg in enumerate(lc.srun_args or []):
         check_single_line(f"launcher.srun_args[{i}]", arg, "one argument", why=_NEWLINE)
@@ -257,7 +204,10 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
 
 
 def _validate_folder(folder: Any) -> None:
-    """submitit's folder is a relative path inside the run (or sweep) directory: submitit runs the pickles there."""
+    """submitit's folder: a relative path inside the run (or sweep) directory.
+
+    submitit runs the pickles it finds there.
+    """
     text = str(folder or "")
     parts = Path(text).parts
     if (
@@ -300,49 +250,41 @@ class SlurmLauncher(LauncherHooks):
             if record is not None and record.final:
                 return "NOT SUBMITTED", RunOutcome.of(record, Path(run_dir))
             return "NOT SUBMITTED", None
-        state = job_state(job["job_id"], Path(run_dir))
-        if is_terminal(state) and not in_queue(job["job_id"]):
+        state = poll.job_state(job["job_id"], Path(run_dir))
+        if poll.is_terminal(state) and not poll.in_queue(job["job_id"]):
             return state, finalize(run_dir, state)
         return state, None
 
     def cancel(self, run_dir: Path) -> str | None:
-        return cancel(run_dir)
+        return poll.cancel(run_dir)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """``scancel --signal`` to the run's job (its steps: every rank, on any node); every rank is expected."""
-        import signal as _signal
-        import subprocess
-
+        """``scancel --signal`` to the run's job (its steps: every rank, on any node); every
+        rank is expected."""
         job = read_job(run_dir)
-        if not job or is_terminal(job_state(job["job_id"], Path(run_dir))):
+        if not job or poll.is_terminal(poll.job_state(job["job_id"], Path(run_dir))):
             return set()
-        out = subprocess.run(
-            [
-                "scancel",
-                f"--signal={_signal.Signals(signum).name.removeprefix('SIG')}",
-                job["job_id"],
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        return set(range(int(job.get("world_size") or 0))) if out.returncode == 0 else set()
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        if not poll.scancel(job["job_id"], f"--signal={name}"):
+            return set()
+        return set(range(int(job.get("world_size") or 0)))
 
     def is_live(self, run_dir: Path) -> bool:
-        """Whether the run may still be going: its launch still holds the run directory, or its job has not ended
-        (or SLURM still lists it: its processes may still be writing). ValueError for a malformed job file."""
-
+        """Whether the run may still be going: its launch still holds the run directory, or
+        its job has not ended (or SLURM still lists it: its processes may still be writing).
+        ValueError for a malformed job file."""
         if launch_alive(run_dir):
             return True
         job = read_job(run_dir)
         if not job:
             return False
-        return not is_terminal(job_state(job["job_id"], Path(run_dir))) or in_queue(job["job_id"])
+        state = poll.job_state(job["job_id"], Path(run_dir))
+        return not poll.is_terminal(state) or poll.in_queue(job["job_id"])
 
     def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None once it left the queue."""
-        return live_state(run_dir)
+        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None
+        once it left the queue."""
+        return poll.live_state(run_dir)
 
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"

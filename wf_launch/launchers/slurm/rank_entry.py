@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,8 @@ _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
 @dataclass(frozen=True)
 class SlurmRequeue:
-    """The entrypoint's preemption policy on SLURM (see :class:`wf_launch.rank.preempt.PreemptHandler`)."""
+    """The entrypoint's preemption policy on SLURM (see
+    :class:`wf_launch.rank.preempt.PreemptHandler`)."""
 
     signal: str
     wait_s: float
@@ -55,7 +57,8 @@ class SlurmRequeue:
 
 @dataclass(frozen=True)
 class SlurmStackDump:
-    """``RankSpec.on_timeout`` on SLURM: every rank of this job dumps its stacks, before srun ends them.
+    """``RankSpec.on_timeout`` on SLURM: every rank of this job dumps its stacks, before srun
+    ends them.
 
     ``scancel --signal=URG`` reaches the job's steps only (not the batch shell);
     every rank registered faulthandler on SIGURG. The rank that timed out then
@@ -65,8 +68,6 @@ class SlurmStackDump:
     settle_s: float = 1.5
 
     def __call__(self) -> None:
-        import time
-
         subprocess.run(
             ["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
             check=False,
@@ -128,9 +129,9 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
     requeues so far and ``max_restarts``, the requeues allowed) for code written for torchrun, and
     ``WF_NODE``: the task's SLURM node name (``result.json``'s ``placement``).
 
-    A job on one node needs no network: its store listens on 127.0.0.1 only (MASTER_ADDR) and gloo on
-    the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set); a job across nodes listens on the
-    first node's address, for the other nodes.
+    A job on one node needs no network: its store listens on 127.0.0.1 only (MASTER_ADDR) and
+    gloo on the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set); a job across nodes
+    listens on the first node's address, for the other nodes.
     """
     job = job_environment()
     one_node = job.num_nodes == 1
@@ -161,7 +162,8 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SlurmRank:
-    """What every SLURM task runs (submitit pickles it): the rank's environment, then ``rank_main``."""
+    """What every SLURM task runs (submitit pickles it): the rank's environment, then
+    ``rank_main``."""
 
     spec: RankSpec
 
@@ -175,11 +177,9 @@ class SlurmRank:
         except Preempted:
             flush_and_exit(0)
         except BaseException as exc:
-            exit_after_cleanup(
-                exit_status(exc)
-            )  # submitit records the error and re-raises; then leave
+            # submitit records the error and re-raises; then leave
+            exit_after_cleanup(exit_status(exc))
             raise
-        exit_after_cleanup(
-            0
-        )  # submitit writes the result; then leave before torch's teardown can abort
+        # submitit writes the result; then leave before torch's teardown can abort
+        exit_after_cleanup(0)
         return value

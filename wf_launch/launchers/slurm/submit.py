@@ -52,7 +52,8 @@ __all__ = [
 
 
 def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
-    """``launcher.tasks_per_node``, or world size / nodes when it is null (``launcher``: the typed config)."""
+    """``launcher.tasks_per_node``, or world size / nodes when it is null (``launcher``: the
+    typed config)."""
     nodes = launcher.nodes
     if launcher.tasks_per_node is not None:
         return int(launcher.tasks_per_node)
@@ -72,21 +73,23 @@ def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
 
 
 def code_dir(plan: LaunchPlan, shared: Path | None = None) -> Path | None:
-    """Where the job runs its code from: the snapshot (``RUN_DIR/code``, a sweep's ``SWEEP_DIR/code``), or None
-    (``launcher.snapshot=false``, or ``wf_launch`` is an installed package, not a git checkout)."""
+    """Where the job runs its code from: the snapshot (``RUN_DIR/code``, a sweep's
+    ``SWEEP_DIR/code``), or None (``launcher.snapshot=false``, or ``wf_launch`` is an installed
+    package, not a git checkout)."""
     if not plan.launcher_config.snapshot or project_root() is None:
         return None
     return (shared or plan.run_dir).absolute() / CODE_DIR
 
 
 def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any] | None:
-    """Copy the project's code for this submission (see :mod:`wf_launch.launchers.snapshot`); its manifest, or None."""
+    """Copy the project's code for this submission (see :mod:`wf_launch.launchers.snapshot`);
+    its manifest, or None."""
     code, root = code_dir(plan, shared), project_root()
     if code is None or root is None:
         if plan.launcher_config.snapshot:
             logger.warning(
-                "launcher.snapshot: wf_launch is an installed package, not a git checkout: nothing to "
-                "copy, the job runs the installed code"
+                "launcher.snapshot: wf_launch is an installed package, not a git checkout: "
+                "nothing to copy, the job runs the installed code"
             )
         return None
     lc = plan.launcher_config
@@ -147,7 +150,8 @@ def describe(plan: LaunchPlan) -> str:
     tpn = slurm_tasks_per_node(lc, plan.world_size)
     return "\n".join(
         [
-            f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = {plan.world_size} rank(s)",
+            f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = "
+            f"{plan.world_size} rank(s)",
             f"task          {plan.task}",
             (
                 f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
@@ -184,7 +188,8 @@ def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
 
 
 def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
-    """submitit's executor, its folder made owner-only first: submitit runs the pickles it finds there."""
+    """submitit's executor, its folder made owner-only first: submitit runs the pickles it
+    finds there."""
     folder = submitit_folder(plan, shared)
     make_private(folder)
     return slurm_executor(
@@ -193,13 +198,7 @@ def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
-    return {
-        "launcher": "slurm",
-        "task": plan.task,
-        "overrides": plan.overrides,
-        "run_dir": str(plan.run_dir),
-        "environment": record_environment(plan.run_dir),
-    }
+    return {**plan.run_info(), "environment": record_environment(plan.run_dir)}
 
 
 def _record_job(
@@ -262,7 +261,8 @@ class SlurmBatch:
 
     @contextmanager
     def collecting(self) -> Iterator[SlurmBatch]:
-        """While open, :func:`launch` prepares runs into this batch; an exception drops what was prepared."""
+        """While open, :func:`launch` prepares runs into this batch; an exception drops what
+        was prepared."""
         token = _CURRENT.set(self)
         try:
             yield self
@@ -291,47 +291,26 @@ class SlurmBatch:
             return [(run, None, _refused_snapshot(run.plan, exc)) for run in runs]
         groups: dict[str, list[Pending]] = {}
         for run in runs:
-            key = json.dumps(
-                [sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder],
-                sort_keys=True,
-            )
-            groups.setdefault(key, []).append(run)
-        out: list[tuple[Pending, str | None, str]] = []
-        for group in groups.values():
-            ex = _executor(group[0].plan, self.shared)
-            submitted_at = time.time()
-            try:
-                with ex.batch():
-                    jobs = [ex.submit(run.fn) for run in group]
-            except Exception as exc:
-                message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
-                for run in group:
-                    RunRecord.finalize(
-                        run.plan.run_dir,
-                        Status.FAILED,
-                        **_plan_info(run.plan),
-                        failure={
-                            "cause": "launcher_error",
-                            "type": type(exc).__name__,
-                            "message": str(exc),
-                        },
-                    )
-                    out.append((run, None, message))
-                    print(f"wf_launch: {run.plan.run_dir}: {message}", file=sys.stderr, flush=True)
-                continue
-            for run, job in zip(group, jobs):
-                _record_job(
-                    run.plan,
-                    job.job_id,
-                    ex.folder,
-                    submitted_at,
-                    snapshot if run.plan.launcher_config.snapshot else None,
-                )
-                out.append((run, job.job_id, ""))
-            logger.info(
-                f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}"
-            )
-        return out
+            shape = [sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder]
+            groups.setdefault(json.dumps(shape, sort_keys=True), []).append(run)
+        return [out for group in groups.values() for out in self._submit_array(group, snapshot)]
+
+    def _submit_array(
+        self, group: list[Pending], snapshot: dict[str, Any] | None
+    ) -> list[tuple[Pending, str | None, str]]:
+        """Submit runs of one sbatch shape as one job array; a refusal is recorded per run."""
+        ex = _executor(group[0].plan, self.shared)
+        submitted_at = time.time()
+        try:
+            with ex.batch():
+                jobs = [ex.submit(run.fn) for run in group]
+        except Exception as exc:
+            return [(run, None, _refused_array(run.plan, exc)) for run in group]
+        for run, job in zip(group, jobs):
+            kept = snapshot if run.plan.launcher_config.snapshot else None
+            _record_job(run.plan, job.job_id, ex.folder, submitted_at, kept)
+        logger.info(f"submitted {len(group)} point(s) as job array {jobs[0].job_id.split('_')[0]}")
+        return [(run, job.job_id, "") for run, job in zip(group, jobs)]
 
     def submit_and_wait(self) -> dict[Path, RunOutcome]:
         """Submit, then wait for every run with ``launcher.wait=true``; the new outcome of each run.
@@ -357,7 +336,8 @@ class SlurmBatch:
 
 
 def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
-    """The outcome of a prepared run that was never submitted: as recorded (invalid, failed), with why."""
+    """The outcome of a prepared run that was never submitted: as recorded (invalid, failed),
+    with why."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
@@ -365,8 +345,18 @@ def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
     return RunOutcome(record.status if record is not None else Status.FAILED, run_dir, why)
 
 
+def _refused_array(plan: LaunchPlan, exc: Exception) -> str:
+    """Record a run of a job array sbatch refused (failed, exit 1); the message."""
+    message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
+    failure = {"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)}
+    RunRecord.finalize(plan.run_dir, Status.FAILED, **_plan_info(plan), failure=failure)
+    print(f"wf_launch: {plan.run_dir}: {message}", file=sys.stderr, flush=True)
+    return message
+
+
 def _refused_snapshot(plan: LaunchPlan, exc: SnapshotError) -> str:
-    """Record a submission refused because its code snapshot cannot be taken (exit 2); the message."""
+    """Record a submission refused because its code snapshot cannot be taken (exit 2); the
+    message."""
     print(f"wf_launch: {plan.run_dir}: {exc}", file=sys.stderr, flush=True)
     RunRecord.finalize(
         plan.run_dir,
@@ -378,7 +368,8 @@ def _refused_snapshot(plan: LaunchPlan, exc: SnapshotError) -> str:
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Submit the run (or prepare it into the current batch); wait for it unless ``launcher.wait=false``."""
+    """Submit the run (or prepare it into the current batch); wait for it unless
+    ``launcher.wait=false``."""
     lc = plan.launcher_config
     launch_time = time.time()
     fn = SlurmRank(_rank_spec(plan, launch_time))
@@ -390,7 +381,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         snapshot = take_snapshot(plan)
     except SnapshotError as exc:
         _refused_snapshot(plan, exc)
-        return RunOutcome.of(RunRecord.read(plan.run_dir), plan.run_dir, "")  # type: ignore[arg-type]
+        record = RunRecord.read(plan.run_dir)
+        return RunOutcome.of(record, plan.run_dir, "")  # type: ignore[arg-type]
     ex = _executor(plan)
     job = ex.submit(fn)
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 import pkgutil
 import shlex
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ __all__ = [
     "check_names",
     "convert_mem",
     "job_environment",
+    "job_watcher",
     "make_sbatch_string",
+    "refresh",
     "slurm_executor",
     "submit_command",
     "submitit_version",
@@ -53,6 +57,10 @@ PUBLIC_NAMES = (
     ("submitit", "SlurmExecutor.batch", "one job array per sweep shape"),
     ("submitit", "SlurmExecutor.submit", "submits a job"),
     ("submitit", "JobEnvironment", "rank variables inside a task"),
+    ("submitit.slurm.slurm", "SlurmInfoWatcher", "sacct's state of every job waited on"),
+    ("submitit.slurm.slurm", "SlurmInfoWatcher.register_job", "watches a job"),
+    ("submitit.slurm.slurm", "SlurmInfoWatcher.update", "one sacct call for every job"),
+    ("submitit.slurm.slurm", "SlurmInfoWatcher.get_state", "a job's state from that call"),
 )
 # Parameters of _make_sbatch_string that sbatch_parameters() and sbatch_script() pass.
 SBATCH_PARAMETERS = (
@@ -97,8 +105,7 @@ def _resolve(module: str, dotted: str) -> Any:
     return pkgutil.resolve_name(f"{module}:{dotted}")
 
 
-def check_names() -> list[str]:
-    """What this project needs from submitit and no longer finds (empty: all there)."""
+def _missing_names() -> list[str]:
     problems: list[str] = []
     for module, name, why in (*PRIVATE_NAMES, *PUBLIC_NAMES):
         try:
@@ -109,38 +116,56 @@ def check_names() -> list[str]:
         found = importlib.util.find_spec(SUBMIT_MODULE) is not None
     except ImportError:
         found = False
-    if not found:
-        problems.append(f"module {SUBMIT_MODULE} (what every SLURM task runs) is gone")
-    try:
-        params = inspect.signature(
-            _resolve("submitit.slurm.slurm", "_make_sbatch_string")
-        ).parameters
-        problems += [
-            f"submitit.slurm.slurm._make_sbatch_string has no parameter {p!r}"
-            for p in SBATCH_PARAMETERS
-            if p not in params
-        ]
-    except (ImportError, AttributeError):
-        pass
-    try:
-        folder = Path("/nonexistent/wf_launch_check")
-        actual = _resolve("submitit", "SlurmExecutor")(folder=folder)._submitit_command_str
-        if actual != submit_command(folder):
-            problems.append(
-                f"SlurmExecutor._submitit_command_str is now {actual!r}, "
-                f"our dry run prints {submit_command(folder)!r}"
-            )
-    except Exception as exc:
-        problems.append(f"SlurmExecutor(folder)._submitit_command_str: {type(exc).__name__}: {exc}")
-    try:
-        members = {n for n, _ in inspect.getmembers(_resolve("submitit", "JobEnvironment"))}
-        problems += [
-            f"submitit.JobEnvironment has no attribute {a!r}"
-            for a in JOB_ENVIRONMENT_ATTRS
-            if a not in members
-        ]
-    except (ImportError, AttributeError):
-        pass
+    return (
+        problems
+        if found
+        else [*problems, f"module {SUBMIT_MODULE} (what every SLURM task runs) is gone"]
+    )
+
+
+def _missing_parameters() -> list[str]:
+    params = inspect.signature(_resolve("submitit.slurm.slurm", "_make_sbatch_string")).parameters
+    return [
+        f"submitit.slurm.slurm._make_sbatch_string has no parameter {p!r}"
+        for p in SBATCH_PARAMETERS
+        if p not in params
+    ]
+
+
+def _changed_command() -> list[str]:
+    folder = Path("/nonexistent/wf_launch_check")
+    actual = _resolve("submitit", "SlurmExecutor")(folder=folder)._submitit_command_str
+    if actual == submit_command(folder):
+        return []
+    return [
+        f"SlurmExecutor._submitit_command_str is now {actual!r}, "
+        f"our dry run prints {submit_command(folder)!r}"
+    ]
+
+
+def _missing_attributes() -> list[str]:
+    members = {n for n, _ in inspect.getmembers(_resolve("submitit", "JobEnvironment"))}
+    return [
+        f"submitit.JobEnvironment has no attribute {a!r}"
+        for a in JOB_ENVIRONMENT_ATTRS
+        if a not in members
+    ]
+
+
+def check_names() -> list[str]:
+    """What this project needs from submitit and no longer finds (empty: all there).
+
+    A name that is gone is listed once, by :func:`_missing_names`; the finer checks that
+    need it then say nothing more.
+    """
+    problems: list[str] = []
+    for check in (_missing_names, _missing_parameters, _changed_command, _missing_attributes):
+        try:
+            problems += check()
+        except (ImportError, AttributeError):
+            pass
+        except Exception as exc:
+            problems.append(f"{check.__name__.strip('_')}: {type(exc).__name__}: {exc}")
     return problems
 
 
@@ -172,6 +197,47 @@ def slurm_executor(folder: Path, max_num_timeout: int, **parameters: Any) -> Any
     ex = SlurmExecutor(folder=folder, max_num_timeout=max_num_timeout)
     ex.update_parameters(**parameters)
     return ex
+
+
+def job_watcher() -> Any:
+    """A new ``SlurmInfoWatcher``: submitit's reader of ``sacct`` for the jobs registered on it.
+
+    One per wait (or per status question): :func:`refresh` asks sacct about every job on it
+    that has not ended, in one call, and the ended ones keep their last state.
+    """
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    return SlurmInfoWatcher()
+
+
+class _SacctFailed(logging.Filter):
+    """Catches submitit's warning that a sacct call failed (and keeps it off the console)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.failed = self.failed or record.levelno >= logging.WARNING
+        return record.levelno < logging.WARNING
+
+
+def refresh(watcher: Any, job_ids: Iterable[str]) -> bool:
+    """Register ``job_ids`` on ``watcher`` and ask sacct about its jobs now (one call); whether
+    sacct answered.
+
+    submitit logs a warning when sacct fails (no accounting, slurmdbd down) and goes on; the
+    warning is kept off the console: the caller asks SLURM's other commands instead.
+    """
+    for job_id in job_ids:
+        watcher.register_job(job_id)
+    log, caught = logging.getLogger("submitit"), _SacctFailed()
+    log.addFilter(caught)
+    try:
+        watcher.update()
+    finally:
+        log.removeFilter(caught)
+    return not caught.failed
 
 
 def job_environment() -> Any:

@@ -16,6 +16,7 @@ __all__ = ["fmt", "render_csv", "render_markdown", "split_overrides"]
 
 
 def fmt(value: Any) -> str:
+    """A cell's text: empty for None, floats to about three significant digits."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -30,7 +31,7 @@ def fmt(value: Any) -> str:
 
 
 def split_overrides(points: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
-    """Overrides every point shares (in order), and the keys whose values differ between points."""
+    """Overrides every point shares (in order), and the keys whose values differ between them."""
     per_point = [p["overrides"].split() for p in points if p["overrides"]]
     common = (
         [o for o in per_point[0] if all(o in other for other in per_point)] if per_point else []
@@ -60,6 +61,36 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _md_row(p: dict[str, Any], common: list[str], names: list[str]) -> str:
+    """One point's row: job, status (bold unless ok), its own overrides, layout, metrics."""
+    layout = "/".join(fmt(p[d]) if p[d] is not None else "?" for d in DIMS)
+    status = p["status"] if p["status"] == "ok" else f"**{p['status']}**"
+    own = " ".join(o for o in p["overrides"].split() if o not in common)
+    row = [
+        fmt(p["job"]),
+        status,
+        f"`{own}`" if own else "",
+        layout,
+        fmt(p["world"]),
+        fmt(p["wall_s"]),
+        *(fmt(p["metrics"].get(m)) for m in names),
+    ]
+    return "| " + " | ".join(_md_cell(c) for c in row) + " |"
+
+
+def _md_failures(points: list[dict[str, Any]]) -> list[str]:
+    """The section listing the points that did not succeed (none when every point did)."""
+    failures = [p for p in points if p["failure"]]
+    if not failures:
+        return []
+    return [
+        "",
+        "## Points that did not succeed",
+        "",
+        *(f"- job {fmt(p['job'])} ({p['status']}): {p['failure']}" for p in failures),
+    ]
+
+
 def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path | str) -> str:
     """The summary as a Markdown table, with a count per status and the failures listed."""
     names = metric_names(points, metric)
@@ -79,22 +110,6 @@ def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path |
         lines += ["Every point: `" + " ".join(common) + "`", ""]
     header = ["job", "status", "overrides", "layout (tp/cp/pp/dp)", "world", "wall_s", *names]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for p in points:
-        layout = "/".join(fmt(p[d]) if p[d] is not None else "?" for d in DIMS)
-        status = p["status"] if p["status"] == "ok" else f"**{p['status']}**"
-        own = " ".join(o for o in p["overrides"].split() if o not in common)
-        row = [
-            fmt(p["job"]),
-            status,
-            f"`{own}`" if own else "",
-            layout,
-            fmt(p["world"]),
-            fmt(p["wall_s"]),
-            *(fmt(p["metrics"].get(m)) for m in names),
-        ]
-        lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
-    failures = [p for p in points if p["failure"]]
-    if failures:
-        lines += ["", "## Points that did not succeed", ""]
-        lines += [f"- job {fmt(p['job'])} ({p['status']}): {p['failure']}" for p in failures]
+    lines += [_md_row(p, common, names) for p in points]
+    lines += _md_failures(points)
     return "\n".join(lines) + "\n"

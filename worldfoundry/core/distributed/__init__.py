@@ -58,11 +58,12 @@ _EXPORTS: dict[str, str] = {
     # run control: who this process is in a run, and collectives that survive a failing rank
     **{
         n: "run_control"
+        for n in ("DistributedState", "distributed_run", "all_reduce", "broadcast_from")
+    },
+    # who this process is (document 001's names)
+    **{
+        n: "identity"
         for n in (
-            "DistributedState",
-            "distributed_run",
-            "all_reduce",
-            "broadcast_from",
             "DistributedProcessGroup",
             "ParallelState",
             "is_available",

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..validation import is_int
+from . import identity
 from . import runtime as _rt
 from .backends import group_device
 
@@ -68,7 +69,7 @@ def _size_and_rank(pg: Any, fn: str) -> tuple[int, int]:
     size, rank = dist.get_world_size(pg), dist.get_rank(pg)
     if rank < 0:
         raise ValueError(
-            f"{fn}: global rank {dist.get_rank()} is not a member of the given group "
+            f"{fn}: global rank {identity.rank()} is not a member of the given group "
             f"(ranks {dist.get_process_group_ranks(pg)})"
         )
     return size, rank
@@ -137,7 +138,7 @@ def split_inputs_cp(x: torch.Tensor, seq_dim: int, cp_group: GroupLike = None) -
 def _gather(
     x: torch.Tensor, dim: int, pg: Any, size: int, fn: str, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """All-gather ``x`` into one buffer laid out (size*S, ...rest) and view it with ``dim`` back in place."""
+    """All-gather ``x`` into one (size*S, ...rest) buffer, viewed with ``dim`` back in place."""
     moved = x.detach().movedim(dim, 0).contiguous()
     full_shape = (size * moved.shape[0], *moved.shape[1:])
     if out is None:
@@ -160,8 +161,9 @@ def _gather(
         _all_gather_single(buf, moved, group=pg)
     except (RuntimeError, ValueError, TypeError) as e:
         raise RuntimeError(
-            f"{fn}: all-gather of a {tuple(x.shape)} {x.dtype} shard on {x.device} along seq_dim {dim} "
-            f"over a group of {size} ranks (global ranks {dist.get_process_group_ranks(pg)}) failed: {e}"
+            f"{fn}: all-gather of a {tuple(x.shape)} {x.dtype} shard on {x.device} along seq_dim "
+            f"{dim} over a group of {size} ranks (global ranks "
+            f"{dist.get_process_group_ranks(pg)}) failed: {e}"
         ) from e
     return buf.movedim(0, dim) if out is None else out
 
@@ -329,25 +331,48 @@ def broadcast(item: Any, process_group: GroupLike = None) -> Any:
     data_pg, ctrl_pg = _device_group(process_group), _cpu_group(process_group)
     _size_and_rank(data_pg, fn)
     src = _src_of(data_pg)
-    is_src = dist.get_rank() == src
+    is_src = identity.rank() == src
     kind, shape, dtype, device = _exchange_header(item, is_src, src, ctrl_pg, fn)
     if kind == _KIND_OBJECT:
-        holder = [item if is_src else None]
-        try:
-            dist.broadcast_object_list(holder, src=src, group=ctrl_pg)
-        except (RuntimeError, ValueError) as e:
-            raise RuntimeError(f"{fn}: object broadcast from global rank {src} failed: {e}") from e
-        return item if is_src else holder[0]
+        return _broadcast_object(item, is_src, src, ctrl_pg, fn)
     if is_src:
-        data = item.detach().contiguous()
-        try:
-            dist.broadcast(data, src=src, group=data_pg)
-        except (RuntimeError, ValueError) as e:
-            raise RuntimeError(
-                f"{fn}: broadcast of a {tuple(shape)} {dtype} tensor from global rank "
-                f"{src} failed: {e}"
-            ) from e
+        _send_tensor(item, f"{tuple(shape)} {dtype}", src, data_pg, fn)
         return item
+    return _receive_tensor(item, shape, dtype, device, src, data_pg, fn)
+
+
+def _broadcast_object(item: Any, is_src: bool, src: int, ctrl_pg: Any, fn: str) -> Any:
+    """A picklable object from ``src`` over the group's CPU side."""
+    holder = [item if is_src else None]
+    try:
+        dist.broadcast_object_list(holder, src=src, group=ctrl_pg)
+    except (RuntimeError, ValueError) as e:
+        raise RuntimeError(f"{fn}: object broadcast from global rank {src} failed: {e}") from e
+    return item if is_src else holder[0]
+
+
+def _send_tensor(item: torch.Tensor, what: str, src: int, data_pg: Any, fn: str) -> None:
+    """The source's side of a tensor broadcast (``what``: its shape and dtype, for errors)."""
+    data = item.detach().contiguous()
+    try:
+        dist.broadcast(data, src=src, group=data_pg)
+    except (RuntimeError, ValueError) as e:
+        raise RuntimeError(
+            f"{fn}: broadcast of a {what} tensor from global rank {src} failed: {e}"
+        ) from e
+
+
+def _receive_tensor(
+    item: Any,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+    src: int,
+    data_pg: Any,
+    fn: str,
+) -> torch.Tensor:
+    """A receiver's side: into ``item`` when it matches exactly, else a fresh buffer (copied
+    into ``item`` after the collective, or ValueError when ``item`` does not match)."""
     given = item if isinstance(item, torch.Tensor) else None
     direct = (
         given is not None
@@ -367,7 +392,7 @@ def broadcast(item: Any, process_group: GroupLike = None) -> Any:
         return buf
     if given.shape != shape or given.dtype != dtype:
         raise ValueError(
-            f"{fn}: item on global rank {dist.get_rank()} is a {tuple(given.shape)} "
+            f"{fn}: item on global rank {identity.rank()} is a {tuple(given.shape)} "
             f"{given.dtype} tensor but the source sent {tuple(shape)} {dtype}; pass None "
             "(or a matching tensor) on receiving ranks"
         )
@@ -380,7 +405,9 @@ _BST_KEY = "context_parallel.broadcast_split_tensor"
 
 
 def _last_headers() -> weakref.WeakKeyDictionary[Any, tuple[list[int], bool]]:
-    """Per data group: the header of the previous ``broadcast_split_tensor`` and whether it repeated the one before.
+    """Per data group: the previous ``broadcast_split_tensor``'s header, and whether it repeated.
+
+    It repeated when it equals the header of the call before it.
 
     Kept in the runtime's cache, so closing the runtime (``destroy_model_parallel``,
     on every rank) forgets it. Every member updates it identically (from headers
@@ -396,7 +423,7 @@ def _last_headers() -> weakref.WeakKeyDictionary[Any, tuple[list[int], bool]]:
 def broadcast_split_tensor(
     tensor: torch.Tensor | None, seq_dim: int, process_group: GroupLike = None
 ) -> torch.Tensor:
-    """Send the minimum rank's ``tensor`` out as shards: group rank r gets block r along ``seq_dim``.
+    """Send the minimum rank's ``tensor`` out as shards: group rank r gets block r of ``seq_dim``.
 
     Non-source ranks may pass ``None`` (their argument is ignored). A header
     carries the full shape, dtype and device type, and one ``scatter`` moves
@@ -421,7 +448,7 @@ def broadcast_split_tensor(
     pg, ctrl_pg = _device_group(process_group), _cpu_group(process_group)
     size, _ = _size_and_rank(pg, fn)
     src = _src_of(pg)
-    is_src = dist.get_rank() == src
+    is_src = identity.rank() == src
     if size == 1:
         _norm_dim(seq_dim, _check_tensor(tensor, fn, "tensor").dim(), fn)
         return tensor
@@ -453,7 +480,10 @@ def _pieces(tensor: torch.Tensor, dim: int, shard: int, size: int) -> list[torch
 def _split_shape(
     shape: torch.Size, seq_dim: int, size: int, fn: str
 ) -> tuple[int, int, tuple[int, ...]]:
-    """(dim, shard length, shard shape) of splitting ``shape`` along ``seq_dim`` over ``size`` ranks; raises on bad input."""
+    """(dim, shard length, shard shape) of ``shape`` split along ``seq_dim`` over ``size`` ranks.
+
+    Raises on bad input.
+    """
     dim = _norm_dim(seq_dim, len(shape), fn)
     shard = _shard_len(shape[dim], dim, size, fn)
     return dim, shard, (*shape[:dim], shard, *shape[dim + 1 :])
@@ -469,8 +499,8 @@ def _scatter_split(
     src: int,
     fn: str,
 ) -> torch.Tensor:
-    """Scatter the source's blocks once every member knows ``header``; raise consistently on bad input."""
-    is_src = dist.get_rank() == src
+    """Scatter the source's blocks once every member knows ``header``; raise alike on bad input."""
+    is_src = identity.rank() == src
     kind, shape, dtype, device = _decode_header(header, header_device)
     if kind != _KIND_TENSOR:
         got = f"{type(tensor).__name__}" if is_src else "a non-tensor"
@@ -575,7 +605,9 @@ def find_split_plan(
     patch_values: Sequence[int] = (1, 2, 2),
     view_factor: int = 1,
 ) -> CPSplit:
-    """:func:`find_split`'s decision as a value, ``CPSplit(block, cp_size_t, cp_size_h)``; records nothing.
+    """:func:`find_split`'s decision as a value, ``CPSplit(block, cp_size_t, cp_size_h)``.
+
+    It records nothing.
 
     Same rules and the same ValueErrors as :func:`find_split`.
     """
@@ -615,7 +647,8 @@ def find_split_plan(
     remaining //= g_h
     if remaining != 1:
         raise ValueError(
-            f"find_split: cp_size={cp} cannot be absorbed by T={t} (per view) and H={h} on patch boundaries "
+            f"find_split: cp_size={cp} cannot be absorbed by T={t} (per view) and H={h} "
+            "on patch boundaries "
             f"(patches {pt}x{ph}: {t // pt} x {h // ph} patches; {g_t} rank(s) to T, {g_h} to H, "
             f"{remaining} left over, and W is never split)"
         )
@@ -628,7 +661,7 @@ def find_split(
     patch_values: Sequence[int] = (1, 2, 2),
     view_factor: int = 1,
 ) -> torch.Size:
-    """Per-rank latent block ``torch.Size([T', H', W])`` for a (B, C, T, H, W) latent split over ``cp_size``.
+    """Each rank's block ``torch.Size([T', H', W])`` of a (B, C, T, H, W) latent over ``cp_size``.
 
     The flattened T*H*W token sequence is cut on patch boundaries: T is first
     divided by ``view_factor`` (views are processed separately), then for T and

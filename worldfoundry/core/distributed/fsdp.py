@@ -47,7 +47,8 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
         candidates.append((named, _param_count(module), -name.count("."), name, module))
     if not candidates:
         raise ValueError(
-            f"fsdp2_wrap: {type(model).__name__} has no decoder layers to shard: no nn.ModuleList of "
+            f"fsdp2_wrap: {type(model).__name__} has no decoder layers to shard: "
+            "no nn.ModuleList of "
             "blocks of one class was found (a causal LM keeps them in e.g. model.layers)"
         )
     best = max(candidates, key=lambda c: c[:3])
@@ -75,6 +76,27 @@ def _shard_device(mesh: Any) -> torch.device:
     if mesh.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(mesh.device_type)
+
+
+def _check_arguments(model: Any, mp_policy: Any, cpu_offload: Any) -> None:
+    """TypeError, RuntimeError or ValueError for what ``fsdp2_wrap`` cannot shard."""
+    import torch.distributed as dist  # the distributed parts load only when a model is sharded
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fsdp2_wrap: model must be an nn.Module, got {type(model).__name__}")
+    if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise TypeError(
+            f"fsdp2_wrap: mp_policy must be a MixedPrecisionPolicy or None, got {mp_policy!r}"
+        )
+    if not isinstance(cpu_offload, bool):
+        raise TypeError(f"fsdp2_wrap: cpu_offload must be a bool, got {cpu_offload!r}")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "fsdp2_wrap: the process group is not initialized; call it inside distributed_run()"
+        )
+    if is_fsdp2_model(model):
+        raise ValueError(f"fsdp2_wrap: {type(model).__name__} is already FSDP2-sharded")
 
 
 def fsdp2_wrap(
@@ -105,21 +127,7 @@ def fsdp2_wrap(
         fully_shard,
     )
 
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"fsdp2_wrap: model must be an nn.Module, got {type(model).__name__}")
-    if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
-        raise TypeError(
-            f"fsdp2_wrap: mp_policy must be a MixedPrecisionPolicy or None, got {mp_policy!r}"
-        )
-    if not isinstance(cpu_offload, bool):
-        raise TypeError(f"fsdp2_wrap: cpu_offload must be a bool, got {cpu_offload!r}")
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            "fsdp2_wrap: the process group is not initialized; call it inside distributed_run()"
-        )
-    if is_fsdp2_model(model):
-        raise ValueError(f"fsdp2_wrap: {type(model).__name__} is already FSDP2-sharded")
-
+    _check_arguments(model, mp_policy, cpu_offload)
     layers = _decoder_layers(model)
     ignored = _off_dtype_params(model)
     if mesh is None:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..validation import is_int
+from . import identity
 from .backends import group_device
 
 __all__ = ["gather_bytes", "gather_state_dicts"]
@@ -83,7 +84,7 @@ def _check_chunk(chunk_bytes: Any, where: str, me: int) -> None:
 def _group_ranks(group: Any) -> list[int]:
     if group is not None:
         return list(dist.get_process_group_ranks(group))
-    return list(range(dist.get_world_size()))
+    return list(range(identity.size()))
 
 
 def _encode(message: str) -> torch.Tensor:
@@ -97,6 +98,35 @@ def _encode(message: str) -> torch.Tensor:
 def _decode(t: torch.Tensor) -> str:
     raw = bytes(t.cpu().tolist())
     return raw.rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _raise_failure(
+    ctrl: Any, group: Any, ranks: list[int], failure: Exception | None, first: tuple[int, int]
+) -> None:
+    """Exchange the failing ranks' messages; raise this rank's failure, or the first rank's."""
+    msg = _encode("" if failure is None else str(failure)).to(ctrl)
+    msgs = [torch.zeros(_MSG_BYTES, dtype=torch.uint8, device=ctrl) for _ in ranks]
+    dist.all_gather(msgs, msg, group=group)
+    if failure is not None:
+        raise failure
+    r, c = first
+    text = _decode(msgs[ranks.index(r)])
+    raise _ERRORS.get(c, RuntimeError)(
+        f"{text} [rank {r} failed before the gather, so no rank gathers; "
+        f"this is rank {identity.rank()}]"
+    )
+
+
+def _same_everywhere(where: str, ranks: list[int], rows: list[list[int]]) -> None:
+    """ValueError on every rank when the ranks passed different ``dst`` or ``chunk_bytes``."""
+    for name, column in (("dst", 2), ("chunk_bytes", 3)):
+        seen = {r: row[column] for r, row in zip(ranks, rows)}
+        if len(set(seen.values())) > 1:
+            shown = ", ".join(f"rank {r}: {name}={v}" for r, v in seen.items())
+            raise ValueError(
+                f"{where}: the ranks passed different {name} ({shown}); every rank "
+                f"of the group must pass the same {name}"
+            )
 
 
 def _agree(
@@ -126,25 +156,8 @@ def _agree(
     rows = [[int(v) for v in h.tolist()] for h in headers]
     failed = [(r, row[0]) for r, row in zip(ranks, rows) if row[0] != _OK]
     if failed:
-        msg = _encode("" if failure is None else str(failure)).to(ctrl)
-        msgs = [torch.zeros(_MSG_BYTES, dtype=torch.uint8, device=ctrl) for _ in ranks]
-        dist.all_gather(msgs, msg, group=group)
-        if failure is not None:
-            raise failure
-        r, c = failed[0]
-        text = _decode(msgs[ranks.index(r)])
-        raise _ERRORS.get(c, RuntimeError)(
-            f"{text} [rank {r} failed before the gather, so no rank gathers; this is rank {dist.get_rank()}]"
-        )
-    dsts = {r: row[2] for r, row in zip(ranks, rows)}
-    chunks = {r: row[3] for r, row in zip(ranks, rows)}
-    for name, seen in (("dst", dsts), ("chunk_bytes", chunks)):
-        if len(set(seen.values())) > 1:
-            shown = ", ".join(f"rank {r}: {name}={v}" for r, v in seen.items())
-            raise ValueError(
-                f"{where}: the ranks passed different {name} ({shown}); every rank "
-                f"of the group must pass the same {name}"
-            )
+        _raise_failure(ctrl, group, ranks, failure, failed[0])
+    _same_everywhere(where, ranks, rows)
     return [row[1] for row in rows]
 
 
@@ -167,7 +180,7 @@ def gather_bytes(
         _check_dst(dst, [0], where, 0)
         _check_chunk(chunk_bytes, where, 0)
         return [bytearray(view)]
-    me = dist.get_rank()
+    me = identity.rank()
     ranks = _group_ranks(group)
     failure: Exception | None = None
     view = memoryview(b"")
@@ -226,7 +239,7 @@ def _serialize(state: dict) -> io.BytesIO:
 def gather_state_dicts(
     state: dict, dst: int, group: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[dict]:
-    """Gathers ``state`` from every rank of ``group`` to global rank ``dst``, loaded with weights_only.
+    """Gathers ``state`` from every rank of ``group`` to global rank ``dst`` (weights_only load).
 
     Yields one rank's dict at a time on ``dst`` (tensors on CPU), and nothing elsewhere:
     ``dst`` receives rank by rank as it iterates, loads that rank's bytes, yields the
@@ -244,7 +257,7 @@ def gather_state_dicts(
     """
     where = "gather_state_dicts"
     distributed = dist.is_available() and dist.is_initialized()
-    me = dist.get_rank() if distributed else 0
+    me = identity.rank() if distributed else 0
     ranks = _group_ranks(group) if distributed else [0]
     failure: Exception | None = None
     buf: io.BytesIO | None = None

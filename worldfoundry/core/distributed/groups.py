@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import identity
 from . import runtime as _rt
 from .topology import COMBINED, DEFAULT_ORDER, DIMS, Layout
 
@@ -140,7 +141,7 @@ def init_distributed_environment(
     if rt.world is None:
         default = dist.group.WORLD
         rt.world = GroupCoordinator(
-            "world", list(range(dist.get_world_size())), dist.get_rank(), default, default
+            "world", list(range(identity.size())), identity.rank(), default, default
         )
     return rt.world
 
@@ -163,7 +164,7 @@ def initialize_model_parallel(
     per-group NCCL options (``min_ctas``, ``max_ctas``, ``cga_cluster_size``),
     applied to NCCL groups only.
     """
-    if not dist.is_initialized():
+    if not identity.is_initialized():
         raise RuntimeError(_NOT_INITIALIZED.format(what="torch.distributed"))
     rt = _rt.current()
     if rt.layout is not None:
@@ -171,7 +172,7 @@ def initialize_model_parallel(
             f"model parallel groups already exist ({rt.layout.describe()}); "
             "call destroy_model_parallel() before initializing another layout"
         )
-    world_size, rank = dist.get_world_size(), dist.get_rank()
+    world_size, me = identity.size(), identity.rank()
     layout = Layout(
         world_size, tp_size=tp_size, cp_size=cp_size, pp_size=pp_size, dp_size=dp_size, order=order
     )
@@ -193,11 +194,11 @@ def initialize_model_parallel(
                     members, timeout=timeout, backend=backend, pg_options=options, group_desc=name
                 )
                 by_members[key] = pg
-                if rank in members:
+                if me in members:
                     rt.created.append(pg)
-            members = layout.group_of(rank, name)
+            members = layout.group_of(me, name)
             pg = by_members[tuple(members)]
-            groups[name] = GroupCoordinator(name, members, rank, pg, pg)
+            groups[name] = GroupCoordinator(name, members, me, pg, pg)
     except BaseException:
         rt.destroy_created()
         raise
@@ -315,15 +316,13 @@ def get_group(name: str) -> GroupCoordinator:
 
 def is_last_rank() -> bool:
     """Whether this is the last global rank (True in a single process)."""
-    if not dist.is_initialized():
-        return True
-    return dist.get_rank() == dist.get_world_size() - 1
+    return identity.rank() == identity.size() - 1
 
 
 def is_last_tp_cp_rank() -> bool:
     """Whether this is the last rank of its combined tp-cp group (True in a single process)."""
     if _rt.current().layout is None:
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if identity.size() > 1:
             raise RuntimeError(_NOT_INITIALIZED.format(what="the tp-cp group"))
         return True
     return _group("tp-cp").is_last_rank

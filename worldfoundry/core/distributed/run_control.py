@@ -1,4 +1,4 @@
-"""Run control: who this process is in a run, and collectives that survive a failing rank.
+"""Run control: the run's process group for a block, and collectives that survive a failing rank.
 
 ``distributed_run`` owns the run's process group for a block; ``all_reduce`` and
 ``broadcast_from`` run the caller's ``fn`` inside the collective so that a rank whose
@@ -23,6 +23,19 @@ from loguru import logger
 from ..torch_private import abort_all_process_groups
 from ..validation import is_int
 from . import runtime as _rt
+from .identity import (
+    DistributedProcessGroup,
+    ParallelState,
+    backend,
+    barrier,
+    is_available,
+    is_distributed_launch,
+    is_distributed_run,
+    is_initialized,
+    is_master,
+    rank,
+    size,
+)
 from .init import LaunchEnv, env_int, start_default_group
 
 __all__ = [
@@ -44,148 +57,6 @@ __all__ = [
 ]
 
 _V = TypeVar("_V")
-_Group = Any  # a torch.distributed.ProcessGroup or None (the world)
-
-
-# --------------------------------------------------------------------------- queries
-
-
-def is_available() -> bool:
-    """Returns whether the distributed package is available."""
-    return dist.is_available()
-
-
-def is_initialized() -> bool:
-    """Returns whether the distributed package is initialized."""
-    return dist.is_available() and dist.is_initialized()
-
-
-def is_distributed_launch() -> bool:
-    """True if launched distributed (WORLD_SIZE>1), readable BEFORE the process group is set up.
-
-    Env-based, so parse-time code can tell the launch mode before ``distributed_run()``
-    sets the group up; once it has, ``is_distributed_run()`` reads the live group.
-    """
-    return env_int("WORLD_SIZE", 1) > 1
-
-
-def is_distributed_run() -> bool:
-    """True if a real multi-rank job is running: the group is initialized and world size > 1."""
-    return is_initialized() and dist.get_world_size() > 1
-
-
-def rank(group: _Group = None) -> int:
-    """Returns the rank of the current process (0 without an initialized group)."""
-    return dist.get_rank(group) if is_initialized() else 0
-
-
-def size(group: _Group = None) -> int:
-    """Returns the number of processes (1 without an initialized group)."""
-    return dist.get_world_size(group) if is_initialized() else 1
-
-
-def is_master(group: _Group = None) -> bool:
-    """Returns whether the current process is the master process (rank 0 of ``group``)."""
-    return rank(group) == 0
-
-
-def backend() -> str | None:
-    """Returns the distributed backend, or None without an initialized group."""
-    return dist.get_backend() if is_initialized() else None
-
-
-def barrier(group: _Group = None) -> None:
-    """Synchronizes all processes of ``group``; a no-op without an initialized group."""
-    if is_initialized():
-        dist.barrier(group=group)
-
-
-# --------------------------------------------------------------------------- group wrappers
-
-
-class DistributedProcessGroup:
-    """A convenient wrapper around torch.distributed.ProcessGroup objects.
-
-    ``group`` is a ProcessGroup, ``None`` for the default (world) group, or ``-1`` for a
-    parallelism that is not used; an unused group reports rank and size ``-1``, and so
-    does a group this rank is not a member of (``new_group``'s ``NON_GROUP_MEMBER``).
-    """
-
-    def __init__(self, group: dist.ProcessGroup | int | None = None) -> None:
-        allowed = (-1, dist.GroupMember.NON_GROUP_MEMBER)
-        if isinstance(group, bool) or (is_int(group) and group not in allowed):
-            raise ValueError(
-                f"DistributedProcessGroup: group={group!r} is not allowed; "
-                "pass a ProcessGroup, None (the world) or -1 (unused)"
-            )
-        if not (group is None or isinstance(group, (int, dist.ProcessGroup))):
-            raise TypeError(
-                f"DistributedProcessGroup: group must be a ProcessGroup, None or -1, "
-                f"got {type(group).__name__}"
-            )
-        self.group = group
-
-    def is_initialized(self) -> bool:
-        """Check if the distributed process group is initialized (and used)."""
-        return is_initialized() and not isinstance(self.group, int)
-
-    def rank(self) -> int:
-        """Get the rank of the current process group (-1 when unused or not initialized)."""
-        return rank(self.group) if self.is_initialized() else -1
-
-    def world_size(self) -> int:
-        """Get the world size of the current process group (-1 when unused or not initialized)."""
-        return size(self.group) if self.is_initialized() else -1
-
-    def __repr__(self) -> str:
-        return f"DistributedProcessGroup(rank={self.rank()}, world_size={self.world_size()})"
-
-    @staticmethod
-    def get_dist_syncd_obj(
-        obj: Any,
-        groups: DistributedProcessGroup | list[DistributedProcessGroup],
-        op: Callable[[list[Any]], Any],
-    ) -> Any:
-        """Get ``obj`` synchronized across ``groups``: each group's gathered values folded by ``op``.
-
-        Groups are applied in order; unused or single-rank groups leave ``obj`` as it is.
-        """
-        group_list = groups if isinstance(groups, list) else [groups]
-        for g in group_list:
-            if not isinstance(g, DistributedProcessGroup):
-                raise TypeError(
-                    f"get_dist_syncd_obj: groups must hold DistributedProcessGroup, got {type(g).__name__}"
-                )
-            if not g.is_initialized() or g.world_size() <= 1:
-                continue
-            objs: list[Any] = [None] * g.world_size()
-            dist.all_gather_object(objs, obj, group=g.group)
-            obj = op(objs)
-        return obj
-
-
-class ParallelState:
-    """A class to manage various parallel groups such as data parallel, tensor parallel etc.
-
-    A group set to -1 is not used; a group set to None is the default (world) group.
-    """
-
-    def __init__(
-        self,
-        data_parallel_group: dist.ProcessGroup | int | None = None,
-        tensor_parallel_group: dist.ProcessGroup | int | None = -1,
-        expert_model_parallel_group: dist.ProcessGroup | int | None = -1,
-    ) -> None:
-        self.data_parallel_group = DistributedProcessGroup(data_parallel_group)
-        self.tensor_parallel_group = DistributedProcessGroup(tensor_parallel_group)
-        self.expert_model_parallel_group = DistributedProcessGroup(expert_model_parallel_group)
-
-    def __repr__(self) -> str:
-        return (
-            f"ParallelState(data_parallel_group={self.data_parallel_group!r}, "
-            f"tensor_parallel_group={self.tensor_parallel_group!r}, "
-            f"expert_model_parallel_group={self.expert_model_parallel_group!r})"
-        )
 
 
 # --------------------------------------------------------------------------- distributed_run
@@ -291,20 +162,12 @@ def distributed_run(
     leaves without waiting on peers that may sit in a collective it never reaches; the
     exception then propagates.
     """
-    if timeout is not None and not isinstance(timeout, timedelta):
-        raise TypeError(
-            f"distributed_run: timeout must be a datetime.timedelta or None, got {timeout!r}"
-        )
-    if timeout is not None and timeout <= timedelta(0):
-        raise ValueError(
-            f"distributed_run: timeout={timeout!r} must be a positive datetime.timedelta "
-            f"(got {timeout.total_seconds()} s)"
-        )
+    _check_timeout(timeout)
     dev = _parse_device(device)
     pre_existing = is_initialized()
     if is_distributed_launch():
         dev = _launch_device(dev)
-        # the same start-up path as dist_init: NCCL starts as cpu:gloo,cuda:nccl, cuda:LOCAL_RANK bound
+        # dist_init's start-up path: NCCL starts as cpu:gloo,cuda:nccl, cuda:LOCAL_RANK bound
         dev, _ = start_default_group(
             "nccl" if dev.type == "cuda" else "gloo", timeout, LaunchEnv.from_environ()
         )
@@ -316,21 +179,42 @@ def distributed_run(
         yield state
     except BaseException:
         if not pre_existing and is_initialized():
-            if dist.get_world_size() > 1:
-                _abort_world()
-                _rt.current().close(destroy=False)
-            else:
-                _rt.current().close()
-                if is_initialized():
-                    dist.destroy_process_group()
+            _release(failed=True)
         raise
     if not pre_existing and is_initialized():
-        _rt.current().close()  # groups the body built on this run's group go with it
-        if is_initialized():
-            dist.destroy_process_group()
+        _release(failed=False)
 
 
-# --------------------------------------------------------------------------- fault-propagating collectives
+def _check_timeout(timeout: Any) -> None:
+    """TypeError or ValueError, before anything is set up, for a timeout that is not allowed."""
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"distributed_run: timeout must be a datetime.timedelta or None, got {timeout!r}"
+        )
+    if timeout is not None and timeout <= timedelta(0):
+        raise ValueError(
+            f"distributed_run: timeout={timeout!r} must be a positive datetime.timedelta "
+            f"(got {timeout.total_seconds()} s)"
+        )
+
+
+def _release(failed: bool) -> None:
+    """Give up the group the run set up, with whatever the body built on it.
+
+    A failed rank of several aborts the group (its peers may sit in a collective it never
+    reaches) and only forgets the runtime; otherwise the runtime closes its groups, then
+    the default group is destroyed.
+    """
+    if failed and size() > 1:
+        _abort_world()
+        _rt.current().close(destroy=False)
+        return
+    _rt.current().close()  # groups the body built on this run's group go with it
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------- fault-propagating collectives
 
 _OK, _ERROR, _EXIT = "ok", "error", "exit"
 
@@ -437,7 +321,7 @@ def _agree_on_unpickling(me: int, world: int, mine: BaseException | None) -> Non
 def _check_group_ready(where: str) -> bool:
     """True when a collective is needed; raise on a launch whose group is not up yet."""
     if is_initialized():
-        return dist.get_world_size() > 1
+        return size() > 1
     if is_distributed_launch():
         raise RuntimeError(
             f"{where}: this is rank {os.environ.get('RANK', '?')} of a distributed launch "
@@ -509,7 +393,7 @@ def all_reduce(label: str, fn: Callable[[], _V], combine: Callable[[list[_V]], _
         if bad is not None:
             raise bad
         return combine([fn()])
-    me, world = dist.get_rank(), dist.get_world_size()
+    me, world = rank(), size()
     out = _run_fn(fn, where, me) if bad is None else _arg_error(bad)
     headers: list[Any] = [None] * world
     dist.all_gather_object(headers, out.header(where))
@@ -557,7 +441,8 @@ def broadcast_from(label: str, fn: Callable[[], _V], rank: int = 0) -> _V:
     if bad is None and not 0 <= rank < world:
         bad = _bad_argument(
             ValueError(
-                f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} (this is rank {me})"
+                f"broadcast_from: rank={rank} is outside the run; allowed 0..{world - 1} "
+                f"(this is rank {me})"
             )
         )
     if not collective:

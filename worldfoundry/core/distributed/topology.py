@@ -29,7 +29,7 @@ DEFAULT_ORDER = "-".join(DIMS)
 
 
 def engine_value(engine: Any, name: str, default: Any = None) -> Any:
-    """Field ``name`` of an engine config: a Mapping (key), a ``.get`` object (OmegaConf), or attributes."""
+    """Field ``name`` of an engine config: a Mapping, a ``.get`` object (OmegaConf), attributes."""
     if isinstance(engine, Mapping):
         return engine.get(name, default)
     if hasattr(engine, "get") and not hasattr(engine, name):
@@ -43,6 +43,20 @@ def _layout_error(
     shown = ", ".join(f"{d}_size={sizes.get(d)!r}" for d in DIMS)
     ws = "" if world_size is None else f", world_size={world_size}"
     return ValueError(f"invalid parallel layout (order={order!r}, {shown}{ws}): {why}")
+
+
+def _order_problem(tokens: list[str], sizes: dict[str, int]) -> str:
+    """What is wrong with an order's tokens: unknown, repeated, a used one missing ('' if none)."""
+    unknown = [t for t in tokens if t not in DIMS]
+    if unknown:
+        return f"unknown token(s) {unknown}; allowed tokens are {list(DIMS)}"
+    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+    if repeated:
+        return f"token(s) {repeated} appear more than once"
+    missing = [d for d in DIMS if d not in tokens and sizes.get(d, 1) > 1]
+    if missing:
+        return f"token(s) {missing} have size > 1 but are missing from the order"
+    return ""
 
 
 def parse_order(
@@ -62,22 +76,9 @@ def parse_order(
             f"order must be a '-'-joined permutation of {'/'.join(DIMS)}",
         )
     tokens = [t.strip().lower() for t in order.split("-")]
-    unknown = [t for t in tokens if t not in DIMS]
-    if unknown:
-        raise _layout_error(
-            order, sizes, world_size, f"unknown token(s) {unknown}; allowed tokens are {list(DIMS)}"
-        )
-    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
-    if repeated:
-        raise _layout_error(order, sizes, world_size, f"token(s) {repeated} appear more than once")
-    missing = [d for d in DIMS if d not in tokens and sizes.get(d, 1) > 1]
-    if missing:
-        raise _layout_error(
-            order,
-            sizes,
-            world_size,
-            f"token(s) {missing} have size > 1 but are missing from the order",
-        )
+    why = _order_problem(tokens, sizes)
+    if why:
+        raise _layout_error(order, sizes, world_size, why)
     return tuple(tokens) + tuple(d for d in DIMS if d not in tokens)
 
 
@@ -124,7 +125,7 @@ class Layout:
 
     @classmethod
     def from_engine(cls, engine: Any, world_size: int | None = None) -> Layout:
-        """The layout an engine config describes: ``tp_size``, ``cp_size``, ``pp_size``, ``dp_size``, ``order``.
+        """The layout an engine config describes (its ``tp/cp/pp/dp_size`` and ``order``).
 
         ``engine`` is a Mapping or an attribute object (an OmegaConf config works
         as either). Absent ``tp_size`` / ``cp_size`` / ``pp_size`` are 1 and an
