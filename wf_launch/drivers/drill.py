@@ -1,6 +1,6 @@
-"""The preemption drill: run a task twice, once interrupted, and check that the results are identical.
+"""The preemption drill: run a task twice, once interrupted, and check the results are identical.
 
-``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend local|slurm|ray]``
+``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend NAME]``
 
 1. The *reference* run: the task with ``OVERRIDES``, uninterrupted, in ``DIR/reference``.
 2. The *interrupted* run: the same, in ``DIR/interrupted``, with interruptions injected
@@ -103,7 +103,7 @@ def kinds_of(backend: str) -> tuple[str, ...]:
 
 @dataclass
 class Injection:
-    """One interruption: ``kind`` at ``step`` (``rank``: which rank a kill9 hits; None = the last)."""
+    """One interruption: ``kind`` at ``step`` (``rank``: the rank a kill9 hits; None: the last)."""
 
     kind: str
     step: int
@@ -115,13 +115,14 @@ class Injection:
 
 
 def parse_injections(text: str, backend: str) -> list[Injection]:
-    """``kill9@12,sigterm@20`` -> injections, in step order; :class:`DrillError` naming a bad item."""
+    """``kill9@12,sigterm@20`` -> injections in step order; :class:`DrillError` names a bad item."""
     out = []
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         m = _SPEC.fullmatch(item)
         if m is None:
             raise DrillError(
-                f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, e.g. kill9@12,sigterm@20"
+                f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, "
+                "e.g. kill9@12,sigterm@20"
             )
         kind, step = m["kind"], int(m["step"])
         if kind not in kinds_of(backend):
@@ -143,8 +144,8 @@ def parse_injections(text: str, backend: str) -> list[Injection]:
 
 
 def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injection]:
-    """``n`` interruptions of the backend's kinds at distinct random steps in ``[2, total - 2]`` (a stop is agreed
-    a step after it is asked, and a kill must come after a checkpoint)."""
+    """``n`` interruptions of the backend's kinds at distinct random steps in ``[2, total - 2]`` (a
+    stop is agreed a step after it is asked, and a kill must come after a checkpoint)."""
     if not 1 <= n <= total - 3:
         raise DrillError(
             f"--random {n}: expected 1 .. {max(total - 3, 0)} (the task runs {total} steps; "
@@ -156,12 +157,14 @@ def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injec
 
 
 STOP_KINDS = ("sigterm", "usr2")
-"""Interruptions that go through the stop flag: agreed a step after they are asked, then the task saves."""
+"""Interruptions that go through the stop flag: agreed a step after they are asked, then the task
+saves."""
 
 
 def composed_task(overrides: list[str]) -> dict[str, Any]:
-    """The run's ``task`` section as ``python -m wf_launch OVERRIDES`` would compose it (Hydra's compose API), so
-    the drill can check its injections before anything runs; :class:`DrillError` for a config mistake."""
+    """The run's ``task`` section as ``python -m wf_launch OVERRIDES`` would compose it (Hydra's
+    compose API), so the drill can check its injections before anything runs; :class:`DrillError`
+    for a config mistake."""
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     try:
         load_task_modules(task_modules(overrides))
@@ -181,7 +184,8 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
 
 
 def _resolved(section: Any, key: str) -> Any:
-    """``section[key]`` resolved; None for a value that needs a running Hydra app (``${hydra:runtime.cwd}``)."""
+    """``section[key]`` resolved; None for a value that needs a running Hydra app
+    (``${hydra:runtime.cwd}``)."""
     try:
         value = section[key]
     except InterpolationResolutionError:
@@ -192,13 +196,15 @@ def _resolved(section: Any, key: str) -> Any:
 def check_injections(
     injections: list[Injection], task: dict[str, Any], given: set[str]
 ) -> tuple[list[str], list[str]]:
-    """Refuse an injection that proves nothing; returns (overrides the drill adds, what it says about them).
+    """Refuse an injection that proves nothing; returns (overrides the drill adds, what it says
+    about them).
 
-    An injection at or past the task's last step lands when there is nothing left to interrupt, and a stop
-    (``sigterm``, ``usr2``) is agreed one step after it is asked, so it must come two steps before the end. A
-    ``kill9`` with no checkpoint before it only proves that a fresh start is deterministic: unless a stop saved
-    one earlier, the drill sets ``task.checkpoint_every`` itself when the command left it at 0 (saying so) and
-    refuses an explicit value that saves nothing before the kill.
+    An injection at or past the task's last step lands when there is nothing left to interrupt, and
+    a stop (``sigterm``, ``usr2``) is agreed one step after it is asked, so it must come two steps
+    before the end. A ``kill9`` with no checkpoint before it only proves that a fresh start is
+    deterministic: unless a stop saved one earlier, the drill sets ``task.checkpoint_every`` itself
+    when the command left it at 0 (saying so) and refuses an explicit value that saves nothing
+    before the kill.
     """
     steps, every = task.get("steps"), task.get("checkpoint_every")
     if isinstance(steps, int):
@@ -215,9 +221,9 @@ def _check_room_after(injections: list[Injection], steps: int) -> None:
         if inj.step > last:
             why = "its stop is agreed a step later, " if inj.kind in STOP_KINDS else ""
             raise DrillError(
-                f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and {why}an "
-                f"interruption there leaves nothing to resume: choose a step <= {max(last, 0)}, or raise "
-                "task.steps"
+                f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and "
+                f"{why}an interruption there leaves nothing to resume: choose a step <= "
+                f"{max(last, 0)}, or raise task.steps"
             )
 
 
@@ -239,8 +245,9 @@ def _checkpoint_before_kills(
     kind, first = min((i.step, i.kind) for i in uncovered)[::-1]
     if explicit:
         raise DrillError(
-            f"--inject {kind}@{first}: no checkpoint precedes it (task.checkpoint_every={every}), so the "
-            f"restart starts from scratch and proves nothing about resuming; choose "
+            f"--inject {kind}@{first}: no checkpoint precedes it "
+            f"(task.checkpoint_every={every}), so the restart starts from scratch and proves "
+            "nothing about resuming; choose "
             f"task.checkpoint_every between 1 and {first - 1}, or a later step"
         )
     if first < 2:
@@ -249,15 +256,16 @@ def _checkpoint_before_kills(
         )
     chosen = max(1, (first - 1) // 2)
     return [f"task.checkpoint_every={chosen}"], [
-        f"{kind}@{first} needs a checkpoint before it and task.checkpoint_every was {every} (0: save only on a stop), "
-        f"so the drill sets task.checkpoint_every={chosen} (for both runs)"
+        f"{kind}@{first} needs a checkpoint before it and task.checkpoint_every was {every} "
+        f"(0: save only on a stop), so the drill sets task.checkpoint_every={chosen} "
+        "(for both runs)"
     ]
 
 
 # ------------------------------------------------------------------ running the CLI
 def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``); every rank
-    publishes its progress at every step, so interruptions land at the step asked for."""
+    """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``);
+    every rank publishes its progress at every step, so interruptions land at the step asked for."""
     env = {**os.environ, PUBLISH_ENV: "0"}
     with open(log, "ab") as out:
         return subprocess.Popen(
@@ -329,7 +337,8 @@ class Drill:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _relaunch(self, run: _Run) -> list[str]:
-        """The overrides of a relaunch into the same run directory (at the ``--resume-with`` layout, if given)."""
+        """The overrides of a relaunch into the same run directory (at the ``--resume-with`` layout,
+        if given)."""
         if self.resume_with:
             return drill_layout.relaunch_overrides(run.overrides, self.resume_with)
         return [*run.overrides, "launcher.resume=true"]
@@ -337,7 +346,8 @@ class Drill:
     def _relaunch_after_saved_stop(
         self, run: _Run, log: Path, attempt: int, deadline: float
     ) -> None:
-        """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch at the new layout."""
+        """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch
+        at the new layout."""
         proc = self._proc
         if not drill_layout.wait_for_saved_stop(run.run_dir, attempt, proc, deadline):
             raise DrillError(
@@ -394,7 +404,7 @@ class Drill:
         return run
 
     def _inject(self, run: _Run, injections: list[Injection], log: Path, deadline: float) -> None:
-        """Each interruption in turn, at its step (``self._proc``: the launch process running now)."""
+        """Each interruption in turn, at its step (``self._proc``: the launch process now)."""
         seen_pids: set[int] = set()
         since = 0.0
         for inj in injections:
@@ -420,7 +430,8 @@ class Drill:
         old_pids: set[int],
         deadline: float,
     ) -> dict[int, dict[str, Any]] | None:
-        """Every rank's progress once one has reached ``step`` in this attempt (None: the run ended first)."""
+        """Every rank's progress once one has reached ``step`` in this attempt (None: the run ended
+        first)."""
         world = None
         while time.monotonic() < deadline:
             if world is None and files.config_path(run_dir).exists():
@@ -578,7 +589,8 @@ def _rank0(run_dir: Path) -> tuple[RunRecord | None, dict[str, Any]]:
 def verdict(
     drill: Drill, reference: _Run, interrupted: _Run, injections: list[Injection]
 ) -> dict[str, Any]:
-    """The summary (``drill.json``): both runs' facts, each injection, and whether the results are identical."""
+    """The summary (``drill.json``): both runs' facts, each injection, and whether the results are
+    identical."""
     ref_rec, ref = _rank0(reference.run_dir)
     int_rec, got = _rank0(interrupted.run_dir)
     ok = all(r is not None and r.status is Status.OK for r in (ref_rec, int_rec))
@@ -652,12 +664,14 @@ def render(summary: dict[str, Any]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.drill",
-        description="Run a task twice (uninterrupted, then with injected preemptions or rank kills) and check "
-        "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
-        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=20 "
-        "task.checkpoint_every=4 --inject kill9@6,sigterm@12\n  python -m wf_launch.drill task=train "
-        "launcher.address=HEAD:6379 launcher.nodes=2 engine.dp_size=4 task.steps=20 --backend ray "
-        "--inject kill9@4,nodekill@8\n  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
+        description="Run a task twice (uninterrupted, then with injected preemptions or rank "
+        "kills) and check that rank 0's weights_sha256 and final_loss are identical. Exit code 0 "
+        "only if they are.",
+        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 "
+        "engine.dp_size=2 task.steps=20 task.checkpoint_every=4 --inject kill9@6,sigterm@12\n"
+        "  python -m wf_launch.drill task=train launcher.address=HEAD:6379 launcher.nodes=2 "
+        "engine.dp_size=4 task.steps=20 --backend ray --inject kill9@4,nodekill@8\n"
+        "  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
         "task.steps=20 --backend slurm --inject usr2@10",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -710,8 +724,8 @@ def _parser() -> argparse.ArgumentParser:
         "--atol",
         type=float,
         default=None,
-        help="compare loss curve, final loss and final weights within this absolute tolerance instead "
-        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})",
+        help="compare loss curve, final loss and final weights within this absolute tolerance "
+        f"instead of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})",
     )
     p.add_argument(
         "--dry-run",
@@ -738,8 +752,8 @@ def _check_overrides(overrides: list[str]) -> None:
 def _plan(
     args: argparse.Namespace,
 ) -> tuple[list[str], list[Injection] | None, list[str], float | None]:
-    """The checked overrides (with what the drill adds), injections (None: random, after the reference run),
-    ``--resume-with``'s overrides and the tolerance."""
+    """The checked overrides (with what the drill adds), injections (None: random, after the
+    reference run), ``--resume-with``'s overrides and the tolerance."""
     _check_overrides(args.overrides)
     injections = parse_injections(args.inject, args.backend) if args.inject else None
     resume_with, atol = _layout_options(args, injections)
@@ -838,7 +852,8 @@ def _run_both(
 def _layout_options(
     args: argparse.Namespace, injections: list[Injection] | None
 ) -> tuple[list[str], float | None]:
-    """``--resume-with`` as overrides (checked like the run's) and the tolerance (``--atol``, or the default)."""
+    """``--resume-with`` as overrides (checked like the run's) and the tolerance (``--atol``, or the
+    default)."""
     try:
         resume_with = drill_layout.parse_resume_with(
             args.resume_with,
