@@ -35,8 +35,6 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from wf_launch.launchers.ray.submit import RayBatch
-
 log = logging.getLogger(__name__)
 
 
@@ -87,6 +85,8 @@ class WfRayLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        # Hydra imports every plugin module on each app's start: ours stays empty until used
+        from wf_launch.launchers.ray.submit import RayBatch
 
         assert self.config is not None
         setup_globals()

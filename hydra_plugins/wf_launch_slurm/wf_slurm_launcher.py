@@ -33,8 +33,6 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from wf_launch.launchers.slurm import SlurmBatch
-
 log = logging.getLogger(__name__)
 
 
@@ -86,6 +84,8 @@ class WfSlurmLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        # Hydra imports every plugin module on each app's start: ours stays empty until used
+        from wf_launch.launchers.slurm import SlurmBatch
 
         assert self.config is not None
         setup_globals()

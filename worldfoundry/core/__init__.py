@@ -1,8 +1,23 @@
-"""worldfoundry.core: the runtime library every rank uses.
+"""worldfoundry.core: the public face of the runtime; every name is imported lazily.
 
-:mod:`.distributed` holds the distributed runtime (topology, groups, CP/PP helpers, run
-control), :mod:`.validation` the shared value checks, :mod:`.torch_private` every private torch
-name the project uses. Import names from those modules (``from worldfoundry.core.distributed
-import get_tp_group``); ``import worldfoundry.core`` itself imports nothing, so the launcher and
-the tools can use :mod:`.validation` without torch.
+``import worldfoundry.core`` is cheap (no torch import); a name is imported from
+its focused module the first time it is used.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import distributed as _distributed
+
+__all__ = list(_distributed.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _distributed._EXPORTS:
+        return getattr(_distributed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "distributed"])
