@@ -12,7 +12,11 @@ or a rank file of rank 10**8. Then the tools run in this process on the damaged 
   and on the sweep (which rewrites its report);
 * ``python -m wf_launch.runs ROOT`` and ``--json``;
 * ``python -m wf_launch.plot``'s reader on each run's ``metrics.jsonl``;
-* the sweep report: its points, tables and step chart's reader.
+* the sweep report: its points, tables and step chart's reader;
+* ``python -m wf_launch.checkpoint list`` (``--json`` too) and ``export`` of a run's
+  checkpoint (its ``COMMIT`` and ``.metadata`` damaged like any file);
+* a tune's ``tune.json`` read as ``tune --resume`` reads it, the run's ``run_id``, its
+  ``overrides.yaml`` (the printed resume command) and the sweep's ``multirun.yaml``.
 
 Each must end (any exit code) within :data:`HANG_S`: an exception escaping a command is a
 crash, a command still running at the limit a hang, and a control character a run wrote that
@@ -218,8 +222,41 @@ def _slurm_run(run_dir: Path) -> None:
     )
 
 
+_CHECKPOINT: dict[str, Path] = {}
+"""A checkpoint saved once per process (``checkpoints/`` of a one-rank run), copied into each tree."""
+
+
+def _checkpoint(run_dir: Path) -> None:
+    import warnings
+
+    import torch
+
+    from wf_launch.rank.checkpoint import Checkpointer
+
+    if "src" not in _CHECKPOINT:
+        src = Path(tempfile.mkdtemp(prefix="wf-fuzz-ckpt-"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Checkpointer(src).save(3, {"model": torch.nn.Linear(3, 2)})
+        _CHECKPOINT["src"] = src
+    shutil.copytree(_CHECKPOINT["src"] / "checkpoints", run_dir / "checkpoints")
+
+
+def _tune(tune_dir: Path) -> None:
+    from wf_launch.drivers.tune.space import build_space
+    from wf_launch.drivers.tune.state import TuneState
+
+    args = {"world_size": 2, "overrides": ["task=clockwork"], "also": [], "mem_gb": None}
+    args |= {"metric": "tokens_per_s", "warmup": 1, "min_steps": 2, "cutoff": 0.3}
+    space = [p.to_json() | {"verdict": {"status": "valid"}} for p in build_space(2, [])]
+    state = TuneState(tune_dir, args | {"steps_field": "steps"}, full_length=8, space=space)
+    state.rounds = [{"index": 0, "steps": 3, "trials": [space[0]["id"]], "status": "running"}]
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    state.save()
+
+
 def build(root: Path) -> dict[str, Path]:
-    """The template tree under ``root``: name -> run (or sweep) directory."""
+    """The template tree under ``root``: name -> run (or sweep, or tune) directory."""
     from wf_launch.rundir import files
 
     runs = {
@@ -240,6 +277,11 @@ def build(root: Path) -> dict[str, Path]:
     _write(
         runs["sweep"] / files.SWEEP_PLAN, "hydra:\n  overrides:\n    task: [engine.dp_size=1,2]\n"
     )
+    _write(files.run_id_file(runs["ok"]), "20261203-101500-3f9a2c1b\n")
+    _write(runs["ok"] / files.OVERRIDES, "- engine.dp_size=2\n- task.kwargs.api_token=x\n")
+    _checkpoint(runs["ok"])
+    runs["tune"] = root / "tunes" / "t"
+    _tune(runs["tune"])
     return runs
 
 
@@ -413,6 +455,7 @@ def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[],
             ),
             (f"plot reader {name}", lambda d=d: plot.load_metrics(d)),
         ]
+    commands += _record_commands(runs, root)
     commands += [
         ("status sweep", lambda: status.main([str(runs["sweep"])])),
         ("runs", lambda: runs_tool.main([str(root / "outputs"), str(root / "multirun")])),
@@ -430,6 +473,48 @@ def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[],
         ),
     ]
     return commands
+
+
+def _refused(fn: Callable[[], Any], *expected: type[BaseException]) -> Callable[[], Any]:
+    """``fn``, where raising one of ``expected`` (a clear refusal) counts as ending well."""
+
+    def run() -> Any:
+        try:
+            return fn()
+        except expected as exc:
+            print(f"refused: {exc}")
+            return None
+
+    return run
+
+
+def _record_commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[], Any]]]:
+    """The checkpoint tool, ``tune --resume``'s reading of ``tune.json``, ``run_id``, the
+    resume command (``overrides.yaml``) and ``multirun.yaml``."""
+    from wf_launch.drivers.tune.space import TuneError
+    from wf_launch.drivers.tune.state import TuneState
+    from wf_launch.readers import checkpoint
+    from wf_launch.rundir import files
+    from wf_launch.rundir.identity import RunIdError, read_run_id
+    from wf_launch.rundir.io import read_yaml
+    from wf_launch.rundir.resume import resume_command
+
+    ok, out = runs["ok"], root / "export.pt"
+    return [
+        ("checkpoint list", lambda: checkpoint.main(["list", str(ok)])),
+        ("checkpoint list --json", lambda: checkpoint.main(["list", str(ok), "--json"])),
+        (
+            "checkpoint export",
+            lambda: checkpoint.main(["export", str(ok), "--out", str(out), "--force"]),
+        ),
+        ("tune --resume reader", _refused(lambda: TuneState.load(runs["tune"]), TuneError)),
+        ("run_id", _refused(lambda: print(read_run_id(ok)), RunIdError)),
+        ("resume command", lambda: print(resume_command(ok))),
+        (
+            "multirun.yaml",
+            _refused(lambda: read_yaml(runs["sweep"] / files.SWEEP_PLAN), ValueError, OSError),
+        ),
+    ]
 
 
 def _run_one(name: str, fn: Callable[[], Any]) -> tuple[str, str, str]:
@@ -512,6 +597,8 @@ def run(examples: int, seed: int = 0, report: Callable[[str], None] = print) -> 
             ]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        if "src" in _CHECKPOINT:
+            shutil.rmtree(_CHECKPOINT.pop("src"), ignore_errors=True)
     total["scancel"] = len(scancels)
     report(
         f"{total['files']} files tried ({examples} damaged trees, {total['ok'] + total['crash'] + total['hang']} "

@@ -112,7 +112,8 @@ SHIMS = tuple(
 )
 FLOORS: list[tuple[str, ...]] = [
     ("worldfoundry", "wf_launch.conf"),
-    ("wf_launch.config", "wf_launch.rundir"),
+    ("wf_launch.config",),
+    ("wf_launch.rundir",),
     ("wf_launch.rank",),
     ("wf_launch.observe",),
     ("wf_launch.launchers",),

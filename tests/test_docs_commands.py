@@ -181,6 +181,15 @@ def _small(args: list[str]) -> list[str]:
     return extra
 
 
+def _run_dir(shown: Shown, args: list[str], own: Path, sweep: bool) -> Path:
+    """``own``, except for a run directory the command names: the doc's commands that name one
+    share it (a run stopped by Ctrl-C, then its resume)."""
+    named = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    if sweep or not named:
+        return own
+    return own.parent / f"named-{Path(shown.doc).stem}-{named[0].replace('/', '_')}"
+
+
 def _argv(shown: Shown, scratch: Path, index: int, places: dict[str, str]) -> list[str]:
     """The command as argv: placeholders filled, a run directory of its own, small sizes, drills as dry runs."""
     text = re.sub(r"\s\[[^\]]*\]", "", shown.text)  # a synopsis' optional parts
@@ -200,8 +209,9 @@ def _argv(shown: Shown, scratch: Path, index: int, places: dict[str, str]) -> li
     if module == "wf_launch" and not ({"--help", "-h", "--cfg", "--info"} & set(rest)):
         sweep = "-m" in rest or "--multirun" in rest
         key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+        where = _run_dir(shown, rest, scratch / f"{'sweep' if sweep else 'run'}{index}", sweep)
         rest = [a for a in rest if not a.startswith(key + "=")]
-        rest += [*_small(rest), f"{key}={scratch / ('sweep' if sweep else 'run')}{index}"]
+        rest += [*_small(rest), f"{key}={where}"]
     if module in ("wf_launch.drill", "wf_launch.tune") and "--dry-run" not in rest:
         rest += ["--dry-run"]
     return [sys.executable, "-m", module, *rest]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
-from wf_launch.observe.live import LiveView, final_line
+from wf_launch.observe.live import LiveView, console_shows, final_line
 from wf_launch.rank.progress import ProgressReporter
 from wf_launch.rundir.outcome import RunOutcome
 from wf_launch.rundir.record import RunRecord, Status
@@ -146,3 +148,28 @@ def test_a_killed_local_launch_ends_follow_and_is_listed_unknown(tmp_path: Path)
         ("unknown", "ticker", "local")
     ], rows
     assert "launcher is gone" in rows[0]["problem"]
+
+
+def test_a_streamed_rank_log_shows_what_the_ranks_console_would(tmp_path: Path) -> None:
+    """Its failure (kept for the file) and its traceback, and DEBUG lines, are not streamed."""
+    code = """
+import sys
+from pathlib import Path
+from wf_launch.rank.ranklog import FILE_ONLY, setup_rank_logging
+log = setup_rank_logging(Path(sys.argv[1]), 0, "r0", False, capture_prints=False)
+log.info("step 1")
+try:
+    raise ValueError("bad batch 17")
+except ValueError as exc:
+    log.bind(**{FILE_ONLY: True}).opt(exception=exc).error("rank 0 failed: ValueError")
+log.debug("detail")
+log.warning("after")
+"""
+    path = tmp_path / "rank0.log"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=120)
+    shown, previous = [], True
+    for line in path.read_text().splitlines():
+        previous = console_shows(line, previous)
+        shown += [line.rpartition(" | ")[2]] if previous else []
+    assert "Traceback (most recent call last):" in path.read_text()
+    assert shown == ["step 1", "after"]

@@ -138,9 +138,10 @@ def test_sys_exit_on_one_rank_fails_with_that_code_and_names_the_rank(tmp_path: 
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert (
-        "rank 2 (r2 tp0 cp0 pp0 dp2) failed first: ScriptExit: sys.exit(3) at exit_on_rank.py"
+        "rank 2 exited with code 3 at exit_on_rank.py:21 in main (r2 tp0 cp0 pp0 dp2)"
         in proc.stderr
-    )
+    ), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr  # the rank log keeps it
     record = result(tmp_path / "run")
     failure = record["failure"]
     assert record["status"] == "failed" and record["exits"]["2"] == 3
@@ -373,3 +374,21 @@ def test_the_drill_on_a_script_with_the_helpers_and_the_same_script_under_torchr
         got["weights_sha256"] == summary["reference"]["weights_sha256"] and got["steps_done"] == 10
     )
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_script_with_the_helpers_resumes_at_another_layout(tmp_path: Path) -> None:
+    """docs/scripts.md's example: 2 ranks fail at step 5 after the checkpoint of step 4; the resume
+    on 1 rank loads the model and the replicated ``progress`` and finishes the 8 steps."""
+    run_dir = tmp_path / "run"
+    script = [f"task.path={SCRIPTS / 'helpers_train.py'}", "task=script"]
+    failed = run_cli([*script, "task.args=[--steps,8,--fail-at,5]", "engine.dp_size=2"], run_dir)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "RuntimeError: step 5 fails, as asked" in failed.stderr
+    resumed = run_cli(
+        [*script, "task.args=[--steps,8]", "engine.dp_size=1", "launcher.resume=true"], run_dir
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    record = result(run_dir)
+    last = record["attempts"][-1]
+    assert last["resumed_from"] == 4 and last["layout_to"]["dp"] == 1, last
+    assert last["layout_from"]["dp"] == 2 and record["results"]["0"]["steps_done"] == 8

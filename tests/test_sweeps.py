@@ -88,7 +88,10 @@ def test_sweep_runs_every_point_and_reports_invalid_and_failed_ones(tmp_path: Pa
     for num in (0, 2):  # a second launch in the same process still forks (no lingering threads)
         assert "start method fork" in (sweep / str(num) / "launcher.log").read_text()
     md = (sweep / "sweep_summary.md").read_text()
-    assert "3 point(s): 1 ok, 1 invalid, 1 failed" in md and "Chart metric: `wall_s`" in md
+    assert (
+        "3 point(s): 1 ok, 1 invalid, 1 failed" in md
+        and "- `sweep_chart.png`: wall_s per point" in md
+    )
     assert (sweep / "sweep_chart.png").read_bytes().startswith(PNG_MAGIC)
     assert "sweep report (1 ok, 1 invalid, 1 failed)" in proc.stderr
     assert leftover_processes(str(sweep)) == []
@@ -125,7 +128,9 @@ def test_demo_layout_sweep_reports_metrics_and_regenerates_offline(tmp_path: Pat
         (r["job"], r["status"], r["tokens_per_s"]) for r in rows
     ]
     assert list(summary_rows(sweep)[0])[9] == "max_abs_err"
-    assert "Chart metric: `max_abs_err`" in (sweep / "sweep_summary.md").read_text()
+    assert (
+        "- `sweep_chart.png`: max_abs_err per point\n" in (sweep / "sweep_summary.md").read_text()
+    )
     assert (sweep / "sweep_chart.png").read_bytes().startswith(PNG_MAGIC)
 
 

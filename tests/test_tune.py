@@ -15,9 +15,10 @@ sys.path.insert(0, str(USER_TASKS))
 from wf_tune_tasks import layout_key, memory_gb, tokens_per_s
 
 from wf_launch.drivers.tune.measure import Measurement, measure_point
-from wf_launch.drivers.tune.search import Options, round_steps, select
+from wf_launch.drivers.tune.plan import EXHAUSTIVE, HALVING, choose
+from wf_launch.drivers.tune.report import render_markdown
+from wf_launch.drivers.tune.search import Options, pick_winner, round_steps, select, tie_group
 from wf_launch.drivers.tune.space import (
-    Point,
     TuneError,
     build_space,
     layouts,
@@ -199,9 +200,9 @@ def test_dry_run_prunes_by_validation_and_memory_exactly(tmp_path: Path) -> None
         f"pruned by validation: {expect['invalid']}\n" in out
         and f"pruned by memory: {expect['memory']} " in out
     )
-    assert (
-        f"to measure: {expect['valid']}\n" in out and "rounds (at most): 10 -> 5 -> 2 -> 1" in out
-    )
+    assert f"to measure: {expect['valid']}\n" in out
+    assert "search: exhaustive, the space is small: successive halving would run 17 trial(s)" in out
+    assert "rounds (at most): 10 -> 1; trials of 20 steps (full length 20)" in out
     assert "engine.cp_size=4 is not allowed: must divide task.seq=2" in out
     assert "estimated 4.5 GB per rank > --mem-gb 4" in out
     assert not (tmp_path / "tunes").exists()  # a dry run writes nothing
@@ -229,6 +230,14 @@ def test_dry_run_prunes_by_validation_and_memory_exactly(tmp_path: Path) -> None
         ),
         (["world_size=4", "task.steps=2"], "leaves fewer than 2 steps to time after --warmup 2"),
         (
+            ["world_size=4", "--also", "task.nosuch=1,2"],
+            "--also task.nosuch=1,2: task=clockwork has no field 'nosuch' (its fields: ",
+        ),
+        (
+            ["world_size=4", "--also", "task.unit=1,2"],
+            "; did you mean unit_s?",
+        ),
+        (
             ["world_size=4", "--cutoff", "1.5"],
             "--cutoff 1.5 is not allowed: expected a fraction in [0, 1)",
         ),
@@ -237,7 +246,7 @@ def test_dry_run_prunes_by_validation_and_memory_exactly(tmp_path: Path) -> None
 def test_bad_input_exits_2_with_the_reason(tmp_path: Path, args: list[str], message: str) -> None:
     proc = tune([*CLOCKWORK, *args, "--dir", str(tmp_path / "t")], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert message in proc.stderr
+    assert message in proc.stderr and "+task." not in proc.stderr  # never Hydra's append advice
     assert not (tmp_path / "t").exists()
 
 
@@ -261,6 +270,8 @@ def test_resume_refuses_another_tunes_directory(tmp_path: Path) -> None:
             "cutoff": 0.3,
             "steps_field": "steps",
         },
+        full_length=8,
+        space=[p.to_json() | {"verdict": {"status": "valid"}} for p in build_space(2, [])],
     )
     other.mkdir()
     state.save()
@@ -285,11 +296,11 @@ def test_known_function_has_a_clear_best() -> None:
 
 
 def test_state_round_trips_and_counts_time_over_sessions(tmp_path: Path) -> None:
-    state = TuneState(tmp_path, {"world_size": 2})
-    state.space = [
-        Point(0, (("tp", 1), ("cp", 1), ("pp", 1), ("dp", 2))).to_json()
-        | {"verdict": {"status": "valid"}}
-    ]
+    args = {"world_size": 2, "overrides": [], "also": [], "mem_gb": None, "metric": "tokens_per_s"}
+    args |= {"warmup": 2, "min_steps": 4, "cutoff": 0.3, "steps_field": "steps"}
+    state = TuneState(tmp_path, args, full_length=8)
+    state.space = [p.to_json() | {"verdict": {"status": "valid"}} for p in build_space(2, [])]
+    state.rounds = [{"index": 0, "steps": 6, "trials": [state.space[0]["id"]], "status": "done"}]
     state.add(_m("t00-tp1-cp1-pp1-dp2", 5.0))
     time.sleep(0.05)
     state.save()
@@ -317,3 +328,84 @@ def test_round_command_runs_private_ray_trials_one_after_another(tmp_path: Path)
     local = sweep_argv(tmp_path, 0, ["t0", "t1"], 6, ["task=train"], "steps", "local")
     assert "hydra/launcher=basic" in private
     assert "hydra/launcher=basic" not in cluster and "hydra/launcher=basic" not in local
+
+
+# ------------------------------------------------------------------ search plan, ties, cost
+def test_a_small_space_is_measured_exhaustively_a_large_one_by_halving() -> None:
+    small = choose(8, warmup=2, min_steps=4, full=20)  # issue 30: train, 2 ranks, 2 micro-batches
+    assert small.search == EXHAUSTIVE and small.rounds == [(8, 6), (4, 10), (2, 18)]
+    assert small.exhaustive_cost() < small.halving_cost()
+    assert small.why().startswith("exhaustive, the space is small: successive halving would run 14")
+    large = choose(26, warmup=2, min_steps=4, full=80)  # docs/tune.md: train, 8 ranks
+    assert large.search == HALVING and large.halving_cost() < large.exhaustive_cost()
+    assert choose(8, 2, 4, 20, launch_steps=0).search == HALVING  # free launches: halving saves
+    assert choose(26, 2, 4, 80, asked=EXHAUSTIVE).search == EXHAUSTIVE
+
+
+def test_a_tie_within_noise_goes_to_the_simpler_layout() -> None:
+    points = {
+        "pp2": {"sizes": {"tp": 1, "cp": 1, "pp": 2, "dp": 1}},
+        "dp2": {"sizes": {"tp": 1, "cp": 1, "pp": 1, "dp": 2}},
+        "tp2": {"sizes": {"tp": 2, "cp": 1, "pp": 1, "dp": 1}},
+    }
+    ranked = [_m("pp2", 4572, 0.30), _m("dp2", 4335, 0.06), _m("tp2", 2000, 0.05)]
+    assert [m.trial for m in tie_group(ranked)] == ["pp2", "dp2"]  # issue 30's noise-level margin
+    assert pick_winner(ranked, points.__getitem__) == ("dp2", ["pp2", "dp2"])
+    clear = [_m("pp2", 7112, 0.12), _m("dp2", 5565, 0.05)]
+    assert pick_winner(clear, points.__getitem__) == ("pp2", ["pp2"])  # apart: the best wins
+
+
+def _state(
+    tmp_path: Path, elapsed: float, tie: list[str] | None, search: str = "auto"
+) -> TuneState:
+    space = [
+        {**p.to_json(), "verdict": {"status": "valid", "message": "", "estimate_gb": None}}
+        for p in build_space(2, [])
+    ]
+    ids = [p["id"] for p in space]
+    plan = choose(len(ids), 2, 4, 20, asked=search)
+    args = {
+        "metric": "tokens_per_s",
+        "world_size": 2,
+        "also": [],
+        "overrides": ["task=train"],
+        "mem_gb": None,
+        "warmup": 2,
+        "plan": plan.to_json(),
+    }
+    rec = {
+        "index": 0,
+        "steps": 20,
+        "trials": ids,
+        "status": "done",
+        "kept": ids[:1],
+        "dropped": {t: f"{i} of 4" for i, t in enumerate(ids, 1) if i > 1},
+    }
+    if tie:
+        rec["tie"] = tie
+    state = TuneState(tmp_path, args, full_length=20, space=space, rounds=[rec], winner=ids[0])
+    for i, t in enumerate(ids):
+        m = _m(t, 1000.0 - 100 * i, 0.05)
+        m.step_time, m.overhead_s = 0.1, 2.0  # a launch: 20 step times
+        state.add(m)
+    state.elapsed_s = elapsed
+    return state
+
+
+def test_the_report_states_its_cost_and_warns_when_it_cost_more(tmp_path: Path) -> None:
+    cheap = render_markdown(_state(tmp_path, 10.0, None))  # every layout: 4 x (2 + 20 x 0.1) = 16 s
+    assert "would have cost about 16 s" in cheap and "**0.62x**" in cheap
+    assert "A launch cost about 20 step times here." in cheap and "Warning" not in cheap
+    assert "- Search: exhaustive, the space is small" in cheap
+    assert "measured at full length: 2 of 4" in cheap
+    dear = _state(tmp_path, 32.0, None, HALVING)
+    md = render_markdown(dear)
+    assert "**2.00x**" in md
+    assert "**Warning: this tune cost more than measuring every layout at full length**" in md
+    md = render_markdown(_state(tmp_path, 17.0, None))
+    assert "Measured exhaustively: the difference is the tuner's own start." in md
+    assert "Warning" not in md
+    tied = _state(tmp_path, 10.0, [dear.space[0]["id"], dear.space[1]["id"]])
+    md = render_markdown(tied)
+    assert "- Tie: tp1 cp1 pp1 dp2 (1000 ±5%), tp1 cp1 pp2 dp1 (900 ±5%) overlap" in md
+    assert "tied with the winner in round 0" in md

@@ -23,7 +23,7 @@ from wf_launch.drivers.tune.space import layouts
 
 pytestmark = pytest.mark.slow
 CLOCKWORK = ["task=clockwork", "task.modules=[wf_tune_tasks]"]
-FAST = ["--warmup", "1", "--min-steps", "3", "--cutoff", "0"]
+FAST = ["--warmup", "1", "--min-steps", "3", "--cutoff", "0", "--search", "halving"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -170,6 +170,8 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
         "1",
         "--min-steps",
         "3",
+        "--search",
+        "halving",
         "--dir",
         str(d),
     ]

@@ -129,6 +129,8 @@ def test_tune_train_end_to_end(tmp_path: Path) -> None:
             "1",
             "--min-steps",
             "3",
+            "--search",
+            "halving",
             "--dir",
             str(d),
         ],

@@ -21,6 +21,7 @@ from .launchers import get_launcher
 from .launchers.base import run_dir_mode
 from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
+from .observe.interrupt import interrupted
 from .observe.live import final_line
 from .rank.task_registry import get_task, task_config_class
 from .rundir import claim as rundir_claim
@@ -103,7 +104,11 @@ def _record_invalid(run_dir: Path, overrides: list[str], message: str, cfg: Dict
 
 
 def run(
-    cfg: DictConfig, run_dir: Path, overrides: list[str], hydra_record: dict[str, str] | None = None
+    cfg: DictConfig,
+    run_dir: Path,
+    overrides: list[str],
+    hydra_record: dict[str, str] | None = None,
+    sweep_point: bool = False,
 ) -> RunOutcome:
     """Claim the run directory, validate ``cfg``, write the run record's inputs, and launch (or print the plan).
 
@@ -114,6 +119,8 @@ def run(
     while the run there may still be going (its launcher's ``is_live``). A dry run
     claims nothing and writes nothing there. ``hydra_record`` (file name -> YAML) is
     Hydra's record of the command, written into ``.hydra/`` once the directory is claimed.
+    ``launcher.resume=auto`` continues the run there if there is one, else starts one; so does
+    ``true`` for a ``sweep_point`` (a resumed sweep runs the points it never started).
     """
     rundir_claim.private_umask()
     dry_run = OmegaConf.select(cfg, "launcher.dry_run", default=False) is True
@@ -123,7 +130,7 @@ def run(
             claim = rundir_claim.claim(
                 run_dir,
                 OmegaConf.select(cfg, "launcher.overwrite", default=False) is True,
-                OmegaConf.select(cfg, "launcher.resume", default=False) is True,
+                _resume_setting(cfg, sweep_point),
                 is_live=_existing_run_live,
             )
         except rundir_claim.RunDirInUse as exc:
@@ -133,13 +140,21 @@ def run(
             atomic_write_text(_HYDRA_FILES[name](run_dir), text)
     try:
         return _validate_and_launch(cfg, run_dir, overrides, dry_run)
-    except KeyboardInterrupt:
-        if claim is None:
+    except BaseException as exc:
+        if claim is None or not (isinstance(exc, KeyboardInterrupt) or interrupted()):
             raise
         return _interrupted_at_start(run_dir, overrides, cfg)
     finally:
         if claim is not None:
             claim.release()
+
+
+def _resume_setting(cfg: DictConfig, sweep_point: bool) -> bool | str:
+    """``launcher.resume`` as the claim takes it: True, False or "auto"."""
+    value = OmegaConf.select(cfg, "launcher.resume", default=False)
+    if value == "auto" or (value is True and sweep_point):
+        return "auto"
+    return value is True
 
 
 def _existing_run_live(run_dir: Path) -> bool:

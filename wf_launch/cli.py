@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 import traceback
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files as resource_files
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -26,14 +26,18 @@ from .config.overrides import hydra_config_error, refuse_schemas, task_modules
 from .config.run import RunConfig
 from .launchers.registry import registered_launchers
 from .launchers.sweep_resume import kept_outcome
+from .observe.interrupt import catch_sigint, exit_interrupted, interrupted
 from .rank.task_registry import load_task_modules, registered_configs
 from .rundir.claim import remove_made_folders
+from .rundir.outcome import RunOutcome
 from .rundir.record import EXIT_CONFIG
 
 __all__ = ["config_groups_help", "main", "register_configs"]
 
 _UID = uuid.uuid4().hex[:6]
 _STARTED = time.time()
+_RUN_DIRS: list[Path] = []
+"""The run directories Hydra made for this command, in order."""
 
 
 def _hydra_record(cfg: DictConfig) -> dict[str, str]:
@@ -52,26 +56,25 @@ def _hydra_record(cfg: DictConfig) -> dict[str, str]:
 
 
 def _app(cfg: DictConfig) -> object:
-
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    if (
-        hc.mode == RunMode.MULTIRUN
-        and OmegaConf.select(cfg, "launcher.resume", default=False) is True
+    _RUN_DIRS.append(run_dir)
+    if hc.mode == RunMode.MULTIRUN and OmegaConf.select(cfg, "launcher.resume", default=False) in (
+        True,
+        "auto",
     ):
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:
             return kept
     _restore_full_error()
     try:
-        overrides = OmegaConf.to_container(
-            hc.overrides.task, resolve=False
-        )  # as typed: ${...} unresolved
-        outcome = run(cfg, run_dir, [str(o) for o in overrides], _hydra_record(cfg))
-    finally:
-        os.environ[_FULL_ERROR] = "1"  # the next sweep point's composition errors reach _main too
-    if OmegaConf.select(cfg, "launcher.dry_run", default=False) is True:
-        remove_made_folders(run_dir, _STARTED)  # Hydra made it; a dry run leaves nothing
+        outcome = _launch(cfg, hc, run_dir)
+    except Exception:
+        if interrupted():  # an import a Ctrl-C cut short fails later: not a bug to show
+            raise KeyboardInterrupt from None
+        raise
+    if OmegaConf.select(cfg, "launcher.dry_run", default=False) is True or outcome.record is None:
+        remove_made_folders(run_dir, _STARTED)  # Hydra made it; a dry run or a refusal leaves none
     if hc.mode == RunMode.MULTIRUN:
         return outcome
     if outcome.exit_code:
@@ -102,6 +105,24 @@ def register_configs() -> None:
             cs.store(group="launcher", name=name, node=cls.config_class(name=name))
     for name, node in registered_configs().items():
         cs.store(group="task", name=name, node=node)
+
+
+def _launch(cfg: DictConfig, hc: Any, run_dir: Path) -> RunOutcome:
+    """:func:`wf_launch.app.run` with the overrides as typed (``${...}`` unresolved)."""
+
+    try:
+        overrides = OmegaConf.to_container(
+            hc.overrides.task, resolve=False
+        )  # as typed: ${...} unresolved
+        return run(
+            cfg,
+            run_dir,
+            [str(o) for o in overrides],
+            _hydra_record(cfg),
+            sweep_point=hc.mode == RunMode.MULTIRUN,
+        )
+    finally:
+        os.environ[_FULL_ERROR] = "1"  # the next sweep point's composition errors reach _main too
 
 
 def _shows_hydra_config(argv: list[str]) -> bool:
@@ -151,11 +172,13 @@ def main() -> None:
 
     Every config mistake exits 2 with one line naming the override and what is allowed,
     whether our validation or Hydra's composition caught it (:mod:`wf_launch.config.overrides`).
-    Ctrl-C before the run directory is claimed ends with exit 130 and one line. Once Hydra is
+    Ctrl-C before the run directory is claimed ends with exit 130 and one line, whatever it
+    interrupted (:mod:`wf_launch.observe.interrupt`); after, with the run's record. Once Hydra is
     done, the process leaves through ``os._exit`` after flushing: every file is written and every
     rank has ended by then, and skipping the interpreter's teardown of torch's C++ state saves
     about a second per launch.
     """
+    catch_sigint()
     argv = sys.argv[1:]
     code = 0
     try:
@@ -164,18 +187,28 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        print(
-            "wf_launch: interrupted (Ctrl-C) before the run started; nothing was launched",
-            file=sys.stderr,
-        )
-        code = 128 + signal.SIGINT
+    except BaseException:
+        if not interrupted():
+            raise
+        for run_dir in [*_RUN_DIRS, *_hydra_run_dir()]:  # no run claimed: Hydra's folders go
+            remove_made_folders(run_dir, _STARTED)
+        exit_interrupted()
     from loguru import logger
 
     logger.complete()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _hydra_run_dir() -> list[Path]:
+    """The run directory Hydra makes for a single run, once it has composed (a Ctrl-C may come
+    between its making the folder and the app's start)."""
+    try:
+        hc = HydraConfig.get()
+        return [] if hc.mode == RunMode.MULTIRUN else [Path(str(hc.run.dir))]
+    except Exception:  # not composed yet, or not resolvable: Hydra made nothing
+        return []
 
 
 def _main(argv: list[str]) -> int:
@@ -198,7 +231,7 @@ def _main(argv: list[str]) -> int:
                 version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config"
             )(_app)()
     except Exception as exc:
-        error = hydra_config_error(exc, argv)
+        error = None if interrupted() else hydra_config_error(exc, argv)
         if error is None:
             raise
         if _USER_FULL_ERROR[0] == "1":

@@ -1,6 +1,7 @@
 """A torchrun script one of whose ranks never reaches the all_reduce its peers wait in.
 
-The group's timeout is ``--timeout-s``: the waiting ranks give up after it.
+The group's timeout is ``--timeout-s``: the waiting ranks give up after it (0: no timeout of the
+script's own, the default one).
 
     torchrun --nproc-per-node 2 hang_on_rank.py --rank 1 --timeout-s 5
 """
@@ -23,7 +24,10 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--sleep-s", type=float, default=120.0)
     args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
+    if args.timeout_s > 0:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
+    else:
+        dist.init_process_group("gloo")
     if dist.get_rank() == args.rank:
         slow_data_loader(args.sleep_s)
     t = torch.ones(1)

@@ -9,7 +9,8 @@ Every step's data comes from the step number, so a run resumed from a checkpoint
 the batches it would have seen. Under wf_launch: ``checkpoint.load`` resumes from the
 newest checkpoint, ``should_stop()`` turns SIGTERM / a preemption into a checkpoint and
 a clean end, and rank 0 reports ``final_loss`` and ``weights_sha256`` (what the drill
-compares). Rank 0 also writes them to ``--out`` when given (any launcher).
+compares). Rank 0 also writes them to ``--out`` when given (any launcher). ``progress`` is
+saved with scope ``replicated``, so the run resumes at another layout too (docs/scripts.md).
 """
 
 import argparse
@@ -23,6 +24,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from wf_launch import checkpoint, progress, report_result, should_stop
 
+SCOPES = {"progress": "replicated"}
+"""``progress`` is the same on every rank: one copy, which loads at any layout."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -30,6 +34,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--fail-at", type=int, default=0, help="rank 0 raises at this step")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -55,11 +60,13 @@ def main() -> None:
         state["progress"]["losses"].append(round(total.item() / world, 8))
         progress(step, args.steps, loss=total.item() / world)
         time.sleep(args.step_sleep)
+        if step == args.fail_at and rank == 0:
+            raise RuntimeError(f"step {step} fails, as asked (--fail-at)")
         if should_stop():
-            checkpoint.save(step, state)
+            checkpoint.save(step, state, scopes=SCOPES)
             break
         if step % 2 == 0:
-            checkpoint.save(step, state)
+            checkpoint.save(step, state, scopes=SCOPES)
     digest = hashlib.sha256(
         b"".join(p.detach().numpy().tobytes() for p in net.parameters())
     ).hexdigest()

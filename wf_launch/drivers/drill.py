@@ -66,6 +66,7 @@ from ..rank.progress import PUBLISH_ENV
 from ..rank.task_registry import load_task_modules
 from ..readers.plot import metric_lines
 from ..rundir import attempts, files
+from ..rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask
 from ..rundir.io import atomic_write_json
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
@@ -778,10 +779,48 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(_dry_run_text(args.backend, overrides, injections, resume_with))
             return 0
+        directory = (args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")).absolute()
+        held = _claim(directory)
+    except DrillError as exc:
+        print(f"wf_launch.drill: {exc}", file=sys.stderr)
+        return 2
+    with held:
+        return _drill(args, directory, overrides, injections, resume_with, atol)
+
+
+def _claim(directory: Path) -> RunDirClaim:
+    """The drill's directory, owner-only and locked for this drill (one drill holds it)."""
+    private_umask()
+    if directory.is_dir() and _holds_files(directory):
+        raise DrillError(f"--dir {directory}: not empty (a drill directory holds one drill)")
+    try:
+        held = claim_tool_dir(directory, "--dir")
+    except RunDirInUse as exc:
+        raise DrillError(str(exc)) from None
+    if _holds_files(directory):
+        held.release()
+        raise DrillError(f"--dir {directory}: not empty (another drill started there first)")
+    return held
+
+
+def _holds_files(directory: Path) -> bool:
+    return any(p.name != files.LOCK for p in directory.iterdir())
+
+
+def _drill(
+    args: argparse.Namespace,
+    directory: Path,
+    overrides: list[str],
+    injections: list[Injection] | None,
+    resume_with: list[str],
+    atol: float | None,
+) -> int:
+    """The reference run, the interrupted one, and their comparison; the drill's exit code."""
+    try:
         drill = Drill(
             overrides,
             args.backend,
-            _drill_dir(args.dir),
+            directory,
             args.timeout,
             resume_with=resume_with,
             atol=atol,

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from omegaconf import MISSING
 
-from ..config.fields import check_fields, config_error, flag, is_int, number, unknown_field
+from ..config.fields import (
+    check_fields,
+    choice,
+    config_error,
+    flag,
+    is_int,
+    number,
+    unknown_field,
+)
 from ..config.layout import run_layout
 from ..observe.stacks import local_pids, trigger
 from ..rundir import files
@@ -50,6 +58,10 @@ CTRL_C_NOTICE = (
 C = TypeVar("C", bound="LauncherConfig")
 WEEK_S = 7 * 24 * 3600
 _WEEK_NOTE = "(0.1 s to a week)"
+RESUME_NOTE = (
+    "(true: continue the run in the directory, refused when none is there; auto: continue it "
+    "if one is there, else start one)"
+)
 
 
 def run_dir_mode(value: Any) -> int:
@@ -80,7 +92,7 @@ class LauncherConfig:
     max_log_mb: float = number(1024.0, 0, unit="MB", note="per rank log (0 = no cap)")
     max_metrics_mb: float = number(1024.0, 0, unit="MB", note=f"{files.METRICS} (0 = no cap)")
     overwrite: bool = flag(False)
-    resume: bool = flag(False)
+    resume: bool | str = choice(False, (True, False, "auto"), note=RESUME_NOTE)
     run_dir_mode: str = "0700"
     progress_interval_s: float = number(10.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)
     stall_warning_s: float = number(300.0, 0.1, WEEK_S, unit="seconds", note=_WEEK_NOTE)

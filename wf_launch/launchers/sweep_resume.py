@@ -17,10 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..rundir import files
 from ..rundir.claim import launch_alive
+from ..rundir.io import read_yaml
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RecordError, RunRecord, Status
 from .registry import get_launcher
@@ -93,13 +92,16 @@ def _describe(old: list[tuple[str, str]], new: list[tuple[str, str]]) -> list[st
 def check_same_sweep(sweep_dir: Path, config: Any) -> None:
     """:class:`ResumeRefused` unless the sweep being launched (``config``, Hydra's) is the one that made ``sweep_dir``."""
     try:
-        plan = yaml.safe_load((sweep_dir / files.SWEEP_PLAN).read_text()) or {}
+        plan = read_yaml(sweep_dir / files.SWEEP_PLAN)
+        if plan is None and not (sweep_dir / files.SWEEP_PLAN).exists():
+            raise FileNotFoundError(files.SWEEP_PLAN)
+        plan = plan or {}
     except FileNotFoundError:
         raise ResumeRefused(
             f"launcher.resume=true: {sweep_dir} holds points but no {files.SWEEP_PLAN}: cannot check "
             "that this sweep made it"
         ) from None
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:
         raise ResumeRefused(
             f"launcher.resume=true: {sweep_dir / files.SWEEP_PLAN} is not readable ({exc})"
         ) from None

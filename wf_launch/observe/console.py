@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from loguru import logger
 
 from ..rank.ranklog import CLEAR_LINE, FILE_FORMAT
 
-__all__ = ["setup_launcher_logging"]
+__all__ = ["print_or_quiet", "setup_launcher_logging"]
 
 
 def _on_terminal() -> bool:
@@ -42,3 +43,14 @@ def setup_launcher_logging(log_file: Path | None) -> Any:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         logger.add(str(log_file), format=FILE_FORMAT, level="DEBUG", buffering=1)
     return logger
+
+
+def print_or_quiet(text: str) -> int:
+    """Print ``text`` to stdout; 0, or 1 when the reader has gone (``... | head``) instead of
+    a ``BrokenPipeError`` traceback (stdout then points at ``/dev/null``: the exit is quiet)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,16 +71,25 @@ def progress_monitor(
     config: dict[str, Any],
     label_of: Callable[[int], str],
     write: Callable[[str], None],
+    warn: Callable[[str], None] | None = None,
+    since: float | None = None,
 ) -> ProgressMonitor:
-    """The run's progress display, set up from its ``launcher.progress_interval_s`` and ``stall_warning_s``."""
+    """The run's progress display, set up from its ``launcher.progress_interval_s`` and
+    ``stall_warning_s``.
+
+    Stall warnings go to ``warn`` (default ``write``); states older than ``since`` (an earlier
+    attempt's, on a resume) are not shown.
+    """
     lc = config.get("launcher") if isinstance(config.get("launcher"), dict) else {}
     view = ProgressView(
         Path(run_dir),
         run_layout(config).world_size,
         label_of,
         _seconds(lc.get("stall_warning_s"), 300),
+        since=since,
     )
-    return ProgressMonitor(view, _seconds(lc.get("progress_interval_s"), 10), write=write)
+    interval = _seconds(lc.get("progress_interval_s"), 10)
+    return ProgressMonitor(view, interval, write=write, warn=warn)
 
 
 def _seconds(value: Any, default: float) -> float:
@@ -116,8 +126,9 @@ class LiveView:
     queue, e.g. a local run). ``backlog`` None streams the console ranks' logs from
     their start (a launcher that just started the run); N shows only the last N lines
     already written, then new ones (attaching to a run that has been going for hours).
-    Lines go to ``write``; on a terminal they are written above the progress bar,
-    which is redrawn below them.
+    Lines go to ``write`` (stall warnings to ``warn``, default ``write``); on a terminal they
+    are written above the progress bar, which is redrawn below them. A launcher's view
+    (``backlog`` None) shows no progress an earlier attempt left (a resumed run's).
     """
 
     def __init__(
@@ -126,8 +137,10 @@ class LiveView:
         write: Callable[[str], None],
         state_of: StateOf | None = None,
         backlog: int | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self._write = write
+        self._warn = warn or write
         self.backlog = backlog
         self.runs = [Path(d) for d in run_dirs]
         self.state_of = state_of
@@ -142,11 +155,18 @@ class LiveView:
             layout = run_layout(config)
             self.console = console_ranks(config, layout.world_size)
             self._monitor = progress_monitor(
-                self.runs[0], config, lambda r: rank_label(r, layout.coords(r)), self.write
+                self.runs[0],
+                config,
+                lambda r: rank_label(r, layout.coords(r)),
+                self.write,
+                warn=lambda line: self.write(line, warning=True),
+                since=time.time() if backlog is None else None,
             )
 
-    def write(self, line: str) -> None:
-        """Show ``line`` (what a run wrote, or its scheduler said: control characters escaped) above the bar."""
+    def write(self, line: str, warning: bool = False) -> None:
+        """Show ``line`` (what a run wrote, or its scheduler said: control characters escaped)
+        above the bar; a ``warning`` goes to the view's ``warn``."""
+        out = self._warn if warning else self._write
         line = printable(
             line
             if len(line) <= _MAX_LINE
@@ -154,10 +174,10 @@ class LiveView:
         )
         bar = self._monitor._bar if self._monitor is not None else None
         if bar is None:
-            self._write(line)
+            out(line)
             return
         bar.clear()
-        self._write(line)
+        out(line)
         sys.stderr.flush()
         bar.refresh()
 
@@ -205,10 +225,14 @@ class LiveView:
             if first:
                 lines = lines[1:] if offset else lines  # the first one may be cut
                 lines = lines[-self.backlog :] if self.backlog else []
-            for line in lines:
-                self._shown[path] = console_shows(line, self._shown.get(path, True))
-                if self._shown[path]:
-                    self.write(console_form(line))
+            self._show(path, lines)
+
+    def _show(self, path: Path, lines: list[str]) -> None:
+        """Write what the rank's console would show of ``lines`` (:func:`console_shows`)."""
+        for line in lines:
+            self._shown[path] = console_shows(line, self._shown.get(path, True))
+            if self._shown[path]:
+                self.write(console_form(line))
 
     def close(self) -> None:
         """Show the last lines and the last progress state, and close the bar (the final line follows it)."""

@@ -35,22 +35,21 @@ class ProgressView:
     label_of: Callable[[int], str]
     stall_warning_s: float = 120.0
     started: float = field(default_factory=time.time)
+    since: float | None = None
+    """States published before this time (an earlier attempt's, before a resume) are not shown."""
     _history: list[tuple[float, int]] = field(default_factory=list)
     _warned: dict[int, int] = field(default_factory=dict)
 
     def snapshot(self, now: float | None = None) -> dict[str, Any] | None:
         """The run's progress now (None before any rank reported)."""
         now = time.time() if now is None else now
-        states = read_progress(self.run_dir, self.world_size)
+        states = self._states()
         if not states:
             return None
         slowest = min(states, key=lambda r: (states[r]["step"], r))
         step = states[slowest]["step"]
         total = next((s["total"] for s in states.values() if s.get("total")), None)
-        self._history.append((now, step))
-        self._history = [(t, s) for t, s in self._history if now - t <= 30] or [(now, step)]
-        t0, s0 = self._history[0]
-        rate = (step - s0) / (now - t0) if now > t0 and step > s0 else None
+        rate = self._rate(now, step)
         eta = (total - step) / rate if rate and total is not None and total > step else None
         return {
             "step": step,
@@ -62,6 +61,20 @@ class ProgressView:
             "metrics": (states.get(0) or {}).get("metrics") or {},
             "states": states,
         }
+
+    def _states(self) -> dict[int, dict[str, Any]]:
+        """Every rank's latest state, but those published before :attr:`since`."""
+        states = read_progress(self.run_dir, self.world_size)
+        if self.since is None:
+            return states
+        return {r: s for r, s in states.items() if float(s.get("time") or 0) >= self.since}
+
+    def _rate(self, now: float, step: int) -> float | None:
+        """Steps per second over the last 30 s (None until the step moved)."""
+        self._history.append((now, step))
+        self._history = [(t, s) for t, s in self._history if now - t <= 30] or [(now, step)]
+        t0, s0 = self._history[0]
+        return (step - s0) / (now - t0) if now > t0 and step > s0 else None
 
     def line(self, snap: dict[str, Any]) -> str:
         """'step 340/1000 (34%), 2.1 steps/s, ETA 5 min; slowest rank 5 (tp0 cp1 pp1 dp0); loss=0.12'."""
@@ -119,9 +132,9 @@ def _duration(seconds: float) -> str:
 class ProgressMonitor:
     """A launcher thread that shows the run's progress until :meth:`stop`.
 
-    ``write`` receives plain lines (stall warnings, and the progress line every
-    ``interval_s`` when not on a terminal); on a terminal a tqdm bar is redrawn in
-    place instead.
+    ``write`` receives the progress line every ``interval_s`` when not on a terminal (on a
+    terminal a tqdm bar is redrawn in place instead); ``warn`` (default: ``write``) the
+    stall warnings.
     """
 
     def __init__(
@@ -131,12 +144,14 @@ class ProgressMonitor:
         write: Callable[[str], None] | None = None,
         tty: bool | None = None,
         poll_s: float = 0.5,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.view = view
         self.interval_s = interval_s
         self.write = write or (
             lambda line: print(f"wf_launch: {line}", file=sys.stderr, flush=True)
         )
+        self.warn = warn or self.write
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.poll_s = poll_s
         self._stop = threading.Event()
@@ -171,7 +186,7 @@ class ProgressMonitor:
         if snap is None:
             return
         for warning in self.view.stalls(snap):
-            self.write(warning)
+            self.warn(warning)
         if self.tty:
             self._draw(snap)
         elif time.monotonic() - self._last_line >= self.interval_s:

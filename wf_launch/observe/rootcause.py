@@ -187,6 +187,7 @@ def explain_failure(
         return None
     summary = failure_summary(cause, label_of, run_dir, records)
     cause.pop("traceback", None)
+    cause.pop("user_traceback", None)
     cause.pop("_spots", None)
     for rank, entry in (cause.get("stuck") or {}).items():
         if entry.get("frame"):
@@ -215,7 +216,7 @@ def failure_summary(
         lines = [f"rank {rank} ({label_of(rank)}) was killed by {cause['signal']}", f"  log: {log}"]
         return "\n".join(lines + [line for g in groups for line in g.describe(label_of, run_dir)])
     first = next((g for g in groups if rank in g.ranks), None)
-    if first is None or len(first.ranks) == 1:
+    if first is None or (len(first.ranks) == 1 and first.exit is None):
         lines = [
             f"rank {rank} ({label_of(rank)}) failed first: "
             f"{cause['type']}: {_first_line(cause['message'])}",
@@ -264,6 +265,8 @@ class FailureGroup:
     where: str | None
     traceback: str
     peer_loss: bool
+    exit: str | None = None
+    """'with code 3 at train.py:33 in main' for ranks whose script called ``sys.exit(3)``."""
 
     def traceback_lines(self) -> list[str]:
         """The group's one traceback (its first rank's), indented."""
@@ -284,6 +287,10 @@ class FailureGroup:
             message += f" (the message varies by rank; rank {first}'s)"
         if self.peer_loss:
             return [f"{who} lost a peer (a consequence): {self.type}: {message}"]
+        if self.exit is not None:
+            who = f"rank {first}" if len(self.ranks) == 1 else who
+            label = f" ({label_of(first)})" if len(self.ranks) == 1 else ""
+            return [f"{who} exited {self.exit}{label}", f"  log: {files.rank_log(run_dir, first)}"]
         verb = "failed" if len(self.ranks) == 1 else "failed alike"
         logs = (
             str(files.rank_log(run_dir, first))
@@ -315,7 +322,13 @@ def group_failures(records: list[dict[str, Any]]) -> list[FailureGroup]:
         group = groups.get(key)
         if group is None:
             groups[key] = FailureGroup(
-                [], str(record.get("type")), [], where, str(record.get("traceback") or ""), peer
+                [],
+                str(record.get("type")),
+                [],
+                where,
+                str(record.get("user_traceback") or record.get("traceback") or ""),
+                peer,
+                _exit_of(record),
             )
             group = groups[key]
         group.ranks.append(int(record.get("rank", -1)))
@@ -327,6 +340,14 @@ def group_failures(records: list[dict[str, Any]]) -> list[FailureGroup]:
             [group.messages[i] for i in order],
         )
     return sorted(groups.values(), key=lambda g: g.peer_loss)
+
+
+def _exit_of(record: dict[str, Any]) -> str | None:
+    """'with code 3 at train.py:33 in main' when the record is a script's ``sys.exit(3)``."""
+    code, at = record.get("exit_code"), record.get("exit_at")
+    if not isinstance(code, int) or not isinstance(at, str):
+        return None
+    return f"with code {code} at {at}"
 
 
 def _first_line(text: str, limit: int = 500) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..rank.stackdump import DUMP_SIGNAL
 from ..rundir import files
+from ..rundir.io import MAX_RECORD_BYTES, open_regular, read_text
 from ..rundir.pids import live_rank_pid, read_pid_file
 
 __all__ = [
@@ -210,8 +211,8 @@ def read_last_dumps(run_dir: Path | str, ranks: Iterable[int]) -> dict[int, list
     out = {}
     for rank in ranks:
         try:
-            text = files.rank_stacks(run_dir, rank).read_text(errors="replace")
-        except OSError:
+            text = read_text(files.rank_stacks(run_dir, rank), MAX_RECORD_BYTES)
+        except (OSError, ValueError):
             continue
         frames = main_thread_frames(
             last_dump(text), (read_pid_file(run_dir, rank) or {}).get("main_thread")
@@ -269,10 +270,10 @@ def collect_dumps(
         for rank in sorted(pending):
             path = files.rank_stacks(run_dir, rank)
             try:
-                with open(path) as f:
+                with open(open_regular(path), "rb") as f:
                     f.seek(offsets.get(rank, 0))
-                    text = f.read()
-            except OSError:
+                    text = f.read(MAX_RECORD_BYTES).decode("utf-8", errors="replace")
+            except (OSError, ValueError):
                 continue
             dump = parse_faulthandler(text)
             frames = main_thread_frames(

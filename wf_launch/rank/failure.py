@@ -16,7 +16,14 @@ from worldfoundry.core.validation import is_int
 from ..rundir import files
 from ..rundir.failures import is_peer_loss_message, write_failure_record
 
-__all__ = ["current_attempt", "is_peer_loss", "is_timeout_error", "record_failure"]
+__all__ = [
+    "current_attempt",
+    "is_peer_loss",
+    "is_timeout_error",
+    "launcher_frame",
+    "record_failure",
+    "user_traceback",
+]
 
 _GLOO_TIMEOUT = re.compile(
     r"^\[[^\]]*gloo[^\]]*\] Timed out|^Application timeout caused pair closure"
@@ -88,8 +95,38 @@ def record_failure(
         "log": str(files.rank_log(run_dir, rank)),
         "attempt": current_attempt(),
     }
+    user = user_traceback(exc)
+    if user != record["traceback"]:
+        record["user_traceback"] = user
     code = getattr(exc, "exit_code", None)
     if is_int(code):
         record["exit_code"] = code  # a script's sys.exit(n): the code the rank exits with
+        record["exit_at"] = f"{getattr(exc, 'at', '?')} in {getattr(exc, 'function', '?')}"
     write_failure_record(run_dir, rank, record)
     return record
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+_RUNNERS = ("runpy.py", "contextlib.py", "<frozen runpy>")
+"""The standard library's frames between the launcher and a script (``python train.py``'s own)."""
+_LAUNCHER_PARTS = (("rank",), ("launchers",), ("tasks", "script.py"), ("tasks", "call.py"))
+
+
+def launcher_frame(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the launcher's own code around the user's."""
+    if Path(filename).name in _RUNNERS:
+        return True
+    try:
+        parts = Path(filename).resolve().relative_to(_PACKAGE).parts
+    except (ValueError, OSError):
+        return False
+    return any(parts[: len(p)] == p for p in _LAUNCHER_PARTS)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback from the first frame of the user's code on (the launcher's frames
+    above it stay in the rank log); the whole traceback when no frame is the user's."""
+    tb = exc.__traceback__
+    while tb is not None and launcher_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -109,27 +110,36 @@ def reported() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ checkpoint (``from wf_launch import checkpoint``)
-def save(step: int, state: dict[str, Any]) -> None:
-    """``checkpoint.save(step, state)``: a collective, atomic checkpoint of ``state`` as ``step``.
+def save(step: int, state: dict[str, Any], scopes: dict[str, str] | None = None) -> None:
+    """``checkpoint.save(step, state, scopes=None)``: a collective, atomic checkpoint of ``state``.
 
-    As :meth:`wf_launch.checkpoint.Checkpointer.save`, under ``RUN_DIR/checkpoints``. A
-    no-op outside wf_launch.
+    As :meth:`wf_launch.checkpoint.Checkpointer.save` (``ctx.checkpoint.save``), under
+    ``RUN_DIR/checkpoints``: ``scopes`` gives per-rank entries a scope (``replicated``,
+    ``dp``, ``rank``, the default), which decides whether they load at another layout.
+    Checked, then a no-op outside wf_launch.
     """
+    if scopes is not None and not isinstance(scopes, dict):
+        raise TypeError(
+            f"checkpoint.save(scopes=...): expected a dict, got {type(scopes).__name__}"
+        )
     ctx = bound()
     if ctx is not None:
-        ctx.checkpoint.save(step, state)
+        ctx.checkpoint.save(step, state, scopes)
         _settle()
 
 
-def load(state: dict[str, Any]) -> int | None:
-    """``checkpoint.load(state)``: restore the newest complete checkpoint into ``state``; its step, or None.
+def load(state: dict[str, Any], remap: dict[str, Callable[..., Any]] | None = None) -> int | None:
+    """``checkpoint.load(state, remap=None)``: restore the newest complete checkpoint into
+    ``state``; its step, or None.
 
-    None outside wf_launch and when the run has no checkpoint yet (a first start).
+    As ``ctx.checkpoint.load`` (``remap``: entry -> ``fn(saved_per_replica, dp_rank, dp_size)``
+    for ``dp`` entries on a dp-size change). None outside wf_launch and when the run has no
+    checkpoint yet (a first start).
     """
     ctx = bound()
     if ctx is None:
         return None
-    step = ctx.checkpoint.load(state)
+    step = ctx.checkpoint.load(state, remap)
     _settle()
     return step
 

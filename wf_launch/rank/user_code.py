@@ -36,19 +36,25 @@ __all__ = ["ScriptExit", "call_function", "run_module", "run_path", "teardown"]
 class ScriptExit(Exception):
     """The code called ``sys.exit(n)`` with ``n != 0``: the rank fails and exits with ``exit_code``."""
 
-    def __init__(self, exit_code: int, where: str, message: str | None = None) -> None:
+    def __init__(
+        self, exit_code: int, at: str, function: str = "?", message: str | None = None
+    ) -> None:
         what = f"sys.exit({message!r})" if message is not None else f"sys.exit({exit_code})"
+        where = f"{at} ({function})"
         super().__init__(f"{what} at {where}: the script exited with code {exit_code}")
         self.exit_code = exit_code
         self.where = where
+        self.at, self.function = at, function
+        """``at``: 'train.py:33', where ``sys.exit`` was called; ``function``: in which function."""
 
 
-def _innermost(tb: TracebackType | None) -> str:
+def _innermost(tb: TracebackType | None) -> tuple[str, str]:
+    """('train.py:33', 'main'): where the innermost frame of ``tb`` is."""
     frames = traceback.extract_tb(tb)
     if not frames:
-        return "?"
+        return "?", "?"
     f = frames[-1]
-    return f"{Path(f.filename).name}:{f.lineno} ({f.name})"
+    return f"{Path(f.filename).name}:{f.lineno}", f.name
 
 
 def _exit_of(exc: SystemExit) -> tuple[int, str | None]:
@@ -104,7 +110,7 @@ def _as_main(argv: list[str], path0: str) -> Iterator[None]:
         if message is not None:
             print(message, file=sys.stderr)
         if code != 0:  # with the traceback of the sys.exit call
-            raise ScriptExit(code, _innermost(exc.__traceback__), message).with_traceback(
+            raise ScriptExit(code, *_innermost(exc.__traceback__), message).with_traceback(
                 exc.__traceback__
             ) from None
     finally:

@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..observe.console import print_or_quiet
 from ..rank.checkpoint.safe_read import (
     CheckpointRefused,
     SafeLoadPlanner,
@@ -37,6 +38,7 @@ from ..rundir.checkpoints import (
     parse_step,
     read_commit,
 )
+from ..rundir.io import OutputRefused, check_output_path, write_output_file
 
 __all__ = ["ExportError", "consolidate", "list_checkpoints", "main", "module_entries"]
 
@@ -146,6 +148,7 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
     """Module entry ``entry`` of the checkpoint in ``directory`` as full tensors (no process group)."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = read_metadata(directory) if metadata is None else metadata
@@ -161,43 +164,73 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
         warnings.filterwarnings(
             "ignore", message=".*assuming the intent is to load in a single process"
         )
-        dcp.load(
-            {entry: full},
-            storage_reader=SafeReader(directory, metadata),
-            planner=SafeLoadPlanner(directory),
-            no_dist=True,
-        )
+        planner = SafeLoadPlanner(directory)
+        try:
+            dcp.load(
+                {entry: full},
+                storage_reader=SafeReader(directory, metadata),
+                planner=planner,
+                no_dist=True,
+            )
+        except (Exception, CheckpointException) as exc:  # DCP's wraps each read failure
+            if planner.refused:
+                raise CheckpointRefused(planner.refused) from None
+            why = next((ln for ln in reversed(str(exc).splitlines()) if ln.strip()), "")
+            raise CheckpointUnreadable(f"{directory}: {type(exc).__name__}: {why}") from None
     return full
 
 
-def _pick(run_dir: Path, step: int | None) -> Path:
+def _readable(directory: Path) -> Any:
+    """The checkpoint's metadata, its ``COMMIT`` checked first (:class:`CheckpointUnreadable`)."""
+
+    read_commit(directory)
+    return read_metadata(directory)
+
+
+def _pick(run_dir: Path, step: int | None) -> tuple[Path, Any]:
+    """The checkpoint to export and its metadata: ``--step``'s, or the newest that reads (each
+    newer one that does not is named on stderr and skipped)."""
     complete = complete_checkpoints(run_dir)
     if not complete:
         raise ExportError(
             f"{run_dir}: no complete checkpoint in {Path(run_dir) / files.CHECKPOINTS}"
         )
-    if step is None:
-        return complete[-1][1]
-    found = [p for s, p in complete if s == step]
-    if not found:
-        raise ExportError(
-            f"--step {step}: no complete checkpoint of that step; complete steps: "
-            f"{[s for s, _ in complete]}"
-        )
-    return found[0]
+    if step is not None:
+        found = [p for s, p in complete if s == step]
+        if not found:
+            raise ExportError(
+                f"--step {step}: no complete checkpoint of that step; complete steps: "
+                f"{[s for s, _ in complete]}"
+            )
+        complete = [(step, found[0])]
+    for number, directory in reversed(complete):
+        try:
+            return directory, _readable(directory)
+        except CheckpointUnreadable as exc:
+            if step is not None:
+                raise ExportError(str(exc)) from None
+            print(f"wf_launch.checkpoint: skipped step {number}: {exc}", file=sys.stderr)
+    raise ExportError(f"{run_dir}: no complete checkpoint could be read (see above)")
 
 
 def export(
-    run_dir: Path, out: Path, step: int | None, entry: str | None, ema: bool
+    run_dir: Path,
+    out: Path,
+    step: int | None,
+    entry: str | None,
+    ema: bool,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write one module entry of a checkpoint as a plain ``torch.save`` state dict; what was written."""
-    import torch
+    """Write one module entry of a checkpoint as a plain ``torch.save`` state dict; what was
+    written.
 
-    directory = _pick(run_dir, step)
-    try:
-        metadata = read_metadata(directory)
-    except CheckpointUnreadable as exc:
-        raise ExportError(str(exc)) from None
+    ``out`` must be free, or a regular file and ``force`` set (:class:`OutputRefused`): checked
+    before the checkpoint is read, and again as the file is put in place.
+    """
+    import torch  # heavy: only an export needs it
+
+    check_output_path(out, force)
+    directory, metadata = _pick(run_dir, step)
     modules = module_entries(directory, metadata)
     name = (
         "ema"
@@ -216,10 +249,13 @@ def export(
         )
         raise ExportError(f"{directory}: {what}; module entries: {modules}")
     state = consolidate(directory, name, metadata)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(out.name + ".part")
-    torch.save(state, part)
-    os.replace(part, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputRefused(
+            f"--out {out}: cannot make its folder ({exc.strerror or exc})"
+        ) from None
+    write_output_file(out, lambda f: torch.save(state, f), force)
     commit = read_commit(directory)
     return {
         "step": commit.step,
@@ -254,6 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--step", type=int, default=None, help="the checkpoint's step (default: the newest commit)"
     )
+    ex.add_argument(
+        "--force", action="store_true", help="replace --out if it is an existing regular file"
+    )
     which = ex.add_mutually_exclusive_group()
     which.add_argument(
         "--ema", action="store_true", help="the module entry 'ema' (the EMA weights)"
@@ -272,15 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "list":
         rows = list_checkpoints(args.run_dir)
-        print(json.dumps(rows, indent=1) if args.json else render_list(rows, args.run_dir))
-        return 0
+        return print_or_quiet(
+            json.dumps(rows, indent=1) if args.json else render_list(rows, args.run_dir)
+        )
     try:
-        done = export(args.run_dir, args.out, args.step, args.entry, args.ema)
-    except (ExportError, CheckpointRefused, CheckpointUnreadable) as exc:
+        done = export(args.run_dir, args.out, args.step, args.entry, args.ema, args.force)
+    except (ExportError, CheckpointRefused, CheckpointUnreadable, OutputRefused) as exc:
         print(f"wf_launch.checkpoint: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"exported entry {done['entry']!r} of step {done['step']} (saved at {done['layout']}): {done['tensors']} "
-        f"tensors, {done['numel']:,} values, {_human(done['bytes'])} -> {done['out']}"
+    return print_or_quiet(
+        f"exported entry {done['entry']!r} of step {done['step']} (saved at {done['layout']}): "
+        f"{done['tensors']} tensors, {done['numel']:,} values, {_human(done['bytes'])} -> "
+        f"{done['out']}"
     )
-    return 0

@@ -12,6 +12,7 @@ several runs: their common parent's) unless ``--out`` says where.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -23,10 +24,12 @@ from pathlib import Path
 from worldfoundry.core.validation import is_int, is_number
 
 from ..rundir import files
-from ..rundir.io import open_regular, read_bytes
+from ..rundir.io import atomic_write_bytes, open_regular, read_yaml
 from ..rundir.text import printable
 
 __all__ = [
+    "MAX_METRICS",
+    "MAX_PANELS",
     "MAX_POINTS",
     "Series",
     "expand_runs",
@@ -42,13 +45,19 @@ Series = dict[str, dict[str, list[tuple[int, float]]]]
 
 
 MAX_POINTS = 20_000
-"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows no more)."""
+"""The most points kept per metric and rank: beyond it every other point is dropped (a chart shows
+no more)."""
 MAX_LINE_BYTES = 1 << 20
+MAX_METRICS = 256
+"""The most metric names read from a run's file (the first seen); more are ignored."""
+MAX_PANELS = 16
+"""The most metrics drawn on one chart unless named (one panel each: 3,000 took 300 s and 7 GB)."""
 """A metrics line longer than this is skipped, not read whole."""
 
 
 def metric_lines(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines skipped.
+    """The lines of a metrics file, streamed (never the whole file in memory); over-long lines
+    skipped.
 
     Nothing when the file is missing or not a regular file (a FIFO or device is never read).
     """
@@ -83,7 +92,8 @@ class _Series(list):  # type: ignore[type-arg]
 
 
 def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are skipped).
+    """metric -> rank -> [(step, value)] from ``metrics.jsonl``, read line by line (bad lines are
+    skipped).
 
     A long run's file may hold GBs: it is streamed, and each series keeps at most
     :data:`MAX_POINTS` evenly spread points.
@@ -102,7 +112,7 @@ def load_metrics(run_dir: Path | str) -> dict[str, dict[int, list[tuple[int, flo
         for name, value in row.items():
             if name in ("rank", "step", "time") or not is_number(value):
                 continue
-            if math.isfinite(value):
+            if math.isfinite(value) and (name in out or len(out) < MAX_METRICS):
                 out[name][rank].add((row["step"], float(value)))
     return {k: {r: list(points) for r, points in v.items()} for k, v in out.items()}
 
@@ -112,7 +122,8 @@ def _is_run(path: Path) -> bool:
 
 
 def expand_runs(paths: list[Path]) -> list[Path]:
-    """Run directories: each path itself, or a sweep directory's points (its sub-directories that hold a run)."""
+    """Run directories: each path itself, or a sweep directory's points (its sub-directories that
+    hold a run)."""
     runs: list[Path] = []
     for path in paths:
         if _is_run(path):
@@ -127,12 +138,10 @@ def expand_runs(paths: list[Path]) -> list[Path]:
 
 
 def _overrides(run_dir: Path) -> list[str]:
-    import yaml
-
     for path in (run_dir / files.OVERRIDES, files.hydra_overrides(run_dir)):
         try:
-            data = yaml.safe_load(read_bytes(path, 1 << 20).decode(errors="replace"))
-        except (OSError, ValueError, yaml.YAMLError):
+            data = read_yaml(path, 1 << 20)
+        except (OSError, ValueError):
             continue
         if isinstance(data, list):
             return [str(o) for o in data]
@@ -140,25 +149,27 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def run_labels(runs: list[Path]) -> dict[Path, str]:
-    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its directory."""
+    """Each run's name on the chart: the overrides no other run shares (a sweep point's), else its
+    directory."""
     if len(runs) == 1:
-        return {runs[0]: runs[0].name}
+        return {runs[0]: printable(runs[0].name)}
     given = {run: _overrides(run) for run in runs}
     common = set.intersection(*(set(o) for o in given.values())) if given else set()
     labels = {}
     for run in runs:
         own = [o for o in given[run] if o not in common and not o.startswith("hydra.")]
-        labels[run] = " ".join(own) if own else run.name
+        labels[run] = printable(" ".join(own) if own else run.name)
     if len(set(labels.values())) < len(labels):
         labels = {
-            run: f"{run.name}: {label}" if label != run.name else label
+            run: f"{printable(run.name)}: {label}" if label != printable(run.name) else label
             for run, label in labels.items()
         }
     return labels
 
 
 def collect(runs: list[Path], all_ranks: bool) -> Series:
-    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the chart."""
+    """Every run's metrics, as lines: a run's rank 0 (every rank with ``all_ranks``), named for the
+    chart."""
     labels = run_labels(runs)
     out: Series = defaultdict(dict)
     for run in runs:
@@ -211,10 +222,12 @@ def render(
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(printable(title), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())  # a link at path is replaced, never written through
     return path
 
 
@@ -222,6 +235,22 @@ def _default_out(paths: list[Path], runs: list[Path]) -> Path:
     if len(paths) == 1:
         return files.metrics_chart(paths[0])
     return files.metrics_chart(Path(os.path.commonpath([str(r.absolute()) for r in runs])))
+
+
+def _missing(series: Series, wanted: list[str], paths: list[Path], runs: list[Path]) -> str | None:
+    """Why nothing can be drawn: no metrics at all, or a metric asked for that no run has."""
+    if not series:
+        where = (
+            files.metrics_file(paths[0])
+            if len(runs) <= 1
+            else f"the {files.METRICS} of {len(runs)} runs"
+        )
+        return f"no metrics in {where} (tasks report them with ctx.progress(step, name=value))"
+    unknown = [m for m in wanted if m not in series]
+    if unknown:
+        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+        return f"no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,32 +276,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = expand_runs(paths)
     series = collect(runs, args.all_ranks)
-    if not series:
-        where = (
-            files.metrics_file(paths[0])
-            if len(runs) <= 1
-            else f"the {files.METRICS} of {len(runs)} runs"
-        )
-        print(
-            f"wf_launch.plot: no metrics in {where} (tasks report them with ctx.progress(step, name=value))",
-            file=sys.stderr,
-        )
+    missing = _missing(series, wanted, paths, runs)
+    if missing is not None:
+        print(printable(f"wf_launch.plot: {missing}"), file=sys.stderr)
         return 2
-    unknown = [m for m in wanted if m not in series]
-    if unknown:
-        where = files.metrics_file(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+    chosen = _chosen(series, wanted)
+    title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
+    out = render(chosen, args.out or _default_out(paths, runs), title, all_ranks=True)
+    print(printable(out))
+    return 0
+
+
+def _chosen(series: Series, wanted: list[str]) -> Series:
+    """The metrics to draw: those named, else every one; at most :data:`MAX_PANELS`, saying so."""
+    names = wanted or sorted(series)
+    if len(names) > MAX_PANELS or (not wanted and len(series) >= MAX_METRICS):
         print(
             printable(
-                f"wf_launch.plot: no metric {unknown[0]!r} in {where}; it has {sorted(series)}"
+                f"wf_launch.plot: {len(series)}{'+' if len(series) >= MAX_METRICS else ''} "
+                f"metrics; drawing {min(len(names), MAX_PANELS)} "
+                f"({', '.join(names[:MAX_PANELS])}); name the metrics to draw others"
             ),
             file=sys.stderr,
         )
-        return 2
-    chosen = {m: series[m] for m in (wanted or series)}
-    title = str(paths[0]) if len(paths) == 1 else f"{len(runs)} runs"
-    out = render(chosen, args.out or _default_out(paths, runs), title, all_ranks=True)
-    print(out)
-    return 0
+    return {m: series[m] for m in names[:MAX_PANELS]}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``python -m wf_launch.status DIR`` / ``wf-launch-status DIR``: a run's or a sweep's state, after or while it runs.
+"""``python -m wf_launch.status DIR`` / ``wf-launch-status DIR``: a run's or a sweep's state, after
+or while it runs.
 
 DIR is a run directory or a sweep directory (whose points are run directories). A run
 directory's ``config.yaml`` names its launcher; the launcher's hooks
@@ -42,17 +43,20 @@ FOLLOW_BACKLOG = 10
 """Lines of each console rank's log already written that ``--follow`` shows before new ones."""
 
 UNREADABLE_RUN = (ValueError, OSError)
-"""What reading a malformed run raises (RecordError, UnreadableFile and read_job's errors are ValueErrors):
+"""What reading a malformed run raises (RecordError, UnreadableFile and read_job's errors are
+ValueErrors):
 that run is shown as unreadable and the others go on."""
 
 
 def _say(line: str, multiline: bool = False, err: bool = False) -> None:
-    """Print ``line`` with every control character a run's files may hold escaped (never raw to the terminal)."""
+    """Print ``line`` with every control character a run's files may hold escaped (never raw to the
+    terminal)."""
     print(printable(line, multiline), file=sys.stderr if err else sys.stdout)
 
 
 def launcher_of(run_dir: Path) -> Any | None:
-    """The launcher that ran ``run_dir`` (named in its ``config.yaml``), with its hooks; None when unknown."""
+    """The launcher that ran ``run_dir`` (named in its ``config.yaml``), with its hooks; None when
+    unknown."""
     name = files.launcher_name(run_dir)
     if not isinstance(name, str):
         return None
@@ -85,7 +89,8 @@ def runs_at(path: Path) -> tuple[dict[Path, Any], bool]:
 def _print_state(
     run_dir: Path, label: str, state: str, outcome: RunOutcome | None, details: list[str]
 ) -> None:
-    """The run's state line, its failure and log, launcher details and attempts (every line made printable)."""
+    """The run's state line, its failure and log, launcher details and attempts (every line made
+    printable)."""
     verdict = f" -> {outcome.status} (exit {outcome.exit_code})" if outcome else ""
     lines = [f"{run_dir}: {label} {state}{verdict}"]
     if outcome and outcome.exit_code:
@@ -102,7 +107,8 @@ def _print_state(
 
 
 def _attempt_lines(run_dir: Path) -> list[str]:
-    """The run's attempts (the final record's, or the markers of a run still going) when there were restarts,
+    """The run's attempts (the final record's, or the markers of a run still going) when there were
+    restarts,
     and a line for each attempt marker that cannot be read."""
     try:
         record = RunRecord.read(run_dir)
@@ -122,7 +128,8 @@ _MAX_LINE = 16 << 10
 
 
 def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 << 20) -> list[str]:
-    """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold a GB);
+    """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold
+    a GB);
     never more than ``max_bytes`` of it (a last line longer than that is shown cut)."""
     if lines <= 0:
         return []
@@ -142,7 +149,8 @@ def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 
 
 
 def _tail(run_dir: Path, lines: int) -> int:
-    """``--tail N``: the last N lines of each console rank's log (ranks without a log yet are named once)."""
+    """``--tail N``: the last N lines of each console rank's log (ranks without a log yet are named
+    once)."""
 
     try:
         config = files.read_config(run_dir, strict=True)
@@ -170,7 +178,8 @@ def _tail(run_dir: Path, lines: int) -> int:
 
 
 def _final(run_dir: Path, strict: bool = False) -> RunOutcome | None:
-    """The outcome in the run's final record; None without one (or, unless ``strict``, when it is unreadable)."""
+    """The outcome in the run's final record; None without one (or, unless ``strict``, when it is
+    unreadable)."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
@@ -199,7 +208,8 @@ def _ended(run_dir: Path, launcher: Any | None, strict: bool = False) -> RunOutc
 
 
 def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> int:
-    """``--follow``: the live view of a run until it ended (or ``timeout_s`` passes); Ctrl-C only stops following.
+    """``--follow``: the live view of a run until it ended (or ``timeout_s`` passes); Ctrl-C only
+    stops following.
 
     It shows the last ``backlog`` lines each console rank already wrote, then new ones.
     Exit code: the run's, once it ended; 0 when it still runs at the timeout; 130 after Ctrl-C.
@@ -233,7 +243,8 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
     except KeyboardInterrupt:
         view.close()
         logger.info(
-            f"stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel {run_dir})"
+            "stopped following; the run goes on (cancel it: python -m wf_launch.status --cancel "
+            f"{run_dir})"
         )
         return 130
     except UNREADABLE_RUN as exc:
@@ -251,7 +262,8 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
 
 
 def _stacks(run_dir: Path) -> int:
-    """``--stacks``: signal the run's ranks (through its launcher) to dump their stacks, and print them grouped."""
+    """``--stacks``: signal the run's ranks (through its launcher) to dump their stacks, and print
+    them grouped."""
 
     launcher = launcher_of(run_dir)
     try:
@@ -290,7 +302,8 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=None,
-        help="seconds --wait / --cancel wait (default 600), and --follow follows (default: until the end)",
+        help="seconds --wait / --cancel wait (default 600), and --follow follows (default: "
+        "until the end)",
     )
     ap.add_argument(
         "--follow",
@@ -315,41 +328,54 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Show (and finalize) the state of the run or sweep at DIR; ``--cancel`` cancels it."""
-    args = _parser().parse_args(argv)
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why the command line cannot be served (exit 2), or None."""
     if not args.dir.is_dir():
-        print(f"wf_launch.status: {str(args.dir)!r} is not a directory", file=sys.stderr)
-        return 2
-    run_dir = args.dir.absolute()
+        return f"{str(args.dir)!r} is not a directory"
     if args.tail is not None and args.tail < 0:
-        print(
-            f"wf_launch.status: --tail={args.tail} is not allowed: expected a number of lines >= 0",
-            file=sys.stderr,
-        )
-        return 2
+        return f"--tail={args.tail} is not allowed: expected a number of lines >= 0"
+    return None
+
+
+def _watch(args: argparse.Namespace, run_dir: Path) -> int | None:
+    """``--stacks``, ``--follow`` or ``--tail``: that view's exit code; None for the state view."""
     if args.stacks:
         return _stacks(run_dir)
     if args.follow:
-        return _follow(
-            run_dir,
-            math.inf if args.timeout is None else args.timeout,
-            FOLLOW_BACKLOG if args.tail is None else args.tail,
-        )
+        timeout = math.inf if args.timeout is None else args.timeout
+        return _follow(run_dir, timeout, FOLLOW_BACKLOG if args.tail is None else args.tail)
     if args.tail is not None:
         return _tail(run_dir, args.tail)
-    runs, is_sweep = runs_at(run_dir)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Show (and finalize) the state of the run or sweep at DIR; ``--cancel`` cancels it."""
+    args = _parser().parse_args(argv)
+    refused = _refusal(args)
+    if refused is not None:
+        print(f"wf_launch.status: {refused}", file=sys.stderr)
+        return 2
+    watched = _watch(args, args.dir.absolute())
+    return _show_state(args) if watched is None else watched
+
+
+def _show_state(args: argparse.Namespace) -> int:
+    """The state of every run at DIR (detached ones asked of their scheduler), the sweep report
+    rewritten; ``--cancel`` / ``--wait`` act on the detached runs."""
+    runs, is_sweep = runs_at(args.dir.absolute())
     if not runs:
         print(
-            f"wf_launch.status: no run in {str(args.dir)!r} (no {files.CONFIG} there or in its sub-directories)",
+            f"wf_launch.status: no run in {str(args.dir)!r} (no {files.CONFIG} there or in its "
+            "sub-directories)",
             file=sys.stderr,
         )
         return 2
     detached = {d: launcher for d, launcher in runs.items() if _detached(launcher)}
     if (args.wait or args.cancel) and not detached:
         print(
-            f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel (its runs are "
-            "local: their launcher waits for them, Ctrl-C there stops them)",
+            f"wf_launch.status: no detached run in {str(args.dir)!r} to wait for or cancel (its "
+            "runs are local: their launcher waits for them, Ctrl-C there stops them)",
             file=sys.stderr,
         )
         return 2
@@ -362,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show_waited(runs: dict[Path, Any]) -> list[int]:
-    """State, failure and attempts of runs whose launcher waits for them (local): read from their records."""
+    """State, failure and attempts of runs whose launcher waits for them (local): read from their
+    records."""
     codes = []
     for run_dir, launcher in runs.items():
         try:
@@ -382,20 +409,25 @@ def _show_waited(runs: dict[Path, Any]) -> list[int]:
     return codes
 
 
-def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]:
-    """Ask each detached run's scheduler (``--cancel`` first; ``--wait`` until all ended); print them."""
+def _cancel(runs: dict[Path, Any]) -> list[int]:
+    """Cancel each detached run; exit code 2 for each that cannot be (its record is malformed)."""
     refused = []
-    if args.cancel:
-        for run_dir, launcher in runs.items():
-            try:
-                if launcher.cancel(run_dir) is not None:
-                    _say(f"cancelling {launcher.status_label(run_dir)} ({run_dir})", err=True)
-            except (
-                UNREADABLE_RUN
-            ) as exc:  # e.g. a job id that is not a scheduler's id: never passed on
-                _say(f"wf_launch.status: cannot cancel {run_dir}: {exc}", err=True)
-                refused.append(2)
-    deadline = time.monotonic() + (600 if args.timeout is None else args.timeout)
+    for run_dir, launcher in runs.items():
+        try:
+            if launcher.cancel(run_dir) is not None:
+                _say(f"cancelling {launcher.status_label(run_dir)} ({run_dir})", err=True)
+        except UNREADABLE_RUN as exc:  # e.g. a job id that is not a scheduler's id: never passed on
+            _say(f"wf_launch.status: cannot cancel {run_dir}: {exc}", err=True)
+            refused.append(2)
+    return refused
+
+
+def _states(
+    runs: dict[Path, Any], until_ended: bool, timeout_s: float
+) -> tuple[dict[Path, Any], dict[Path, str]]:
+    """({run: (state, outcome)}, {run: why unreadable}), asked of each scheduler; with
+    ``until_ended``, asked again until every run has ended or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
     unreadable: dict[Path, str] = {}
     while True:
         states = {}
@@ -404,23 +436,23 @@ def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]
                 states[run_dir] = launcher.status(run_dir)
             except UNREADABLE_RUN as exc:  # one bad record never stops the others being shown
                 unreadable[run_dir] = str(exc)
-        if (
-            not (args.wait or args.cancel)
-            or all(o for _, o in states.values())
-            or time.monotonic() > deadline
-        ):
-            break
+        ended = all(o for _, o in states.values())
+        if not until_ended or ended or time.monotonic() > deadline:
+            return states, unreadable
         time.sleep(0.5)
+
+
+def _show_detached(args: argparse.Namespace, runs: dict[Path, Any]) -> list[int]:
+    """Ask each detached run's scheduler (``--cancel`` first; ``--wait`` until all ended); print
+    them."""
+    refused = _cancel(runs) if args.cancel else []
+    timeout = 600 if args.timeout is None else args.timeout
+    states, unreadable = _states(runs, bool(args.wait or args.cancel), timeout)
     for run_dir, (state, outcome) in states.items():
         launcher = runs[run_dir]
         try:
-            _print_state(
-                run_dir,
-                launcher.status_label(run_dir),
-                state,
-                outcome,
-                launcher.status_details(run_dir),
-            )
+            details = launcher.status_details(run_dir)
+            _print_state(run_dir, launcher.status_label(run_dir), state, outcome, details)
         except UNREADABLE_RUN as exc:
             unreadable[run_dir] = str(exc)
     for run_dir, why in unreadable.items():

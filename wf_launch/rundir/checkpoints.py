@@ -14,6 +14,7 @@ is found. Order is **commit order** (``COMMIT``'s ``seq``), not step order.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 from worldfoundry.core.distributed.topology import DIMS, Layout
 
 from . import files
+from .io import read_bytes
 
 __all__ = [
     "COMMIT_FILE",
@@ -147,28 +149,58 @@ class Commit:
         }
 
 
+MAX_COMMIT_BYTES = 1 << 20
+"""The largest ``COMMIT`` read: a few hundred bytes normally."""
+_COMMIT_FIELDS: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "world_size": (int,),
+    "seq": (int, type(None)),
+    "time": (int, float, type(None)),
+    "format": (int, type(None)),
+    "layout": (dict, type(None)),
+    "entries": (dict, type(None)),
+}
+_LIMITS = {"step": (0, 1 << 62), "world_size": (1, 1 << 24), "seq": (0, 1 << 62), "format": (1, 99)}
+
+
+def _check_commit(data: Any) -> dict[str, Any]:
+    """``COMMIT``'s fields, each of its type and in its range (ValueError naming the first that
+    is not)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    for key, types in _COMMIT_FIELDS.items():
+        value = data.get(key)
+        if type(value) not in types:
+            raise ValueError(
+                f"{key} = {str(value)[:40]!r} is not allowed: expected {types[0].__name__}"
+            )
+        low, high = _LIMITS.get(key, (0, 1 << 62))
+        if type(value) is int and not low <= value <= high:
+            raise ValueError(f"{key} = {str(value)[:40]} is not allowed: from {low} to {high}")
+        if type(value) is float and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{key} = {value} is not allowed: a finite time")
+    return data
+
+
 def read_commit(directory: Path) -> Commit:
-    """The checkpoint's ``COMMIT``; :class:`CheckpointUnreadable` naming the file when it is not valid."""
+    """The checkpoint's ``COMMIT``; :class:`CheckpointUnreadable` naming the file and the field
+    when it is not valid (a regular file of at most 1 MiB, each field typed and in range)."""
     path = directory / COMMIT_FILE
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"a JSON {type(data).__name__}, not an object")
-        step, world = data["step"], data["world_size"]
-        if not (isinstance(step, int) and isinstance(world, int)):
-            raise ValueError("step and world_size must be integers")
-        entries = data.get("entries") or {}
-        return Commit(
-            step=step,
-            world_size=world,
-            seq=int(data.get("seq") or 0),
-            time=float(data.get("time") or 0),
-            layout=data.get("layout"),
-            entries=entries if isinstance(entries, dict) else {},
-            format=int(data.get("format") or 1),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        data = _check_commit(json.loads(read_bytes(path, MAX_COMMIT_BYTES)))
+    except RecursionError:
+        raise CheckpointUnreadable(f"{path}: JSON nested too deeply") from None
+    except (OSError, ValueError) as exc:
         raise CheckpointUnreadable(f"{path}: {type(exc).__name__}: {exc}") from None
+    return Commit(
+        step=data["step"],
+        world_size=data["world_size"],
+        seq=data.get("seq") or 0,
+        time=float(data.get("time") or 0),
+        layout=data.get("layout"),
+        entries=data.get("entries") or {},
+        format=data.get("format") or 1,
+    )
 
 
 def fsync_path(path: Path) -> None:

@@ -28,10 +28,13 @@ __all__ = [
     "RunDirClaim",
     "RunDirInUse",
     "claim",
+    "claim_tool_dir",
+    "close_runs",
     "launch_alive",
     "lock_holder",
     "make_private",
     "private_umask",
+    "refuse_shared",
     "remove_made_folders",
 ]
 
@@ -92,9 +95,9 @@ def lock_holder(run_dir: Path | str) -> tuple[int | None, str | None]:
     return pid, (words[1] if len(words) > 1 else None)
 
 
-def _lock(run_dir: Path) -> int:
-    """The run directory's lock, held (flock) by this process, naming it; :class:`RunDirInUse` when a live launch
-    holds it."""
+def _lock(run_dir: Path, advice: str = "choose another hydra.run.dir") -> int:
+    """The run directory's lock, held (flock) by this process, naming it; :class:`RunDirInUse`
+    when a live launch holds it (``advice`` ends the message)."""
     import fcntl
 
     try:
@@ -104,7 +107,7 @@ def _lock(run_dir: Path) -> int:
     except OSError as exc:
         raise RunDirInUse(
             f"run directory {run_dir}: cannot open its lock file {files.LOCK} "
-            f"({exc.strerror or exc}); choose another hydra.run.dir"
+            f"({exc.strerror or exc}); {advice}"
         ) from None
     deadline = time.monotonic() + _LOCK_RETRY_S
     while True:
@@ -119,8 +122,7 @@ def _lock(run_dir: Path) -> int:
             os.close(fd)
             raise RunDirInUse(
                 f"run directory {run_dir} is in use by a live launch (pid {pid or '?'}"
-                f"{f' on {host}' if host and host != socket.gethostname() else ''}); "
-                "choose another hydra.run.dir"
+                f"{f' on {host}' if host and host != socket.gethostname() else ''}); {advice}"
             ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -130,7 +132,7 @@ def _lock(run_dir: Path) -> int:
 def claim(
     run_dir: Path,
     overwrite: bool = False,
-    resume: bool = False,
+    resume: bool | str = False,
     is_live: Callable[[Path], bool] | None = None,
 ) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
@@ -140,7 +142,9 @@ def claim(
     and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside into
     a sibling ``NAME.replaced-TIMESTAMP`` directory (mode 0700), never merged into. With
     ``resume`` the launch continues that run in place (its checkpoints and attempt
-    records stay; its last ``result.json`` moves to ``logs/``), unless it completed.
+    records stay; its last ``result.json`` moves to ``logs/``), unless it completed; when the
+    directory holds no run, ``resume=True`` is refused (naming the run directories close to
+    its name: a typo would otherwise train from scratch) and ``resume="auto"`` starts one.
     Either is refused while the run may still be going: ``is_live(run_dir)`` is its launcher's
     :meth:`~wf_launch.launchers.LauncherHooks.is_live` (a detached SLURM job whose launcher has
     left still runs). Once claimed, the directory is made owner-only (0700).
@@ -152,9 +156,11 @@ def claim(
         )
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_foreign(run_dir)
     fd = _lock(run_dir)
     try:
         held = _held_by(run_dir)
+        resume = _resumes(run_dir, resume, held)
         if held and (overwrite or resume) and is_live is not None:
             _refuse_if_live(
                 run_dir, is_live, "launcher.resume=true" if resume else "launcher.overwrite=true"
@@ -171,9 +177,22 @@ def claim(
             _move_aside(run_dir)
         os.chmod(run_dir, OWNER_ONLY)
     except BaseException:
+        if not _held_by(run_dir):  # refused or interrupted: no run here, so no lock file either
+            (run_dir / files.LOCK).unlink(missing_ok=True)
         os.close(fd)
         raise
     return RunDirClaim(run_dir, fd)
+
+
+def _refuse_foreign(run_dir: Path) -> None:
+    """:class:`RunDirInUse` when ``run_dir`` belongs to another user: they could read or replace
+    every file of the run (and it cannot be made owner-only)."""
+    owner = run_dir.stat().st_uid
+    if owner != os.getuid():
+        raise RunDirInUse(
+            f"run directory {run_dir} is owned by uid {owner}, not by you (uid {os.getuid()}): "
+            "its owner could read or replace the run's files; choose another hydra.run.dir"
+        )
 
 
 def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -> None:
@@ -191,6 +210,40 @@ def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -
             "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
             f"--cancel {run_dir})"
         )
+
+
+def _resumes(run_dir: Path, resume: bool | str, held: str | None) -> bool:
+    """Whether the launch continues the run there: ``resume`` is True or "auto" and one is;
+    True where none is (a typo) is refused."""
+    if resume is True and not held:
+        _refuse_no_run(run_dir)
+    return bool(held) and resume in (True, "auto")
+
+
+def _refuse_no_run(run_dir: Path) -> None:
+    """:class:`RunDirInUse`: ``launcher.resume=true`` into a directory that holds no run."""
+    near = close_runs(run_dir)
+    raise RunDirInUse(
+        f"launcher.resume=true: there is no run in {run_dir} to resume"
+        + (f"; did you mean {' or '.join(map(str, near))}?" if near else "")
+        + " (launcher.resume=auto starts a run when none is there)"
+    )
+
+
+def close_runs(run_dir: Path, n: int = 3) -> list[Path]:
+    """The run directories beside ``run_dir`` with names closest to its name (a typo's target)."""
+    import difflib
+
+    parent = run_dir.parent
+    try:
+        names = [
+            d.name
+            for d in parent.iterdir()
+            if d.is_dir() and d != run_dir and any((d / m).exists() for m in files.MARKERS)
+        ]
+    except OSError:
+        return []
+    return [parent / m for m in difflib.get_close_matches(run_dir.name, names, n=n, cutoff=0.6)]
 
 
 def _or_resume(run_dir: Path) -> str:
@@ -290,6 +343,43 @@ def remove_made_folders(path: Path, since: float) -> None:
         except OSError:
             return
         path = path.parent
+
+
+def refuse_shared(directory: Path, option: str, record: str) -> None:
+    """:class:`RunDirInUse` unless ``directory`` and its ``record`` file are this user's own and
+    writable by no one else: a record someone else could have changed is not acted on."""
+    for path in (directory, directory / record):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RunDirInUse(f"{option} {directory}: {path}: {exc.strerror or exc}") from None
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise RunDirInUse(
+                f"{option} {directory}: {path} is owned by uid {info.st_uid} with mode "
+                f"{info.st_mode & 0o7777:04o}: someone else could have changed it; check it, "
+                f"then make it yours and not writable by others (chmod go-w) to go on"
+            )
+
+
+def claim_tool_dir(directory: Path, option: str) -> RunDirClaim:
+    """A tune's or a drill's directory, made owner-only (0700) and locked by this process for its
+    life: :class:`RunDirInUse` (one line) when another live tool holds it or it is not ours."""
+    directory = Path(directory)
+    try:
+        make_private(directory)
+    except OSError as exc:
+        raise RunDirInUse(
+            f"{option} {directory}: cannot make it owner-only ({exc.strerror or exc}); "
+            f"choose another {option}"
+        ) from None
+    if directory.stat().st_uid != os.getuid():
+        raise RunDirInUse(
+            f"{option} {directory}: owned by uid {directory.stat().st_uid}, not by you; "
+            f"choose another {option}"
+        )
+    return RunDirClaim(directory, _lock(directory, f"choose another {option}"))
 
 
 def make_private(path: Path, mode: int = OWNER_ONLY) -> None:

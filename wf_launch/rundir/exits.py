@@ -10,14 +10,13 @@ resume) is never taken for this one.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import files
-from .io import atomic_write_json
+from .io import atomic_write_json, read_json
 
 __all__ = ["read_exits", "wait_for_exits", "write_exit"]
 
@@ -32,7 +31,7 @@ def write_exit(run_dir: Path | str, rank: int, attempt: int, **fields: Any) -> N
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

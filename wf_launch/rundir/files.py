@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .io import read_bytes
+from .io import read_yaml
 
 __all__ = [
     "CHECKPOINTS",
@@ -325,16 +325,17 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
     ``strict`` those raise ``ValueError`` naming the file (``OSError`` when missing).
     Only a regular file of at most 64 MiB is read (a FIFO or a huge file is unreadable).
     """
-    import yaml
 
     path = config_path(run_dir)
     try:
-        config = yaml.safe_load(read_bytes(path))
+        config = read_yaml(path)
+        if config is None and not path.exists():
+            raise FileNotFoundError(2, "No such file or directory", str(path))
     except OSError:
         if strict:
             raise
         return {}
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+    except ValueError as exc:
         if strict:
             why = getattr(exc, "why", None) or f"not readable YAML ({exc})"
             raise ValueError(f"{path}: {why}") from None

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from . import files
+from .io import read_text
 
 __all__ = ["RUN_ID_ENV", "RunIdError", "ensure_run_id", "new_run_id", "read_run_id"]
 
@@ -42,10 +43,10 @@ def read_run_id(run_dir: Path | str) -> str | None:
     """The run's id (None when the directory has none yet); :class:`RunIdError` when the file is not one."""
     path = files.run_id_file(run_dir)
     try:
-        text = path.read_text().strip()
+        text = read_text(path, 4096).strip()
     except FileNotFoundError:
         return None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise RunIdError(f"{path}: cannot read the run id ({exc})") from None
     if not _VALID.fullmatch(text):
         raise RunIdError(

@@ -8,11 +8,11 @@ reported.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from . import files
+from .io import read_json
 
 __all__ = ["read_placement"]
 
@@ -22,7 +22,7 @@ def read_placement(run_dir: Path | str, world_size: int) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for rank in range(world_size):
         try:
-            info = json.loads(files.rank_pid(run_dir, rank).read_text())
+            info = read_json(files.rank_pid(run_dir, rank))
         except (OSError, ValueError):
             continue
         if isinstance(info, dict):

@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.distributed.topology import Layout
 from worldfoundry.core.validation import is_int, is_number
 
 from . import files
@@ -44,6 +45,7 @@ __all__ = [
     "RunRecord",
     "Status",
     "exit_code_of",
+    "layout_record",
 ]
 
 
@@ -308,6 +310,7 @@ class RunRecord:
                 setattr(record, key, value)
             else:
                 record.extra[key] = value
+        _where_ranks_ran(record, run_dir)
         if record.finished_at is None:
             record.finished_at = time.time()
         if record.run_id is None:
@@ -315,3 +318,26 @@ class RunRecord:
         record.final = True
         record.write(run_dir)
         return record
+
+
+def _where_ranks_ran(record: RunRecord, run_dir: Path | str) -> None:
+    """``layout`` and ``hosts`` once ranks ran (the launcher's ``placement`` names them), whatever
+    the outcome: rank 0 records them only for a run it saw through."""
+    placement = record.extra.get("placement")
+    if not isinstance(placement, dict) or not placement:
+        return
+    if not record.hosts:
+        hosts = {p.get("host") for p in placement.values() if isinstance(p, dict)}
+        record.hosts = sorted(h for h in hosts if isinstance(h, str))
+    if record.layout is None:
+        record.layout = layout_record(files.read_config(run_dir).get("engine"))
+
+
+def layout_record(engine: Any) -> dict[str, Any] | None:
+    """The layout as ``result.json`` holds it (sizes, ``order``, ``world_size``) for an engine
+    section; None when it is not a valid layout."""
+    try:
+        layout = Layout.from_engine(engine)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return {**layout.sizes, "order": "-".join(layout.dims), "world_size": layout.world_size}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from ..config.redact import redact_overrides
 from . import files
 from .checkpoints import complete_checkpoints
+from .io import read_yaml
 from .record import RecordError, RunRecord, Status
 
 __all__ = ["RESUMABLE", "resume_command", "resume_hint"]
@@ -17,20 +19,19 @@ _OWN = ("launcher.resume", "launcher.overwrite", "hydra.run.dir")
 
 
 def _overrides(run_dir: Path) -> list[str]:
-    import yaml
-
     try:
-        data = yaml.safe_load((Path(run_dir) / files.OVERRIDES).read_text())
-    except (OSError, yaml.YAMLError):
+        data = read_yaml(Path(run_dir) / files.OVERRIDES)
+    except (OSError, ValueError):
         return []
     return [str(o) for o in data] if isinstance(data, list) else []
 
 
 def resume_command(run_dir: Path | str, overrides: list[str] | None = None) -> str:
-    """``python -m wf_launch OVERRIDES launcher.resume=true hydra.run.dir=RUN_DIR``, quoted for a shell."""
+    """``python -m wf_launch OVERRIDES launcher.resume=true hydra.run.dir=RUN_DIR``, quoted for a
+    shell; a secret-looking value shows as ``***`` (give it again)."""
     given = _overrides(Path(run_dir)) if overrides is None else overrides
     kept = [o for o in given if o.lstrip("+~").split("=", 1)[0] not in _OWN]
-    args = [*kept, "launcher.resume=true", f"hydra.run.dir={Path(run_dir)}"]
+    args = [*redact_overrides(kept), "launcher.resume=true", f"hydra.run.dir={Path(run_dir)}"]
     return "python -m wf_launch " + " ".join(shlex.quote(a) for a in args)
 
 

@@ -25,9 +25,11 @@ from typing import Any
 
 from worldfoundry.core.distributed.env import ATTEMPT_ENV, LaunchEnv, engine_environ
 
+from ..config.engine import EngineConfig
+from ..config.fields import is_number
 from ..config.layout import layout_of
 
-__all__ = ["RUN_DIR_ENV", "TORCHRUN_VARS", "export", "torchrun_environ"]
+__all__ = ["RUN_DIR_ENV", "TORCHRUN_VARS", "export", "group_timeout", "torchrun_environ"]
 
 RUN_DIR_ENV = "WF_RUN_DIR"
 TORCHRUN_VARS = (
@@ -105,8 +107,26 @@ def torchrun_environ(
     return out
 
 
+def group_timeout(config: Mapping[str, Any]) -> float | None:
+    """``engine.distributed_timeout_minutes`` when the user set it (it differs from the default),
+    else None: torch's own default then stays (30 minutes; NCCL: 10)."""
+    value = (config.get("engine") or {}).get("distributed_timeout_minutes")
+    if not is_number(value) or float(value) == EngineConfig.distributed_timeout_minutes:
+        return None
+    return float(value)
+
+
 def export(config: Mapping[str, Any], run_dir: Path | str) -> dict[str, str]:
-    """Set :func:`torchrun_environ` in this rank's environment; returns what was set."""
+    """Set :func:`torchrun_environ` in this rank's environment; returns what was set.
+
+    When the user set ``engine.distributed_timeout_minutes``, it also becomes the default
+    timeout of the process groups the code makes (:func:`group_timeout`).
+    """
     env = torchrun_environ(config, run_dir)
     os.environ.update(env)
+    minutes = group_timeout(config)
+    if minutes is not None:
+        from worldfoundry.core.torch_private import set_default_group_timeout  # imports torch
+
+        set_default_group_timeout(minutes)
     return env

@@ -42,6 +42,7 @@ __all__ = [
     "foreach_mul_",
     "hooked_agent_class",
     "release_finished_workers",
+    "set_default_group_timeout",
     "store_server_handler_class",
     "wait_async_collective",
     "worker_exit_codes",
@@ -155,6 +156,18 @@ PRIVATE_NAMES: tuple[tuple[str, str, str, str], ...] = (
         "module",
         "FSDP2's compiler, imported before the local launcher forks (preload)",
     ),
+    (
+        "torch.distributed.distributed_c10d",
+        "default_pg_timeout",
+        "attr",
+        "the default timeout of groups a script makes (engine.distributed_timeout_minutes)",
+    ),
+    (
+        "torch.distributed.distributed_c10d",
+        "default_pg_nccl_timeout",
+        "attr",
+        "the default timeout of NCCL groups a script makes",
+    ),
     ("torch", "_foreach_copy_", "attr", "EMA: fused copies"),
     ("torch", "_foreach_lerp_", "attr", "EMA: fused average"),
     ("torch", "_foreach_mul_", "attr", "EMA: fused average of mixed dtypes"),
@@ -188,6 +201,22 @@ def check_names() -> list[str]:
     return problems
 
 
+def set_default_group_timeout(minutes: float) -> None:
+    """The timeout of every process group made from now on without one of its own
+    (``init_process_group``, ``new_group``, for every backend).
+
+    torch reads its default from two module globals of ``distributed_c10d`` each time a group
+    is made; there is no public setter.
+    """
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = timedelta(minutes=minutes)
+    c10d.default_pg_timeout = timeout
+    c10d.default_pg_nccl_timeout = timeout
+
+
 # ------------------------------------------------------------------ the elastic agent
 @lru_cache(maxsize=1)
 def hooked_agent_class() -> type:
@@ -195,6 +224,7 @@ def hooked_agent_class() -> type:
 
     Subclasses override :meth:`start_workers` (wraps one start of the workers; call
     ``start()`` to start them), :meth:`on_shutdown` (before the agent stops its workers),
+    :meth:`on_signalled` (then, when the agent itself was signalled: the signal),
     :meth:`stop_signal` (the signal the workers are stopped with, given the one the agent got)
     and :meth:`after_monitor` (sees each check of the workers and may replace its result).
     A second signal while the workers stop kills them at once.
@@ -208,6 +238,9 @@ def hooked_agent_class() -> type:
             return start()
 
         def on_shutdown(self) -> None:
+            pass
+
+        def on_signalled(self, death_sig: Any) -> None:
             pass
 
         def before_monitor(self, worker_group: Any) -> None:
@@ -228,6 +261,8 @@ def hooked_agent_class() -> type:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
             self.on_shutdown()
+            if death_sig is not None:
+                self.on_signalled(death_sig)
             death_sig = self.stop_signal(signal.SIGTERM if death_sig is None else death_sig)
             try:
                 LocalElasticAgent._shutdown(self, death_sig, *args, **kwargs)

@@ -1,4 +1,5 @@
-"""``python -m wf_launch.tune task=train world_size=8 [OVERRIDES...] [--also KEY=V1,V2] [--mem-gb G] ...``
+"""``python -m wf_launch.tune task=train world_size=8 [OVERRIDES...] [--also KEY=V1,V2] [--mem-gb G]
+...``
 
 Finds the fastest valid layout for a task (docs/tune.md): the space is every
 (tp, cp, pp, dp) whose product is ``world_size`` times the ``--also`` values; layouts
@@ -19,10 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...config.redact import redact_overrides
 from ...rundir import files
+from ...rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask, refuse_shared
 from .measure import higher_is_better
+from .plan import AUTO, EXHAUSTIVE, HALVING, LAUNCH_STEPS, Plan, choose
 from .prune import (
     VALID,
+    check_also_fields,
     check_conflicts,
     check_steps_field,
     compose,
@@ -30,9 +35,16 @@ from .prune import (
     full_length,
     prune,
 )
-from .report import best_command, describe_measurement, full_length_cost, write_report
+from .report import (
+    best_command,
+    cost_ratio,
+    describe_measurement,
+    full_length_cost,
+    tie_line,
+    write_report,
+)
 from .rounds import Interrupt
-from .search import Options, Search, round_steps
+from .search import Options, Search
 from .space import TuneError, build_space, parse_also, split_command
 from .state import DONE, TuneState
 
@@ -52,12 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.tune",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Find the fastest valid parallel layout for a task: every tp/cp/pp/dp whose product is "
+        description="Find the fastest valid parallel layout for a task: every tp/cp/pp/dp whose "
+        "product is "
         "world_size (times the --also values), pruned by validation and memory estimate without "
         "starting anything, then measured by successive halving. Writes tune_report.md/.csv, "
         "tune_chart.png and best.yaml to the tune directory.",
         epilog="examples:\n  python -m wf_launch.tune task=train world_size=8 task.steps=100 "
-        "--also task.micro_batches=1,2\n  python -m wf_launch.tune task=train world_size=8 --mem-gb 40 "
+        "--also task.micro_batches=1,2\n  python -m wf_launch.tune task=train world_size=8 "
+        "--mem-gb 40 "
         "--budget-s 600\n  python -m wf_launch.tune --resume tunes/2026-12-03/10-00-00",
     )
     p.add_argument(
@@ -71,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="KEY=V1,V2",
-        help="another axis to search, e.g. task.micro_batches=1,2,4 (repeatable: every combination)",
+        help="another axis to search, e.g. task.micro_batches=1,2,4 (repeatable: every "
+        "combination)",
     )
     p.add_argument(
         "--mem-gb",
@@ -102,6 +117,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue the interrupted tune in DIR",
     )
+    _measuring_options(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the space, what is pruned and the rounds; start nothing",
+    )
+    return p
+
+
+def _measuring_options(p: argparse.ArgumentParser) -> None:
+    """The options of how trials are measured and the search decides."""
     p.add_argument(
         "--warmup", type=int, default=None, help="steps of each trial not timed (default 2)"
     )
@@ -126,11 +152,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--steps-field", default=None, help="the task's field of steps (default steps)")
     p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the space, what is pruned and the rounds; start nothing",
+        "--search",
+        choices=(AUTO, HALVING, EXHAUSTIVE),
+        default=AUTO,
+        help="successive halving, or every valid layout at full length (default auto: the one "
+        "estimated cheaper; a small space is measured exhaustively)",
     )
-    return p
+    p.add_argument(
+        "--launch-steps",
+        type=float,
+        default=None,
+        help=f"what a trial's launch and end cost, in steps, for --search auto (default "
+        f"{LAUNCH_STEPS:g}; the report gives the measured figure)",
+    )
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -141,13 +175,15 @@ def _check_options(args: argparse.Namespace) -> None:
         ("--min-steps", args.min_steps, lambda v: 1 <= v <= 1_000_000, "an integer >= 1"),
         ("--cutoff", args.cutoff, lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
         ("--stall-s", args.stall_s, lambda v: v > 0, "seconds > 0"),
+        ("--launch-steps", args.launch_steps, lambda v: 0 <= v <= 1e9, "a number of steps >= 0"),
     ]
     for name, value, ok, allowed in checks:
         if value is not None and (not math.isfinite(value) or not ok(value)):
             raise TuneError(f"{name} {value:g} is not allowed: expected {allowed}")
     if args.metric is not None and (not args.metric.isidentifier()):
         raise TuneError(
-            f"--metric {args.metric!r} is not allowed: expected a result field name (tokens_per_s) or "
+            f"--metric {args.metric!r} is not allowed: expected a result field name (tokens_per_s) "
+            "or "
             "step_time"
         )
 
@@ -172,10 +208,12 @@ def _identity(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _plan(ident: dict[str, Any], directory: Path) -> TuneState:
-    """Compose, validate and prune the space; the state of a tune about to start. :class:`TuneError` on bad input."""
+    """Compose, validate and prune the space; the state of a tune about to start. :class:`TuneError`
+    on bad input."""
     axes = [(k, list(v)) for k, v in ident["also"]]
     points = build_space(ident["world_size"], axes)
     combos = sorted({p.also for p in points})
+    check_also_fields(compose([ident["overrides"]])[0], axes)
     configs = dict(
         zip(combos, compose([[*ident["overrides"], *(f"{k}={v}" for k, v in c)] for c in combos]))
     )
@@ -184,7 +222,8 @@ def _plan(ident: dict[str, Any], directory: Path) -> TuneState:
     full = full_length(first, ident["steps_field"])
     if full < ident["warmup"] + 2:
         raise TuneError(
-            f"task.{ident['steps_field']}={full} (the full length of a run) leaves fewer than 2 steps to "
+            f"task.{ident['steps_field']}={full} (the full length of a run) leaves fewer than 2 "
+            "steps to "
             f"time after --warmup {ident['warmup']}; give a longer task.{ident['steps_field']}"
         )
     verdicts = prune(points, configs, ident["mem_gb"])
@@ -193,11 +232,29 @@ def _plan(ident: dict[str, Any], directory: Path) -> TuneState:
     return TuneState(
         directory,
         ident,
-        command=["python -m wf_launch.tune", *sys.argv[1:]],
+        command=["python -m wf_launch.tune", *redact_overrides(sys.argv[1:])],
         full_length=full,
         launcher=str((first.get("launcher") or {}).get("name", "local")),
         space=[{**v.point.to_json(), "verdict": v.to_json()} for v in verdicts],
     )
+
+
+def _holds_files(directory: Path) -> bool:
+    """Whether ``directory`` holds anything but a tool's lock file."""
+    return any(p.name != files.LOCK for p in directory.iterdir())
+
+
+def _claim(args: argparse.Namespace, state: TuneState) -> RunDirClaim:
+    """The tune directory, owner-only and locked for this tune; a second tune is refused."""
+    option = "--resume" if args.resume is not None else "--dir"
+    try:
+        held = claim_tool_dir(state.dir, option)
+    except RunDirInUse as exc:
+        raise TuneError(str(exc)) from None
+    if args.resume is None and _holds_files(state.dir):
+        held.release()
+        raise TuneError(f"--dir {state.dir}: not empty (another tune started there first)")
+    return held
 
 
 def _new(args: argparse.Namespace) -> TuneState:
@@ -205,12 +262,18 @@ def _new(args: argparse.Namespace) -> TuneState:
     directory = (
         args.dir or Path("tunes") / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
     ).absolute()
-    if not args.dry_run and directory.exists() and any(directory.iterdir()):
+    if not args.dry_run and directory.exists() and _holds_files(directory):
         raise TuneError(
             f"--dir {directory}: not empty (a tune directory holds one tune; --resume {directory} "
             "continues the one there)"
         )
     state = _plan(ident, directory)
+    valid = sum(p["verdict"]["status"] == VALID for p in state.space)
+    launch = LAUNCH_STEPS if args.launch_steps is None else args.launch_steps
+    plan = choose(
+        valid, ident["warmup"], ident["min_steps"], state.full_length, launch, args.search
+    )
+    state.args["plan"] = plan.to_json()
     state.args["settings"] = {
         "budget_s": args.budget_s,
         "stall_s": args.stall_s or DEFAULTS["stall_s"],
@@ -223,6 +286,10 @@ def _resumed(args: argparse.Namespace) -> TuneState:
         raise TuneError(
             "--dir and --resume name different directories: --resume DIR continues the tune in DIR"
         )
+    try:
+        refuse_shared(args.resume.absolute(), "--resume", files.TUNE_STATE)
+    except RunDirInUse as exc:
+        raise TuneError(str(exc)) from None
     state = TuneState.load(args.resume.absolute())
     if args.overrides or args.also:
         wanted = _identity(args)
@@ -261,6 +328,7 @@ def _options(state: TuneState) -> Options:
         stall_s=s.get("stall_s") or DEFAULTS["stall_s"],
         budget_s=s.get("budget_s"),
         steps_field=a["steps_field"],
+        exhaustive=(a.get("plan") or {}).get("search") == EXHAUSTIVE,
     )
 
 
@@ -270,22 +338,19 @@ def _print_plan(state: TuneState, opts: Options) -> None:
         s: sum(p["verdict"]["status"] == s for p in state.space) for s in ("invalid", "memory")
     }
     also = "".join(f" x {len(v)} value(s) of {k}" for k, v in state.args["also"])
-    flow, n, steps = [len(valid)], len(valid), []
-    while n > 1:
-        steps.append(round_steps(len(steps), opts, state.full_length))
-        n = max(1, n // 2)
-        flow.append(n)
+    mem = state.args["mem_gb"]
+    plan = Plan.from_json(state.args["plan"])
+    rounds = [(len(valid), state.full_length)] if plan.exhaustive else plan.rounds
+    flow = " -> ".join(str(n) for n, _ in rounds) + (" -> 1" if rounds[-1][0] > 1 else "")
+    better = "max" if higher_is_better(opts.metric) else "min"
     print(
-        f"space: {len(state.space)} point(s): the layouts of {state.args['world_size']} rank(s){also}\n"
-        f"pruned by validation: {counts['invalid']}\npruned by memory: {counts['memory']}"
-        + (
-            f" (--mem-gb {state.args['mem_gb']:g})"
-            if state.args["mem_gb"] is not None
-            else " (no --mem-gb)"
-        )
-        + f"\nto measure: {len(valid)}\nrounds (at most): {' -> '.join(map(str, flow))}; trials of "
-        f"{', '.join(map(str, steps or [round_steps(0, opts, state.full_length)]))} steps (full length "
-        f"{state.full_length}); metric {opts.metric} ({'max' if higher_is_better(opts.metric) else 'min'})"
+        f"space: {len(state.space)} point(s): the layouts of {state.args['world_size']} "
+        f"rank(s){also}\npruned by validation: {counts['invalid']}\n"
+        f"pruned by memory: {counts['memory']}"
+        + (f" (--mem-gb {mem:g})" if mem is not None else " (no --mem-gb)")
+        + f"\nto measure: {len(valid)}\nsearch: {plan.why()}\n"
+        f"rounds (at most): {flow}; trials of {', '.join(str(s) for _, s in rounds)} steps "
+        f"(full length {state.full_length}); metric {opts.metric} ({better})"
     )
     for p in state.space:
         v = p["verdict"]
@@ -296,21 +361,23 @@ def _print_plan(state: TuneState, opts: Options) -> None:
 
 
 def _summary(state: TuneState) -> None:
-
     if state.winner is None:
         return
     m = state.latest(state.winner)
     won = describe_measurement(m, state.args["metric"]) if m is not None else "not measured"
     cost, _ = full_length_cost(state)
-    ratio = (
-        f"; every valid layout at full length: about {cost:.0f} s ({state.elapsed_s / cost:.2f}x)"
-        if cost
-        else ""
-    )
+    ratio = cost_ratio(state)
+    vs = f"; every valid layout at full length: about {cost:.0f} s ({ratio:.2f}x)" if ratio else ""
+    exhaustive = state.args.get("plan", {}).get("search") == EXHAUSTIVE
+    warn = ""
+    if ratio and ratio > 1 and not exhaustive:
+        warn = "\nwarning: the tune cost more than every layout at full length"
     cut = " (--budget-s spent)" if state.status != DONE else ""
+    tie = tie_line(state)
     print(
         f"winner{cut}: {state.point(state.winner)['label']}: {won}\n"
-        f"time: {state.elapsed_s:.0f} s{ratio}\n"
+        + (f"{tie}\n" if tie else "")
+        + f"time: {state.elapsed_s:.0f} s{vs}{warn}\n"
         f"report: {state.dir / files.TUNE_MD}\nbest:   {state.dir / files.TUNE_BEST}\n"
         f"run it: {best_command(state)}",
         flush=True,
@@ -318,12 +385,10 @@ def _summary(state: TuneState) -> None:
 
 
 def _run(state: TuneState, interrupt: Interrupt) -> int:
-
     def on_round() -> None:
         state.save()
         write_report(state, chart=False)  # the chart (matplotlib: seconds) once, at the end
 
-    state.dir.mkdir(parents=True, exist_ok=True)
     state.status = "running"
     state.save()
     opts = _options(state)
@@ -357,12 +422,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the tune in {state.dir} has finished; nothing to resume")
             _summary(state)
             return 0
-        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            return _run(state, interrupt)
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        private_umask()
+        with _claim(args, state):
+            previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                return _run(state, interrupt)
+            finally:
+                for s, h in previous.items():
+                    signal.signal(s, h)
     except TuneError as exc:
         print(f"wf_launch.tune: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -26,6 +26,7 @@ from worldfoundry.core.validation import is_number
 
 from ...readers.sweep.points import failure_text, point_metrics
 from ...rundir import attempts, files
+from ...rundir.io import read_lines
 from ...rundir.record import RecordError, RunRecord, Status
 
 __all__ = [
@@ -102,8 +103,8 @@ def read_steps(run_dir: Path | str) -> dict[int, dict[str, Any]]:
         since = float((attempts.read(run_dir, last) or {}).get("started_at") or 0.0)
     steps: dict[int, dict[str, Any]] = {}
     try:
-        lines = files.metrics_file(run_dir).read_text().splitlines()
-    except OSError:
+        lines = list(read_lines(files.metrics_file(run_dir)))
+    except (OSError, ValueError):
         return {}
     for line in lines:
         try:

@@ -11,6 +11,7 @@ and the task's ``validate(engine)``. A layout that passes is then checked agains
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from .space import Point, TuneError, override_key
 
 __all__ = [
     "Verdict",
+    "check_also_fields",
     "check_conflicts",
     "check_steps_field",
     "compose",
@@ -50,7 +52,8 @@ VALID, INVALID, MEMORY = "valid", "invalid", "memory"
 
 @dataclass
 class Verdict:
-    """What pruning said of a point: ``valid``, ``invalid`` (validation refused it) or ``memory`` (over --mem-gb)."""
+    """What pruning said of a point: ``valid``, ``invalid`` (validation refused it) or ``memory``
+    (over --mem-gb)."""
 
     point: Point
     status: str
@@ -67,7 +70,8 @@ def _resolvers() -> None:
 
 
 def compose(overrides_list: Iterable[list[str]]) -> list[dict[str, Any]]:
-    """Each override list composed and resolved as ``python -m wf_launch OVERRIDES`` would (a plain dict).
+    """Each override list composed and resolved as ``python -m wf_launch OVERRIDES`` would (a plain
+    dict).
 
     :class:`TuneError` when Hydra refuses the overrides (an unknown group option, a wrong type).
     """
@@ -93,7 +97,9 @@ def compose(overrides_list: Iterable[list[str]]) -> list[dict[str, Any]]:
 
 
 def task_config(config: dict[str, Any]) -> Any:
-    """The task's typed config (its dataclass) built from a composed config; :class:`TuneError` if refused."""
+    """The task's typed config (its dataclass) built from a composed config; :class:`TuneError` if
+    refused."""
+
     task = config.get("task") or {}
     try:
         return task_config_class(str(task.get("name"))).build(task)
@@ -102,7 +108,9 @@ def task_config(config: dict[str, Any]) -> Any:
 
 
 def check_steps_field(config: dict[str, Any], steps_field: str) -> None:
-    """:class:`TuneError` unless the task has an integer ``steps_field``: the tuner sets each trial's length there."""
+    """:class:`TuneError` unless the task has an integer ``steps_field``: the tuner sets each
+    trial's length there."""
+
     task = config.get("task") or {}
     if not is_int(task.get(steps_field)):
         raise TuneError(
@@ -118,7 +126,8 @@ def full_length(config: dict[str, Any], steps_field: str) -> int:
 
 
 def device_of(config: dict[str, Any]) -> str:
-    """'cuda' when the ranks will hold their state on GPUs (an NCCL backend, or auto with GPUs), else 'cpu'."""
+    """'cuda' when the ranks will hold their state on GPUs (an NCCL backend, or auto with GPUs),
+    else 'cpu'."""
     backend = str((config.get("engine") or {}).get("distributed_backend", "auto")).lower()
     if "nccl" in backend:
         return "cuda"
@@ -163,7 +172,9 @@ def prune(
     configs: dict[tuple[tuple[str, str], ...], dict[str, Any]],
     mem_gb: float | None,
 ) -> list[Verdict]:
-    """A verdict for every point; ``configs`` maps each ``--also`` combination to its composed config."""
+    """A verdict for every point; ``configs`` maps each ``--also`` combination to its composed
+    config."""
+
     verdicts = []
     estimators: dict[tuple[tuple[str, str], ...], Any] = {}
     for point in points:
@@ -192,19 +203,23 @@ def prune(
 
 
 def explain_empty(verdicts: list[Verdict], world_size: int, mem_gb: float | None) -> str:
-    """Why no point survived: every layout refused (the reasons, grouped), or --mem-gb below every estimate."""
+    """Why no point survived: every layout refused (the reasons, grouped), or --mem-gb below every
+    estimate."""
     memory = [v for v in verdicts if v.status == MEMORY]
     if memory:
         low = min(memory, key=lambda v: v.estimate_gb or 0.0)
         return (
-            f"--mem-gb {mem_gb:g} prunes every valid layout ({len(memory)}): the smallest estimate is "
-            f"{low.estimate_gb:.3g} GB per rank ({low.point.label}); raise --mem-gb to at least that"
+            f"--mem-gb {mem_gb:g} prunes every valid layout ({len(memory)}): the smallest estimate "
+            "is "
+            f"{low.estimate_gb:.3g} GB per rank ({low.point.label}); raise --mem-gb to at least "
+            "that"
         )
     reasons: dict[str, list[str]] = {}
     for v in verdicts:
         reasons.setdefault(v.message, []).append(v.point.label)
     lines = [
-        f"world_size={world_size}: no layout fits: all {len(verdicts)} point(s) were refused by validation:"
+        f"world_size={world_size}: no layout fits: all {len(verdicts)} point(s) were refused by "
+        "validation:"
     ]
     for message, labels in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
         shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
@@ -220,3 +235,34 @@ def check_conflicts(overrides: list[str], axes: list[tuple[str, list[str]]]) -> 
             raise TuneError(
                 f"{fixed[key]!r} and --also {key}=...: give the values to search in --also only"
             )
+
+
+def _missing_part(config: dict[str, Any], key: str) -> tuple[str, list[str]] | None:
+    """(the first part of the dotted ``key`` that ``config`` lacks, the fields beside it), or None
+    when ``config`` has the key."""
+    node: Any = config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            fields = sorted(node) if isinstance(node, dict) else []
+            return ".".join(parts[: i + 1]), fields
+        node = node[part]
+    return None
+
+
+def check_also_fields(config: dict[str, Any], axes: list[tuple[str, list[str]]]) -> None:
+    """:class:`TuneError` when an ``--also`` key is not a field of the composed config: the message
+    names the fields there are (the task's, for ``task.*``), closest first."""
+    for key, values in axes:
+        missing = _missing_part(config, key)
+        if missing is None:
+            continue
+        name, fields = missing
+        parent = name.rpartition(".")[0]
+        owner = f"task={config['task'].get('name')}" if parent == "task" else parent or "the config"
+        close = difflib.get_close_matches(name.rpartition(".")[2], fields, n=3)
+        raise TuneError(
+            f"--also {key}={','.join(values)}: {owner} has no field {name.rpartition('.')[2]!r} "
+            f"(its fields: {', '.join(fields)})"
+            + (f"; did you mean {' or '.join(close)}?" if close else "")
+        )

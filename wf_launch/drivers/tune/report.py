@@ -1,4 +1,5 @@
-"""A tune's report: ``tune_report.md`` / ``.csv``, ``tune_chart.png`` and ``best.yaml`` in the tune directory.
+"""A tune's report: ``tune_report.md`` / ``.csv``, ``tune_chart.png`` and ``best.yaml`` in the tune
+directory.
 
 Every point of the space appears: pruned (and why), or measured in each round it ran
 (value and spread), and how it left the search (dropped, failed with its cause, or the
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import yaml
 
+from ...config.redact import redact_overrides
 from ...readers.sweep.tables import fmt
 from ...rundir import files
 from ...rundir.io import atomic_write_text
 from .chart import render_chart
 from .measure import STEP_TIME, Measurement, higher_is_better
+from .plan import EXHAUSTIVE, Plan
 from .state import TuneState, order_points
 
 __all__ = ["best_command", "describe_measurement", "full_length_cost", "outcome_of", "write_report"]
@@ -43,53 +46,76 @@ def describe_measurement(m: Measurement, metric: str) -> str:
     return f"{m.status.upper()}: {m.cause}" if m.cause else m.status.upper()
 
 
+def _dropped(state: TuneState, index: int, reason: str) -> str:
+    if state.args.get("plan", {}).get("search") == EXHAUSTIVE:
+        return f"measured at full length: {reason}"
+    return f"dropped after round {index}: {reason}"
+
+
+def _in_round(state: TuneState, rec: dict, trial: str) -> str:
+    """How ``trial`` left round ``rec`` (the latest round it ran in)."""
+    i = rec["index"]
+    m = next((m for m in state.of_round(i) if m.trial == trial), None)
+    measured = m is not None and m.ok
+    if m is not None and not measured and m.status != "not_run":
+        return f"{m.status} in round {i}: {m.cause}"
+    if trial in (rec.get("tie") or []):
+        return f"tied with the winner in round {i} (the winner is the simpler layout)"
+    if trial in (rec.get("dropped") or {}):
+        return _dropped(state, i, rec["dropped"][trial])
+    if rec.get("status") == "budget" and not measured:
+        return f"not measured in round {i}: --budget-s spent"
+    if rec.get("status") != "done":
+        return f"round {i}: {rec.get('status')}"
+    return f"kept after round {i}"
+
+
 def outcome_of(state: TuneState, trial: str) -> str:
-    """How a point left the search: pruned, failed, dropped (and in which round), kept, or the winner."""
-    point = state.point(trial)
-    verdict = point["verdict"]
+    """How a point left the search: pruned, failed, dropped (and in which round), kept, tied, or
+    the winner."""
+    verdict = state.point(trial)["verdict"]
     if verdict["status"] != "valid":
         return f"pruned ({verdict['status']}): {verdict['message']}"
     if trial == state.winner:
         return "winner"
-    for rec in reversed(state.rounds):
-        if trial not in rec["trials"]:
-            continue
-        m = next((m for m in state.of_round(rec["index"]) if m.trial == trial), None)
-        if m is not None and not m.ok and m.status != "not_run":
-            return f"{m.status} in round {rec['index']}: {m.cause}"
-        if trial in (rec.get("dropped") or {}):
-            return f"dropped after round {rec['index']}: {rec['dropped'][trial]}"
-        if rec.get("status") == "budget" and (m is None or not m.ok):
-            return f"not measured in round {rec['index']}: --budget-s spent"
-        if rec.get("status") != "done":
-            return f"round {rec['index']}: {rec.get('status')}"
-        return f"kept after round {rec['index']}"
-    return "not measured"
+    rec = next((r for r in reversed(state.rounds) if trial in r["trials"]), None)
+    return "not measured" if rec is None else _in_round(state, rec, trial)
+
+
+def _full_length_s(m: Measurement | None, full_length: int) -> float | None:
+    """A trial's cost at full length, from its round-0 measurement: its launch and end plus the
+    full length times its steady step time (a failed trial: what it took)."""
+    if m is None:
+        return None
+    if m.step_time is not None and m.overhead_s is not None:
+        return m.overhead_s + full_length * m.step_time
+    if m.wall_s is not None and m.status not in ("ok", "not_run"):
+        return m.wall_s
+    return None
+
+
+def sweep_start_s(state: TuneState) -> float:
+    """What round 0 took beyond its trials (the sweep's own start and end): a sweep of every
+    layout pays it once too."""
+    first = next((r for r in state.rounds if r["index"] == 0 and r.get("wall_s")), None)
+    if first is None:
+        return 0.0
+    trials = sum(m.wall_s or 0.0 for m in state.of_round(0))
+    return max(0.0, first["wall_s"] - trials)
 
 
 def full_length_cost(state: TuneState) -> tuple[float, int]:
-    """(seconds every valid layout would take at full length, layouts the estimate could not cover)."""
-    total, missing = 0.0, 0
-    for point in state.space:
-        if point["verdict"]["status"] != "valid":
-            continue
-        first = next(
-            (
-                Measurement.from_json(d)
-                for d in state.measurements
-                if d["trial"] == point["id"] and d["round"] == 0
-            ),
-            None,
-        )
-        if first is not None and first.step_time is not None and first.overhead_s is not None:
-            total += first.overhead_s + state.full_length * first.step_time
-        elif (
-            first is not None and first.wall_s is not None and first.status not in ("ok", "not_run")
-        ):
-            total += first.wall_s
-        else:
-            missing += 1
-    return total, missing
+    """(seconds one sweep of every valid layout at full length would take, layouts the estimate
+    could not cover)."""
+    first = {m.trial: m for m in state.of_round(0)}
+    costs = [
+        _full_length_s(first.get(p["id"]), state.full_length)
+        for p in state.space
+        if p["verdict"]["status"] == "valid"
+    ]
+    known = [c for c in costs if c is not None]
+    total = sum(known) + (sweep_start_s(state) if known else 0.0)
+    return total, len(costs) - len(known)
 
 
 def best_overrides(state: TuneState) -> list[str]:
@@ -99,61 +125,138 @@ def best_overrides(state: TuneState) -> list[str]:
 
 
 def best_command(state: TuneState) -> str:
-    return "python -m wf_launch " + " ".join(shlex.quote(o) for o in best_overrides(state))
+    shown = redact_overrides(best_overrides(state))
+    return "python -m wf_launch " + " ".join(shlex.quote(o) for o in shown)
 
 
-def _header(state: TuneState) -> list[str]:
-    args, metric = state.args, state.args["metric"]
-    task = next(
-        (o.split("=", 1)[1] for o in args["overrides"] if o.split("=", 1)[0] == "task"), "?"
+def _task(state: TuneState) -> str:
+    given = [o.split("=", 1) for o in state.args["overrides"] if "=" in o]
+    return next((value for key, value in given if key == "task"), "?")
+
+
+def _winner_lines(state: TuneState) -> list[str]:
+    if state.winner is None:
+        return [f"No winner yet (tune {state.status}).", ""]
+    m = state.latest(state.winner)
+    won = (
+        f"{_value(m)} {state.args['metric']} (round {m.round}, {m.measured} steady steps)"
+        if m
+        else "no measurement"
     )
-    lines = [f"# Layout tune: task={task}, world_size={args['world_size']}", ""]
-    if state.winner is not None:
-        m = state.latest(state.winner)
-        won = (
-            f"{_value(m)} {metric} (round {m.round}, {m.measured} steady steps)"
-            if m
-            else "no measurement"
-        )
-        lines += [
-            f"**Winner: {state.point(state.winner)['label']}**: {won}. Run it (also in `{files.TUNE_BEST}`):",
-            "",
-            f"    {best_command(state)}",
-            "",
-        ]
-    else:
-        lines += [f"No winner yet (tune {state.status}).", ""]
-    valid = [p for p in state.space if p["verdict"]["status"] == "valid"]
+    return [
+        f"**Winner: {state.point(state.winner)['label']}**: {won}. "
+        f"Run it (also in `{files.TUNE_BEST}`):",
+        "",
+        f"    {best_command(state)}",
+        "",
+    ]
+
+
+def tie_line(state: TuneState) -> str | None:
+    """The tie the winner was chosen from, when the best measurements overlap within their noise."""
+    tie = next((r["tie"] for r in reversed(state.rounds) if r.get("tie")), None)
+    if not tie or state.winner is None:
+        return None
+    shown = []
+    for trial in tie:
+        m = state.latest(trial)
+        shown.append(f"{state.point(trial)['label']} ({_value(m) if m else '?'})")
+    return (
+        f"Tie: {', '.join(shown)} overlap within their noise (quartiles); the simpler layout "
+        f"wins: {state.point(state.winner)['label']}."
+    )
+
+
+def _space_lines(state: TuneState) -> list[str]:
+    args, metric = state.args, state.args["metric"]
     pruned = {
         s: sum(p["verdict"]["status"] == s for p in state.space) for s in ("invalid", "memory")
     }
+    memory = (
+        f", {pruned['memory']} over --mem-gb {args['mem_gb']:g}"
+        if args["mem_gb"] is not None
+        else " (no --mem-gb)"
+    )
     also = "".join(f" × {len(v)} value(s) of {k}" for k, v in args["also"])
     flow = " → ".join(str(len(r["trials"])) for r in state.rounds) + (
         " → 1" if state.winner else ""
     )
-    lines += [
-        f"- Space: {len(state.space)} point(s) = the layouts of {args['world_size']} rank(s){also}.",
-        f"- Pruned without starting anything: {pruned['invalid']} refused by validation, {pruned['memory']} "
-        f"over --mem-gb {args['mem_gb']:g}."
-        if args["mem_gb"] is not None
-        else f"- Pruned without starting anything: {pruned['invalid']} refused by validation (no --mem-gb).",
-        f"- Measured: {len(valid)} valid point(s); rounds {flow}; "
+    valid = sum(p["verdict"]["status"] == "valid" for p in state.space)
+    better = "higher" if higher_is_better(metric) else "lower"
+    return [
+        f"- Space: {len(state.space)} point(s) = the layouts of {args['world_size']} "
+        f"rank(s){also}.",
+        f"- Pruned without starting anything: {pruned['invalid']} refused by validation{memory}.",
+        f"- Measured: {valid} valid point(s); rounds {flow}; "
         f"{sum(len(r['trials']) for r in state.rounds)} trial(s) in all.",
-        f"- Metric: `{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is better), median over "
-        f"each trial's steady steps ({args['warmup']} warm-up step(s) dropped); ± is half the interquartile "
-        "range.",
+        f"- Metric: `{metric}` ({better} is better), median over each trial's steady steps "
+        f"({args['warmup']} warm-up step(s) dropped); ± is half the interquartile range.",
     ]
+
+
+def _search_lines(state: TuneState) -> list[str]:
+    plan = state.args.get("plan")
+    lines = [f"- Search: {Plan.from_json(plan).why()}."] if plan else []
+    tie = tie_line(state)
+    return [*lines, f"- {tie}"] if tie else lines
+
+
+def launch_in_steps(state: TuneState) -> float | None:
+    """What a trial's launch and end cost, in step times, as round 0 measured it (the median)."""
+    ratios = sorted(
+        m.overhead_s / m.step_time
+        for m in state.of_round(0)
+        if m.ok and m.overhead_s is not None and m.step_time
+    )
+    return ratios[len(ratios) // 2] if ratios else None
+
+
+def cost_ratio(state: TuneState) -> float | None:
+    """The tune's time over the estimated time of every valid layout at full length."""
+    cost, _ = full_length_cost(state)
+    return state.elapsed_s / cost if cost else None
+
+
+def cost_line(state: TuneState) -> str | None:
+    """The tune's own cost against running every valid layout at full length; a warning when the
+    tune cost more."""
     cost, missing = full_length_cost(state)
-    if cost:
-        ratio = state.elapsed_s / cost
-        lines.append(
-            f"- Time: {state.elapsed_s:.0f} s spent. Running every valid layout to full length "
-            f"({state.full_length} steps) would have cost about {cost:.0f} s (from round 0: each trial's "
-            f"launch and end, plus {state.full_length} × its steady step time"
-            + (f"; {missing} layout(s) not measured" if missing else "")
-            + f"): **{ratio:.2f}x**."
+    ratio = cost_ratio(state)
+    if ratio is None:
+        return None
+    line = (
+        f"Time: {state.elapsed_s:.0f} s spent. Running every valid layout to full length "
+        f"({state.full_length} steps) would have cost about {cost:.0f} s (from round 0: each "
+        f"trial's launch and end, plus {state.full_length} × its steady step time, plus the "
+        "sweep's own start"
+        + (f"; {missing} layout(s) not measured" if missing else "")
+        + f"): **{ratio:.2f}x**."
+    )
+    launch = launch_in_steps(state)
+    if launch is not None:
+        line += f" A launch cost about {launch:.0f} step times here."
+    if state.args.get("plan", {}).get("search") == EXHAUSTIVE:
+        line += " Measured exhaustively: the difference is the tuner's own start."
+    elif ratio > 1:
+        line += (
+            " **Warning: this tune cost more than measuring every layout at full length**"
+            " (a small space or short runs: `--search exhaustive`, or a higher `--launch-steps`)."
         )
-    return [*lines, ""]
+    return line
+
+
+def _header(state: TuneState) -> list[str]:
+    title = f"# Layout tune: task={_task(state)}, world_size={state.args['world_size']}"
+    cost = cost_line(state)
+    return [
+        title,
+        "",
+        *_winner_lines(state),
+        *_space_lines(state),
+        *_search_lines(state),
+        *([f"- {cost}"] if cost else []),
+        "",
+    ]
 
 
 def _rounds_table(state: TuneState) -> list[str]:

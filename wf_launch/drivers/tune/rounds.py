@@ -16,7 +16,9 @@ terminal would (the running point is interrupted, the sweep's report written).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +32,7 @@ import yaml
 
 from ...rank.progress import STEPS_ENV
 from ...rundir import files
+from ...rundir.io import atomic_write_text, read_yaml
 from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
@@ -54,6 +57,7 @@ DONE, BUDGET, INTERRUPTED, NO_METRIC_STOP, SWEEP_FAILED = (
     "sweep_failed",
 )
 _PR_SET_PDEATHSIG = 1
+_TRIAL_ID = re.compile(r"t[0-9]+(-[A-Za-z0-9_]+)*")
 
 
 @dataclass
@@ -98,12 +102,11 @@ def write_trial_configs(tune_dir: Path, trials: list[dict[str, Any]]) -> Path:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = _value(override)
-        text = f"# @package _global_\n# trial {trial['id']}: {trial['label']}\n" + yaml.safe_dump(
-            nested
-        )
-        path = group / f"{trial['id']}.yaml"
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        if not _TRIAL_ID.fullmatch(trial["id"]):
+            raise ValueError(f"trial id {trial['id']!r}: not a tuner's trial id")
+        label = json.dumps(trial["label"])  # one line, whatever it holds
+        text = f"# @package _global_\n# trial {trial['id']}: {label}\n" + yaml.safe_dump(nested)
+        atomic_write_text(group / f"{trial['id']}.yaml", text)
     return conf
 
 
@@ -177,8 +180,8 @@ def _die_with_tuner() -> None:
 def trial_of(job_dir: Path) -> str | None:
     """The trial a sweep point ran (its ``+wf_tune_trial=`` override), or None."""
     try:
-        overrides = yaml.safe_load(files.hydra_overrides(job_dir).read_text()) or []
-    except (OSError, yaml.YAMLError):
+        overrides = read_yaml(files.hydra_overrides(job_dir)) or []
+    except (OSError, ValueError):
         return None
     for o in overrides:
         if isinstance(o, str) and override_key(o) == TRIAL_GROUP:

@@ -1,4 +1,5 @@
-"""Successive halving: measure every survivor briefly, keep the better half, measure those longer, repeat.
+"""Successive halving: measure every survivor briefly, keep the better half, measure those longer,
+repeat.
 
 Round ``r`` runs each survivor for ``warmup + min_steps * 2**r`` steps (at most the full
 length). After a round, trials that failed, ran out of memory or stalled are dropped
@@ -37,7 +38,16 @@ from .rounds import (
 )
 from .space import TuneError
 
-__all__ = ["Options", "Search", "rank", "round_steps", "select"]
+__all__ = [
+    "Options",
+    "Search",
+    "pick_winner",
+    "rank",
+    "round_steps",
+    "select",
+    "simplicity",
+    "tie_group",
+]
 
 
 @dataclass
@@ -51,10 +61,14 @@ class Options:
     stall_s: float = 120.0
     budget_s: float | None = None
     steps_field: str = "steps"
+    exhaustive: bool = False
 
 
 def round_steps(index: int, opts: Options, full: int) -> int:
-    """The length of round ``index``'s trials: the warm-up plus ``min_steps * 2**index``, at most ``full``."""
+    """The length of round ``index``'s trials: the warm-up plus ``min_steps * 2**index``, at most
+    ``full`` (``full`` itself when the tune measures exhaustively)."""
+    if opts.exhaustive:
+        return full
     return min(full, opts.warmup + opts.min_steps * 2**index)
 
 
@@ -67,7 +81,8 @@ def rank(measurements: list[Measurement], metric: str) -> list[Measurement]:
 
 
 def _clearly_worse(m: Measurement, best: Measurement, metric: str, cutoff: float) -> bool:
-    """Whether ``m`` is more than ``cutoff`` below ``best`` even at the favourable end of its spread."""
+    """Whether ``m`` is more than ``cutoff`` below ``best`` even at the favourable end of its
+    spread."""
     if cutoff <= 0:
         return False
     if higher_is_better(metric):
@@ -94,8 +109,38 @@ def select(
     return kept, dropped
 
 
+def _interval(m: Measurement) -> tuple[float, float]:
+    lo = m.value if m.p25 is None else m.p25
+    hi = m.value if m.p75 is None else m.p75
+    return min(lo, hi, m.value), max(lo, hi, m.value)
+
+
+def tie_group(ranked: list[Measurement]) -> list[Measurement]:
+    """The best measurement and every other whose quartiles overlap its quartiles (within noise)."""
+    if not ranked:
+        return []
+    lo, hi = _interval(ranked[0])
+    return [ranked[0], *(m for m in ranked[1:] if _interval(m)[0] <= hi and lo <= _interval(m)[1])]
+
+
+def simplicity(point: dict) -> tuple[int, int, int]:
+    """How complex a layout is (smaller is simpler): the model-parallel dimensions it splits over
+    (tp, cp, pp above 1), their product, then tensor parallelism (the most communication)."""
+    sizes = point["sizes"]
+    split = [sizes[d] for d in ("tp", "cp", "pp")]
+    return sum(n > 1 for n in split), split[0] * split[1] * split[2], sizes["tp"]
+
+
+def pick_winner(ranked: list[Measurement], point: Callable[[str], dict]) -> tuple[str, list[str]]:
+    """(the winner, the trials tied with the best): the best measured, or, when others overlap it
+    within their noise, the simplest layout of the tie (then the better measured)."""
+    tied = [m.trial for m in tie_group(ranked)]
+    return min(tied, key=lambda t: (simplicity(point(t)), tied.index(t))), tied
+
+
 def set_aside(tune_dir: Path, round_index: int) -> list[str]:
-    """Before a round is resumed: move its trials that did not end ok to ``DIR/aside/`` (they rerun from the start:
+    """Before a round is resumed: move its trials that did not end ok to ``DIR/aside/`` (they rerun
+    from the start:
     a measurement is not continued); :class:`TuneError` if one is still running."""
     moved = []
     for trial, job_dir in job_dirs(files.tune_round_dir(tune_dir, round_index)).items():
@@ -108,7 +153,8 @@ def set_aside(tune_dir: Path, round_index: int) -> list[str]:
         if still_running(job_dir, record):
             raise TuneError(
                 f"--resume {tune_dir}: trial {trial} of round {round_index} is still running "
-                f"({job_dir}); stop it first (python -m wf_launch.status --cancel, or kill its launcher)"
+                f"({job_dir}); stop it first (python -m wf_launch.status --cancel, or kill its "
+                "launcher)"
             )
         aside = (
             tune_dir
@@ -167,11 +213,23 @@ class Search:
                 return outcome
             last = self.state.rounds[-1]
             kept = last.get("kept") or []
-            if last["status"] == BUDGET or len(kept) <= 1 or self._spent():
-                return self._finish(
-                    kept, budget=last["status"] == BUDGET or (len(kept) > 1 and self._spent())
-                )
+            budget = last["status"] == BUDGET or (len(kept) > 1 and self._spent())
+            if budget or len(kept) <= 1 or self.opts.exhaustive:
+                return self._finish(last, budget)
             index, trials = index + 1, kept
+
+    def _argv(self, index: int, trials: list[str], steps: int) -> list[str]:
+        """The round's command, built from the tune's checked fields (a stored command is never
+        run: whoever could change ``tune.json`` would choose it)."""
+        return sweep_argv(
+            self.state.dir,
+            index,
+            trials,
+            steps,
+            self.overrides,
+            self.opts.steps_field,
+            self.state.launcher,
+        )
 
     def _spent(self) -> bool:
         deadline = self._deadline()
@@ -184,25 +242,18 @@ class Search:
         if resuming:
             rec = state.rounds[-1]
             moved = set_aside(state.dir, index)
-            argv = [*rec["argv"], "launcher.resume=true"]
+            argv = [*self._argv(index, trials, rec["steps"]), "launcher.resume=true"]
             known = {m.trial: m for m in state.of_round(index) if m.ok and m.trial not in moved}
             self.say(
-                f"round {index}: resuming: {len(known)} of {len(trials)} trial(s) measured before are kept; "
+                f"round {index}: resuming: {len(known)} of {len(trials)} trial(s) measured before "
+                "are kept; "
                 f"{len(trials) - len(known)} run"
                 + (f" ({len(moved)} from the start again)" if moved else "")
             )
         else:
             steps = round_steps(index, opts, state.full_length)
-            argv = sweep_argv(
-                state.dir, index, trials, steps, self.overrides, opts.steps_field, state.launcher
-            )
-            rec = {
-                "index": index,
-                "steps": steps,
-                "trials": trials,
-                "argv": argv,
-                "status": "running",
-            }
+            argv = self._argv(index, trials, steps)
+            rec = {"index": index, "steps": steps, "trials": trials, "status": "running"}
             state.rounds.append(rec)
             self.say(
                 f"round {index}: {len(trials)} trial(s) of {steps} steps ({opts.warmup} warm-up), "
@@ -243,11 +294,11 @@ class Search:
         return self._after_round(rec, outcome.status, outcome.message, outcome.measurements)
 
     def _heard(self, m: Measurement) -> None:
-
         self.state.add(m)
         self.state.save()
         self.say(
-            f"  {self.state.point(m.trial)['label']:<36} {describe_measurement(m, self.opts.metric)}"
+            f"  {self.state.point(m.trial)['label']:<36} "
+            f"{describe_measurement(m, self.opts.metric)}"
         )
 
     def _after_round(
@@ -258,7 +309,8 @@ class Search:
             state.status = st.INTERRUPTED
             self.on_round()
             self.say(
-                f"tune interrupted ({message}); continue it with: python -m wf_launch.tune --resume {state.dir}"
+                f"tune interrupted ({message}); continue it with: python -m wf_launch.tune "
+                f"--resume {state.dir}"
             )
             return 128 + int(self.interrupt.signum or signal.SIGINT)
         if status == NO_METRIC_STOP:
@@ -270,9 +322,7 @@ class Search:
             self.on_round()
             self.say(f"wf_launch.tune: round {rec['index']}: {message}")
             return 1
-        kept, dropped = select(ms, opts.metric, opts.cutoff)
-        if status == BUDGET:  # no halving: the trials as their latest measurements rank them
-            kept, dropped = self._best_latest(rec["trials"]), {}
+        kept, dropped = self._kept(rec, status, ms)
         rec.update(kept=kept, dropped=dropped)
         self.on_round()
         if not kept:
@@ -288,7 +338,8 @@ class Search:
         failed = [m for m in ms if not m.ok]
         if status == BUDGET:
             self.say(
-                f"round {rec['index']}: cut by --budget-s after {len(ms) - len(failed)} of {len(ms)} trial(s)"
+                f"round {rec['index']}: cut by --budget-s after {len(ms) - len(failed)} of "
+                f"{len(ms)} trial(s)"
             )
         else:
             self.say(
@@ -297,14 +348,40 @@ class Search:
             )
         return None
 
+    def _kept(
+        self, rec: dict, status: str, ms: list[Measurement]
+    ) -> tuple[list[str], dict[str, str]]:
+        """(the trials that go on, best first; why each other was dropped) after a round."""
+        if status == BUDGET:  # no halving: the trials as their latest measurements rank them
+            return self._best_latest(rec["trials"]), {}
+        if self.opts.exhaustive:  # one round, every layout at full length: a ranking, no halving
+            ranked = [m.trial for m in rank(ms, self.opts.metric)]
+            return ranked[:1], {
+                t: f"{i} of {len(ranked)}" for i, t in enumerate(ranked, 1) if i > 1
+            }
+        return select(ms, self.opts.metric, self.opts.cutoff)
+
     def _best_latest(self, trials: list[str]) -> list[str]:
         """Budget spent: the trials ranked by their latest measurement (from any round)."""
         latest = [m for t in trials if (m := self.state.latest(t)) is not None]
         return [m.trial for m in rank(latest, self.opts.metric)]
 
-    def _finish(self, kept: list[str], budget: bool) -> int:
+    def _finalists(self, rec: dict, budget: bool) -> list[Measurement]:
+        """The last round's trials as measured, best first (their latest measurement when the
+        budget cut the round)."""
+        if budget:
+            found = [self.state.latest(t) for t in rec["trials"]]
+        else:
+            found = [m for m in self.state.of_round(rec["index"]) if m.trial in rec["trials"]]
+        return rank([m for m in found if m is not None], self.opts.metric)
+
+    def _finish(self, rec: dict, budget: bool) -> int:
+        """The winner: the best of the last round, or, when others tie with it within their noise
+        (overlapping quartiles), the simplest layout of the tie."""
         state = self.state
-        state.winner = kept[0]
+        state.winner, tied = pick_winner(self._finalists(rec, budget), state.point)
+        if len(tied) > 1:
+            rec["tie"] = tied
         state.status = st.BUDGET if budget else st.DONE
         state.finished_at = time.time()
         self.on_round()

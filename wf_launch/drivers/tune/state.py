@@ -16,6 +16,7 @@ from typing import Any
 from ...rundir import files
 from ...rundir.io import atomic_write_json, read_json
 from .measure import Measurement, higher_is_better
+from .record_check import check_record
 from .space import TuneError
 
 __all__ = ["FORMAT", "IDENTITY", "TuneState", "order_points"]
@@ -74,7 +75,8 @@ class TuneState:
 
     @classmethod
     def load(cls, directory: Path) -> TuneState:
-        """The tune in ``directory``; :class:`TuneError` when it holds none (or one this version cannot read)."""
+        """The tune in ``directory``; :class:`TuneError` when it holds none, or one this version
+        cannot read, or a field that is not allowed (:func:`.record_check.check_record`)."""
         path = Path(directory) / files.TUNE_STATE
         try:
             data = read_json(path)
@@ -94,6 +96,7 @@ class TuneState:
                 f"--resume {directory}: {path} is not a tune record this version can read "
                 f"(format {data.get('format') if isinstance(data, dict) else '?'})"
             )
+        check_record(data, f"--resume {path}")
         known = {
             k: v for k, v in data.items() if k in cls.__dataclass_fields__ and not k.startswith("_")
         }

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -41,9 +43,19 @@ from worldfoundry.core.torch_private import (
     worker_pids,
 )
 
+from ...observe.stacks import describe_groups, group_spots, rank_ranges, spot_of
 from ..base import CTRL_C_NOTICE
 
-__all__ = ["LOOPBACK", "ForkGate", "PortInUse", "RanksFailed", "loopback_store", "run_agent"]
+__all__ = [
+    "LOOPBACK",
+    "STRAGGLER_GRACE_S",
+    "ForkGate",
+    "PortInUse",
+    "RanksFailed",
+    "Stragglers",
+    "loopback_store",
+    "run_agent",
+]
 
 LOOPBACK = "127.0.0.1"
 _AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -160,6 +172,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
     dumps: dict[int, Any] | None = None
     on_start: Callable[[int, dict[int, int]], None] | None = None
     starts: int = 0
+    group: WorkerGroup | None = None
 
     def start_workers(
         self, worker_group: WorkerGroup, start: Callable[[], dict[int, Any]]
@@ -169,17 +182,24 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
                 self.starts, dict(self.exit_codes)
             )  # the previous start's failed ranks, if any
         self.starts += 1
+        self.group = worker_group
         self.exit_codes = {}
         self.dumps = None
         if self.watch is not None:
             self.watch.restart()
-        if self.gate is None or self.start_method != "fork":
-            return start()
-        self.gate.arm()
+        # Ranks start with Ctrl-C blocked (a fork and an exec keep the mask): one that reaches
+        # them before their entry ignores it would run the agent's inherited handler there.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            return start()
+            if self.gate is None or self.start_method != "fork":
+                return start()
+            self.gate.arm()
+            try:
+                return start()
+            finally:
+                self.gate.release(len(worker_group.workers))
         finally:
-            self.gate.release(len(worker_group.workers))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def stop_signal(self, death_sig: Any) -> Any:
         """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag, so a task
@@ -188,6 +208,15 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
             logger.warning(CTRL_C_NOTICE)
             return signal.SIGTERM
         return death_sig
+
+    def on_signalled(self, death_sig: Any) -> None:
+        """The launcher was signalled: ranks that have not stopped :data:`STRAGGLER_GRACE_S`
+        later are shown where they are (grouped stacks), before the agent kills them."""
+        if self.watch is None or self.process_context is None or self.group is None:
+            return
+        pids = self._live_pids(self.group)
+        if pids:
+            Stragglers(self.watch, pids, signal.Signals(death_sig).name).start()
 
     def on_shutdown(self) -> None:
         # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag saves
@@ -226,6 +255,54 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         elif self.watch is not None and self.process_context is not None:
             self.watch.tick(self._live_pids(worker_group))
         return result
+
+
+STRAGGLER_GRACE_S = 5.0
+"""How long the ranks have to stop after the launcher is signalled before their stacks are shown."""
+
+
+class Stragglers(threading.Thread):
+    """After a SIGTERM or Ctrl-C: the ranks still running :data:`STRAGGLER_GRACE_S` later, shown
+    where they are (a task that never polls the stop flag, a script stuck in a call)."""
+
+    def __init__(self, watch: Any, pids: dict[int, int], signal_name: str) -> None:
+        super().__init__(name="wf-stragglers", daemon=True)
+        self.watch, self.pids = watch, pids
+        self.why = "Ctrl-C" if signal_name == "SIGINT" else signal_name
+
+    def run(self) -> None:
+        deadline = time.monotonic() + STRAGGLER_GRACE_S
+        while time.monotonic() < deadline and any(map(_running, self.pids.values())):
+            time.sleep(0.1)
+        left = {r: p for r, p in self.pids.items() if _running(p)}
+        if not left:
+            return
+        dumps = self.watch.autopsy(left, alive=lambda rank: _running(left[rank]))
+        spots = {r: spot_of(frames) for r, frames in dumps.items()}
+        logger.warning(
+            f"{len(left)} rank(s) still running {STRAGGLER_GRACE_S:g} s after the {self.why}; "
+            "where they are (they are killed at launcher.shutdown_timeout_s, or at a second "
+            "Ctrl-C):"
+        )
+        for line in describe_groups(group_spots(spots), self.watch.label_of):
+            logger.warning(line)
+        silent = sorted(set(left) - set(spots))
+        if silent:
+            logger.warning(f"  ranks {rank_ranges(silent)} gave no stack dump")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # the kernel's, not a run file
+            stat = f.read()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 class RanksFailed(Exception):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
+from ...config.engine import NCCL_BACKENDS
 from ...config.fields import (
     check_fields,
     choice,
@@ -53,7 +54,13 @@ if TYPE_CHECKING:
     from ...config.engine import EngineConfig
     from ..launch_plan import LaunchPlan
 
-__all__ = ["LocalLauncher", "LocalLauncherConfig", "choose_start_method", "threads_per_rank"]
+__all__ = [
+    "LocalLauncher",
+    "LocalLauncherConfig",
+    "check_gpus",
+    "choose_start_method",
+    "threads_per_rank",
+]
 
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RANKS_PER_CORE = 64
@@ -87,6 +94,22 @@ class LocalLauncherConfig(LauncherConfig):
                 f"{cores}-core host ({RANKS_PER_CORE * cores}); use launcher=slurm for more, or "
                 "pass launcher.oversubscribe=true to start them here anyway",
             )
+
+
+def check_gpus(engine: EngineConfig, world_size: int) -> None:
+    """An NCCL backend needs a GPU per rank on this host: refused before launch if it has fewer."""
+    if engine.backend not in NCCL_BACKENDS:
+        return
+    import torch  # only for an NCCL backend: the one question is this host's device count
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < world_size:
+        raise config_error(
+            "engine.distributed_backend",
+            engine.distributed_backend,
+            f"NCCL needs a GPU per rank: the layout has {world_size} rank(s) and this host "
+            f"{gpus} GPU(s); use gloo here, or a launcher whose nodes have GPUs",
+        )
 
 
 def preload(modules: tuple[str, ...]) -> None:
@@ -148,10 +171,13 @@ class _ToLoguru(logging.Handler):
 
 
 def _route_elastic_logs() -> None:
-    elastic = logging.getLogger("torch.distributed.elastic")
-    elastic.handlers[:] = [_ToLoguru()]
-    elastic.setLevel(logging.INFO)
-    elastic.propagate = False
+    """torch's agent and its process contexts log to the launcher log, never the console (their
+    'Terminating process ... via signal SIGTERM' is how every failed run's survivors stop)."""
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        torch_logger = logging.getLogger(name)
+        torch_logger.handlers[:] = [_ToLoguru()]
+        torch_logger.setLevel(logging.INFO)
+        torch_logger.propagate = False
 
 
 SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -287,7 +313,14 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
     gate = ForkGate()
     # Progress is shown from the agent's own loop (RankWatch.tick), never from a thread: the
     # launcher forks the ranks, and a forking process should run no threads of its own.
-    monitor = progress_monitor(plan.run_dir, plan.config, plan.label, write=logger.info)
+    monitor = progress_monitor(
+        plan.run_dir,
+        plan.config,
+        plan.label,
+        write=logger.info,
+        warn=logger.warning,
+        since=time.time(),  # a resumed run's first line is this attempt's, with its total
+    )
     watch = RankWatch(
         plan.run_dir,
         plan.world_size,
@@ -312,6 +345,11 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
         monitor.stop()
 
 
+FORWARDED_CTRL_C = "stop flag: SIGTERM"
+"""How rank 0 records the stop the agent sends for a Ctrl-C (ranks ignore SIGINT itself)."""
+CTRL_C_STOP = "stop flag: SIGINT (Ctrl-C)"
+
+
 class _AttemptTracker:
     """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of
     the ranks
@@ -332,10 +370,16 @@ class _AttemptTracker:
             )
         self.current = self.base + n
 
-    def close(self, ended_by: str) -> list[dict[str, Any]]:
-        """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry."""
+    def close(self, ended_by: str, ctrl_c: bool = False) -> list[dict[str, Any]]:
+        """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry.
+
+        ``ctrl_c``: the agent passed a Ctrl-C on to the ranks as SIGTERM (the stop flag's
+        signal); the record calls the stop by its name.
+        """
         if self.current is not None:
-            attempts.close(self.run_dir, self.current, self.world_size, ended_by)
+            marker = attempts.close(self.run_dir, self.current, self.world_size, ended_by)
+            if ctrl_c and marker.get("ended_by") == FORWARDED_CTRL_C:
+                attempts.update(self.run_dir, self.current, ended_by=CTRL_C_STOP)
         return attempts.collect(self.run_dir)
 
 
@@ -361,7 +405,7 @@ def _interrupted(
         else f"interrupted by {name} while the run was starting: no rank had started"
     )
     logger.debug(summary)
-    info["attempts"] = tracker.close(name)
+    info["attempts"] = tracker.close(name, ctrl_c=name == "SIGINT")
     record = RunRecord.finalize(
         plan.run_dir,
         Status.INTERRUPTED,
@@ -447,6 +491,7 @@ class LocalLauncher(LauncherHooks):
 
     def validate(self, cfg: LocalLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         cfg.check(layout.world_size)
+        check_gpus(engine, layout.world_size)
 
     def describe(self, plan: LaunchPlan) -> str:
         return describe(plan)

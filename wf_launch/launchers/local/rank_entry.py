@@ -50,6 +50,7 @@ def local_rank_entry(
 ) -> dict[str, Any]:
     """What each local rank process runs: signal set-up, then the shared entrypoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the agent started it blocked
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if gate is not None:
         gate.wait()  # before any libc call that may take a lock a launcher thread held at fork

@@ -22,6 +22,7 @@ from ...observe.rootcause import explain_failure
 from ...observe.stacks import Frame, rank_ranges
 from ...rundir import files
 from ...rundir.failures import load_failure_records
+from ...rundir.io import open_regular
 from ...rundir.record import Status
 
 __all__ = ["FailureContext", "Outcome", "Verdict", "explain", "node_text"]
@@ -129,10 +130,10 @@ def _node_died(ctx: FailureContext, node: str) -> Verdict:
 def _fatal_error(log: Path) -> str | None:
     """What faulthandler wrote in the rank's log when the process crashed ('Segmentation fault'), if anything."""
     try:
-        with open(log, "rb") as f:
+        with open(open_regular(log), "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 16384))
             found = _FATAL.findall(f.read().decode(errors="replace"))
-    except OSError:
+    except (OSError, ValueError):
         return None
     return found[-1].strip() if found else None
 

@@ -248,7 +248,7 @@ class RayRun:
     def _open_live(self) -> None:
         if not self.opts.show:
             return
-        self.live = LiveView([self.run_dir], write=logger.info)
+        self.live = LiveView([self.run_dir], write=logger.info, warn=logger.warning)
 
     def _facts(self, att: Attempt) -> dict[str, Any]:
         placement = state.record_placement(att.where)

@@ -301,7 +301,12 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
     """Wait for the points' supervisors, showing their states; Ctrl-C, SIGTERM or SIGHUP cancel them all."""
 
     pending = {p.ref: p for p in points}
-    live = LiveView([p.plan.run_dir for p in points], write=logger.info, state_of=live_state)
+    live = LiveView(
+        [p.plan.run_dir for p in points],
+        write=logger.info,
+        state_of=live_state,
+        warn=logger.warning,
+    )
     try:
         with stop_signals(True):
             while pending:

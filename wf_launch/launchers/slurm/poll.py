@@ -305,7 +305,7 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     left no record, ends as 'unknown' after :data:`UNKNOWN_GRACE_S`.
     """
     wait = _Wait(run_dirs)
-    live = LiveView(list(wait.pending), write=logger.info, state_of=live_state)
+    live = LiveView(list(wait.pending), write=logger.info, state_of=live_state, warn=logger.warning)
     try:
         with stop_signals():
             while wait.pending:

@@ -190,8 +190,9 @@ def _place(
             raise _refusal(
                 directory,
                 name,
-                "has scope 'rank' (one copy per rank: it loads only on the layout "
-                "that saved it; save it with scope 'replicated' or 'dp' to change layouts)",
+                "has scope 'rank' (one copy per rank: it loads only on the layout that saved "
+                f"it); to change layouts, save it with scopes={{{name!r}: 'replicated'}} (the "
+                "same on every rank) or 'dp' (one copy per data-parallel replica)",
                 commit,
                 layout,
             )

@@ -29,6 +29,14 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from worldfoundry.core.torch_private import DCP_METADATA_PRIVATE
 
 from ...rundir.checkpoints import METADATA_FILE, CheckpointUnreadable
+from ...rundir.io import UnreadableFile, read_bytes
+from .metadata_check import (
+    MAX_METADATA_BYTES,
+    CheckpointRefused,
+    check_shape,
+    checked_path_class,
+    scan_pickle,
+)
 
 __all__ = [
     "ADMITTED",
@@ -64,10 +72,6 @@ ADMITTED: frozenset[tuple[str, str]] = frozenset(
 """The globals a ``.metadata`` pickle may name (besides torch dtypes, admitted by type)."""
 
 
-class CheckpointRefused(RuntimeError):
-    """A checkpoint holds something a checkpoint must not (code to run, or a state the layout cannot serve)."""
-
-
 class MetadataUnpickler(pickle.Unpickler):
     """An unpickler that builds only :data:`ADMITTED` globals and torch dtypes; anything else is refused."""
 
@@ -76,6 +80,8 @@ class MetadataUnpickler(pickle.Unpickler):
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in ADMITTED and module == "pathlib":
+            return checked_path_class(super().find_class(module, name), self.source)
         if (module, name) in ADMITTED:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -93,21 +99,27 @@ class MetadataUnpickler(pickle.Unpickler):
 def read_metadata(directory: Path) -> Any:
     """The DCP ``Metadata`` of a checkpoint directory, through :class:`MetadataUnpickler`.
 
-    :class:`CheckpointRefused` for a forbidden global; :class:`CheckpointUnreadable` for a
-    missing, torn or otherwise undecodable file.
+    Scanned before it is built and checked after (:mod:`.metadata_check`).
+    :class:`CheckpointRefused` for a forbidden global, slot state or a read outside the
+    directory; :class:`CheckpointUnreadable` for a missing, torn, oversized or malformed file.
     """
     from torch.distributed.checkpoint.metadata import Metadata
 
     path = Path(directory) / METADATA_FILE
     try:
-        with open(path, "rb") as f:
-            metadata = MetadataUnpickler(io.BytesIO(f.read()), path).load()
-    except CheckpointRefused:
+        data = read_bytes(path, MAX_METADATA_BYTES)
+    except (OSError, UnreadableFile) as exc:
+        raise CheckpointUnreadable(f"{path}: {exc}") from None
+    scan_pickle(data, path)
+    try:
+        metadata = MetadataUnpickler(io.BytesIO(data), path).load()
+    except (CheckpointRefused, CheckpointUnreadable):
         raise
     except Exception as exc:  # torn or foreign data: any decoding error means "unreadable"
         raise CheckpointUnreadable(f"{path}: {type(exc).__name__}: {exc}") from None
     if not isinstance(metadata, Metadata):
         raise CheckpointUnreadable(f"{path}: holds a {type(metadata).__name__}, not DCP metadata")
+    check_shape(metadata, Path(directory), path)
     return metadata
 
 

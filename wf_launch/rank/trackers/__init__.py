@@ -12,6 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from ...config.redact import redact_config
 from ...config.tracking import enabled_trackers
 from .base import STATUSES, Tracker, TrackerSettings
 from .hub import TrackerHub, read_state
@@ -57,7 +58,7 @@ def open_trackers(
             rank=rank,
             attempt=attempt,
             tagged=tagged,
-            config=config,
+            config=redact_config(config),
             section=dict(section.get(name) or {}),
             state=read_state(run_dir, name, rank),
         )

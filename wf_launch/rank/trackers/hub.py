@@ -31,7 +31,7 @@ from typing import Any
 from worldfoundry.core.validation import is_number
 
 from ...rundir import files
-from ...rundir.io import atomic_write_json, read_json
+from ...rundir.io import atomic_write_json, read_json, read_lines
 from ...rundir.progress import plain
 from .base import Tracker
 
@@ -254,22 +254,17 @@ def _read_metrics(
     reported twice wins), streamed line by line."""
     by_step: dict[int, dict[str, float]] = {}
     try:
-        with open(files.metrics_file(run_dir), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(row, dict) or row.get("rank") != rank:
-                    continue
-                step = row.get("step")
-                if (
-                    not isinstance(step, int)
-                    or step <= floor
-                    or (before is not None and step >= before)
-                ):
-                    continue
-                by_step.setdefault(step, {}).update(numeric_metrics(row))
-    except OSError:
+        for line in read_lines(files.metrics_file(run_dir)):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or row.get("rank") != rank:
+                continue
+            step = row.get("step")
+            if type(step) is not int or step <= floor or (before is not None and step >= before):
+                continue
+            by_step.setdefault(step, {}).update(numeric_metrics(row))
+    except (OSError, ValueError):
         return []
     return sorted((s, v) for s, v in by_step.items() if v)

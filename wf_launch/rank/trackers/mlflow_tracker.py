@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...rundir import files
+from ...rundir.claim import make_private
+from ...rundir.io import read_text
 from .base import Tracker, flat_params
 
 __all__ = ["MLflowTracker"]
@@ -48,6 +50,8 @@ class MLflowTracker(Tracker):
     def open(self) -> int | None:
         s = self.settings
         uri = s.section.get("uri") or files.mlflow_store(s.run_dir).as_uri()
+        if not s.section.get("uri"):  # the default store, beside the run: owner-only like it
+            make_private(files.mlflow_store(s.run_dir))
         if _is_file_store(uri):
             os.environ.setdefault(
                 "MLFLOW_ALLOW_FILE_STORE", "true"
@@ -134,7 +138,7 @@ def _shared_run(path: Path, lock_path: Path, create: Any) -> str:
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            existing = path.read_text().strip()
+            existing = read_text(path, 4096).strip()
         except FileNotFoundError:
             existing = ""
         if existing:

@@ -12,7 +12,7 @@ from ...launchers.base import run_dir_mode
 from ...launchers.sweep_resume import ResumeRefused, check_same_sweep, count_kept
 from ...rundir import files
 from ...rundir.claim import OWNER_ONLY, make_private, private_umask, remove_made_folders
-from ...rundir.io import atomic_write_text
+from ...rundir.io import MAX_RECORD_BYTES, atomic_write_text, read_text
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from .points import DEFAULT_METRIC, collect_points
@@ -32,8 +32,8 @@ def _mode(value: Any) -> int:
 
 def _read_plan(sweep_dir: Path) -> str | None:
     try:
-        return (sweep_dir / files.SWEEP_PLAN).read_text()
-    except OSError:
+        return read_text(sweep_dir / files.SWEEP_PLAN, MAX_RECORD_BYTES)
+    except (OSError, ValueError):
         return None
 
 
@@ -106,7 +106,7 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             if sweep_dir.is_dir()
             else []
         )
-        resume = OmegaConf.select(config, "launcher.resume", default=False) is True
+        resume = OmegaConf.select(config, "launcher.resume", default=False) in (True, "auto")
         if resume:
             self._resume(config, sweep_dir, old)
         elif old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:

@@ -20,13 +20,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from worldfoundry.core.distributed.topology import DIMS
 from worldfoundry.core.validation import is_int, is_number
 
 from ...rundir import files
-from ...rundir.io import read_bytes
+from ...rundir.io import read_yaml
 from ...rundir.record import RecordError, RunRecord, Status
 from ...rundir.text import printable
 
@@ -62,8 +60,8 @@ FAILED_STATUSES = frozenset(
 def _load_yaml(path: Path) -> Any:
     """The YAML at ``path``; None when it is missing or cannot be read (not a regular file, too big, malformed)."""
     try:
-        return yaml.safe_load(read_bytes(path))
-    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return read_yaml(path)
+    except (OSError, ValueError):
         return None
 
 

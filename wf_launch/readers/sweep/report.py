@@ -1,4 +1,5 @@
-"""Writing a sweep's report (``sweep_summary.csv`` / ``.md``, the charts), its exit code, and the CLI.
+"""Writing a sweep's report (``sweep_summary.csv`` / ``.md``, the charts), its exit code, and the
+CLI.
 
 ``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]`` rebuilds the report from the
 job directories alone (:mod:`.points`); the Hydra callback (:mod:`.callback`) writes it
@@ -16,7 +17,7 @@ from typing import Any
 from ...rundir import files
 from ...rundir.io import atomic_write_text
 from ...rundir.record import Status
-from .charts import render_chart, render_scaling_chart, render_steps_chart
+from .charts import render_charts
 from .points import DEFAULT_METRIC, FAILED_STATUSES, collect_points
 from .tables import render_csv, render_markdown
 
@@ -29,28 +30,27 @@ def write_report(
     metric: str = DEFAULT_METRIC,
     chart: bool = True,
 ) -> dict[str, Path]:
-    """Write ``sweep_summary.csv``, ``sweep_summary.md`` and (``chart``) ``sweep_chart.png`` atomically.
+    """Write ``sweep_summary.csv``, the charts (``chart``) and ``sweep_summary.md`` atomically.
 
-    Without matplotlib the chart is skipped with a note on stderr. Returns the paths written.
+    The summary quotes each chart's caption, so it names the metric each one actually shows.
+    Without matplotlib the charts are skipped with a note on stderr. Returns the paths written.
     """
     sweep_dir = Path(sweep_dir)
     written = {"csv": sweep_dir / files.SWEEP_CSV, "md": sweep_dir / files.SWEEP_MD}
     atomic_write_text(written["csv"], render_csv(points, metric))
-    atomic_write_text(written["md"], render_markdown(points, metric, sweep_dir))
+    charts: dict[str, tuple[Path, str]] = {}
     if chart and points:
         try:
-            render_chart(points, metric, sweep_dir / files.SWEEP_CHART)
-            written["png"] = sweep_dir / files.SWEEP_CHART
-            if render_scaling_chart(points, metric, sweep_dir / files.SWEEP_SCALING):
-                written["scaling"] = sweep_dir / files.SWEEP_SCALING
-            if render_steps_chart(points, sweep_dir / files.SWEEP_STEPS):
-                written["steps"] = sweep_dir / files.SWEEP_STEPS
+            charts = render_charts(points, metric, sweep_dir)
         except ImportError:
             print(
                 "wf_launch: sweep chart skipped: matplotlib is not installed "
                 "(pip install matplotlib)",
                 file=sys.stderr,
             )
+    captions = {path.name: caption for path, caption in charts.values()}
+    atomic_write_text(written["md"], render_markdown(points, metric, sweep_dir, captions))
+    written.update({key: path for key, (path, _) in charts.items()})
     return written
 
 
@@ -71,7 +71,8 @@ def status_line(points: list[dict[str, Any]], written: dict[str, Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]``: rebuild the report from the job dirs."""
+    """``python -m wf_launch.sweep_report SWEEP_DIR [--metric M]``: rebuild the report from the job
+    dirs."""
     ap = argparse.ArgumentParser(prog="python -m wf_launch.sweep_report", description=main.__doc__)
     ap.add_argument("sweep_dir", type=Path, help="the multirun directory (hydra.sweep.dir)")
     ap.add_argument(
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not points:
         print(
-            f"wf_launch.sweep_report: no job directories (with {files.HYDRA}/ or {files.RESULT}) in "
+            f"wf_launch.sweep_report: no job directories (with {files.HYDRA}/ or {files.RESULT}) "
+            "in "
             f"{str(args.sweep_dir)!r}",
             file=sys.stderr,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +92,31 @@ def _md_failures(points: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def render_markdown(points: list[dict[str, Any]], metric: str, sweep_dir: Path | str) -> str:
-    """The summary as a Markdown table, with a count per status and the failures listed."""
+def _charts_lines(charts: dict[str, str]) -> list[str]:
+    """One line per chart: its file and its caption (what it shows)."""
+    if not charts:
+        return []
+    return ["Charts:", "", *(f"- `{name}`: {caption}" for name, caption in charts.items()), ""]
+
+
+def render_markdown(
+    points: list[dict[str, Any]],
+    metric: str,
+    sweep_dir: Path | str,
+    charts: dict[str, str] | None = None,
+) -> str:
+    """The summary as a Markdown table, with a count per status and the failures listed.
+
+    ``charts`` maps each chart's file name to its caption (the metric it shows).
+    """
     names = metric_names(points, metric)
-    counts: dict[str, int] = {}
-    for p in points:
-        counts[p["status"]] = counts.get(p["status"], 0) + 1
+    counts = Counter(p["status"] for p in points)
     lines = [
         f"# Sweep summary: {Path(sweep_dir).name}",
         "",
-        f"{len(points)} point(s): "
-        + ", ".join(f"{n} {s}" for s, n in counts.items())
-        + f". Chart metric: `{metric}`.",
+        f"{len(points)} point(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ".",
         "",
+        *_charts_lines(charts or {}),
     ]
     common, _ = split_overrides(points)
     if common:

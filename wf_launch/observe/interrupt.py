@@ -1,0 +1,50 @@
+"""Ctrl-C in the launcher while it starts: one line and exit 130, never a traceback.
+
+Python turns SIGINT into :class:`KeyboardInterrupt` wherever the main thread is; while a
+library is being imported (torch pulls in sympy) that can leave a module half-initialised,
+and the traceback the user then sees is the next import's ``AttributeError``, not the
+Ctrl-C. :func:`catch_sigint` notes every Ctrl-C before raising, so the CLI can tell an
+error that a Ctrl-C caused (:func:`interrupted`) from a real one, and answer both the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "NOTHING_LAUNCHED",
+    "catch_sigint",
+    "exit_interrupted",
+    "interrupted",
+]
+
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+NOTHING_LAUNCHED = "wf_launch: interrupted (Ctrl-C) before the run started; nothing was launched"
+_SEEN = [False]
+
+
+def _note_and_raise(signum: int, frame: FrameType | None) -> None:
+    _SEEN[0] = True
+    raise KeyboardInterrupt
+
+
+def catch_sigint() -> None:
+    """From now on a Ctrl-C is noted (:func:`interrupted`) and raises :class:`KeyboardInterrupt`."""
+    signal.signal(signal.SIGINT, _note_and_raise)
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl-C reached this process since :func:`catch_sigint`."""
+    return _SEEN[0]
+
+
+def exit_interrupted() -> None:
+    """Leave at once with exit 130 and the one line saying nothing was launched."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the line short
+    sys.stderr.write(NOTHING_LAUNCHED + "\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
