@@ -8,7 +8,7 @@ Each must end one of three ways, within a second:
 
 * Hydra's compose refuses it with its own override / type error (Hydra and OmegaConf
   exceptions: the CLI's type checks), or OmegaConf refuses to resolve an interpolation;
-* ``wf_launch.app.resolve`` + ``wf_launch.config.run.validate_run_config`` accept it;
+* ``wf_launch.app.resolve`` + ``wf_launch.app.validate_run_config`` accept it;
 * they raise ``wf_launch.config.ConfigError``.
 
 Anything else is a traceback, printed with the overrides that caused it.
@@ -466,7 +466,7 @@ def setup() -> None:
     from omegaconf import OmegaConf
 
     import hydra_plugins.wf_launch_slurm.config  # noqa: F401  (hydra/launcher=wf_slurm, as plugin discovery does)
-    from wf_launch.config.run import register_configs
+    from wf_launch.cli import register_configs
     from wf_launch.rank.task_registry import load_task_modules
 
     load_task_modules()
@@ -530,9 +530,8 @@ def check(overrides: list[str]) -> Result:
     """Compose ``overrides``, resolve and validate; classify what happened (inside :func:`hydra_context`)."""
     from hydra import compose
 
-    from wf_launch.app import resolve
+    from wf_launch.app import resolve, validate_run_config
     from wf_launch.config import ConfigError
-    from wf_launch.config.run import validate_run_config
 
     hydra_errors = _hydra_errors()
     try:

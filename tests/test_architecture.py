@@ -1,8 +1,6 @@
-"""How the code is organised, checked: no import cycles, one owner of the run directory's file
-names, torch's
-private names in one adapter, short functions, folders by where code runs, one writer of
-result.json, open
-launchers."""
+"""How the code is organised, checked: floors that hold (no import runs back up, no cycles), imports
+at the top, one owner of the run directory's file names, torch's private names in one adapter,
+short functions, folders by where code runs, one writer of result.json, open launchers."""
 
 from __future__ import annotations
 
@@ -98,10 +96,124 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_import_graph_has_no_cycles() -> None:
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_import_graph_has_no_cycles() -> None:
+    graph = _graph()
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
+
+
+SHIMS = tuple(
+    f"wf_launch.{name}"
+    for name in ("status", "runs", "plot", "drill", "sweep_report", "checkpoint", "run", "tune")
+)
+FLOORS: list[tuple[str, ...]] = [
+    ("worldfoundry", "wf_launch.conf"),
+    ("wf_launch.config",),
+    ("wf_launch.rundir",),
+    ("wf_launch.rank",),
+    ("wf_launch.observe",),
+    ("wf_launch.launchers",),
+    ("wf_launch.tasks", "hydra_plugins"),
+    ("wf_launch.app", "wf_launch.readers"),
+    ("wf_launch.cli",),
+    ("wf_launch.drivers",),
+    ("wf_launch", "wf_launch.__main__", *SHIMS),
+]
+"""The floors, from the ground up. A part imports only itself and the floors below it (never a
+part beside it on its own floor): the runtime library and the YAML configs, then the config
+schema and the run directory's format, what runs in a rank, what watches ranks, the launchers,
+the built-in tasks and the Hydra launcher plugins, the app and the commands that read runs, the
+CLI, the commands that start runs through it, and the package's face with the
+``python -m wf_launch.NAME`` shims."""
+
+
+def _part(module: str) -> str:
+    """The part of the tree ``module`` is in: ``wf_launch.rank`` for ``wf_launch.rank.stop``."""
+    parts = module.split(".")
+    if parts[0] != "wf_launch":
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def test_every_import_runs_down_a_floor() -> None:
+    """Imports at module level and inside functions count; ``if TYPE_CHECKING:`` ones do not."""
+    floor = {part: level for level, parts in enumerate(FLOORS) for part in parts}
+    graph = _graph()
+    unplaced = sorted({_part(m) for m in graph} - set(floor))
+    assert unplaced == [], f"put these parts on a floor in FLOORS: {unplaced}"
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if _part(name) != _part(target) and floor[_part(target)] >= floor[_part(name)]
+    )
+    assert upward == [], f"imports that run up (or across) a floor: {upward}"
+
+
+MAX_FUNCTION_LEVEL_IMPORTS = 20
+
+
+def _function_level_project_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of the project's own modules made inside a function."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    found: set[tuple[int, str]] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                name = "." * node.level + (node.module or "")
+                if node.level or name.split(".")[0] in PACKAGES:
+                    found.add((node.lineno, name))
+            elif isinstance(node, ast.Import):
+                found |= {
+                    (node.lineno, a.name) for a in node.names if a.name.split(".")[0] in PACKAGES
+                }
+    return sorted(found)
+
+
+def test_project_modules_are_imported_at_the_top() -> None:
+    """At most 20 imports of the project's own modules sit inside functions, each with its reason
+    (a comment on the import's line or the line above): a hidden import hides a real arrow."""
+    found, unexplained = [], []
+    for path in _code_files():
+        lines = path.read_text().splitlines()
+        for lineno, name in _function_level_project_imports(path):
+            where = f"{path.relative_to(REPO)}:{lineno} {name}"
+            found.append(where)
+            if "#" not in lines[lineno - 1] and not lines[lineno - 2].strip().startswith("#"):
+                unexplained.append(where)
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, (
+        f"{len(found)} function-level imports of project modules (at most "
+        f"{MAX_FUNCTION_LEVEL_IMPORTS}): {found}"
+    )
+    assert unexplained == [], f"function-level imports without a reason: {unexplained}"
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """``from .x import _name`` reaches into another module's insides: make the name public.
+
+    Third-party private names live in their adapters (the two tests above)."""
+    offenders = []
+    for path in _code_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            own = isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").split(".")[0] in PACKAGES
+            )
+            if own:
+                offenders += [
+                    f"{path.relative_to(REPO)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert offenders == [], f"imports of private names: {offenders}"
 
 
 def _code_files() -> list[Path]:

@@ -77,8 +77,8 @@ def test_every_config_mistake_exits_2_naming_what_was_meant(
 
 
 def test_help_and_error_messages_offer_no_internal_schema() -> None:
+    from wf_launch.cli import register_configs
     from wf_launch.config.overrides import group_options
-    from wf_launch.config.run import register_configs
     from wf_launch.rank.task_registry import load_task_modules
 
     load_task_modules()

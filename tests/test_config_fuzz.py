@@ -3,7 +3,7 @@ run directory is read by status, runs, plot and the sweep report without a crash
 
 Random overrides (hostile strings, inf / nan / huge / tiny numbers, wrong types, unknown
 keys, deletions) over engine.*, launcher.* (local and slurm) and task.* go through
-Hydra's compose API, then ``wf_launch.app.resolve`` + ``wf_launch.config.run.validate_run_config``
+Hydra's compose API, then ``wf_launch.app.resolve`` + ``wf_launch.app.validate_run_config``
 (scripts/fuzz_configs.py holds the check; ``--examples N`` runs thousands).
 """
 

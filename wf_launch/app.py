@@ -12,24 +12,28 @@ from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .config.fields import ConfigError
-from .config.run import validate_run_config
+from worldfoundry.core.distributed.topology import Layout
+
+from .config.engine import EngineConfig
+from .config.fields import ConfigError, config_error
+from .config.tracking import TrackingConfig
 from .launchers import get_launcher
 from .launchers.base import run_dir_mode
 from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
 from .observe.interrupt import interrupted
 from .observe.live import final_line
-from .rank.task_registry import task_config_class
+from .rank.task_registry import get_task, task_config_class
 from .rundir import claim as rundir_claim
 from .rundir import files
 from .rundir.identity import ensure_run_id
 from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RecordError, RunRecord, Status
+from .rundir.resume import resume_hint
 from .rundir.text import printable
 
-__all__ = ["resolve", "run"]
+__all__ = ["resolve", "run", "validate_run_config"]
 
 _HYDRA_FILES = {
     "config": files.hydra_config,
@@ -42,6 +46,33 @@ _HYDRA_FILES = {
 def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data, every interpolation (``${now:}`` included) frozen once."""
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+def validate_run_config(cfg: dict[str, Any]) -> Layout:
+    """Check a resolved run config (engine, launcher, task); returns the layout. Raises :class:`ConfigError`.
+
+    Each section is checked through its typed dataclass: the engine's, the chosen
+    launcher's (common fields, then the launcher's own ``validate``), the task's and the trackers'.
+    """
+    engine = EngineConfig.from_dict(cfg["engine"])
+    layout = engine.layout()
+    launcher_section = cfg.get("launcher") or {}
+    launcher = get_launcher(str(launcher_section.get("name")))
+    launcher_cfg = launcher.config_class.build(launcher_section)
+    launcher_cfg.validate(layout.world_size)
+    launcher.validate(launcher_cfg, layout, engine)
+    task = cfg.get("task") or {}
+    if not isinstance(task.get("name"), str) or not task["name"]:
+        raise config_error(
+            "task.name", task.get("name"), "the name of a registered task (task=NAME)"
+        )
+    try:
+        get_task(task["name"])
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    task_config_class(task["name"]).from_task_config(task, engine)
+    TrackingConfig.from_dict(cfg.get("tracking"))
+    return layout
 
 
 def _resolved(cfg: DictConfig) -> dict[str, Any]:
@@ -141,7 +172,6 @@ def _existing_run_live(run_dir: Path) -> bool:
 def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) -> RunOutcome:
     """Ctrl-C while the launch was setting up (before its launcher took over): a record, the final line, and how
     to resume, never a traceback. A record the launcher already finalized stays as it is."""
-    from .rundir.resume import resume_hint
 
     try:
         record = RunRecord.read(run_dir)

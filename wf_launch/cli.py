@@ -9,24 +9,30 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.resources import files as resource_files
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .app import run
+from .config.engine import EngineConfig
 from .config.fields import ConfigError
-from .config.overrides import hydra_config_error, refuse_schemas
-from .config.run import register_configs
+from .config.overrides import hydra_config_error, refuse_schemas, task_modules
+from .config.run import RunConfig
+from .launchers.registry import registered_launchers
+from .launchers.sweep_resume import kept_outcome
 from .observe.interrupt import catch_sigint, exit_interrupted, interrupted
-from .rank.task_registry import load_task_modules
+from .rank.task_registry import load_task_modules, registered_configs
 from .rundir.claim import remove_made_folders
 from .rundir.outcome import RunOutcome
 from .rundir.record import EXIT_CONFIG
 
-__all__ = ["main"]
+__all__ = ["config_groups_help", "main", "register_configs"]
 
 _UID = uuid.uuid4().hex[:6]
 _STARTED = time.time()
@@ -49,18 +55,6 @@ def _hydra_record(cfg: DictConfig) -> dict[str, str]:
     }
 
 
-def _task_modules_from_argv(argv: list[str]) -> list[str]:
-    """``task.modules=[a,b]`` / ``+task.modules=a`` from the command line, so user tasks
-    register (and get a ``task=NAME`` config) before Hydra composes."""
-    mods: list[str] = []
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if sep and key == "task.modules":
-            value = value.strip().strip("[]")
-            mods += [m.strip().strip("'\"") for m in value.split(",") if m.strip()]
-    return mods
-
-
 def _app(cfg: DictConfig) -> object:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -69,8 +63,6 @@ def _app(cfg: DictConfig) -> object:
         True,
         "auto",
     ):
-        from .launchers.sweep_resume import kept_outcome
-
         kept = kept_outcome(run_dir)  # a resumed sweep: a point that ended ok is kept
         if kept is not None:
             return kept
@@ -90,9 +82,33 @@ def _app(cfg: DictConfig) -> object:
     return outcome
 
 
+def _has_yaml(group: str, name: str) -> bool:
+    try:
+        return (resource_files("wf_launch.conf") / group / f"{name}.yaml").is_file()
+    except (ModuleNotFoundError, FileNotFoundError):
+        return False
+
+
+def register_configs() -> None:
+    """Put the schema into Hydra's ConfigStore (the YAML in ``wf_launch/conf/`` builds on it).
+
+    Every registered launcher's config class is stored as ``launcher/NAME_schema``;
+    a launcher without a YAML file of its own (a third-party one) is also
+    selectable as ``launcher=NAME`` with its dataclass defaults.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="engine", name="engine_schema", node=EngineConfig)
+    for name, cls in registered_launchers().items():
+        cs.store(group="launcher", name=f"{name}_schema", node=cls.config_class)
+        if not _has_yaml("launcher", name):
+            cs.store(group="launcher", name=name, node=cls.config_class(name=name))
+    for name, node in registered_configs().items():
+        cs.store(group="task", name=name, node=node)
+
+
 def _launch(cfg: DictConfig, hc: Any, run_dir: Path) -> RunOutcome:
     """:func:`wf_launch.app.run` with the overrides as typed (``${...}`` unresolved)."""
-    from .app import run
 
     try:
         overrides = OmegaConf.to_container(
@@ -199,7 +215,7 @@ def _main(argv: list[str]) -> int:
     """Compose and run; returns the exit code (config errors: 2, with one line on stderr)."""
     try:
         try:
-            load_task_modules(_task_modules_from_argv(argv))
+            load_task_modules(task_modules(argv))
         except ImportError as exc:
             raise ConfigError(str(exc)) from exc
         register_configs()

@@ -85,6 +85,7 @@ class WfRayLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        # Hydra imports every plugin module on each app's start: ours stays empty until used
         from wf_launch.launchers.ray.submit import RayBatch
 
         assert self.config is not None

@@ -84,6 +84,7 @@ class WfSlurmLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        # Hydra imports every plugin module on each app's start: ours stays empty until used
         from wf_launch.launchers.slurm import SlurmBatch
 
         assert self.config is not None

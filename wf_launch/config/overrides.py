@@ -17,10 +17,31 @@ from typing import Any
 
 from .fields import ConfigError, closest
 
-__all__ = ["SCHEMA_SUFFIX", "group_options", "hydra_config_error", "refuse_schemas"]
+__all__ = [
+    "SCHEMA_SUFFIX",
+    "group_options",
+    "hydra_config_error",
+    "refuse_schemas",
+    "task_modules",
+]
 
 SCHEMA_SUFFIX = "_schema"
 """The structured configs registered for the YAML to build on (``engine_schema``, ``local_schema``, ...)."""
+
+
+def task_modules(overrides: Iterable[str]) -> list[str]:
+    """The modules named by ``task.modules=[a,b]`` / ``+task.modules=a`` among ``overrides``.
+
+    They are imported (their tasks register, each with a ``task=NAME`` config) before Hydra
+    composes, so the command line is read for them first.
+    """
+    mods: list[str] = []
+    for arg in overrides:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if sep and key == "task.modules":
+            value = value.strip().strip("[]")
+            mods += [m.strip().strip("'\"") for m in value.split(",") if m.strip()]
+    return mods
 
 
 def _split(arg: str) -> tuple[str, str] | None:

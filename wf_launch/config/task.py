@@ -4,17 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from omegaconf import MISSING
 
+from worldfoundry.core.distributed.topology import Layout
+
+from .engine import EngineConfig
 from .fields import unknown_field
 
-if TYPE_CHECKING:
-    from ..launchers.launch_plan import LaunchPlan
-    from .engine import EngineConfig
+__all__ = ["PlanView", "TaskConfig"]
 
-__all__ = ["TaskConfig"]
+
+class PlanView(Protocol):
+    """What a task's dry-run text reads of the launch plan.
+
+    The plan (:class:`~wf_launch.launchers.launch_plan.LaunchPlan`) is made a floor above, by the
+    app, once the launchers' registry has typed its ``launcher`` section.
+    """
+
+    config: dict[str, Any]
+    layout: Layout
+    run_dir: Path
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def launcher_config(self) -> Any: ...
+
 
 T = TypeVar("T", bound="TaskConfig")
 
@@ -38,7 +57,7 @@ class TaskConfig:
         the task with the layout there), and None elsewhere.
         """
 
-    def describe(self, plan: LaunchPlan) -> str:
+    def describe(self, plan: PlanView) -> str:
         """What the dry run (``launcher.dry_run=true``) adds about the task, e.g. the command each rank
         runs (``task=script``); nothing by default."""
         return ""
@@ -70,8 +89,6 @@ class TaskConfig:
         """:meth:`build`, then :meth:`validate` (with the engine when given)."""
         cfg = cls.build(task)
         if isinstance(engine, Mapping):
-            from .engine import EngineConfig
-
             engine = EngineConfig.from_dict(engine)
         cfg.validate(engine)
         return cfg

@@ -1,6 +1,6 @@
-"""The preemption drill: run a task twice, once interrupted, and check that the results are identical.
+"""The preemption drill: run a task twice, once interrupted, and check the results are identical.
 
-``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend local|slurm|ray]``
+``python -m wf_launch.drill [OVERRIDES...] [--inject SPEC | --random N] [--backend NAME]``
 
 1. The *reference* run: the task with ``OVERRIDES``, uninterrupted, in ``DIR/reference``.
 2. The *interrupted* run: the same, in ``DIR/interrupted``, with interruptions injected
@@ -52,23 +52,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
 from worldfoundry.core.validation import is_int
 
+from ..cli import register_configs
 from ..config.layout import layout_of
-from ..launchers import get_launcher
+from ..config.overrides import hydra_config_error, refuse_schemas, task_modules
+from ..launchers.registry import get_launcher, registered_launchers
 from ..rank.progress import PUBLISH_ENV
+from ..rank.task_registry import load_task_modules
 from ..readers.plot import metric_lines
 from ..rundir import attempts, files
 from ..rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask
 from ..rundir.io import atomic_write_json
-from ..rundir.pids import live_rank_pid
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
 
 __all__ = ["Injection", "main", "parse_injections"]
 
-KINDS = {"local": ("kill9", "sigterm"), "slurm": ("usr2",), "ray": ("kill9", "nodekill")}
 RANKED = ("kill9", "nodekill")
 """Kinds that take a rank (``kill9:RANK@STEP``; ``nodekill:RANK@STEP``: the node that runs RANK)."""
 COMPARED = ("weights_sha256", "final_loss")
@@ -87,9 +92,19 @@ class DrillError(Exception):
     """The drill could not do what it was asked (bad arguments, a run that never got there)."""
 
 
+def backends() -> list[str]:
+    """The launchers the drill can interrupt: those whose hooks name interruptions."""
+    return [name for name, cls in registered_launchers().items() if cls.drill_kinds]
+
+
+def kinds_of(backend: str) -> tuple[str, ...]:
+    """The interruptions of ``backend`` (its launcher's ``drill_kinds`` hook)."""
+    return tuple(get_launcher(backend).drill_kinds)
+
+
 @dataclass
 class Injection:
-    """One interruption: ``kind`` at ``step`` (``rank``: which rank a kill9 hits; None = the last)."""
+    """One interruption: ``kind`` at ``step`` (``rank``: the rank a kill9 hits; None: the last)."""
 
     kind: str
     step: int
@@ -101,19 +116,20 @@ class Injection:
 
 
 def parse_injections(text: str, backend: str) -> list[Injection]:
-    """``kill9@12,sigterm@20`` -> injections, in step order; :class:`DrillError` naming a bad item."""
+    """``kill9@12,sigterm@20`` -> injections in step order; :class:`DrillError` names a bad item."""
     out = []
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         m = _SPEC.fullmatch(item)
         if m is None:
             raise DrillError(
-                f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, e.g. kill9@12,sigterm@20"
+                f"--inject {item!r}: expected KIND@STEP or kill9:RANK@STEP, "
+                "e.g. kill9@12,sigterm@20"
             )
         kind, step = m["kind"], int(m["step"])
-        if kind not in KINDS[backend]:
+        if kind not in kinds_of(backend):
             raise DrillError(
                 f"--inject {item!r}: {kind!r} is not an interruption of the {backend} backend; "
-                f"choose from {list(KINDS[backend])}"
+                f"choose from {list(kinds_of(backend))}"
             )
         if m["rank"] is not None and kind not in RANKED:
             raise DrillError(f"--inject {item!r}: only {' and '.join(RANKED)} take a rank")
@@ -129,8 +145,8 @@ def parse_injections(text: str, backend: str) -> list[Injection]:
 
 
 def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injection]:
-    """``n`` interruptions of the backend's kinds at distinct random steps in ``[2, total - 2]`` (a stop is agreed
-    a step after it is asked, and a kill must come after a checkpoint)."""
+    """``n`` interruptions of the backend's kinds at distinct random steps in ``[2, total - 2]`` (a
+    stop is agreed a step after it is asked, and a kill must come after a checkpoint)."""
     if not 1 <= n <= total - 3:
         raise DrillError(
             f"--random {n}: expected 1 .. {max(total - 3, 0)} (the task runs {total} steps; "
@@ -138,33 +154,21 @@ def random_injections(n: int, total: int, backend: str, seed: int) -> list[Injec
         )
     rng = random.Random(seed)
     steps = sorted(rng.sample(range(2, total - 1), n))
-    return [Injection(rng.choice(KINDS[backend]), s) for s in steps]
+    return [Injection(rng.choice(kinds_of(backend)), s) for s in steps]
 
 
 STOP_KINDS = ("sigterm", "usr2")
-"""Interruptions that go through the stop flag: agreed a step after they are asked, then the task saves."""
+"""Interruptions that go through the stop flag: agreed a step after they are asked, then the task
+saves."""
 
 
 def composed_task(overrides: list[str]) -> dict[str, Any]:
-    """The run's ``task`` section as ``python -m wf_launch OVERRIDES`` would compose it (Hydra's compose API), so
-    the drill can check its injections before anything runs; :class:`DrillError` for a config mistake."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from ..config.overrides import hydra_config_error, refuse_schemas
-    from ..config.run import register_configs
-    from ..rank.task_registry import load_task_modules
-
-    mods = [
-        m.strip().strip("'\"")
-        for o in overrides
-        if o.lstrip("+~").startswith("task.modules=")
-        for m in o.split("=", 1)[1].strip("[]").split(",")
-        if m.strip()
-    ]
+    """The run's ``task`` section as ``python -m wf_launch OVERRIDES`` would compose it (Hydra's
+    compose API), so the drill can check its injections before anything runs; :class:`DrillError`
+    for a config mistake."""
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     try:
-        load_task_modules(mods)
+        load_task_modules(task_modules(overrides))
         register_configs()
         refuse_schemas(plain)
         for name in ("wf_uid", "wf_config_groups"):
@@ -181,10 +185,8 @@ def composed_task(overrides: list[str]) -> dict[str, Any]:
 
 
 def _resolved(section: Any, key: str) -> Any:
-    """``section[key]`` resolved; None for a value that needs a running Hydra app (``${hydra:runtime.cwd}``)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import InterpolationResolutionError
-
+    """``section[key]`` resolved; None for a value that needs a running Hydra app
+    (``${hydra:runtime.cwd}``)."""
     try:
         value = section[key]
     except InterpolationResolutionError:
@@ -195,26 +197,43 @@ def _resolved(section: Any, key: str) -> Any:
 def check_injections(
     injections: list[Injection], task: dict[str, Any], given: set[str]
 ) -> tuple[list[str], list[str]]:
-    """Refuse an injection that proves nothing; returns (overrides the drill adds, what it says about them).
+    """Refuse an injection that proves nothing; returns (overrides the drill adds, what it says
+    about them).
 
-    An injection at or past the task's last step lands when there is nothing left to interrupt, and a stop
-    (``sigterm``, ``usr2``) is agreed one step after it is asked, so it must come two steps before the end. A
-    ``kill9`` with no checkpoint before it only proves that a fresh start is deterministic: unless a stop saved
-    one earlier, the drill sets ``task.checkpoint_every`` itself when the command left it at 0 (saying so) and
-    refuses an explicit value that saves nothing before the kill.
+    An injection at or past the task's last step lands when there is nothing left to interrupt, and
+    a stop (``sigterm``, ``usr2``) is agreed one step after it is asked, so it must come two steps
+    before the end. A ``kill9`` with no checkpoint before it only proves that a fresh start is
+    deterministic: unless a stop saved one earlier, the drill sets ``task.checkpoint_every`` itself
+    when the command left it at 0 (saying so) and refuses an explicit value that saves nothing
+    before the kill.
     """
     steps, every = task.get("steps"), task.get("checkpoint_every")
-    for inj in injections:
-        last = steps - (2 if inj.kind in STOP_KINDS else 1) if isinstance(steps, int) else None
-        if last is not None and inj.step > last:
-            why = "its stop is agreed a step later, " if inj.kind in STOP_KINDS else ""
-            raise DrillError(
-                f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and {why}an "
-                f"interruption there leaves nothing to resume: choose a step <= {max(last, 0)}, or raise "
-                "task.steps"
-            )
+    if isinstance(steps, int):
+        _check_room_after(injections, steps)
     if not isinstance(every, int):
         return [], []
+    return _checkpoint_before_kills(injections, every, "task.checkpoint_every" in given)
+
+
+def _check_room_after(injections: list[Injection], steps: int) -> None:
+    """:class:`DrillError` for an injection that leaves no step to resume before the task ends."""
+    for inj in injections:
+        last = steps - (2 if inj.kind in STOP_KINDS else 1)
+        if inj.step > last:
+            why = "its stop is agreed a step later, " if inj.kind in STOP_KINDS else ""
+            raise DrillError(
+                f"--inject {inj.kind}@{inj.step}: the task runs task.steps={steps} steps and "
+                f"{why}an interruption there leaves nothing to resume: choose a step <= "
+                f"{max(last, 0)}, or raise task.steps"
+            )
+
+
+def _checkpoint_before_kills(
+    injections: list[Injection], every: int, explicit: bool
+) -> tuple[list[str], list[str]]:
+    """A ``task.checkpoint_every`` that saves before the first kill no stop covers (the override
+    and a note), nothing when every kill is covered; :class:`DrillError` when ``explicit``
+    forbids it."""
     uncovered = [
         i
         for i in injections
@@ -225,10 +244,11 @@ def check_injections(
     if not uncovered:
         return [], []
     kind, first = min((i.step, i.kind) for i in uncovered)[::-1]
-    if "task.checkpoint_every" in given:
+    if explicit:
         raise DrillError(
-            f"--inject {kind}@{first}: no checkpoint precedes it (task.checkpoint_every={every}), so the "
-            f"restart starts from scratch and proves nothing about resuming; choose "
+            f"--inject {kind}@{first}: no checkpoint precedes it "
+            f"(task.checkpoint_every={every}), so the restart starts from scratch and proves "
+            "nothing about resuming; choose "
             f"task.checkpoint_every between 1 and {first - 1}, or a later step"
         )
     if first < 2:
@@ -237,15 +257,16 @@ def check_injections(
         )
     chosen = max(1, (first - 1) // 2)
     return [f"task.checkpoint_every={chosen}"], [
-        f"{kind}@{first} needs a checkpoint before it and task.checkpoint_every was {every} (0: save only on a stop), "
-        f"so the drill sets task.checkpoint_every={chosen} (for both runs)"
+        f"{kind}@{first} needs a checkpoint before it and task.checkpoint_every was {every} "
+        f"(0: save only on a stop), so the drill sets task.checkpoint_every={chosen} "
+        "(for both runs)"
     ]
 
 
 # ------------------------------------------------------------------ running the CLI
 def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``); every rank
-    publishes its progress at every step, so interruptions land at the step asked for."""
+    """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``);
+    every rank publishes its progress at every step, so interruptions land at the step asked for."""
     env = {**os.environ, PUBLISH_ENV: "0"}
     with open(log, "ab") as out:
         return subprocess.Popen(
@@ -317,7 +338,8 @@ class Drill:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _relaunch(self, run: _Run) -> list[str]:
-        """The overrides of a relaunch into the same run directory (at the ``--resume-with`` layout, if given)."""
+        """The overrides of a relaunch into the same run directory (at the ``--resume-with`` layout,
+        if given)."""
         if self.resume_with:
             return drill_layout.relaunch_overrides(run.overrides, self.resume_with)
         return [*run.overrides, "launcher.resume=true"]
@@ -325,7 +347,8 @@ class Drill:
     def _relaunch_after_saved_stop(
         self, run: _Run, log: Path, attempt: int, deadline: float
     ) -> None:
-        """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch at the new layout."""
+        """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch
+        at the new layout."""
         proc = self._proc
         if not drill_layout.wait_for_saved_stop(run.run_dir, attempt, proc, deadline):
             raise DrillError(
@@ -382,12 +405,13 @@ class Drill:
         return run
 
     def _inject(self, run: _Run, injections: list[Injection], log: Path, deadline: float) -> None:
-        """Each interruption in turn, at its step (``self._proc``: the launch process running now)."""
+        """Each interruption in turn, at its step (``self._proc``: the launch process now)."""
         seen_pids: set[int] = set()
         since = 0.0
         for inj in injections:
-            proc = self._proc
-            state = self._wait_for_step(proc, run.run_dir, inj.step, since, seen_pids, deadline)
+            state = self._wait_for_step(
+                self._proc, run.run_dir, inj.step, since, seen_pids, deadline
+            )
             if state is None:
                 raise DrillError(
                     f"the run ended before step {inj.step} ({inj.kind} never injected); see {log}"
@@ -395,38 +419,7 @@ class Drill:
             inj.reached_step = max(s["step"] for s in state.values())
             seen_pids |= {int(s["pid"]) for s in state.values() if s.get("pid")}
             inj.at = time.time()
-            if self.backend == "ray":
-                _inject_ray(run.run_dir, inj, state)
-            elif inj.kind == "kill9":
-                rank = max(state) if inj.rank is None else inj.rank
-                if rank not in state:
-                    raise DrillError(
-                        f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(state)})"
-                    )
-                pid = live_rank_pid(run.run_dir, rank)
-                if pid is None or pid != state[rank].get("pid"):
-                    raise DrillError(
-                        f"kill9:{rank}: rank {rank}'s recorded pid {state[rank].get('pid')} is not its "
-                        "live process on this host (stale or foreign); refusing to signal it"
-                    )
-                os.kill(pid, signal.SIGKILL)
-                inj.rank, inj.target = rank, f"pid {state[rank]['pid']}"
-            elif inj.kind == "sigterm":
-                os.kill(proc.pid, signal.SIGTERM)
-                inj.target = f"launcher pid {proc.pid}"
-                run.exit_codes.append(_finish(proc, deadline))
-                self._proc = _cli(self._relaunch(run), run.run_dir, log)
-                run.launches += 1
-            elif inj.kind == "usr2":
-                launcher = get_launcher(self.backend)
-                attempt = attempts.count(run.run_dir) - 1
-                if not launcher.signal_ranks(run.run_dir, signal.SIGUSR2):
-                    raise DrillError(
-                        f"usr2: {launcher.status_label(run.run_dir)} could not be signalled"
-                    )
-                inj.target = launcher.status_label(run.run_dir)
-                if self.resume_with:
-                    self._relaunch_after_saved_stop(run, log, attempt, deadline)
+            _Interrupt(self, run, log, deadline).apply(inj, state)
             since = inj.at
 
     def _wait_for_step(
@@ -438,7 +431,8 @@ class Drill:
         old_pids: set[int],
         deadline: float,
     ) -> dict[int, dict[str, Any]] | None:
-        """Every rank's progress once one has reached ``step`` in this attempt (None: the run ended first)."""
+        """Every rank's progress once one has reached ``step`` in this attempt (None: the run ended
+        first)."""
         world = None
         while time.monotonic() < deadline:
             if world is None and files.config_path(run_dir).exists():
@@ -457,29 +451,113 @@ class Drill:
         raise DrillError(f"step {step} not reached within --timeout")
 
 
-def _inject_ray(run_dir: Path, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
-    """``kill9[:RANK]`` and ``nodekill[:RANK]`` on a Ray run, on whichever node the rank runs (through the
-    launcher's hooks): SIGKILL to the rank's process, or the end of its node's raylet (every rank on it ends).
+class _Interrupt:
+    """One interruption of the interrupted run, by kind: what is signalled is the launcher's
+    business (its hooks: ``kill_rank``, ``signal_ranks``, ``kill_node``); what the drill does
+    next (relaunch after a stop) is the drill's."""
 
-    ``nodekill`` without a rank picks the last rank that is not on the cluster's head node.
-    """
-    launcher = get_launcher("ray")
-    if inj.kind == "kill9":
+    def __init__(self, drill: Drill, run: _Run, log: Path, deadline: float) -> None:
+        self.drill, self.run, self.log, self.deadline = drill, run, log, deadline
+        self.launcher = get_launcher(drill.backend)
+
+    def apply(self, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
+        {
+            "kill9": self.kill9,
+            "sigterm": self.sigterm,
+            "usr2": self.usr2,
+            "nodekill": self.nodekill,
+        }[inj.kind](inj, state)
+
+    def kill9(self, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
+        """SIGKILL one rank (the last one by default), wherever its launcher runs it."""
         rank = max(state) if inj.rank is None else inj.rank
-        if not launcher.signal_rank(run_dir, rank, signal.SIGKILL):
-            raise DrillError(f"kill9:{rank}: rank {rank} of {run_dir} could not be reached")
-        inj.rank, inj.target = rank, f"pid {state.get(rank, {}).get('pid')} (rank {rank})"
-        return
-    ranks = [inj.rank] if inj.rank is not None else sorted(state, reverse=True)
-    errors = []
-    for rank in ranks:
         try:
-            inj.target = launcher.kill_node(run_dir, rank)
-            inj.rank = rank
-            return
-        except (ValueError, RuntimeError) as exc:
-            errors.append(str(exc))
-    raise DrillError(f"nodekill: no node could be killed ({'; '.join(errors[:3])})")
+            inj.target = self.launcher.kill_rank(self.run.run_dir, rank, state)
+        except ValueError as exc:
+            raise DrillError(str(exc)) from None
+        inj.rank = rank
+
+    def sigterm(self, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
+        """SIGTERM to the launch: the ranks save and stop; then relaunch the same run directory."""
+        proc, run = self.drill._proc, self.run
+        os.kill(proc.pid, signal.SIGTERM)
+        inj.target = f"launcher pid {proc.pid}"
+        run.exit_codes.append(_finish(proc, self.deadline))
+        self.drill._proc = _cli(self.drill._relaunch(run), run.run_dir, self.log)
+        run.launches += 1
+
+    def usr2(self, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
+        """The scheduler's preemption warning to every rank; the job requeues itself."""
+        run_dir = self.run.run_dir
+        attempt = attempts.count(run_dir) - 1
+        if not self.launcher.signal_ranks(run_dir, signal.SIGUSR2):
+            raise DrillError(f"usr2: {self.launcher.status_label(run_dir)} could not be signalled")
+        inj.target = self.launcher.status_label(run_dir)
+        if self.drill.resume_with:
+            self.drill._relaunch_after_saved_stop(self.run, self.log, attempt, self.deadline)
+
+    def nodekill(self, inj: Injection, state: dict[int, dict[str, Any]]) -> None:
+        """End the node that runs RANK (without a rank: the last rank whose node can be killed)."""
+        ranks = [inj.rank] if inj.rank is not None else sorted(state, reverse=True)
+        errors = []
+        for rank in ranks:
+            try:
+                inj.target = self.launcher.kill_node(self.run.run_dir, rank)
+                inj.rank = rank
+                return
+            except (ValueError, RuntimeError) as exc:
+                errors.append(str(exc))
+        raise DrillError(f"nodekill: no node could be killed ({'; '.join(errors[:3])})")
+
+
+def _rank0_steps(run_dir: Path) -> list[tuple[float, int]]:
+    """(time, step) of every step rank 0 logged in ``metrics.jsonl``, in time order (streamed: the
+    file may hold GBs)."""
+    lines: list[tuple[float, int]] = []
+    for line in metric_lines(files.metrics_file(run_dir)):
+        try:
+            rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("rank") == 0 and is_int(rec.get("step")):
+                lines.append((float(rec["time"]), rec["step"]))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            continue
+    return sorted(lines)
+
+
+def _step_time(lines: list[tuple[float, int]]) -> float:
+    """The median time of one ordinary step (between consecutive steps)."""
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(lines) if b[1] == a[1] + 1)
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def _resumed_after(inj: Injection, markers: list[dict[str, Any]]) -> tuple[float, int] | None:
+    """(when the attempt after ``inj`` started, the last step of the attempt ``inj`` ended); None
+    when no later attempt followed it or the ended one recorded no step."""
+    later = [m for m in markers if inj.at is not None and (m.get("started_at") or 0) > inj.at]
+    if not later or later[0]["attempt"] == 0:
+        return None
+    previous = later[0]["attempt"] - 1
+    last = markers[previous].get("last_step") if previous < len(markers) else None
+    return None if last is None else (later[0]["started_at"], last)
+
+
+def _lost_to(
+    inj: Injection,
+    markers: list[dict[str, Any]],
+    lines: list[tuple[float, int]],
+    step_s: float,
+) -> float | None:
+    """The wall time lost to ``inj``: from the last step of the attempt it ended to the step after
+    it in the next attempt, less one ordinary step; None when the records do not show both."""
+    resumed = _resumed_after(inj, markers)
+    if resumed is None:
+        return None
+    started, last = resumed
+    before = [t for t, s in lines if t < started and s == last]
+    after = [t for t, s in lines if t >= started and s >= last + 1]
+    if not (before and after):
+        return None
+    return round(max(0.0, min(after) - max(before) - step_s), 3)
 
 
 def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
@@ -489,36 +567,15 @@ def _time_lost(run_dir: Path, injections: list[Injection]) -> None:
     reached the step after it (rank 0's ``metrics.jsonl``), less one ordinary step: the
     downtime (stop, restart or requeue, start-up, loading) plus the steps done twice.
     """
-    lines: list[tuple[float, int]] = []
-    for line in metric_lines(files.metrics_file(run_dir)):  # streamed: the file may hold GBs
-        try:
-            rec = json.loads(line)
-            if isinstance(rec, dict) and rec.get("rank") == 0 and is_int(rec.get("step")):
-                lines.append((float(rec["time"]), rec["step"]))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            continue
+    lines = _rank0_steps(run_dir)
     if not lines:
         return
-    lines.sort()
-    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(lines) if b[1] == a[1] + 1)
-    step_s = gaps[len(gaps) // 2] if gaps else 0.0
+    step_s = _step_time(lines)
     markers = attempts.collect(run_dir)
     for inj in injections:
-        later = [m for m in markers if inj.at is not None and (m.get("started_at") or 0) > inj.at]
-        if not later or later[0]["attempt"] == 0:
-            continue
-        nxt = later[0]
-        last = (
-            markers[nxt["attempt"] - 1].get("last_step")
-            if nxt["attempt"] - 1 < len(markers)
-            else None
-        )
-        if last is None:
-            continue
-        before = [t for t, s in lines if t < nxt["started_at"] and s == last]
-        after = [t for t, s in lines if t >= nxt["started_at"] and s >= last + 1]
-        if before and after:
-            inj.time_lost_s = round(max(0.0, min(after) - max(before) - step_s), 3)
+        lost = _lost_to(inj, markers, lines, step_s)
+        if lost is not None:
+            inj.time_lost_s = lost
 
 
 def _rank0(run_dir: Path) -> tuple[RunRecord | None, dict[str, Any]]:
@@ -533,7 +590,8 @@ def _rank0(run_dir: Path) -> tuple[RunRecord | None, dict[str, Any]]:
 def verdict(
     drill: Drill, reference: _Run, interrupted: _Run, injections: list[Injection]
 ) -> dict[str, Any]:
-    """The summary (``drill.json``): both runs' facts, each injection, and whether the results are identical."""
+    """The summary (``drill.json``): both runs' facts, each injection, and whether the results are
+    identical."""
     ref_rec, ref = _rank0(reference.run_dir)
     int_rec, got = _rank0(interrupted.run_dir)
     ok = all(r is not None and r.status is Status.OK for r in (ref_rec, int_rec))
@@ -607,12 +665,14 @@ def render(summary: dict[str, Any]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.drill",
-        description="Run a task twice (uninterrupted, then with injected preemptions or rank kills) and check "
-        "that rank 0's weights_sha256 and final_loss are identical. Exit code 0 only if they are.",
-        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=20 "
-        "task.checkpoint_every=4 --inject kill9@6,sigterm@12\n  python -m wf_launch.drill task=train "
-        "launcher.address=HEAD:6379 launcher.nodes=2 engine.dp_size=4 task.steps=20 --backend ray "
-        "--inject kill9@4,nodekill@8\n  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
+        description="Run a task twice (uninterrupted, then with injected preemptions or rank "
+        "kills) and check that rank 0's weights_sha256 and final_loss are identical. Exit code 0 "
+        "only if they are.",
+        epilog="examples:\n  python -m wf_launch.drill task=train engine.cp_size=2 "
+        "engine.dp_size=2 task.steps=20 task.checkpoint_every=4 --inject kill9@6,sigterm@12\n"
+        "  python -m wf_launch.drill task=train launcher.address=HEAD:6379 launcher.nodes=2 "
+        "engine.dp_size=4 task.steps=20 --backend ray --inject kill9@4,nodekill@8\n"
+        "  python -m wf_launch.drill task=train launcher.nodes=2 engine.dp_size=2 "
         "task.steps=20 --backend slurm --inject usr2@10",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -638,15 +698,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
     p.add_argument(
         "--backend",
-        choices=sorted(KINDS),
+        choices=backends(),
         default="local",
         help="where the runs go (default local)",
     )
     p.add_argument(
-        "--dir", type=Path, default=None, help="the drill directory (default drills/TIMESTAMP)"
+        "--dir",
+        type=Path,
+        default=None,
+        help="the drill directory (default drills/TIMESTAMP)",
     )
     p.add_argument(
-        "--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)"
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds each run may take (default 1800)",
     )
     p.add_argument(
         "--resume-with",
@@ -659,8 +725,8 @@ def _parser() -> argparse.ArgumentParser:
         "--atol",
         type=float,
         default=None,
-        help="compare loss curve, final loss and final weights within this absolute tolerance instead "
-        f"of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})",
+        help="compare loss curve, final loss and final weights within this absolute tolerance "
+        f"instead of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})",
     )
     p.add_argument(
         "--dry-run",
@@ -687,8 +753,8 @@ def _check_overrides(overrides: list[str]) -> None:
 def _plan(
     args: argparse.Namespace,
 ) -> tuple[list[str], list[Injection] | None, list[str], float | None]:
-    """The checked overrides (with what the drill adds), injections (None: random, after the reference run),
-    ``--resume-with``'s overrides and the tolerance."""
+    """The checked overrides (with what the drill adds), injections (None: random, after the
+    reference run), ``--resume-with``'s overrides and the tolerance."""
     _check_overrides(args.overrides)
     injections = parse_injections(args.inject, args.backend) if args.inject else None
     resume_with, atol = _layout_options(args, injections)
@@ -711,16 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides, injections, resume_with, atol = _plan(args)
         if args.dry_run:
-            planned = (
-                "random, after the reference run"
-                if injections is None
-                else ", ".join(f"{i.kind}@{i.step}" for i in injections)
-            )
-            relaunch = f"; relaunches add {' '.join(resume_with)}" if resume_with else ""
-            print(
-                f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={args.backend}, twice; "
-                f"interruptions: {planned}{relaunch}"
-            )
+            print(_dry_run_text(args.backend, overrides, injections, resume_with))
             return 0
         directory = (args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")).absolute()
         held = _claim(directory)
@@ -768,22 +825,7 @@ def _drill(
             resume_with=resume_with,
             atol=atol,
         )
-        print(f"drill: reference run in {drill.dir / 'reference'}", flush=True)
-        reference = drill.reference()
-        if reference.exit_codes[-1] != 0:
-            raise DrillError(
-                f"the reference run failed (exit code {reference.exit_codes[-1]}); "
-                f"see {drill.dir / 'reference.log'}"
-            )
-        if injections is None:
-            total = _total_steps(reference.run_dir)
-            injections = random_injections(args.random or 2, total, args.backend, args.seed)
-        print(
-            f"drill: interrupted run in {drill.dir / 'interrupted'}: "
-            f"{', '.join(f'{i.kind}@{i.step}' for i in injections)}",
-            flush=True,
-        )
-        interrupted = drill.interrupted(injections)
+        reference, interrupted, injections = _run_both(drill, args, injections)
     except DrillError as exc:
         print(f"wf_launch.drill: {exc}", file=sys.stderr)
         return 2
@@ -795,10 +837,62 @@ def _drill(
     return 0 if summary["identical"] else 1
 
 
+def _dry_run_text(
+    backend: str,
+    overrides: list[str],
+    injections: list[Injection] | None,
+    resume_with: list[str],
+) -> str:
+    """What ``--dry-run`` prints: the command run twice, the interruptions, the relaunch."""
+    planned = (
+        "random, after the reference run"
+        if injections is None
+        else ", ".join(f"{i.kind}@{i.step}" for i in injections)
+    )
+    relaunch = f"; relaunches add {' '.join(resume_with)}" if resume_with else ""
+    return (
+        f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={backend}, twice; "
+        f"interruptions: {planned}{relaunch}"
+    )
+
+
+def _drill_dir(given: Path | None) -> Path:
+    """The drill directory (``--dir``, else ``drills/TIMESTAMP``), made; refused when not empty."""
+    directory = given or Path("drills") / time.strftime("%Y%m%d-%H%M%S")
+    if directory.exists() and any(directory.iterdir()):
+        raise DrillError(f"--dir {directory}: not empty (a drill directory holds one drill)")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory.absolute()
+
+
+def _run_both(
+    drill: Drill, args: argparse.Namespace, injections: list[Injection] | None
+) -> tuple[_Run, _Run, list[Injection]]:
+    """The reference run, then the interrupted one (random injections drawn once the reference
+    run has told the task's length)."""
+    print(f"drill: reference run in {drill.dir / 'reference'}", flush=True)
+    reference = drill.reference()
+    if reference.exit_codes[-1] != 0:
+        raise DrillError(
+            f"the reference run failed (exit code {reference.exit_codes[-1]}); "
+            f"see {drill.dir / 'reference.log'}"
+        )
+    if injections is None:
+        total = _total_steps(reference.run_dir)
+        injections = random_injections(args.random or 2, total, args.backend, args.seed)
+    print(
+        f"drill: interrupted run in {drill.dir / 'interrupted'}: "
+        f"{', '.join(f'{i.kind}@{i.step}' for i in injections)}",
+        flush=True,
+    )
+    return reference, drill.interrupted(injections), injections
+
+
 def _layout_options(
     args: argparse.Namespace, injections: list[Injection] | None
 ) -> tuple[list[str], float | None]:
-    """``--resume-with`` as overrides (checked like the run's) and the tolerance (``--atol``, or the default)."""
+    """``--resume-with`` as overrides (checked like the run's) and the tolerance (``--atol``, or the
+    default)."""
     try:
         resume_with = drill_layout.parse_resume_with(
             args.resume_with,

@@ -19,7 +19,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..rank.checkpoint.safe_read import CheckpointRefused
+from ..rank.checkpoint.safe_read import CheckpointRefused, read_metadata
+from ..readers.checkpoint import consolidate, module_entries
+from ..rundir import attempts
 from ..rundir.checkpoints import CheckpointUnreadable, complete_checkpoints
 
 __all__ = [
@@ -83,7 +85,6 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], str | None]:
     """Per module entry: max abs difference and the largest ones, between both runs' final checkpoints."""
-    from ..readers.checkpoint import consolidate, module_entries
 
     ref, got = _final_checkpoint(reference), _final_checkpoint(interrupted)
     if ref is None or got is None or ref[0] != got[0]:
@@ -91,7 +92,6 @@ def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], s
             f"no checkpoint at the same final step in both runs (reference: {ref and ref[0]}, "
             f"interrupted: {got and got[0]}); task=train saves one with task.save_final=true"
         )
-    from ..rank.checkpoint.safe_read import read_metadata
 
     out: dict[str, Any] = {}
     try:
@@ -171,8 +171,6 @@ def wait_for_saved_stop(
     False when the launch ended first or the deadline passed.
     """
     import time
-
-    from ..rundir import attempts
 
     while time.monotonic() < deadline:
         marker = attempts.read(run_dir, attempt) or {}

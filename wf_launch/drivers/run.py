@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cli import main as cli_main
+
 __all__ = ["RunCommandError", "hydra_quote", "main", "overrides_for", "parse"]
 
 LOOPBACK = ("", "localhost", "127.0.0.1", "::1")
@@ -376,7 +378,6 @@ def main(argv: list[str] | None = None) -> None:
     except RunCommandError as exc:
         print(f"wf_launch.run: {exc}", file=sys.stderr)
         sys.exit(2)
-    from ..cli import main as cli_main
 
     sys.argv = [sys.argv[0], *overrides_for(cmd)]
     cli_main()

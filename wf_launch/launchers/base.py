@@ -1,11 +1,8 @@
-"""The launcher protocol: what every way of starting ranks provides, and the optional hooks'
-defaults.
+"""What every launcher builds on: the common config fields and the optional hooks' defaults.
 
 A launcher is a class with a ``name``, a config dataclass (the Hydra schema of
 ``launcher=NAME``, a :class:`LauncherConfig`), and ``validate`` / ``describe`` /
-``launch`` (:class:`Launcher`). Launchers whose runs outlive the command
-(``launcher.wait=false`` on a scheduler) also provide ``status`` and ``cancel``
-(:class:`DetachedLauncher`), which ``python -m wf_launch.status`` uses.
+``launch`` (:class:`~.protocol.Launcher`).
 
 The tools that read runs afterwards (``status``, ``runs``, ``drill``, the hang
 autopsy) reach a run's scheduler only through the hooks of :class:`LauncherHooks`;
@@ -17,10 +14,12 @@ a new launcher end to end.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from omegaconf import MISSING
 
@@ -33,20 +32,17 @@ from ..config.fields import (
     number,
     unknown_field,
 )
+from ..config.layout import run_layout
+from ..observe.stacks import local_pids, trigger
 from ..rundir import files
+from ..rundir.claim import launch_alive
+from ..rundir.pids import live_rank_pid
 
 if TYPE_CHECKING:
-    from worldfoundry.core.distributed.topology import Layout
-
-    from ..config.engine import EngineConfig
-    from ..rundir.outcome import RunOutcome
     from ..rundir.record import RunRecord
-    from .launch_plan import LaunchPlan
 
 __all__ = [
     "CTRL_C_NOTICE",
-    "DetachedLauncher",
-    "Launcher",
     "LauncherConfig",
     "LauncherHooks",
     "run_dir_mode",
@@ -142,48 +138,17 @@ class LauncherConfig:
             )
 
 
-@runtime_checkable
-class Launcher(Protocol):
-    """How rank processes come to exist. One instance serves one CLI invocation."""
-
-    name: ClassVar[str]
-    config_class: ClassVar[type[LauncherConfig]]
-
-    def validate(self, cfg: Any, layout: Layout, engine: EngineConfig) -> None:
-        """Raise :class:`~wf_launch.config.ConfigError` (field, value, what is allowed) before any
-        process starts.
-
-        ``cfg`` is an instance of ``config_class`` whose common fields are already checked.
-        """
-
-    def describe(self, plan: LaunchPlan) -> str:
-        """The plan as text for ``launcher.dry_run=true`` (starts nothing, writes nothing)."""
-
-    def launch(self, plan: LaunchPlan) -> RunOutcome:
-        """Start every rank of ``plan``, and (unless detached) wait and finalize the run record."""
-
-
-@runtime_checkable
-class DetachedLauncher(Launcher, Protocol):
-    """A launcher whose runs can outlive the command that started them."""
-
-    def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
-        """The scheduler's state of the run, and its final outcome once it ended (finalizing the
-        record).
-        """
-
-    def cancel(self, run_dir: Path) -> str | None:
-        """Stop the run if it still runs; returns the scheduler's id of what was cancelled (None:
-        nothing).
-        """
-
-
 class LauncherHooks:
     """What the tools ask a run's launcher after the launch; each hook has a default that fits a
     local run.
     """
 
     name: ClassVar[str]
+    drill_kinds: ClassVar[tuple[str, ...]] = ()
+    """The interruptions ``python -m wf_launch.drill --backend NAME`` may inject into this
+    launcher's runs: ``kill9`` (:meth:`kill_rank`), ``sigterm`` (to the launch process, which
+    stops its ranks), ``usr2`` (:meth:`signal_ranks` with SIGUSR2), ``nodekill``
+    (:meth:`kill_node`). None by default: the drill refuses the launcher."""
 
     def status_label(self, run_dir: Path) -> str:
         """How ``status`` names the run: 'SLURM job 42'; by default '<launcher> run'."""
@@ -213,10 +178,6 @@ class LauncherHooks:
 
         By default: the ranks whose recorded process (``logs/rank{r}.pid``) lives on this host.
         """
-        from ..config.layout import run_layout
-        from ..observe.stacks import local_pids, trigger
-        from ..rundir import files
-
         world = run_layout(files.read_config(run_dir, strict=True)).world_size
         return trigger(local_pids(run_dir, world), signum=signum)
 
@@ -224,7 +185,6 @@ class LauncherHooks:
         """Whether the run may still be going (its launch holds the run directory's lock on this
         host).
         """
-        from ..rundir.claim import launch_alive
 
         return launch_alive(run_dir)
 
@@ -233,10 +193,28 @@ class LauncherHooks:
 
         By default: the rank's recorded process (``logs/rank{r}.pid``), if it lives on this host.
         """
-        from ..observe.stacks import local_pids, trigger
-
         pid = local_pids(run_dir, rank + 1).get(rank)
         return bool(pid) and rank in trigger({rank: pid}, signum=signum)
+
+    def kill_rank(self, run_dir: Path, rank: int, progress: dict[int, dict[str, Any]]) -> str:
+        """SIGKILL one rank (the drill's ``kill9:RANK``); what was killed ('pid 4242').
+
+        ``progress`` is every rank's last published progress (its ``pid`` among it). ValueError
+        when the rank cannot be reached. By default: the rank's recorded process on this host,
+        only if it is the live process that published the progress.
+        """
+        if rank not in progress:
+            raise ValueError(
+                f"kill9:{rank}: rank {rank} published no progress (ranks: {sorted(progress)})"
+            )
+        pid = live_rank_pid(run_dir, rank)
+        if pid is None or pid != progress[rank].get("pid"):
+            raise ValueError(
+                f"kill9:{rank}: rank {rank}'s recorded pid {progress[rank].get('pid')} is not its "
+                "live process on this host (stale or foreign); refusing to signal it"
+            )
+        os.kill(pid, signal.SIGKILL)
+        return f"pid {progress[rank]['pid']}"
 
     def kill_node(self, run_dir: Path, rank: int) -> str:
         """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by

@@ -11,6 +11,7 @@ from typing import Any
 from worldfoundry.core.distributed.topology import DIMS, Layout
 
 from ..config.layout import rank_label
+from .registry import get_launcher
 
 __all__ = ["TABLE_MAX_RANKS", "LaunchPlan"]
 
@@ -44,8 +45,6 @@ class LaunchPlan:
     @cached_property
     def launcher_config(self) -> Any:
         """The ``launcher`` section as the chosen launcher's typed config (its ``config_class``)."""
-        from .registry import get_launcher
-
         return get_launcher(self.launcher).config_class.build(self.config["launcher"])
 
     def run_info(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The launcher registry: built-in launchers and third-party ones from entry points.
 
-``register_launcher`` (a class decorator) adds a :class:`~.base.Launcher`;
+``register_launcher`` (a class decorator) adds a :class:`~.protocol.Launcher`;
 ``get_launcher(name)`` returns an instance. Third-party packages register theirs
 through the entry-point group :data:`ENTRY_POINT_GROUP`: each entry point names
 a launcher class, or a module whose import registers one.

@@ -97,9 +97,7 @@ class SnapshotError(ValueError):
 @lru_cache(maxsize=1)
 def project_root() -> Path | None:
     """The git checkout that holds the imported ``wf_launch`` (None: an installed package)."""
-    import wf_launch
-
-    here = Path(wf_launch.__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the imported wf_launch package
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--show-toplevel"],

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
+from ..rundir.claim import launch_alive
 from ..rundir.io import read_yaml
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RecordError, RunRecord, Status
+from .registry import get_launcher
 
 __all__ = [
     "EXEMPT",
@@ -121,8 +123,6 @@ def check_same_sweep(sweep_dir: Path, config: Any) -> None:
 def still_running(run_dir: Path, record: RunRecord | None = None) -> bool:
     """Whether the run in ``run_dir`` may still be going, asked of the launcher that ran it (a SLURM job in the
     queue whose launcher has exited counts); only its lock can tell for a launcher not installed here."""
-    from ..rundir.claim import launch_alive
-    from .registry import get_launcher
 
     name = (
         record.launcher if record is not None and record.launcher else files.launcher_name(run_dir)

@@ -25,13 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.distributed.env import LaunchEnv
+
 from ..config.layout import layout_of, rank_label
-from ..rundir import attempts, files
+from ..rundir import attempts, exits, files
 from ..rundir.identity import RUN_ID_ENV, ensure_run_id
-from . import fresh, stackdump
+from ..rundir.record import RunRecord, Status
+from . import fresh, script_api, stackdump
 from .failure import current_attempt, is_peer_loss, is_timeout_error, record_failure
 from .preempt import Preempted, PreemptHandler, requeue_after_stop, stop_on_sigterm
 from .ranklog import FILE_ONLY, setup_rank_logging
+from .task_context import build_context, build_own_group_context
+from .task_registry import get_task, load_task_modules, task_owns_group
 
 __all__ = ["Preempted", "RankSpec", "rank_main"]
 
@@ -83,7 +88,6 @@ def _set_threads(n: int) -> None:
 
 def _setup(spec: RankSpec) -> _Rank:
     """Logging, faulthandler, the stack-dump signal, torch threads and the preemption handler."""
-    from worldfoundry.core.distributed.env import LaunchEnv
 
     t_start = time.time()
     env = LaunchEnv.from_environ()
@@ -117,7 +121,6 @@ def _setup(spec: RankSpec) -> _Rank:
 
 def _load_task(r: _Rank) -> tuple[Any, bool]:
     """The task function, and whether it starts its own process group (``register_task(own_group=True)``)."""
-    from .task_registry import get_task, load_task_modules, task_owns_group
 
     task_cfg = r.spec.config["task"]
     load_task_modules(task_cfg.get("modules") or [], builtins=False)
@@ -126,10 +129,9 @@ def _load_task(r: _Rank) -> tuple[Any, bool]:
 
 def _join(r: _Rank, task: Any) -> None:
     """Join the process groups (``dist_init``) and build the task's context."""
+    # torch: launchers import this module for RankSpec; only a joining rank imports torch
     from worldfoundry.core.distributed import groups
-    from worldfoundry.core.distributed.init import dist_init
-
-    from .task_context import build_context
+    from worldfoundry.core.distributed.init import dist_init  # torch, as above
 
     r.log.debug(f"rank {r.rank} joining the process group (pid {os.getpid()})")
     files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
@@ -151,7 +153,6 @@ def _joined(r: _Rank) -> None:
 
 def _handle_signals(r: _Rank, task: Any) -> None:
     """Preemption (the launcher's policy) or SIGTERM reach the task through its context's stop flag."""
-    from . import script_api
 
     script_api.bind(
         r.ctx
@@ -221,9 +222,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         )
         if gathered is not None and spec.write_result:
             _write_success(spec, gathered)
-        from worldfoundry.core.distributed import (
-            groups,
-        )  # imports torch: not before a script does (fresh)
+        # imports torch: not before a script does (fresh)
+        from worldfoundry.core.distributed import groups
 
         groups.destroy_model_parallel()
         return value
@@ -251,8 +251,6 @@ def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
     left. Every rank records how it ended in its exit record (:mod:`wf_launch.rundir.exits`);
     rank 0 waits for all of them and writes ``result.json`` from them, no collective needed.
     """
-    from ..rundir import exits
-    from .task_context import build_own_group_context
 
     files.rank_marker(r.run_dir, r.rank, "arrived").write_text(f"{current_attempt()}\n")
     _joined(r)
@@ -359,6 +357,7 @@ def _json_checked(task: str, value: Any) -> dict[str, Any]:
 def _gather_to_rank0(payload: dict[str, Any]) -> list[dict[str, Any]] | None:
     import torch.distributed as dist
 
+    # torch: launchers import this module for RankSpec; only a joined rank gathers
     from worldfoundry.core.distributed.groups import get_world_group
 
     world = get_world_group()
@@ -370,7 +369,6 @@ def _gather_to_rank0(payload: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def _write_success(spec: RankSpec, gathered: list[dict[str, Any]]) -> None:
-    from ..rundir.record import RunRecord, Status
 
     layout = layout_of(spec.config)
     RunRecord(

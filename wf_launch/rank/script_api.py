@@ -161,6 +161,7 @@ def wait() -> None:
 def _settle() -> None:
     """After the helpers' collectives: the script may destroy its group right after (see
     :func:`~worldfoundry.core.distributed.runtime.settle_group_threads`, a torch deadlock at teardown)."""
+    # torch: the script API is importable, and a no-op, in a script that never imports torch
     from worldfoundry.core.distributed.runtime import settle_group_threads
 
     settle_group_threads()

@@ -21,6 +21,7 @@ import signal
 import time
 from typing import Any
 
+from worldfoundry.core.distributed.backends import group_device
 from worldfoundry.core.validation import is_int
 
 __all__ = ["StopFlag"]
@@ -89,7 +90,6 @@ class StopFlag:
             if self._agreed:
                 self._work = None
                 return True
-        from worldfoundry.core.distributed.backends import group_device
 
         self._buf = torch.tensor(
             [1 if self.requested is not None else 0],

@@ -7,6 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worldfoundry.core.distributed.env import LaunchEnv, launch_attempt
+from worldfoundry.core.distributed.topology import COMBINED, DIMS
+from worldfoundry.core.validation import is_int
+
+from ..config.layout import layout_of
+from ..rundir.identity import RUN_ID_ENV, read_run_id
+from .progress import ProgressReporter, publish_interval
+from .stop import StopFlag
+from .task_registry import task_config_class
+from .trackers import open_trackers
+
 if TYPE_CHECKING:
     import torch
     from loguru import Logger
@@ -79,8 +90,7 @@ class TaskContext:
         A pending asynchronous save is committed when the task returns.
         """
         if self._checkpointer is None:
-            from worldfoundry.core.validation import is_int
-
+            # torch and DCP: only a task that checkpoints pays for them
             from .checkpoint import Checkpointer
 
             seed = getattr(
@@ -118,7 +128,6 @@ def _metrics_cap(config: dict[str, Any]) -> int:
 
 
 def _attempt() -> int:
-    from worldfoundry.core.distributed.env import launch_attempt
 
     try:
         return launch_attempt()
@@ -128,21 +137,18 @@ def _attempt() -> int:
 
 def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) -> TaskContext:
     """Assemble the context from the live groups (after ``dist_init``)."""
+    # torch: ``import wf_launch`` (TaskContext) stays light for the launcher and the tools
     from worldfoundry.core.distributed import groups as g
-    from worldfoundry.core.distributed.topology import COMBINED, DIMS
 
     world = g.get_world_group()
     layout = g.get_layout()
     groups = {"world": world, **{n: g.get_group(n) for n in (*DIMS, *COMBINED)}}
     pp = None
     if layout.pp_size > 1:
+        # torch, as for the groups above
         from worldfoundry.core.distributed.pipeline import pp_scheduler
 
         pp = pp_scheduler()
-    from worldfoundry.core.distributed.init import LaunchEnv
-
-    from .stop import StopFlag
-    from .task_registry import task_config_class
 
     task = dict(config.get("task", {}))
     run_id, reporter = _reporter(config, run_dir, world.rank, log)
@@ -174,11 +180,6 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
     every call: a stop seen during step ``k`` is agreed after step ``k + 1``. Nothing here
     imports torch.
     """
-    from worldfoundry.core.distributed.env import LaunchEnv
-
-    from ..config.layout import layout_of
-    from .stop import StopFlag
-    from .task_registry import task_config_class
 
     env = LaunchEnv.from_environ()
     task = dict(config.get("task", {}))
@@ -205,9 +206,6 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
 def _reporter(config: dict[str, Any], run_dir: Path, rank: int, log: Any) -> tuple[str, Any]:
     """The run's id and this rank's progress reporter (``metrics.jsonl`` within ``launcher.max_metrics_mb``,
     the experiment trackers of ``tracking``)."""
-    from ..rundir.identity import RUN_ID_ENV, read_run_id
-    from .progress import ProgressReporter, publish_interval
-    from .trackers import open_trackers
 
     run_id = os.environ.get(RUN_ID_ENV) or read_run_id(run_dir) or ""
     sink = open_trackers(config, run_dir, rank, run_id, _attempt(), log)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..config import TaskConfig
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "TaskSpec",
@@ -80,8 +82,6 @@ def register_task(
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
-
-    from ..config import TaskConfig
 
     if config is not None and not (isinstance(config, type) and issubclass(config, TaskConfig)):
         raise ValueError(
@@ -154,7 +154,6 @@ def get_task(name: str) -> TaskFn:
 
 def task_config_class(name: str) -> type:
     """The config dataclass of task ``name``: its own, else a plain ``TaskConfig``."""
-    from ..config import TaskConfig
 
     return task_spec(name).config or TaskConfig
 

@@ -154,10 +154,12 @@ def teardown(ctx: Any) -> None:
     elif ctx.stop is not None:
         ctx.stop.forget()  # the code destroyed its group: nothing left to wait for
     if "worldfoundry.core.distributed.groups" in sys.modules:
+        # torch: a fresh interpreter's script must find torch not imported before it runs
         from worldfoundry.core.distributed import groups
 
         groups.destroy_model_parallel()
     if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        # torch, as above (torch.distributed is imported by then)
         from worldfoundry.core.distributed.runtime import settle_group_threads
 
         settle_group_threads()

@@ -22,6 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ..observe.console import print_or_quiet
+from ..rank.checkpoint.safe_read import (
+    CheckpointRefused,
+    SafeLoadPlanner,
+    SafeReader,
+    read_metadata,
+)
 from ..rundir import files
 from ..rundir.checkpoints import (
     COMMIT_FILE,
@@ -145,13 +151,6 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from ..rank.checkpoint.safe_read import (
-        CheckpointRefused,
-        SafeLoadPlanner,
-        SafeReader,
-        read_metadata,
-    )
-
     metadata = read_metadata(directory) if metadata is None else metadata
     prefix = f"{entry}."
     full = {
@@ -183,7 +182,6 @@ def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, 
 
 def _readable(directory: Path) -> Any:
     """The checkpoint's metadata, its ``COMMIT`` checked first (:class:`CheckpointUnreadable`)."""
-    from ..rank.checkpoint.safe_read import read_metadata
 
     read_commit(directory)
     return read_metadata(directory)
@@ -307,7 +305,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from ..rank.checkpoint.safe_read import CheckpointRefused
 
     if not args.run_dir.is_dir():
         print(f"wf_launch.checkpoint: {args.run_dir}: not a directory", file=sys.stderr)

@@ -24,6 +24,7 @@ from typing import Any
 
 from worldfoundry.core.distributed.topology import DIMS
 
+from ..launchers import get_launcher
 from ..rundir import files
 from ..rundir.record import RecordError, RunRecord
 from ..rundir.text import printable
@@ -109,7 +110,6 @@ def _named_in_config(run_dir: Path) -> tuple[str, str]:
 
 def _launcher_column(name: str, run_dir: Path, record: RunRecord | None) -> str:
     """The run's launcher as its hook names it ('slurm 42'); the bare name when that launcher is unknown here."""
-    from ..launchers import get_launcher
 
     try:
         return get_launcher(name).run_label(run_dir, record)
@@ -120,7 +120,6 @@ def _launcher_column(name: str, run_dir: Path, record: RunRecord | None) -> str:
 def _gone(name: str, run_dir: Path) -> bool:
     """Whether a run with no record has lost its launcher (its ``is_live`` hook: a SLURM job is left to the
     scheduler, a Ray run to whatever monitors it)."""
-    from ..launchers import get_launcher
 
     try:
         launcher = get_launcher(name)

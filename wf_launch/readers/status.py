@@ -25,6 +25,9 @@ from typing import Any
 
 from ..config.layout import rank_label, run_layout
 from ..launchers import DetachedLauncher, get_launcher
+from ..observe.console import setup_launcher_logging
+from ..observe.live import LiveView, console_ranks, final_line
+from ..observe.stacks import live_autopsy, rank_ranges
 from ..rundir import attempts, files
 from ..rundir.claim import launch_alive
 from ..rundir.io import open_regular
@@ -148,7 +151,6 @@ def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 
 def _tail(run_dir: Path, lines: int) -> int:
     """``--tail N``: the last N lines of each console rank's log (ranks without a log yet are named
     once)."""
-    from ..observe.live import console_ranks
 
     try:
         config = files.read_config(run_dir, strict=True)
@@ -171,8 +173,6 @@ def _tail(run_dir: Path, lines: int) -> int:
             )
     missing = sorted(set(ranks) - set(logs))
     if missing:
-        from ..observe.stacks import rank_ranges
-
         _say(f"(no log yet: rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)})")
     return 0
 
@@ -215,9 +215,6 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
     Exit code: the run's, once it ended; 0 when it still runs at the timeout; 130 after Ctrl-C.
     """
     from loguru import logger
-
-    from ..observe.console import setup_launcher_logging
-    from ..observe.live import LiveView, final_line
 
     setup_launcher_logging(None)
     launcher = launcher_of(run_dir)
@@ -267,7 +264,6 @@ def _follow(run_dir: Path, timeout_s: float, backlog: int = FOLLOW_BACKLOG) -> i
 def _stacks(run_dir: Path) -> int:
     """``--stacks``: signal the run's ranks (through its launcher) to dump their stacks, and print
     them grouped."""
-    from ..observe.stacks import live_autopsy
 
     launcher = launcher_of(run_dir)
     try:

@@ -32,6 +32,7 @@ from worldfoundry.core.validation import is_int, is_number
 
 from . import files
 from .io import UnreadableFile, atomic_write_json, read_json
+from .progress import read_progress
 
 __all__ = [
     "cause_of_exits",
@@ -122,7 +123,6 @@ def count(run_dir: Path | str) -> int:
 
 def last_step(run_dir: Path | str, world_size: int, since: float | None = None) -> int | None:
     """The furthest step any rank published (``ctx.progress``), counting only reports after ``since``."""
-    from .progress import read_progress
 
     steps = [
         s["step"]

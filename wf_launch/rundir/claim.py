@@ -18,8 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import files
+from .attempts import count
 from .io import open_regular
 from .record import RecordError, RunRecord, Status
+from .resume import resume_hint
 
 __all__ = [
     "OWNER_ONLY",
@@ -246,7 +248,6 @@ def close_runs(run_dir: Path, n: int = 3) -> list[Path]:
 
 def _or_resume(run_dir: Path) -> str:
     """'; or continue it ...: python -m wf_launch ... launcher.resume=true ...' when the run can go on."""
-    from .resume import resume_hint
 
     hint = resume_hint(run_dir)
     return f"; or {hint}" if hint else ""
@@ -265,7 +266,6 @@ def _move_aside(run_dir: Path) -> None:
 
 def _resumable(run_dir: Path) -> None:
     """Check that the run in ``run_dir`` can be continued, and move its last record into ``logs/``."""
-    from .attempts import count
 
     path = RunRecord.path(run_dir)
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .io import read_yaml
+
 __all__ = [
     "CHECKPOINTS",
     "CODE",
@@ -323,7 +325,6 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
     ``strict`` those raise ``ValueError`` naming the file (``OSError`` when missing).
     Only a regular file of at most 64 MiB is read (a FIFO or a huge file is unreadable).
     """
-    from .io import read_yaml
 
     path = config_path(run_dir)
     try:

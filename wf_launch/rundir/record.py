@@ -22,6 +22,7 @@ from worldfoundry.core.distributed.topology import Layout
 from worldfoundry.core.validation import is_int, is_number
 
 from . import files
+from .identity import RunIdError, read_run_id
 from .io import UnreadableFile, atomic_write_json, read_json
 
 try:
@@ -131,7 +132,6 @@ def _field_problem(values: dict[str, Any]) -> str | None:
 
 def _run_id_of(run_dir: Path | str) -> str | None:
     """The run's stable id for its record (None when it has none or it is unreadable)."""
-    from .identity import RunIdError, read_run_id
 
     try:
         return read_run_id(run_dir)

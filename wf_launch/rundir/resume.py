@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..config.redact import redact_overrides
 from . import files
+from .checkpoints import complete_checkpoints
 from .io import read_yaml
 from .record import RecordError, RunRecord, Status
 
@@ -43,7 +44,6 @@ def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
     status = record.status if record is not None else Status.UNKNOWN
     if status not in RESUMABLE:
         return ""
-    from .checkpoints import complete_checkpoints
 
     found = complete_checkpoints(run_dir)
     start = (

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wf_launch.config import TaskConfig, config_error, integer, is_int, number
+from worldfoundry.core.distributed import cat_outputs_cp, cat_outputs_cp_with_grad, find_split
 
 __all__ = [
     "CPAttention",
@@ -158,7 +159,6 @@ class PatchGridSplit:
         grid = (t // patch[0], h // patch[1], w // patch[2])
         if cp_size == 1:
             return cls(grid)
-        from worldfoundry.core.distributed import find_split
 
         block = find_split(torch.Size(latent_shape), cp_size, tuple(patch))
         bt, bh, bw = (int(v) for v in block)
@@ -277,7 +277,6 @@ def gather_kv_with_grad(kv: torch.Tensor, cp_group: Any) -> torch.Tensor:
     the gathered gradient over CP before the slot is taken makes the backward a
     reduce-scatter, the exact gradient of the all-gather.
     """
-    from worldfoundry.core.distributed import cat_outputs_cp_with_grad
 
     return _SumGradOverGroup.apply(cat_outputs_cp_with_grad(kv, 1, cp_group), cp_group)
 
@@ -300,8 +299,6 @@ class CPAttention(nn.Module):
             if torch.is_grad_enabled() and kv.requires_grad:
                 k, v = gather_kv_with_grad(kv, cp_group).chunk(2, dim=-1)
             else:
-                from worldfoundry.core.distributed import cat_outputs_cp
-
                 k, v = cat_outputs_cp(kv, 1, cp_group).chunk(2, dim=-1)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

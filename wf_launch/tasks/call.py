@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.fields import config_error
+from ..rank import script_api, user_code
 from ..rank.task_registry import register_task
 from .script import OwnGroupConfig, describe_ranks
+from .torchrun_env import export
 
 if TYPE_CHECKING:
     from ..config.engine import EngineConfig
@@ -166,8 +168,6 @@ def _as_result(value: Any, target: str) -> dict[str, Any]:
 @register_task("call", config=CallConfig, own_group=True)
 def call(ctx: TaskContext) -> dict[str, Any]:
     """Call the function on this rank: torchrun's environment, the launch directory, ``ctx`` if it asks."""
-    from ..rank import script_api, user_code
-    from .torchrun_env import export
 
     cfg: CallConfig = ctx.cfg
     export(ctx.config, ctx.run_dir)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from worldfoundry.core.distributed import get_layout
 from worldfoundry.core.distributed.topology import COMBINED, DIMS
 
 from ..rank.task_context import TaskContext
@@ -93,7 +94,6 @@ def render_table(rows: list[dict[str, Any]], title: str = "") -> str:
 
 def _cross_check(rows: list[dict[str, Any]]) -> list[str]:
     """Rank 0: rows agree with the layout and every member of a group lists the same members."""
-    from worldfoundry.core.distributed import get_layout
 
     layout = get_layout()
     errors = []
@@ -142,7 +142,6 @@ def layout(ctx: TaskContext) -> dict[str, Any]:
     dist.all_gather_object(rows, row, group=world.cpu_group)
     if not ctx.is_main:
         return {"rank": ctx.rank, "coords": row["coords"], "ok": all(r["ok"] for r in rows)}
-    from worldfoundry.core.distributed import get_layout
 
     cross = _cross_check(rows)
     ok = all(r["ok"] for r in rows) and not cross

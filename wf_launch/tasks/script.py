@@ -19,6 +19,7 @@ relative data paths keep working.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -30,7 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.fields import check_fields, config_error, flag, integer
 from ..config.task import TaskConfig
+from ..launchers.snapshot import project_root
+from ..rank import script_api, user_code
 from ..rank.task_registry import register_task
+from ..rundir import files
+from ..rundir.io import read_json
+from .torchrun_env import TORCHRUN_VARS, export, torchrun_environ
 
 if TYPE_CHECKING:
     from ..config.engine import EngineConfig
@@ -167,8 +173,6 @@ def find_module(module: str, workdir: Path) -> bool:
         return spec.submodule_search_locations is None or any(
             (Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations
         )
-    import importlib.util
-
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -193,9 +197,6 @@ def _shown_path(path: str, workdir: str, plan: LaunchPlan) -> str:
     """The script as the ranks will run it: in the code copy when the launcher runs one."""
     target = (Path(workdir) / path).resolve()
     if getattr(plan.launcher_config, "snapshot", False):
-        from ..launchers.snapshot import project_root
-        from ..rundir import files
-
         root = project_root()
         if root is not None and target.is_relative_to(root):
             return str(plan.run_dir.absolute() / files.CODE / target.relative_to(root))
@@ -206,7 +207,6 @@ def describe_ranks(plan: LaunchPlan, workdir: str, command: list[str]) -> list[s
     """The dry run's lines: the working directory, the environment every rank shares, each rank's
     command.
     """
-    from .torchrun_env import TORCHRUN_VARS, torchrun_environ
 
     world = plan.world_size
     per_node = world // max(1, int(getattr(plan.launcher_config, "nodes", 1) or 1))
@@ -253,12 +253,7 @@ def code_copy() -> tuple[Path, Path] | None:
     """(project, its copy) when this rank runs from a launcher's code copy (SLURM's snapshot), else
     None.
     """
-    import wf_launch
-
-    from ..rundir import files
-    from ..rundir.io import read_json
-
-    copy = Path(wf_launch.__file__).resolve().parent.parent
+    copy = Path(__file__).resolve().parents[2]  # what holds the imported wf_launch package
     try:
         manifest = read_json(copy / files.SNAPSHOT_MANIFEST)
     except ValueError:
@@ -286,8 +281,6 @@ def script(ctx: TaskContext) -> dict[str, Any]:
     """Run the script (or module) on this rank: torchrun's environment, the launch directory,
     ``__main__``.
     """
-    from ..rank import script_api, user_code
-    from .torchrun_env import export
 
     cfg: ScriptConfig = ctx.cfg
     export(ctx.config, ctx.run_dir)

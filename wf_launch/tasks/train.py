@@ -59,6 +59,14 @@ from wf_launch.config import (
     number,
     redefault,
 )
+from wf_launch.rundir.checkpoints import describe_layout
+from worldfoundry.core.distributed import gather_state_dicts, get_layout
+from worldfoundry.core.distributed.backends import group_device
+from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
+from worldfoundry.core.distributed.env import launch_attempt
+from worldfoundry.core.distributed.fsdp import fsdp2_wrap
+from worldfoundry.core.distributed.groups import GroupCoordinator
+from worldfoundry.core.distributed.pipeline import PPScheduler
 from worldfoundry.core.torch_private import DYNAMO_MODULE
 
 from ..rank.task_context import TaskContext
@@ -72,6 +80,7 @@ from ._vdit import (
     stage_blocks,
     timestep_embedding,
 )
+from .train_memory import estimate_memory_gb
 
 __all__ = [
     "LOSSES",
@@ -195,7 +204,6 @@ class TrainConfig(VDiTConfig):
         """Peak memory per rank (GB) on ``layout`` (tp/cp/pp/dp, device):
         :mod:`wf_launch.tasks.train_memory`.
         """
-        from .train_memory import estimate_memory_gb
 
         return estimate_memory_gb(self, layout)
 
@@ -332,8 +340,6 @@ def _wait(handles: list[Any]) -> None:
 
 def _reversed_pp(pp: Any) -> Any:
     """A PP scheduler on the reversed ring: "next" is the previous stage (gradients go back)."""
-    from worldfoundry.core.distributed.groups import GroupCoordinator
-    from worldfoundry.core.distributed.pipeline import PPScheduler
 
     g = pp.group
     back = GroupCoordinator(
@@ -431,10 +437,6 @@ def build(ctx: TaskContext, cfg: TrainConfig) -> Trainer:
     """
     from torch.distributed.device_mesh import DeviceMesh
 
-    from worldfoundry.core.distributed.backends import group_device
-    from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
-    from worldfoundry.core.distributed.fsdp import fsdp2_wrap
-
     place = Placement.of(ctx, cfg)
     # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook);
     # Stage's outputs are views of FSDP2's own hooks and linear layers; nothing edits them in place.
@@ -482,7 +484,6 @@ def load(t: Trainer) -> int | None:
     """Resume from the newest checkpoint (if any, at any layout), fix the global batch, record this
     attempt.
     """
-    from worldfoundry.core.distributed.env import launch_attempt
 
     resumed = t.ctx.checkpoint.load(t.state)
     t.global_batch = _global_batch(t)
@@ -501,8 +502,6 @@ def load(t: Trainer) -> int | None:
     entry: dict[str, Any] = {"attempt": attempt, "resumed_from": resumed}
     report = t.ctx.checkpoint.last_load if resumed is not None else None
     if report is not None and report.changed:
-        from wf_launch.rundir.checkpoints import describe_layout
-
         entry["layout"] = {
             "from": describe_layout(report.layout_from),
             "to": describe_layout(report.layout_to),
@@ -603,7 +602,6 @@ def report(
     """Gather the full weights to rank 0; rank 0 returns the run's results, every other rank its
     place.
     """
-    from worldfoundry.core.distributed import gather_state_dicts, get_layout
 
     ctx, cfg, progress = t.ctx, t.cfg, t.progress
     rep = ctx.coords["dp"] == 0 and ctx.coords["cp"] == 0 and ctx.coords["tp"] == 0
@@ -715,7 +713,6 @@ def reference_run(
     """One process, no parallelism: the same model, global batches (in micro-batches of ``batch``)
     and optimizer.
     """
-    from worldfoundry.core.distributed.ema import DTensorFastEmaModelUpdater
 
     model = cfg.build_model()
     ema = copy.deepcopy(model).requires_grad_(False)

@@ -30,13 +30,10 @@ against the measured peak resident memory of real runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from ._vdit import stage_blocks
-
-if TYPE_CHECKING:
-    from .train import TrainConfig
 
 __all__ = [
     "ACT_GATHERED",
@@ -67,12 +64,32 @@ CPU_GATHERED = 3
 their serialized bytes), measured."""
 
 
+class TrainShape(Protocol):
+    """The fields of ``train``'s config (:class:`~.train.TrainConfig`) the estimate reads.
+
+    A structural type, so that the config (which calls the estimate) and the estimate do not
+    import each other.
+    """
+
+    hidden: int
+    mlp_ratio: float
+    depth: int
+    channels: int
+    patch: Sequence[int]
+    frames: int
+    height: int
+    width: int
+    batch: int
+
+    def default_global_batch(self, dp_size: int) -> int: ...
+
+
 def _block(hidden: int, mlp: int) -> int:
     """Parameters of one DiTBlock: qkv, proj, the MLP and the adaLN projection (weights and biases)."""
     return 10 * hidden * hidden + 2 * hidden * mlp + 11 * hidden + mlp
 
 
-def _root(cfg: TrainConfig, first: bool, last: bool) -> int:
+def _root(cfg: TrainShape, first: bool, last: bool) -> int:
     """Parameters of a stage outside its blocks: patch and time embeddings (first), the final layer (last)."""
     h, patch_dim = cfg.hidden, cfg.channels * math.prod(cfg.patch)
     out = 0
@@ -83,25 +100,25 @@ def _root(cfg: TrainConfig, first: bool, last: bool) -> int:
     return out
 
 
-def stage_parameters(cfg: TrainConfig, pp: int, stage: int) -> tuple[int, int]:
+def stage_parameters(cfg: TrainShape, pp: int, stage: int) -> tuple[int, int]:
     """(parameters of pipeline stage ``stage`` of ``pp``, of which in its largest block)."""
     block = _block(cfg.hidden, int(cfg.hidden * cfg.mlp_ratio))
     blocks = len(stage_blocks(cfg.depth, pp, stage))
     return blocks * block + _root(cfg, stage == 0, stage == pp - 1), block if blocks else 0
 
 
-def _tokens(cfg: TrainConfig) -> int:
+def _tokens(cfg: TrainShape) -> int:
     pt, ph, pw = cfg.patch
     return (cfg.frames // pt) * (cfg.height // ph) * (cfg.width // pw)
 
 
-def micro_batches(cfg: TrainConfig, dp: int) -> int:
+def micro_batches(cfg: TrainShape, dp: int) -> int:
     """Micro-batches per replica at ``dp`` replicas, as ``train`` derives them: ``global_batch / (dp * batch)``
     (``task.global_batch``, else ``dp * batch * micro_batches``: then ``micro_batches``)."""
     return max(1, cfg.default_global_batch(dp) // (dp * cfg.batch))
 
 
-def _activations(cfg: TrainConfig, blocks: int, cp: int, dp: int) -> float:
+def _activations(cfg: TrainShape, blocks: int, cp: int, dp: int) -> float:
     """Numbers a stage keeps for the backward over all of a step's micro-batches."""
     tokens = _tokens(cfg)
     local = tokens / cp
@@ -112,7 +129,7 @@ def _activations(cfg: TrainConfig, blocks: int, cp: int, dp: int) -> float:
     return micro_batches(cfg, dp) * cfg.batch * (blocks * per_block + stage_input)
 
 
-def estimate_memory_gb(cfg: TrainConfig, layout: Mapping[str, Any]) -> float:
+def estimate_memory_gb(cfg: TrainShape, layout: Mapping[str, Any]) -> float:
     """Peak memory per rank (GB) of ``train`` with ``cfg`` on ``layout`` (``tp``, ``cp``, ``pp``, ``dp``, and
     ``device``: ``cpu`` for host memory, anything else for device memory); the largest over the pipeline stages."""
     cp, pp, dp = int(layout["cp"]), int(layout["pp"]), int(layout["dp"])

@@ -3,7 +3,7 @@
 The tuner composes the run's config the way ``python -m wf_launch`` does (Hydra's
 compose API, the same YAML and schemas), once per combination of ``--also``
 values, sets each layout's sizes and validates it with the launcher's own
-:func:`~wf_launch.config.run.validate_run_config`: the engine's checks, the launcher's
+:func:`~wf_launch.app.validate_run_config`: the engine's checks, the launcher's
 and the task's ``validate(engine)``. A layout that passes is then checked against
 ``--mem-gb`` when the task config defines ``estimate_memory_gb(layout)``.
 """
@@ -17,7 +17,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from worldfoundry.core.validation import is_int
+
+from ...app import validate_run_config
+from ...cli import register_configs
 from ...config.fields import ConfigError
+from ...config.overrides import task_modules
+from ...rank.task_registry import load_task_modules, task_config_class
 from .space import Point, TuneError, override_key
 
 __all__ = [
@@ -52,8 +65,6 @@ class Verdict:
 
 
 def _resolvers() -> None:
-    from omegaconf import OmegaConf
-
     OmegaConf.register_new_resolver("wf_uid", lambda: "tune", replace=True)
     OmegaConf.register_new_resolver("wf_config_groups", str, replace=True)
 
@@ -64,20 +75,9 @@ def compose(overrides_list: Iterable[list[str]]) -> list[dict[str, Any]]:
 
     :class:`TuneError` when Hydra refuses the overrides (an unknown group option, a wrong type).
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ...cli import _task_modules_from_argv
-    from ...config.run import register_configs
-    from ...rank.task_registry import load_task_modules
-
     lists = [list(o) for o in overrides_list]
     try:
-        load_task_modules(sorted({m for o in lists for m in _task_modules_from_argv(o)}))
+        load_task_modules(sorted({m for o in lists for m in task_modules(o)}))
     except ImportError as exc:
         raise TuneError(str(exc)) from None
     register_configs()
@@ -99,7 +99,6 @@ def compose(overrides_list: Iterable[list[str]]) -> list[dict[str, Any]]:
 def task_config(config: dict[str, Any]) -> Any:
     """The task's typed config (its dataclass) built from a composed config; :class:`TuneError` if
     refused."""
-    from ...rank.task_registry import task_config_class
 
     task = config.get("task") or {}
     try:
@@ -111,7 +110,6 @@ def task_config(config: dict[str, Any]) -> Any:
 def check_steps_field(config: dict[str, Any], steps_field: str) -> None:
     """:class:`TuneError` unless the task has an integer ``steps_field``: the tuner sets each
     trial's length there."""
-    from worldfoundry.core.validation import is_int
 
     task = config.get("task") or {}
     if not is_int(task.get(steps_field)):
@@ -176,7 +174,6 @@ def prune(
 ) -> list[Verdict]:
     """A verdict for every point; ``configs`` maps each ``--also`` combination to its composed
     config."""
-    from ...config.run import validate_run_config
 
     verdicts = []
     estimators: dict[tuple[tuple[str, str], ...], Any] = {}

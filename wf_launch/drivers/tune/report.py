@@ -21,6 +21,7 @@ from ...config.redact import redact_overrides
 from ...readers.sweep.tables import fmt
 from ...rundir import files
 from ...rundir.io import atomic_write_text
+from .chart import render_chart
 from .measure import STEP_TIME, Measurement, higher_is_better
 from .plan import EXHAUSTIVE, Plan
 from .state import TuneState, order_points
@@ -422,8 +423,6 @@ def write_report(state: TuneState, chart: bool = True) -> dict[str, Path]:
     if best is not None:
         written["best"] = best
     if chart and state.measurements:
-        from .chart import render_chart
-
         try:
             render_chart(state, state.dir / files.TUNE_CHART)
             written["png"] = state.dir / files.TUNE_CHART

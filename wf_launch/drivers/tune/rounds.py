@@ -36,6 +36,7 @@ from ...rundir.io import atomic_write_text, read_yaml
 from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
+from .stall import last_activity, stop_stalled
 
 __all__ = [
     "TRIAL_GROUP",
@@ -357,7 +358,6 @@ class RoundRunner:
         return out
 
     def _check_stall(self, trial: str, job_dir: Path) -> None:
-        from .stall import last_activity, stop_stalled
 
         world = self.trials[trial]["world_size"]
         since = last_activity(job_dir, world, local=self.watch.launcher == "local")

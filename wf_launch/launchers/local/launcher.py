@@ -24,8 +24,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from loguru import logger
 
 from ...config.engine import NCCL_BACKENDS
-from ...config.fields import check_fields, choice, config_error, flag, integer, number
+from ...config.fields import (
+    check_fields,
+    choice,
+    config_error,
+    flag,
+    integer,
+    number,
+)
+from ...observe.live import progress_monitor
 from ...observe.rootcause import explain_failure
+from ...observe.stacks import describe_groups, group_spots, spot_of
+from ...observe.watch import RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
 from ...rank.task_registry import task_preload
 from ...rundir import attempts, files
@@ -33,8 +43,10 @@ from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
+from ...rundir.resume import resume_hint
 from ..base import LauncherConfig, LauncherHooks
 from ..registry import register_launcher
+from .rank_entry import local_rank_entry
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -250,7 +262,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from ...observe.watch import StartupTimeout
+    # torch's elastic agent: status and runs load this launcher for its hooks, never the agent
     from .agent import PortInUse, RanksFailed
 
     tracker = _AttemptTracker(plan.run_dir, plan.world_size, attempts.count(plan.run_dir))
@@ -289,10 +301,8 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
     """Preload, record the environment, start the ranks on the agent and wait for them (raises how
     it ended).
     """
-    from ...observe.live import progress_monitor
-    from ...observe.watch import RankWatch
+    # torch's elastic agent, imported once ranks are about to start (see _launch)
     from .agent import ForkGate, run_agent
-    from .rank_entry import local_rank_entry
 
     config, spec, method = _prepare(plan)
     logger.info(
@@ -387,7 +397,6 @@ def _port_in_use(plan: LaunchPlan, info: dict[str, Any], exc: Exception) -> RunO
 def _interrupted(
     plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker, name: str, t0: float
 ) -> RunOutcome:
-    from ...rundir.resume import resume_hint
 
     started = tracker.current is not None
     summary = (
@@ -410,7 +419,6 @@ def _interrupted(
 
 
 def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:
-    from ...observe.stacks import describe_groups, group_spots, spot_of
 
     spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
     lines = [str(exc), *describe_groups(group_spots(spots), plan.label)]
@@ -479,6 +487,7 @@ class LocalLauncher(LauncherHooks):
 
     name: ClassVar[str] = "local"
     config_class: ClassVar[type[LauncherConfig]] = LocalLauncherConfig
+    drill_kinds: ClassVar[tuple[str, ...]] = ("kill9", "sigterm")
 
     def validate(self, cfg: LocalLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         cfg.check(layout.world_size)

@@ -15,17 +15,28 @@ This module holds the config and the launcher class; it never imports Ray itself
 from __future__ import annotations
 
 import importlib.util
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...config.engine import NCCL_BACKENDS
-from ...config.fields import check_fields, config_error, flag, integer, number
+from ...config.fields import (
+    check_fields,
+    config_error,
+    flag,
+    integer,
+    number,
+)
+from ...observe.stacks import rank_ranges
 from ..base import LauncherConfig, LauncherHooks
 from ..registry import register_launcher
+from . import state
 from .cluster import parse_address
 from .placement import LAUNCHER_VARS, shape
+from .poll import cancel, kill_node, live_state, monitor_alive, signal_rank, signal_ranks, status
 from .ray_adapter import INSTALL_HINT
+from .submit import launch
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -206,6 +217,7 @@ class RayLauncher(LauncherHooks):
 
     name: ClassVar[str] = "ray"
     config_class: ClassVar[type[LauncherConfig]] = RayLauncherConfig
+    drill_kinds: ClassVar[tuple[str, ...]] = ("kill9", "nodekill")
 
     def validate(self, cfg: RayLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_ray_launcher(cfg, engine, layout.world_size)
@@ -214,43 +226,41 @@ class RayLauncher(LauncherHooks):
         return describe(plan)
 
     def launch(self, plan: LaunchPlan) -> RunOutcome:
-        from .submit import launch
 
         return launch(plan)
 
     def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
-        from .poll import status
 
         return status(Path(run_dir))
 
     def cancel(self, run_dir: Path) -> str | None:
-        from .poll import cancel
 
         return cancel(Path(run_dir))
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
         """Every rank of the current attempt, on whichever node, through one small Ray task per node."""
-        from .poll import signal_ranks
 
         return signal_ranks(Path(run_dir), signum)
 
     def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
-        from .poll import signal_rank
 
         return signal_rank(Path(run_dir), rank, signum)
 
+    def kill_rank(self, run_dir: Path, rank: int, progress: dict[int, dict[str, Any]]) -> str:
+        """SIGKILL one rank on whichever node it runs."""
+        if not self.signal_rank(run_dir, rank, signal.SIGKILL):
+            raise ValueError(f"kill9:{rank}: rank {rank} of {run_dir} could not be reached")
+        return f"pid {progress.get(rank, {}).get('pid')} (rank {rank})"
+
     def kill_node(self, run_dir: Path, rank: int) -> str:
-        from .poll import kill_node
 
         return kill_node(Path(run_dir), rank)
 
     def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        from .poll import live_state
 
         return live_state(Path(run_dir))
 
     def status_label(self, run_dir: Path) -> str:
-        from . import state
 
         info = state.read(run_dir) or {}
         return f"Ray run {info.get('supervisor') or Path(run_dir).name}" + (
@@ -259,7 +269,6 @@ class RayLauncher(LauncherHooks):
 
     def status_details(self, run_dir: Path) -> list[str]:
         """Where each node's ranks ran (the current or last attempt)."""
-        from . import state
 
         by_node: dict[str, list[int]] = {}
         placement = state.placement_of(run_dir)
@@ -267,19 +276,15 @@ class RayLauncher(LauncherHooks):
             by_node.setdefault(f"node {str(p.get('node'))[:12]} (host {p.get('host')})", []).append(
                 rank
             )
-        from ...observe.stacks import rank_ranges
 
         return [f"ranks {rank_ranges(r)} on {where}" for where, r in by_node.items()]
 
     def run_label(self, run_dir: Path, record: RunRecord | None) -> str:
-        from . import state
 
         info = state.read(run_dir) or {}
         where = "private" if info.get("private") else info.get("address") or ""
         return f"ray {where}".strip() + (" detached" if info.get("detached") else "")
 
     def is_live(self, run_dir: Path) -> bool:
-        from . import state
-        from .poll import monitor_alive
 
         return bool(state.read(run_dir)) and monitor_alive(Path(run_dir))

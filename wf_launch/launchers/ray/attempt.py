@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...observe.stacks import collect_dumps, rank_ranges, stack_offsets
+from ...observe.stacks import (
+    collect_dumps,
+    describe_groups,
+    group_spots,
+    rank_ranges,
+    spot_of,
+    stack_offsets,
+)
 from ...observe.watch import RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
 from ...rank.stackdump import DUMP_SIGNAL
@@ -28,9 +35,11 @@ from ...rundir import attempts, files
 from ...rundir.record import Status
 from . import ray_adapter as rt
 from . import state
-from .failure import FailureContext, Outcome, Verdict, explain
+from .cluster import alive_nodes, describe_nodes
+from .failure import FailureContext, Outcome, Verdict, explain, node_text
 from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
 from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank
+from .reach import signal_ranks
 
 __all__ = ["Attempt", "Ended", "Stopped"]
 
@@ -99,8 +108,6 @@ class Attempt:
         while not rt.pg_ready(self.pg, POLL_S * 2):
             self.run.check_cancel()
             if time.monotonic() > deadline and not self.run.queue_busy():
-                from .cluster import alive_nodes, describe_nodes
-
                 message = (
                     f"the placement group ({plan_shape.describe()}) was not placed within "
                     f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the cluster is busy; "
@@ -182,7 +189,6 @@ class Attempt:
         )
         if not blind:
             return None
-        from .failure import node_text
 
         w = self.where.get(blind[0]) or {"node": self.slots[blind[0]].node}
         message = (
@@ -274,7 +280,6 @@ class Attempt:
 
     def reach(self, ranks: Any, signum: int, timeout_s: float = 10.0) -> set[int]:
         """Signal ``ranks`` wherever they run (nodes whose raylet does not answer are skipped)."""
-        from .reach import signal_ranks
 
         alive = self.run.node_alive
         where = {
@@ -330,7 +335,6 @@ class Attempt:
         )
 
     def _startup_timeout(self, exc: StartupTimeout) -> Ended:
-        from ...observe.stacks import describe_groups, group_spots, spot_of
 
         spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
         lines = [str(exc), *describe_groups(group_spots(spots), self.run.plan.label)]

@@ -39,7 +39,7 @@ from .cluster import alive_nodes, check_fits, node_reachable
 from .failure import Verdict
 from .placement import LAUNCHER_VARS, describe_slots
 
-__all__ = ["RayRun", "RunOptions", "forwarded_env"]
+__all__ = ["RayRun", "RunOptions", "forwarded_env", "stop_signals"]
 
 NODE_DEATH_WAIT_S = 45.0
 """How long a restart waits for the GCS to list a node whose raylet stopped answering as dead."""
@@ -73,7 +73,7 @@ class RunOptions:
 
 
 @contextlib.contextmanager
-def _stop_signals(active: bool) -> Iterator[None]:
+def stop_signals(active: bool) -> Iterator[None]:
     """SIGTERM and SIGHUP raise :class:`Stopped` in the launching command (SIGINT: KeyboardInterrupt)."""
     if not active or threading.current_thread() is not threading.main_thread():
         yield
@@ -173,7 +173,7 @@ class RayRun:
         )
         self._open_live()
         try:
-            with _stop_signals(self.opts.show):
+            with stop_signals(self.opts.show):
                 return self._attempts()
         finally:
             if self.live is not None:

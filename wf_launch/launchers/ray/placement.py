@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
+from ...observe.stacks import rank_ranges
+
 __all__ = [
     "LAUNCHER_VARS",
     "Shape",
@@ -152,7 +154,6 @@ def rank_env(
 def describe_slots(slots: list[Slot], hosts: dict[str, str]) -> list[str]:
     """'ranks 0-3 on node 5bc47700 (host vm)' lines, one per node, in rank order (``hosts``: the
     nodes' host names, by node id)."""
-    from ...observe.stacks import rank_ranges
 
     lines: list[str] = []
     by_node: dict[str, list[int]] = {}

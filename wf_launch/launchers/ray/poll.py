@@ -23,6 +23,9 @@ from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
 from . import ray_adapter as rt
 from . import state
+from .cluster import alive_nodes
+from .reach import kill_raylet
+from .reach import signal_ranks as reach
 
 __all__ = [
     "cancel",
@@ -184,7 +187,6 @@ def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
 
 def signal_ranks(run_dir: Path, signum: int) -> set[int]:
     """Send ``signum`` to every rank of the run's current attempt, on whichever node it runs; the ranks reached."""
-    from .reach import signal_ranks as reach
 
     info = state.read(run_dir) or {}
     where = state.where_of(run_dir)
@@ -196,7 +198,6 @@ def signal_ranks(run_dir: Path, signum: int) -> set[int]:
 
 def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
     """Send ``signum`` to one rank (the drill's kill9); whether it was reached."""
-    from .reach import signal_ranks as reach
 
     info = state.read(run_dir) or {}
     where = state.where_of(run_dir)
@@ -211,8 +212,6 @@ def kill_node(run_dir: Path, rank: int) -> str:
 
     Refuses the node of the GCS (the head) and the node of the process asking: they are not a node that dies.
     """
-    from .cluster import alive_nodes
-    from .reach import kill_raylet
 
     info = state.read(run_dir) or {}
     placement = state.placement_of(run_dir)

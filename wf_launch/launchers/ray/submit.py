@@ -25,13 +25,16 @@ from typing import Any
 from loguru import logger
 
 from ...config.fields import ConfigError, config_error
+from ...observe.live import LiveView
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from ..launch_plan import LaunchPlan
 from . import ray_adapter as rt
 from . import state
+from .attempt import Stopped
 from .cluster import Connection, alive_nodes, check_fits, connect
-from .monitor import RayRun, RunOptions, forwarded_env
+from .monitor import RayRun, RunOptions, forwarded_env, stop_signals
+from .poll import live_state
 from .supervisor import NAMESPACE, start_supervisor, supervisor_name
 
 __all__ = ["RayBatch", "current_batch", "launch"]
@@ -296,10 +299,6 @@ class RayBatch:
 
 def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
     """Wait for the points' supervisors, showing their states; Ctrl-C, SIGTERM or SIGHUP cancel them all."""
-    from ...observe.live import LiveView
-    from .attempt import Stopped
-    from .monitor import _stop_signals
-    from .poll import live_state
 
     pending = {p.ref: p for p in points}
     live = LiveView(
@@ -309,7 +308,7 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
         warn=logger.warning,
     )
     try:
-        with _stop_signals(True):
+        with stop_signals(True):
             while pending:
                 live.tick()
                 ready, _ = rt.wait(list(pending), 0.5)

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...rank.ranklog import FILE_FORMAT
 from ...rundir import files
 from ...rundir.record import RunRecord, Status
 from . import ray_adapter as rt
+from .monitor import RayRun
 
 __all__ = ["NAMESPACE", "WfRaySupervisor", "start_supervisor", "supervisor_name"]
 
@@ -42,8 +44,6 @@ class WfRaySupervisor:
     def __init__(self, run_dir: str) -> None:
         from loguru import logger
 
-        from ...rank.ranklog import FILE_FORMAT
-
         logger.remove()
         logger.configure(extra={"label": "supervisor", "rank": -1})
         logger.add(
@@ -56,8 +56,6 @@ class WfRaySupervisor:
     def run(self, plan: Any, opts: Any, exit_when_done: bool) -> str:
         """Run the run to its end; its status. A detached supervisor then ends itself."""
         from loguru import logger
-
-        from .monitor import RayRun
 
         try:
             self.job = RayRun(plan, opts)

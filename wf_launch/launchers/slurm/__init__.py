@@ -231,6 +231,7 @@ class SlurmLauncher(LauncherHooks):
 
     name: ClassVar[str] = "slurm"
     config_class: ClassVar[type[LauncherConfig]] = SlurmLauncherConfig
+    drill_kinds: ClassVar[tuple[str, ...]] = ("usr2",)
 
     def validate(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_slurm_launcher(cfg, engine, layout.world_size)

@@ -12,10 +12,14 @@ from typing import Any
 
 import torch.distributed as dist
 
+from worldfoundry.core.distributed import groups
+from worldfoundry.core.distributed.backends import group_device
+from worldfoundry.core.distributed.env import launch_attempt
 from worldfoundry.core.distributed.topology import Layout
 from worldfoundry.core.validation import is_int
 
 from ...rundir import files
+from ...rundir.attempts import update
 from ...rundir.checkpoints import (
     CheckpointUnreadable,
     Commit,
@@ -153,7 +157,6 @@ class Checkpointer:
         return dist.get_world_size(self.process_group) if self._dist() else 1
 
     def _control_device(self) -> Any:
-        from worldfoundry.core.distributed.backends import group_device
 
         return group_device(self.process_group, control=True)
 
@@ -203,7 +206,6 @@ class Checkpointer:
                     f"layout={self._fixed_layout.describe()} does not match the group's {world} rank(s)"
                 )
             return self._fixed_layout
-        from worldfoundry.core.distributed import groups
 
         if self.process_group is None and groups.model_parallel_is_initialized():
             layout = groups.get_layout()
@@ -484,9 +486,6 @@ class Checkpointer:
     def _record(self, step: int | None, report: LoadReport | None) -> None:
         if not (self.record_attempt and self._rank() == 0):
             return
-        from worldfoundry.core.distributed.env import launch_attempt
-
-        from ...rundir.attempts import update
 
         change = (
             {"layout_from": report.layout_from, "layout_to": report.layout_to}

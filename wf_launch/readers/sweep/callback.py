@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...launchers.base import run_dir_mode
+from ...launchers.sweep_resume import ResumeRefused, check_same_sweep, count_kept
 from ...rundir import files
-from ...rundir.io import MAX_RECORD_BYTES, read_text
+from ...rundir.claim import OWNER_ONLY, make_private, private_umask, remove_made_folders
+from ...rundir.io import MAX_RECORD_BYTES, atomic_write_text, read_text
+from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from .points import DEFAULT_METRIC, collect_points
 from .report import status_line, sweep_exit_code, write_report
@@ -19,7 +23,6 @@ __all__ = ["SweepReport"]
 
 def _mode(value: Any) -> int:
     """``launcher.run_dir_mode`` as a mode for the sweep directory; owner-only unless it is a valid one."""
-    from ...launchers.base import run_dir_mode
 
     try:
         return run_dir_mode(value)
@@ -69,8 +72,6 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
     def _remove_dry_run(sweep_dir: Path, started: float, kept_plan: str | None = None) -> None:
         """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go (a resumed
         sweep's ``multirun.yaml`` is put back as it was: it is what a later resume is checked against)."""
-        from ...rundir.claim import remove_made_folders
-        from ...rundir.io import atomic_write_text
 
         plan = sweep_dir / files.SWEEP_PLAN
         try:
@@ -94,8 +95,6 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         dry run (``launcher.dry_run=true``) moves and writes nothing, and leaves no folder.
         """
         from omegaconf import OmegaConf
-
-        from ...rundir.claim import OWNER_ONLY, make_private, private_umask
 
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         old = (
@@ -138,8 +137,6 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
     def _resume(config: Any, sweep_dir: Path, old: list[str]) -> None:
         """``launcher.resume=true``: check that this sweep made ``sweep_dir`` (else exit 2), and say what will run."""
         from omegaconf import OmegaConf
-
-        from ...launchers.sweep_resume import ResumeRefused, check_same_sweep, count_kept
 
         if OmegaConf.select(config, "launcher.overwrite", default=False) is True:
             print(
@@ -194,8 +191,6 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         import traceback
 
         from hydra.core.utils import JobStatus
-
-        from ...rundir.outcome import RunOutcome
 
         try:
             job_return.return_value  # noqa: B018 - re-raises what the launch raised

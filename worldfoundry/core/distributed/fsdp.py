@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .backends import group_device
+
 __all__ = ["fsdp2_wrap", "is_fsdp2_model"]
 
 
@@ -124,8 +126,6 @@ def fsdp2_wrap(
         OffloadPolicy,
         fully_shard,
     )
-
-    from .backends import group_device
 
     _check_arguments(model, mp_policy, cpu_offload)
     layers = _decoder_layers(model)

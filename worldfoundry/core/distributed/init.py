@@ -13,6 +13,7 @@ from . import runtime as _rt
 from .backends import BACKENDS, resolve_backend
 from .env import LaunchEnv, engine_from_environ, env_int, launch_attempt
 from .groups import init_distributed_environment, initialize_model_parallel
+from .pipeline import init_pp_scheduler
 from .topology import Layout, engine_value
 
 __all__ = [
@@ -128,7 +129,5 @@ def dist_init(config: Any = None) -> torch.device:
         layout.dp_size,
     )
     if layout.pp_size > 1:
-        from .pipeline import init_pp_scheduler
-
         init_pp_scheduler()
     return device

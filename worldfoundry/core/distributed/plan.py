@@ -8,6 +8,8 @@ from typing import Literal
 from torch import nn
 
 from ..validation import is_int
+from .fsdp import is_fsdp2_model
+from .run_control import is_distributed_run, size
 
 __all__ = ["DistributionPlan", "distribution_plan", "set_distribution_plan"]
 
@@ -106,8 +108,6 @@ def distribution_plan(model: nn.Module) -> DistributionPlan:
     plan = model.__dict__.get(_ATTR)
     if plan is not None:
         return plan
-    from .fsdp import is_fsdp2_model
-    from .run_control import is_distributed_run, size
 
     if is_fsdp2_model(model):
         reason = "it is FSDP2-sharded"
