@@ -17,9 +17,14 @@ command every rank runs.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import socket
+import sys
+import types
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +130,41 @@ def export(config: Mapping[str, Any], run_dir: Path | str) -> dict[str, str]:
     env = torchrun_environ(config, run_dir)
     os.environ.update(env)
     minutes = group_timeout(config)
-    if minutes is not None:
-        from worldfoundry.core.torch_private import set_default_group_timeout  # imports torch
-
-        set_default_group_timeout(minutes)
+    if minutes is not None and _C10D in sys.modules:
+        _set_group_timeout(minutes)
+    elif minutes is not None:  # a fresh interpreter: torch stays unimported until the script
+        sys.meta_path.insert(0, _AfterC10D(minutes))
     return env
+
+
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def _set_group_timeout(minutes: float) -> None:
+    from worldfoundry.core.torch_private import set_default_group_timeout  # imports torch
+
+    set_default_group_timeout(minutes)
+
+
+class _AfterC10D(importlib.abc.MetaPathFinder):
+    """Sets the default group timeout once the script's own import of torch.distributed ran."""
+
+    def __init__(self, minutes: float) -> None:
+        self.minutes = minutes
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _C10D:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, minutes = spec.loader.exec_module, self.minutes
+
+        def exec_then_set(module: types.ModuleType) -> None:
+            exec_module(module)
+            # torch may still be importing here: set the globals set_default_group_timeout sets
+            module.default_pg_timeout = module.default_pg_nccl_timeout = timedelta(minutes=minutes)
+
+        spec.loader.exec_module = exec_then_set  # type: ignore[method-assign]
+        return spec
