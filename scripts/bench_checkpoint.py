@@ -1,4 +1,5 @@
-"""Benchmark wf_launch.checkpoint.Checkpointer (DCP) against torch.save of the same per-rank tensors.
+"""Benchmark wf_launch.checkpoint.Checkpointer (DCP) against torch.save of the same per-rank
+tensors.
 
 Starts ``--ranks`` fork-started gloo ranks on this machine, FSDP2-shards a stack of
 ``--layers`` square Linear layers (``--dim``; the defaults make ~151 MB of fp32
@@ -14,7 +15,8 @@ A round's time is the slowest rank's. Reported as ratios of this run (best of th
 rounds): DCP save throughput / torch.save throughput (goal >= 0.7) and async blocked
 time / synchronous save time (goal <= 0.2). No absolute time is asserted.
 
-    python scripts/bench_checkpoint.py [--ranks 2] [--layers 9] [--dim 2048] [--rounds 5] [--dir DIR]
+    python scripts/bench_checkpoint.py [--ranks 2] [--layers 9] [--dim 2048] [--rounds 5] [--dir
+    DIR]
 """
 
 from __future__ import annotations
@@ -177,7 +179,8 @@ def main() -> None:
         f"(medians {median['torch.save'] / median['sync']:.2f}x; goal >= 0.7)"
     )
     print(
-        f"async save: step blocked {best['async blocked'] / best['sync']:.2f}x of the synchronous save "
+        f"async save: step blocked {best['async blocked'] / best['sync']:.2f}x of the synchronous "
+        "save "
         f"(medians {median['async blocked'] / median['sync']:.2f}x; goal <= 0.2)"
     )
 

@@ -1,11 +1,13 @@
-"""Throughput of the CP / PP helpers against the raw torch.distributed calls that move the same bytes.
+"""Throughput of the CP / PP helpers against the raw torch.distributed calls that move the same
+bytes.
 
 Each world size runs as fork-started gloo ranks (``tests/multirank.py``), one
 torch thread per rank, every thread of rank r pinned to core ``r mod cores``
 (``--no-pin`` lets the scheduler place them): as on a real node, where each
 rank owns its cores. Unpinned on a 2-core machine the scheduler migrates the
 ranks' main, gloo worker and gloo I/O threads between cores and the control
-column below strays by 10-30%, more than the effects measured. Sizes are the FULL tensor in MiB (float32, shape
+column below strays by 10-30%, more than the effects measured. Sizes are the FULL tensor in MiB
+(float32, shape
 ``(1, S, 1024)``, sequence dim 1):
 
 Every helper returns a NEW tensor, so its honest raw baseline is the raw call
@@ -99,7 +101,8 @@ def _compare(
     target_s: float,
     repeats: int,
 ) -> dict[str, list[tuple[float, float]]]:
-    """Time every (helper, raw) pair ``repeats`` times as adjacent samples; returns (helper, raw) seconds.
+    """Time every (helper, raw) pair ``repeats`` times as adjacent samples; returns (helper, raw)
+    seconds.
 
     ``inner`` (calls per sample) is calibrated once so the slowest function's sample
     takes about ``target_s``; it is the same on every rank (all-reduced).
@@ -345,8 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         f"rank r pinned to core r mod {len(os.sched_getaffinity(0))}" if args.pin else "unpinned"
     )
     print(
-        f"torch {torch.__version__}, gloo, {placement}, float32 (1, S, {ROW}) along dim 1, {args.repeats} "
-        "adjacent pairs per cell; ratio = helper throughput / raw throughput (median of raw time / helper time); "
+        f"torch {torch.__version__}, gloo, {placement}, float32 (1, S, {ROW}) along dim 1, "
+        f"{args.repeats} "
+        "adjacent pairs per cell; ratio = helper throughput / raw throughput (median of raw time "
+        "/ helper time); "
         "MiB/s = full tensor size / median helper time"
     )
     header = (
@@ -395,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "goals: "
         + ", ".join(f"{k} >= {v:g}" for k, v in GOALS.items())
-        + " (bst/scatter-only and bcast+slice/scatter are for reference; control, the raw all-gather "
+        + " (bst/scatter-only and bcast+slice/scatter are for reference; control, the raw "
+        "all-gather "
         "against itself, shows this run's noise floor)"
     )
     missed = [k for k, v in GOALS.items() if worst[k] < v]

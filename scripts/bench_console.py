@@ -1,4 +1,5 @@
-"""How much a failed run prints when many ranks fail alike: this tree against a baseline tree, same machine, same run.
+"""How much a failed run prints when many ranks fail alike: this tree against a baseline tree, same
+machine, same run.
 
 Runs ``task=fail_alike`` (tests/user_tasks/wf_identity_tasks.py: every rank raises the same
 ValueError at the same line) on N ranks with this checkout's code and, given ``--baseline DIR``
@@ -62,11 +63,15 @@ def main() -> int:
     args = ap.parse_args()
     for ranks in args.ranks:
         lines, tracebacks, code = console(ROOT, ranks)
-        text = f"{ranks} ranks failing alike: {lines} console lines, {tracebacks} traceback(s) (exit {code})"
+        text = (
+            f"{ranks} ranks failing alike: {lines} console lines, "
+            f"{tracebacks} traceback(s) (exit {code})"
+        )
         if args.baseline is not None:
             base_lines, base_tbs, _ = console(args.baseline.resolve(), ranks)
             text += (
-                f"; baseline {base_lines} lines, {base_tbs} traceback(s): {lines / max(base_lines, 1):.2f}x the "
+                f"; baseline {base_lines} lines, {base_tbs} traceback(s): "
+                f"{lines / max(base_lines, 1):.2f}x the "
                 "lines"
             )
         print(text, flush=True)

@@ -1,4 +1,5 @@
-"""Ctrl-C against SIGTERM on a running ``task=train``: time to stop, and whether the task saved first.
+"""Ctrl-C against SIGTERM on a running ``task=train``: time to stop, and whether the task saved
+first.
 
 Each round starts ``python -m wf_launch task=train engine.dp_size=2`` (a long run, 0.1 s steps),
 waits for step 5, then sends SIGINT to the whole process group (what a terminal's Ctrl-C does) or
@@ -93,8 +94,10 @@ def main() -> int:
             statistics.median(t for t, _, _ in terms),
         )
         print(
-            f"{name}: Ctrl-C stops in {med_int:.2f} s (saved: {sum(s for _, s, _ in ints)}/{args.rounds}, exit "
-            f"{ints[-1][2]}), SIGTERM in {med_term:.2f} s (saved: {sum(s for _, s, _ in terms)}/{args.rounds}); "
+            f"{name}: Ctrl-C stops in {med_int:.2f} s (saved: "
+            f"{sum(s for _, s, _ in ints)}/{args.rounds}, exit "
+            f"{ints[-1][2]}), SIGTERM in {med_term:.2f} s (saved: "
+            f"{sum(s for _, s, _ in terms)}/{args.rounds}); "
             f"Ctrl-C / SIGTERM = {med_int / med_term:.2f}",
             flush=True,
         )

@@ -109,11 +109,13 @@ def main() -> None:
     print(f"{'update':36s} {'best s':>8s} {'median s':>9s} {'GB/s':>7s} {'x fast':>8s}")
     for name in samples:
         print(
-            f"{name:36s} {best[name]:8.4f} {median[name]:9.4f} {moved[name] / best[name] / 1e9:7.2f} "
+            f"{name:36s} {best[name]:8.4f} {median[name]:9.4f} "
+            f"{moved[name] / best[name] / 1e9:7.2f} "
             f"{best[name] / fast:7.2f}x"
         )
     print(
-        f"speed-up of update_average (best of rounds): {inplace / fast:.2f}x vs the mul_+add_ loop, "
+        f"speed-up of update_average (best of rounds): {inplace / fast:.2f}x vs the mul_+add_ "
+        "loop, "
         f"{classic / fast:.2f}x vs the allocating loop "
         f"(medians: {median['per-param loop, mul_+add_'] / median['foreach update_average']:.2f}x, "
         f"{median['per-param loop, copy_(b*e+(1-b)*s)'] / median['foreach update_average']:.2f}x)"

@@ -60,7 +60,8 @@ def main() -> None:
         print(f"  round {i + 1}: wf_launch {a[-1]:.2f}s  torchrun {b[-1]:.2f}s", flush=True)
     ma, mb = statistics.median(a), statistics.median(b)
     print(
-        f"\n{nproc} ranks (cp={args.cp}, pp={args.pp}), {args.repeats} alternating rounds, {env_note}"
+        f"\n{nproc} ranks (cp={args.cp}, pp={args.pp}), {args.repeats} alternating rounds, "
+        f"{env_note}"
     )
     print(f"wf_launch task=noop   median {ma:.2f}s  (min {min(a):.2f}s)")
     print(f"torchrun no-op        median {mb:.2f}s  (min {min(b):.2f}s)")

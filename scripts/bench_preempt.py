@@ -4,7 +4,8 @@ Needs a running cluster (``SLURM_CONF``). Per repetition: submit ``task=train`` 
 ``--nodes`` nodes (``launcher.wait=false``), let it run past a few checkpoints, then
 ``scancel --signal=USR2`` the job and poll ``scontrol show job`` every 20 ms until it
 shows ``Restarts=1`` and state ``PENDING`` (requeued and its allocation released: back in
-the queue; ``RUNNING`` if it was already started again between two polls). The baseline comes from the same run:
+the queue; ``RUNNING`` if it was already started again between two polls). The baseline comes from
+the same run:
 one step (median interval between rank 0's steps in ``metrics.jsonl``) plus one save
 (the extra time of the steps that saved a checkpoint) plus 3 s. Prints each
 repetition and the median ratio; the job is cancelled afterwards.
@@ -89,7 +90,9 @@ def one(root: Path, nodes: int, every: int, sleep_s: float) -> dict[str, float]:
             if restarts >= 1 and counted is None:
                 counted = time.time() - t0
             if restarts >= 1 and state in ("PENDING", "RUNNING"):
-                break  # the old allocation is released: the job is back in the queue (or already started again)
+                # the old allocation is released: the job is back in the queue (or already started
+                # again)
+                break
             if time.time() - t0 > 300:
                 raise SystemExit(
                     f"job {job} was not back in the queue within 300 s (state {state})"
@@ -130,14 +133,16 @@ def main() -> None:
             r = one(Path(tmp), args.nodes, args.checkpoint_every, args.step_sleep_s)
             ratios.append(r["ratio"])
             print(
-                f"rep {rep}: USR2 -> Restarts=1 {r['counted_s']:.2f} s, -> {r['state']} with Restarts=1 "
+                f"rep {rep}: USR2 -> Restarts=1 {r['counted_s']:.2f} s, -> {r['state']} with "
+                "Restarts=1 "
                 f"{r['requeue_s']:.2f} s; baseline "
                 f"{r['baseline_s']:.2f} s (step {r['step_s']:.3f} + save {r['save_s']:.3f} + 3); "
                 f"ratio {r['ratio']:.2f}; steps run after the signal {r['steps_after_signal']}",
                 flush=True,
             )
     print(
-        f"median ratio (requeue time / (one step + one save + 3 s)): {statistics.median(ratios):.2f}"
+        "median ratio (requeue time / (one step + one save + 3 s)): "
+        f"{statistics.median(ratios):.2f}"
     )
 
 

@@ -1,12 +1,19 @@
-"""Ray launch overhead: ``python -m wf_launch launcher=ray task=noop`` against a bare Ray script doing the same,
+"""Ray launch overhead: ``python -m wf_launch launcher=ray task=noop`` against a bare Ray script
+doing the same,
 and against ``launcher=local``.
 
-All three start WORLD gloo ranks, run one barrier and tear down; each wall time is the whole command,
-interpreter start-up included. The Ray commands go to an existing cluster (``--address``, or one this
-script starts with ``scripts/ray_cluster.sh`` and stops after): ``launcher=ray`` creates one placement
-group and one actor per rank, as does ``scripts/ray_bare_equivalent.py`` (its gloo group made by hand).
-Rounds alternate (wf_launch ray, bare Ray, wf_launch local, ...) so machine noise hits all alike; the
-ratios of the medians are printed, and the median of each round's own ratio (paired: steadier when the
+All three start WORLD gloo ranks, run one barrier and tear down; each wall time is the whole
+command,
+interpreter start-up included. The Ray commands go to an existing cluster (``--address``, or one
+this
+script starts with ``scripts/ray_cluster.sh`` and stops after): ``launcher=ray`` creates one
+placement
+group and one actor per rank, as does ``scripts/ray_bare_equivalent.py`` (its gloo group made by
+hand).
+Rounds alternate (wf_launch ray, bare Ray, wf_launch local, ...) so machine noise hits all alike;
+the
+ratios of the medians are printed, and the median of each round's own ratio (paired: steadier when
+the
 machine's load changes between rounds). Goal: launcher=ray <= 1.3x the bare Ray script.
 
     python scripts/bench_ray.py [--repeats 5] [--world 8] [--address HOST:PORT]
@@ -128,12 +135,14 @@ def main() -> None:
             b.append(timed(bare, work))
             c.append(timed([*local, f"hydra.run.dir={work}/local{i}"], work))
             print(
-                f"  round {i + 1}: launcher=ray {a[-1]:.2f}s  bare Ray {b[-1]:.2f}s  launcher=local {c[-1]:.2f}s",
+                f"  round {i + 1}: launcher=ray {a[-1]:.2f}s  bare Ray {b[-1]:.2f}s  "
+                f"launcher=local {c[-1]:.2f}s",
                 flush=True,
             )
         ma, mb, mc = statistics.median(a), statistics.median(b), statistics.median(c)
         print(
-            f"\n{args.world} ranks, task=noop, {args.repeats} alternating rounds, {os.cpu_count()} cores, "
+            f"\n{args.world} ranks, task=noop, {args.repeats} alternating rounds, "
+            f"{os.cpu_count()} cores, "
             f"cluster {address}"
         )
         print(f"launcher=ray          median {ma:.2f}s  (min {min(a):.2f}s)")
@@ -141,7 +150,8 @@ def main() -> None:
         print(f"launcher=local        median {mc:.2f}s  (min {min(c):.2f}s)")
         paired = statistics.median(x / y for x, y in zip(a, b))
         print(
-            f"ratio launcher=ray / bare Ray = {ma / mb:.2f}x of the medians, {paired:.2f}x the median of the "
+            f"ratio launcher=ray / bare Ray = {ma / mb:.2f}x of the medians, {paired:.2f}x the "
+            "median of the "
             f"rounds' own ratios (goal <= 1.30x)"
         )
         print(f"ratio launcher=ray / launcher=local = {ma / mc:.2f}x")

@@ -1,4 +1,5 @@
-"""Benchmark checkpoints across layouts: loading at a new layout vs at the layout that saved, and export.
+"""Benchmark checkpoints across layouts: loading at a new layout vs at the layout that saved, and
+export.
 
 1. **Load at a new layout.** For each target layout T (``dp2``: 2 ranks; ``pp2xdp2``:
    4 ranks), two checkpoints of the same FSDP2-sharded model and AdamW state are saved:
@@ -43,7 +44,8 @@ def _free_port() -> int:
 
 
 def _stage(args: argparse.Namespace, pp: int, dp: int) -> Any:
-    """This rank's pipeline stage of a stack of ``--layers`` Linear layers, FSDP2 over its dp ranks, and AdamW."""
+    """This rank's pipeline stage of a stack of ``--layers`` Linear layers, FSDP2 over its dp ranks,
+    and AdamW."""
     import torch
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
@@ -197,8 +199,10 @@ def main() -> None:
             _launch(LAYOUTS[name][0], ("save", (name, os.path.join(out, name))), args)
         weights = args.layers * (args.dim * args.dim + args.dim) * 4
         print(
-            f"torch {torch.__version__}, gloo ranks (1 thread each), FSDP2 {args.layers}x Linear({args.dim},"
-            f"{args.dim}): {weights / 1e6:.0f} MB fp32 weights + AdamW state ({3 * weights / 1e6:.0f} MB loaded); "
+            f"torch {torch.__version__}, gloo ranks (1 thread each), FSDP2 {args.layers}x "
+            f"Linear({args.dim},"
+            f"{args.dim}): {weights / 1e6:.0f} MB fp32 weights + AdamW state "
+            f"({3 * weights / 1e6:.0f} MB loaded); "
             f"{args.rounds} alternating rounds; under {args.dir or tempfile.gettempdir()}"
         )
         for target in ("dp2", "pp2xdp2"):
@@ -214,15 +218,19 @@ def main() -> None:
             same, new = statistics.median(per_round["same"]), statistics.median(per_round["new"])
             paired = sorted(b / a for a, b in zip(per_round["same"], per_round["new"]))
             print(
-                f"load at {target:8s}: saved at {target} {same:.3f} s, saved at dp4 {new:.3f} s (medians); new "
-                f"layout / same layout, per round: median {statistics.median(paired):.2f}x (range {paired[0]:.2f}-"
+                f"load at {target:8s}: saved at {target} {same:.3f} s, saved at dp4 {new:.3f} s "
+                "(medians); new "
+                f"layout / same layout, per round: median {statistics.median(paired):.2f}x (range "
+                f"{paired[0]:.2f}-"
                 f"{paired[-1]:.2f}; goal <= 1.5x)"
             )
         export_s, save_s, read_s, nbytes = _export_rounds(Path(out) / "dp4", out, args.rounds)
         e, s, r = statistics.median(export_s), statistics.median(save_s), statistics.median(read_s)
         print(
-            f"export (dp4 checkpoint -> one torch.save file, {nbytes / 1e6:.0f} MB): {e:.3f} s ({r:.3f} s reading "
-            f"the shards), {nbytes / e / 1e6:.0f} MB/s; torch.save of the gathered state {s:.3f} s, "
+            f"export (dp4 checkpoint -> one torch.save file, {nbytes / 1e6:.0f} MB): {e:.3f} s "
+            f"({r:.3f} s reading "
+            f"the shards), {nbytes / e / 1e6:.0f} MB/s; torch.save of the gathered state {s:.3f} "
+            "s, "
             f"{nbytes / s / 1e6:.0f} MB/s (medians): export throughput = {s / e:.2f}x torch.save's"
         )
     finally:

@@ -1,4 +1,5 @@
-"""Launch cost as the world grows: wf_launch ``task=noop`` against the bare elastic fork launcher and torchrun.
+"""Launch cost as the world grows: wf_launch ``task=noop`` against the bare elastic fork launcher
+and torchrun.
 
 For each world size (8, 16, 32, 64, 128 by default) the three commands run in
 alternating rounds, each timed as a whole command (interpreter start-up
@@ -20,7 +21,8 @@ stall (medians are over the runs that finished). The bare elastic launcher has
 no fork gate, so it can stall at 64+ ranks (see "Start-up never stalls" in
 docs/benchmarks.md); a wf_launch stall is a bug.
 
-    python scripts/bench_scale.py [--sizes 8 16 32 64 128] [--repeats 3] [--chart docs/img/scale.png]
+    python scripts/bench_scale.py [--sizes 8 16 32 64 128] [--repeats 3] [--chart
+    docs/img/scale.png]
 """
 
 from __future__ import annotations
@@ -110,14 +112,18 @@ def main() -> None:
         rows.append(row)
     print(f"\n{args.repeats} alternating rounds per size, medians, {env_note}")
     print(
-        f"{'ranks':>5}  {'wf_launch':>9}  {'elastic':>8}  {'torchrun':>8}  {'wf/elastic':>10}  {'wf/torchrun':>11}"
-        f"  {'init_s med':>10}  {'init_s max':>10}  stalled (of {args.repeats}, killed at {args.stall_s:.0f} s)"
+        f"{'ranks':>5}  {'wf_launch':>9}  {'elastic':>8}  {'torchrun':>8}  {'wf/elastic':>10}  "
+        f"{'wf/torchrun':>11}"
+        f"  {'init_s med':>10}  {'init_s max':>10}  stalled (of {args.repeats}, killed at "
+        f"{args.stall_s:.0f} s)"
     )
     for r in rows:
         stalls = ", ".join(f"{k} {v}" for k, v in r["stalls"].items()) or "-"
         print(
-            f"{r['ranks']:>5}  {_secs(r['wf_launch']):>9}  {_secs(r['elastic']):>8}  {_secs(r['torchrun']):>8}  "
-            f"{_ratio(r['wf_launch'], r['elastic']):>10}  {_ratio(r['wf_launch'], r['torchrun']):>11}  "
+            f"{r['ranks']:>5}  {_secs(r['wf_launch']):>9}  {_secs(r['elastic']):>8}  "
+            f"{_secs(r['torchrun']):>8}  "
+            f"{_ratio(r['wf_launch'], r['elastic']):>10}  "
+            f"{_ratio(r['wf_launch'], r['torchrun']):>11}  "
             f"{_secs(r['init_median'], 3):>10}  {_secs(r['init_max'], 3):>10}  {stalls}"
         )
     print("goals: wf_launch <= 0.10x torchrun at 32 ranks, <= 1.30x elastic at every size")
@@ -127,7 +133,8 @@ def main() -> None:
             json.dumps({"note": env_note, "rows": rows}, indent=1) + "\n"
         )
         print(
-            f"chart: {args.chart} (rows: {args.chart.with_suffix('.json')}, --redraw draws it again)"
+            f"chart: {args.chart} (rows: {args.chart.with_suffix('.json')}, --redraw draws it "
+            "again)"
         )
     shutil.rmtree(work, ignore_errors=True)
 

@@ -1,11 +1,13 @@
-"""A torchrun script's launch: ``python -m wf_launch.run --nproc-per-node N SCRIPT`` against ``torchrun`` on it.
+"""A torchrun script's launch: ``python -m wf_launch.run --nproc-per-node N SCRIPT`` against
+``torchrun`` on it.
 
 Both sides run the same unmodified script (default ``scripts/torchrun_equivalent.py``: init
 gloo, one barrier, destroy) on N ranks; each wall time is the whole command, interpreter
 start-up included. Runs alternate (wf_launch.run, torchrun, wf_launch.run, ...) so machine
 noise hits both alike; the ratio of medians is printed. Goal: <= 0.4x torchrun.
 
-    python scripts/bench_script_launch.py [--nproc 8] [--repeats 5] [--script PATH] [--fresh] [--with-noop]
+    python scripts/bench_script_launch.py [--nproc 8] [--repeats 5] [--script PATH] [--fresh]
+    [--with-noop]
 
 ``--fresh`` measures ``task.fresh_interpreter=true`` (every rank in a new interpreter) instead.
 ``--with-noop`` adds ``python -m wf_launch task=noop engine.dp_size=N`` to every round (a registered

@@ -1,4 +1,5 @@
-"""Time from submit until every rank is in its task: wf_launch's SLURM launcher against bare submitit.
+"""Time from submit until every rank is in its task: wf_launch's SLURM launcher against bare
+submitit.
 
 Needs a running cluster (``SLURM_CONF``; ``scripts/slurm_cluster.sh start --nodes 2``). Per
 repetition, alternating, the same job shape runs three ways:
@@ -98,7 +99,8 @@ def main() -> int:
     args = ap.parse_args()
     if not os.environ.get("SLURM_CONF"):
         print(
-            "bench_slurm: set SLURM_CONF (source .slurm/env.sh after scripts/slurm_cluster.sh start)",
+            "bench_slurm: set SLURM_CONF (source .slurm/env.sh after scripts/slurm_cluster.sh "
+            "start)",
             file=sys.stderr,
         )
         return 2

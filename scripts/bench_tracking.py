@@ -8,7 +8,8 @@ directory), and prints the median ratio; then the time a rank waits at its end f
 write what they hold (``close``), against the same calls without trackers. No absolute time is
 asserted anywhere.
 
-    python scripts/bench_tracking.py [--calls 20000] [--rounds 5] [--trackers tensorboard mlflow wandb]
+    python scripts/bench_tracking.py [--calls 20000] [--rounds 5] [--trackers tensorboard mlflow
+    wandb]
 """
 
 from __future__ import annotations
@@ -83,10 +84,12 @@ def main() -> int:
     per_call = statistics.median(plain) / args.calls * 1e6
     print(
         f"ctx.progress with {'+'.join(args.trackers)}: {ratio:.2f}x the plain call "
-        f"(median of {args.rounds} alternating rounds of {args.calls} calls; plain call ~{per_call:.1f} us here)"
+        f"(median of {args.rounds} alternating rounds of {args.calls} calls; plain call "
+        f"~{per_call:.1f} us here)"
     )
     print(
-        f"a rank's end (close: write what is queued, record the status): {statistics.median(closes):.2f} s with "
+        "a rank's end (close: write what is queued, record the status): "
+        f"{statistics.median(closes):.2f} s with "
         f"trackers, {statistics.median(bare_closes):.3f} s without"
     )
     return 0

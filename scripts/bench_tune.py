@@ -1,21 +1,30 @@
-"""The layout tuner against an exhaustive sweep: does it find the fastest layout, and in how much of the time?
+"""The layout tuner against an exhaustive sweep: does it find the fastest layout, and in how much of
+the time?
 
 For each world size, ``task=train`` with ``--also task.micro_batches=1,2``:
 
-- the *exhaustive sweep*: one ``python -m wf_launch -m`` over every valid layout (the tuner's own pruning by
+- the *exhaustive sweep*: one ``python -m wf_launch -m`` over every valid layout (the tuner's own
+pruning by
   validation decides which), each point run to the full length (``task.steps``); each point's steady
-  ``tokens_per_s`` is measured from its ``ctx.progress`` timestamps exactly as the tuner measures a trial
+  ``tokens_per_s`` is measured from its ``ctx.progress`` timestamps exactly as the tuner measures a
+  trial
   (the median over its steps after the warm-up);
-- the *tunes*: ``python -m wf_launch.tune task=train world_size=W task.steps=F --also task.micro_batches=1,2``
+- the *tunes*: ``python -m wf_launch.tune task=train world_size=W task.steps=F --also
+task.micro_batches=1,2``
   with its default settings.
 
-Rounds alternate (an exhaustive sweep, then ``--tunes-per-round`` tunes, ...), so machine noise hits both alike.
-A tune *agrees* when its winner is the exhaustive sweeps' best layout (steady tokens_per_s, median over the
-sweeps) or within 5% of its throughput. Printed per world size: the agreement (goal: >= 9 of 10 tunes) and the
-time ratio, the median tune's wall time over the median exhaustive sweep's (goal: <= 0.40x). Every run's
+Rounds alternate (an exhaustive sweep, then ``--tunes-per-round`` tunes, ...), so machine noise hits
+both alike.
+A tune *agrees* when its winner is the exhaustive sweeps' best layout (steady tokens_per_s, median
+over the
+sweeps) or within 5% of its throughput. Printed per world size: the agreement (goal: >= 9 of 10
+tunes) and the
+time ratio, the median tune's wall time over the median exhaustive sweep's (goal: <= 0.40x). Every
+run's
 directory and ``bench_tune.json`` stay in ``--dir``.
 
-    python scripts/bench_tune.py [--worlds 8,4] [--tunes-per-round 5] [--rounds 2] [--steps 8:80,4:150]
+    python scripts/bench_tune.py [--worlds 8,4] [--tunes-per-round 5] [--rounds 2] [--steps
+    8:80,4:150]
 """
 
 from __future__ import annotations
@@ -65,7 +74,8 @@ def _key(point: dict[str, Any]) -> str:
 def exhaustive(
     world: int, steps: int, overrides: list[str], points: list[dict[str, Any]], d: Path
 ) -> dict:
-    """One sweep over every valid point at full length: its wall time and each point's steady tokens_per_s."""
+    """One sweep over every valid point at full length: its wall time and each point's steady
+    tokens_per_s."""
     from wf_launch.drivers.tune.measure import measure_point
     from wf_launch.drivers.tune.rounds import job_dirs, sweep_argv, write_trial_configs
     from wf_launch.rank.progress import STEPS_ENV
@@ -144,8 +154,10 @@ def _verdict(world: int, steps: int, sweeps: list[dict], tunes: list[dict]) -> d
 
 
 def _noise_floor(sweeps: list[dict]) -> list[float]:
-    """How each exhaustive sweep's own best fares in every other sweep (its throughput there over that sweep's
-    best): 1.0 when the machine is quiet enough for the sweeps to agree; below 0.95, noise alone would fail the
+    """How each exhaustive sweep's own best fares in every other sweep (its throughput there over
+    that sweep's
+    best): 1.0 when the machine is quiet enough for the sweeps to agree; below 0.95, noise alone
+    would fail the
     agreement criterion."""
     out = []
     for i, a in enumerate(sweeps):
@@ -186,7 +198,8 @@ def bench_world(world: int, steps: int, args: argparse.Namespace, root: Path) ->
             tunes.append(tune(world, steps, overrides, root / f"w{world}-tune{n}"))
             t = tunes[-1]
             print(
-                f"  round {r}: tune {n}: {t['wall_s']:.0f} s, {t['trials']} trials {t['rounds']}, winner "
+                f"  round {r}: tune {n}: {t['wall_s']:.0f} s, {t['trials']} trials {t['rounds']}, "
+                "winner "
                 f"{t['winner']} (load {load:.1f})",
                 flush=True,
             )
@@ -200,15 +213,19 @@ def _report(v: dict) -> str:
     lines = [
         f"world_size={v['world_size']} ({v['layouts']} valid layouts x {v['steps']} steps): best "
         f"{v['best']} at {v['best_tokens_per_s']:.0f} tokens/s",
-        f"  winner agrees in {v['agree']}/{len(v['tunes'])} tunes ({v['exact']} the best itself; the others "
+        f"  winner agrees in {v['agree']}/{len(v['tunes'])} tunes ({v['exact']} the best itself; "
+        "the others "
         f"at {others} of its throughput)  (goal >= 9/10)",
-        f"  time: tune median {statistics.median(tunes):.0f} s (min {min(tunes):.0f}, max {max(tunes):.0f}) vs "
-        f"exhaustive median {statistics.median(sweeps):.0f} s = {v['time_ratio']:.2f}x  (goal <= 0.40x)",
+        f"  time: tune median {statistics.median(tunes):.0f} s (min {min(tunes):.0f}, max "
+        f"{max(tunes):.0f}) vs "
+        f"exhaustive median {statistics.median(sweeps):.0f} s = {v['time_ratio']:.2f}x  (goal <= "
+        "0.40x)",
     ]
     floor = v.get("noise_floor") or []
     if floor:
         lines.append(
-            f"  noise floor: each exhaustive sweep's best runs at {', '.join(f'{x:.0%}' for x in floor)} of "
+            "  noise floor: each exhaustive sweep's best runs at "
+            f"{', '.join(f'{x:.0%}' for x in floor)} of "
             "the other sweeps' best (below 95%: the machine's noise alone fails the 5% criterion)"
         )
     return "\n".join(lines)

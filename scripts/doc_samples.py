@@ -1,4 +1,5 @@
-"""Regenerate the sample outputs in the docs from real runs: ``python scripts/doc_samples.py [--list] [ID ...]``.
+"""Regenerate the sample outputs in the docs from real runs: ``python scripts/doc_samples.py
+[--list] [ID ...]``.
 
 A sample is a fenced block right after a ``<!-- sample: ID -->`` line in a doc; :data:`SAMPLES` says
 which commands it shows and which of their output lines it keeps. Each command runs here, in a
@@ -57,7 +58,8 @@ def matching(*patterns: str) -> Keep:
 
 @dataclass
 class Sample:
-    """Commands shown in one block; ``keep`` trims each one's output; ``interrupt_after``: Ctrl-C after that many
+    """Commands shown in one block; ``keep`` trims each one's output; ``interrupt_after``: Ctrl-C
+    after that many
     seconds of the first command (the Ctrl-C sample)."""
 
     doc: str
@@ -82,7 +84,8 @@ SAMPLES: dict[str, Sample] = {
     "guide-failed-alike": Sample(
         "docs/guide.md",
         [
-            "python -m wf_launch task=fail_alike 'task.modules=[wf_identity_tasks]' engine.dp_size=8 'task.odd=[5]'"
+            "python -m wf_launch task=fail_alike 'task.modules=[wf_identity_tasks]' "
+            "engine.dp_size=8 'task.odd=[5]'"
         ],
         from_line(r"run failed in"),
         env={"PYTHONPATH": str(REPO / "tests" / "user_tasks")},
@@ -98,7 +101,8 @@ SAMPLES: dict[str, Sample] = {
     "checkpointing-drill": Sample(
         "docs/checkpointing.md",
         [
-            "python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=28 task.checkpoint_every=4 "
+            "python -m wf_launch.drill task=train engine.cp_size=2 engine.dp_size=2 task.steps=28 "
+            "task.checkpoint_every=4 "
             "--inject kill9@6,sigterm@10"
         ],
         from_line(r"^drill: interrupted run"),
@@ -106,7 +110,8 @@ SAMPLES: dict[str, Sample] = {
     "tracking-resume": Sample(
         "docs/tracking.md",
         [
-            "python -m wf_launch.drill task=train engine.dp_size=2 task.steps=20 task.checkpoint_every=4 "
+            "python -m wf_launch.drill task=train engine.dp_size=2 task.steps=20 "
+            "task.checkpoint_every=4 "
             "tracking=[tensorboard,mlflow,wandb] --inject kill9:0@6,sigterm@12"
         ],
         from_line(r"^drill verdict"),

@@ -1,4 +1,5 @@
-"""The bare baseline for ``task=noop``: torch's ``elastic_launch`` with fork, the same group walk, no wf_launch.
+"""The bare baseline for ``task=noop``: torch's ``elastic_launch`` with fork, the same group walk,
+no wf_launch.
 
 Every worker initializes gloo, creates the groups wf_launch creates for a
 ``dp_size=N`` layout (every rank walks every group, identical member sets made

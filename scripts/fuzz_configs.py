@@ -313,7 +313,8 @@ NUMBERS = [
 ]
 
 
-# --------------------------------------------------------------------------- rendering values as overrides
+# --------------------------------------------------------------------------- rendering values as
+# overrides
 
 
 def _quote(s: str) -> str:
@@ -355,7 +356,8 @@ class Example:
         return [f"launcher={self.launcher}", f"task={self.task}", *self.overrides]
 
 
-# --------------------------------------------------------------------------- random examples (no hypothesis)
+# --------------------------------------------------------------------------- random examples (no
+# hypothesis)
 
 
 def _random_value(rng: random.Random, depth: int = 0) -> Any:
@@ -459,7 +461,8 @@ _SETUP_DONE = False
 
 
 def setup() -> None:
-    """Register the schema, the built-in tasks and the SLURM Hydra launcher's config (once), as the CLI does."""
+    """Register the schema, the built-in tasks and the SLURM Hydra launcher's config (once), as the
+    CLI does."""
     global _SETUP_DONE
     if _SETUP_DONE:
         return
@@ -505,7 +508,8 @@ def _hydra_errors() -> tuple[type[BaseException], ...]:
 # Bugs the fuzzer found in files the fuzz suite does not own; each has an xfail test in
 # tests/test_config_fuzz.py. Their tracebacks still count as tracebacks in the figure.
 KNOWN_BUGS: dict[str, Any] = {}
-"""Tracebacks of bugs known and not fixed yet, by name (none now: the demo's mlp_ratio overflow is fixed)."""
+"""Tracebacks of bugs known and not fixed yet, by name (none now: the demo's mlp_ratio overflow is
+fixed)."""
 
 
 def known_bug(result: Result) -> str | None:
@@ -527,7 +531,8 @@ def _in_omegaconf(exc: BaseException) -> bool:
 
 
 def check(overrides: list[str]) -> Result:
-    """Compose ``overrides``, resolve and validate; classify what happened (inside :func:`hydra_context`)."""
+    """Compose ``overrides``, resolve and validate; classify what happened (inside
+    :func:`hydra_context`)."""
     from hydra import compose
 
     from wf_launch.app import resolve, validate_run_config
@@ -599,7 +604,8 @@ def run(
     known_counts = {k[len("known: ") :]: v for k, v in counts.items() if k.startswith("known: ")}
     bad = counts["traceback"] + counts["slow"]
     report(
-        f"{tried} configs tried, {counts['accepted']} accepted, {counts['config_error']} refused with "
+        f"{tried} configs tried, {counts['accepted']} accepted, {counts['config_error']} refused "
+        "with "
         f"ConfigError, {bad} tracebacks ({counts['hydra']} refused by Hydra/OmegaConf, "
         f"{counts['upstream']} hit an OmegaConf bug in compose; "
         f"{counts['slow']} over {TIME_LIMIT_S:.0f} s"

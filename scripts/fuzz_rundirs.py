@@ -89,7 +89,8 @@ def _config(launcher: str, world: int, task: str = "ticker") -> str:
     return (
         f"engine: {{tp_size: 1, cp_size: 1, pp_size: 1, dp_size: {world}, order: tp-cp-pp-dp, "
         f"distributed_backend: gloo, distributed_timeout_minutes: 1, init_timeout_s: 60}}\n"
-        f"launcher: {{name: {launcher}, console_ranks: null, progress_interval_s: 10, stall_warning_s: 300}}\n"
+        f"launcher: {{name: {launcher}, console_ranks: null, progress_interval_s: 10, "
+        "stall_warning_s: 300}\n"
         f"task: {{name: {task}, modules: []}}\n"
     )
 
@@ -223,7 +224,8 @@ def _slurm_run(run_dir: Path) -> None:
 
 
 _CHECKPOINT: dict[str, Path] = {}
-"""A checkpoint saved once per process (``checkpoints/`` of a one-rank run), copied into each tree."""
+"""A checkpoint saved once per process (``checkpoints/`` of a one-rank run), copied into each
+tree."""
 
 
 def _checkpoint(run_dir: Path) -> None:
@@ -539,7 +541,8 @@ def _run_one(name: str, fn: Callable[[], Any]) -> tuple[str, str, str]:
 
 @contextlib.contextmanager
 def _slurm_shims(where: Path) -> Iterator[Path]:
-    """SLURM's commands as shims that fail at once (``scancel`` calls are logged: status must never make one)."""
+    """SLURM's commands as shims that fail at once (``scancel`` calls are logged: status must never
+    make one)."""
     where.mkdir(parents=True, exist_ok=True)
     for tool in SHIMS:
         (where / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> {where / "calls"}\nexit 1\n')
@@ -601,8 +604,10 @@ def run(examples: int, seed: int = 0, report: Callable[[str], None] = print) -> 
             shutil.rmtree(_CHECKPOINT.pop("src"), ignore_errors=True)
     total["scancel"] = len(scancels)
     report(
-        f"{total['files']} files tried ({examples} damaged trees, {total['ok'] + total['crash'] + total['hang']} "
-        f"command runs): {total['crash']} crashes, {total['hang']} hangs, {total['escape']} escapes "
+        f"{total['files']} files tried ({examples} damaged trees, "
+        f"{total['ok'] + total['crash'] + total['hang']} "
+        f"command runs): {total['crash']} crashes, {total['hang']} hangs, {total['escape']} "
+        "escapes "
         f"(raw control characters printed), {total['scancel']} scancel calls"
     )
     return total

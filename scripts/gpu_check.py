@@ -42,8 +42,10 @@ DEPENDENCIES: tuple[tuple[str, str, bool], ...] = (
     ("numpy", "numpy", False),
     ("matplotlib", "matplotlib", False),
 )
-"""(module, distribution, pure Python) for what the project imports besides torch: the pyproject's dependencies
-and theirs. A CUDA image usually has the binary ones; the pure-Python ones travel as wheels (``--requirements``)."""
+"""(module, distribution, pure Python) for what the project imports besides torch: the pyproject's
+dependencies
+and theirs. A CUDA image usually has the binary ones; the pure-Python ones travel as wheels
+(``--requirements``)."""
 
 
 @dataclass
@@ -297,7 +299,8 @@ def check_train(env: Env) -> Result:
     )
     ok = proc.returncode == 0 and "drill verdict: IDENTICAL" in proc.stdout
     return ok, (
-        f"task=train (FSDP2) on {env.device}: killed at step 5 (restart from a checkpoint), SIGTERM at step 8 "
+        f"task=train (FSDP2) on {env.device}: killed at step 5 (restart from a checkpoint), "
+        "SIGTERM at step 8 "
         "(saved, resumed): bitwise identical to an uninterrupted run"
     ) if ok else _tail(proc)
 
@@ -379,14 +382,16 @@ def gpu_count(rehearse: bool, pretend: int) -> int:
 
 
 def missing() -> list[str]:
-    """The distributions of :data:`DEPENDENCIES` this interpreter cannot import (for the set-up to install)."""
+    """The distributions of :data:`DEPENDENCIES` this interpreter cannot import (for the set-up to
+    install)."""
     from importlib.util import find_spec
 
     return [dist for module, dist, _ in DEPENDENCIES if find_spec(module) is None]
 
 
 def requirements() -> list[str]:
-    """The pure-Python dependencies as requirements, pinned to this interpreter's versions where it has them."""
+    """The pure-Python dependencies as requirements, pinned to this interpreter's versions where it
+    has them."""
     from importlib import metadata
 
     out = []
@@ -429,7 +434,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.only or ()) - {c.name for c in CHECKS})
     if unknown:
         ap.error(
-            f"--only {' '.join(unknown)}: no such check; the checks: {' '.join(c.name for c in CHECKS)}"
+            f"--only {' '.join(unknown)}: no such check; the checks: "
+            f"{' '.join(c.name for c in CHECKS)}"
         )
     return args
 
@@ -445,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in chosen:
             print(f"{c.name:<16} needs {c.min_gpus} GPU(s), up to {c.timeout_s:.0f} s: {c.what}")
         print(
-            f"{len(chosen)} checks; budget {args.budget_s:.0f} s; with one GPU the checks that need two are skipped "
+            f"{len(chosen)} checks; budget {args.budget_s:.0f} s; with one GPU the checks that "
+            "need two are skipped "
             f"({ONE_DEVICE}) and named"
         )
         return 0
@@ -468,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
 def _one(check: Check, env: Env) -> str:
     if env.gpus < check.min_gpus:
         print(
-            f"SKIP {check.name:<16} needs {check.min_gpus} GPUs, this machine has {env.gpus} ({ONE_DEVICE})",
+            f"SKIP {check.name:<16} needs {check.min_gpus} GPUs, this machine has {env.gpus} "
+            f"({ONE_DEVICE})",
             flush=True,
         )
         return "skip"
@@ -497,13 +505,16 @@ def _summary(results: list[tuple[str, str]], gpus: int, rehearse: bool, wall: fl
         else f"{gpus} GPU(s)"
     )
     print(
-        f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped on {where} "
+        f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped on "
+        f"{where} "
         f"in {wall:.0f} s"
     )
     if gpus == 1:
         print(
-            f"not covered with one GPU ({ONE_DEVICE}): every multi-rank NCCL collective, the PP scheduler across "
-            "devices, CP over more than one rank, FSDP2 sharding over ranks; run on a machine with 2+ GPUs"
+            f"not covered with one GPU ({ONE_DEVICE}): every multi-rank NCCL collective, the PP "
+            "scheduler across "
+            "devices, CP over more than one rank, FSDP2 sharding over ranks; run on a machine "
+            "with 2+ GPUs"
         )
     return 1 if counts["fail"] else 0
 

@@ -13,7 +13,8 @@ run dir and the tail of the launcher's output. Exits 1 on any failure.
 
     python scripts/launch_loops.py --runs 20 --ranks 32 --timeout-min 0.5
     python scripts/launch_loops.py --runs 0 --rounds 10 --concurrent 3
-    PYTHONPATH=tests/user_tasks python scripts/launch_loops.py --runs 20 --ranks 4 --task fsdp_step \
+    PYTHONPATH=tests/user_tasks python scripts/launch_loops.py --runs 20 --ranks 4 --task fsdp_step
+    \
         --overrides launcher=slurm launcher.nodes=2 'task.modules=[wf_slurm_test_tasks]'
 """
 
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dump",
         action="store_true",
-        help="on a stall, py-spy dump every process of the launch (into the out dir) before killing",
+        help="on a stall, py-spy dump every process of the launch (into the out dir) before "
+        "killing",
     )
     p.add_argument("--stop-on-fail", action="store_true", help="stop at the first failure")
     p.add_argument("--task", default="noop", help="task of the sequential launches (default noop)")
@@ -220,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if walls:
         print(
-            f"ok wall time: min {walls[0]:.2f}s  median {walls[len(walls) // 2]:.2f}s  max {walls[-1]:.2f}s"
+            f"ok wall time: min {walls[0]:.2f}s  median {walls[len(walls) // 2]:.2f}s  max "
+            f"{walls[-1]:.2f}s"
         )
     for r in failed:
         print(f"  failed: {r.label}: {r.run_dir}")

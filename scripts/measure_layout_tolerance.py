@@ -1,4 +1,5 @@
-"""Measure how far a ``train`` run continued at another layout lands from the straight run (the tolerance).
+"""Measure how far a ``train`` run continued at another layout lands from the straight run (the
+tolerance).
 
 1. A straight run at ``--from`` (default dp=4), ``--steps`` steps.
 2. For each target layout: the same run stopped with SIGTERM once rank 0 reached
@@ -116,7 +117,8 @@ def _row(name: str, ref: tuple[Any, Any, Any], got: tuple[Any, Any, Any]) -> str
     ema = max(float((re_[k] - ge[k]).abs().max()) for k in re_)
     resumed = g["attempts"][-1]["resumed_from"]
     return (
-        f"{name:<34s} loss curve {curve:.1e}  final loss {abs(r['final_loss'] - g['final_loss']):.1e}  "
+        f"{name:<34s} loss curve {curve:.1e}  final loss "
+        f"{abs(r['final_loss'] - g['final_loss']):.1e}  "
         f"weights {weights:.1e}  ema {ema:.1e}"
         + (f"  (resumed from step {resumed})" if resumed else "")
     )

@@ -1,4 +1,5 @@
-"""What one ``task=noop`` sweep point does, as a plain torchrun script: init gloo, one barrier, destroy.
+"""What one ``task=noop`` sweep point does, as a plain torchrun script: init gloo, one barrier,
+destroy.
 
 torchrun --standalone --nproc-per-node=N scripts/torchrun_equivalent.py
 """

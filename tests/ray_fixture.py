@@ -65,10 +65,11 @@ class RayCluster:
         assert out.returncode == 0, out.stderr
 
     def ask(self, code: str, timeout: float = 120) -> str:
-        """Run ``code`` in a fresh driver connected to the cluster (``ray`` imported, ``address`` set); its stdout."""
+        """Run ``code`` in a fresh driver connected to the cluster (``ray`` imported, ``address``
+        set); its stdout."""
         program = (
-            f"import ray\naddress = {self.address!r}\nray.init(address=address, logging_level='ERROR')\n"
-            + textwrap.dedent(code)
+            f"import ray\naddress = {self.address!r}\nray.init(address=address, "
+            "logging_level='ERROR')\n" + textwrap.dedent(code)
         )
         out = subprocess.run(
             [sys.executable, "-c", program],
@@ -81,7 +82,8 @@ class RayCluster:
         return out.stdout
 
     def leftovers(self, grace_s: float = 20.0) -> list[str]:
-        """What a run left in the cluster (none expected): busy CPUs, live placement groups, supervisors,
+        """What a run left in the cluster (none expected): busy CPUs, live placement groups,
+        supervisors,
         rank or supervisor processes; waited for up to ``grace_s`` (teardown is asynchronous)."""
         code = """
             from ray.util import placement_group_table
@@ -144,7 +146,8 @@ def _free_base(nodes: int) -> int:
 
 
 def cluster_env() -> dict[str, str]:
-    """This process's environment for subprocesses: the venv's ``ray`` first on PATH, the test tasks importable,
+    """This process's environment for subprocesses: the venv's ``ray`` first on PATH, the test tasks
+    importable,
     token authentication on (the script's cluster uses it)."""
     env = {
         k: v

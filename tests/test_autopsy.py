@@ -1,4 +1,5 @@
-"""Every hang comes with stacks: a stuck rank at a collective timeout, and a rank that never joins."""
+"""Every hang comes with stacks: a stuck rank at a collective timeout, and a rank that never
+joins."""
 
 from __future__ import annotations
 

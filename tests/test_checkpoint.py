@@ -206,7 +206,8 @@ def test_keep_only_the_newest(tmp_path: Path) -> None:
 def test_uncommitted_checkpoints_are_ignored_and_cleaned(tmp_path: Path) -> None:
     run_ranks(_plain_roundtrip, 2, str(tmp_path), [1, 2], 5)
     root = tmp_path / "checkpoints"
-    # a crash mid-save: a half-written temp dir, and a renamed step dir whose COMMIT was never written
+    # a crash mid-save: a half-written temp dir, and a renamed step dir whose COMMIT was never
+    # written
     (root / ".step_00000007.tmp-deadbeef").mkdir()
     (root / ".step_00000007.tmp-deadbeef" / "__0_0.distcp").write_bytes(b"partial")
     half = root / "step_00000009"
@@ -258,7 +259,8 @@ def test_async_save_commits_later_and_does_not_block_the_step(tmp_path: Path) ->
             r["step"] == 3 and r["same"]
         )  # the snapshot was taken at save(): later updates did not leak in
     assert [s for s, _ in complete_checkpoints(tmp_path / "True")] == [3]
-    # blocked time of the async save vs the synchronous save of the same tensors (best of 3), as a ratio only
+    # blocked time of the async save vs the synchronous save of the same tensors (best of 3), as a
+    # ratio only
     assert max(r["async"] for r in res) < 0.6 * min(r["sync"] for r in res), res
 
 

@@ -1,4 +1,5 @@
-"""The checkpointing doc's example task, run through the real CLI: ctx.checkpoint, ctx.should_stop, keep."""
+"""The checkpointing doc's example task, run through the real CLI: ctx.checkpoint, ctx.should_stop,
+keep."""
 
 from __future__ import annotations
 

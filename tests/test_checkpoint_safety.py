@@ -206,7 +206,8 @@ def test_every_checkpoint_unreadable_is_an_error_naming_each(tmp_path: Path) -> 
         _load(tmp_path)
 
 
-# ------------------------------------------------------------------ item 7: a crash never loses the checkpoint
+# ------------------------------------------------------------------ item 7: a crash never loses the
+# checkpoint
 
 _FS_OPS = (
     ("os", "replace"),

@@ -1,4 +1,5 @@
-"""``python -m wf_launch.checkpoint list|export`` on single-process checkpoints, bad inputs, and format-1 checkpoints.
+"""``python -m wf_launch.checkpoint list|export`` on single-process checkpoints, bad inputs, and
+format-1 checkpoints.
 
 (The multi-rank export, against weights gathered in-process, is in tests/test_reshard.py.)
 """
@@ -129,7 +130,8 @@ def test_list_shows_every_checkpoint_in_commit_order_with_its_layout(
 
 
 def test_a_format_1_checkpoint_still_loads_on_its_own_layout(tmp_path: Path) -> None:
-    """A checkpoint written before layouts were recorded (nested optimizer state, per-rank entries, no format)."""
+    """A checkpoint written before layouts were recorded (nested optimizer state, per-rank entries,
+    no format)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,

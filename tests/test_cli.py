@@ -285,7 +285,8 @@ def test_sigterm_or_ctrl_c_stops_every_rank_within_10s(tmp_path: Path, sig: int,
         ("launcher.console_ranks=[5]", "launcher.console_ranks=[5] is not allowed"),
         (
             "task=nope",
-            "task=nope is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', 'train']",
+            "task=nope is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', "
+            "'train']",
         ),
         ("engine.pp_size=two", "engine.pp_size"),
         ("engine.cp_size=5", "engine.cp_size=5 cannot split the demo latent on patch boundaries"),

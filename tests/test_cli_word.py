@@ -1,6 +1,9 @@
-"""The CLI keeps its word: config mistakes exit 2 naming the field meant, Ctrl-C stops gracefully and says how to
-resume, a run keeps one id across attempts, failures alike are shown once, the bar is never broken by a log line,
-the drill refuses injections that prove nothing, and provenance is recorded wherever the command starts."""
+"""The CLI keeps its word: config mistakes exit 2 naming the field meant, Ctrl-C stops gracefully
+and says how to
+resume, a run keeps one id across attempts, failures alike are shown once, the bar is never broken
+by a log line,
+the drill refuses injections that prove nothing, and provenance is recorded wherever the command
+starts."""
 
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
     [
         (
             "engine.cp_sise=2",
-            "engine.cp_sise=2 is not allowed: engine has no field 'cp_sise'; did you mean engine.cp_size=2?",
+            "engine.cp_sise=2 is not allowed: engine has no field 'cp_sise'; did you mean "
+            "engine.cp_size=2?",
         ),
         (
             "+engine.cp_sise=2",
@@ -43,11 +47,13 @@ REPO = Path(__file__).resolve().parents[1]
         ),
         (
             "task=nonexistent",
-            "task=nonexistent is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', 'train']",
+            "task=nonexistent is not allowed: choose one of ['call', 'demo', 'layout', 'noop', "
+            "'script', 'train']",
         ),
         (
             "task=trian",
-            "task=trian is not allowed: choose one of ['call', 'demo', 'layout', 'noop', 'script', 'train']; did you mean task=train?",
+            "task=trian is not allowed: choose one of ['call', 'demo', 'layout', 'noop', "
+            "'script', 'train']; did you mean task=train?",
         ),
         ("engine.pp_size=two", "engine.pp_size=two is not allowed: expected an integer"),
         (
@@ -60,7 +66,8 @@ REPO = Path(__file__).resolve().parents[1]
         ),
         (
             "tracking=nope",
-            "tracking=nope is not allowed: choose one of ['mlflow', 'none', 'tensorboard', 'wandb']",
+            "tracking=nope is not allowed: choose one of ['mlflow', 'none', 'tensorboard', "
+            "'wandb']",
         ),
         ("task.seed=${oops}", "task.seed: Interpolation key 'oops' not found"),
     ],
@@ -289,7 +296,8 @@ def test_ranks_failing_alike_are_shown_once_with_one_traceback(tmp_path: Path) -
 
 
 def _render(raw: bytes) -> list[str]:
-    """The screen a terminal shows for ``raw``: carriage returns, line feeds, erase-to-end, colours ignored."""
+    """The screen a terminal shows for ``raw``: carriage returns, line feeds, erase-to-end, colours
+    ignored."""
     lines, row, col = [[]], 0, 0
     text = re.sub(r"\x1b\[[0-9;?]*m", "", raw.decode("utf-8", "replace"))
     i = 0
@@ -439,7 +447,8 @@ def test_plot_draws_a_sweeps_points_on_one_chart_named_by_their_overrides(tmp_pa
         (
             ["task=train", "engine.dp_size=2", "--inject", "kill9@6,sigterm@10"],
             2,
-            "--inject sigterm@10: the task runs task.steps=10 steps and its stop is agreed a step later",
+            "--inject sigterm@10: the task runs task.steps=10 steps and its stop is agreed a step "
+            "later",
         ),
         (["task=train", "task.steps=20", "--inject", "kill9@25"], 2, "choose a step <= 19"),
         (

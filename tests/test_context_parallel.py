@@ -18,7 +18,8 @@ def _full(shape: tuple[int, ...], offset: float = 0.0) -> torch.Tensor:
 
 
 def _check_group(group: object, n: int, r: int) -> None:
-    """Round trips, layouts and gradients on one group of n ranks where this rank is group rank r."""
+    """Round trips, layouts and gradients on one group of n ranks where this rank is group rank
+    r."""
     x = _full((2, 3, 4 * n, 5))
     for dim in (2, -2, 0 if n == 2 else 2):
         shard = cp.split_inputs_cp(x, dim, group)

@@ -1,24 +1,33 @@
-"""Every command shown in README.md and docs/ runs, and every sample output matches the command it follows.
+"""Every command shown in README.md and docs/ runs, and every sample output matches the command it
+follows.
 
 The commands are read from the fenced code blocks (a line that starts with ``python -m wf_launch``,
-``$ python -m wf_launch``, ``wf-launch`` or ``scripts/``/``bash scripts/``; ``\\`` continues a line).
-Each runs through the real CLI in a scratch directory, at small sizes (``task.repeats=1`` for the demo
+``$ python -m wf_launch``, ``wf-launch`` or ``scripts/``/``bash scripts/``; ``\\`` continues a
+line).
+Each runs through the real CLI in a scratch directory, at small sizes (``task.repeats=1`` for the
+demo
 when the command leaves it, ``task.steps=4`` for ``train`` unless the command sets it), with
-``RUN_DIR`` / ``SWEEP_DIR`` standing for a run and a sweep made first (``status --stacks`` gets a run
+``RUN_DIR`` / ``SWEEP_DIR`` standing for a run and a sweep made first (``status --stacks`` gets a
+run
 still going), and a command's ``# exit N`` comment, or what its sample shows (a config error: 2, a
-failed run: 1, a Ctrl-C: 130, pressed once the ranks report progress), as its expected exit code. Drills run as
+failed run: 1, a Ctrl-C: 130, pressed once the ranks report progress), as its expected exit code.
+Drills run as
 ``--dry-run`` (the arguments, the config and the injections are checked; two full runs each would
 take minutes; tests/test_drill.py runs real drills). Python blocks that open with ``# PATH.py`` are
 written out, so the commands that use the docs' own example tasks run them.
 
-Tunes run as ``--dry-run`` too (the space, the pruning and the rounds are checked; tests/test_tune*.py
-run real tunes). The docs' stand-ins for a user's code (``train.py``, ``my_pkg.train``, ``cfg.yaml``)
-are written into the scratch directory as small torchrun-style programs; ``checkpoint`` commands get a
+Tunes run as ``--dry-run`` too (the space, the pruning and the rounds are checked;
+tests/test_tune*.py
+run real tunes). The docs' stand-ins for a user's code (``train.py``, ``my_pkg.train``,
+``cfg.yaml``)
+are written into the scratch directory as small torchrun-style programs; ``checkpoint`` commands get
+a
 run that saved one.
 
 Skipped, and named in the output: commands that need a SLURM cluster (``launcher=slurm``,
 ``--backend slurm``, ``status --wait/--cancel``, the SLURM samples' run directories, the test
-cluster's script) unless one answers ``sinfo``; commands that name a Ray cluster (``launcher.address``,
+cluster's script) unless one answers ``sinfo``; commands that name a Ray cluster
+(``launcher.address``,
 ``--backend ray``, ``ray_cluster.sh``: tests/test_ray_*.py run those paths on the test cluster;
 ``launcher=ray`` alone starts a private instance and runs here); a ``tune --resume`` of the docs'
 example directory; and the set-up lines that create a venv and run the whole suite (what ``.ci/run``
@@ -77,7 +86,8 @@ def _blocks(doc: Path) -> list[tuple[int, list[str], str]]:
 
 
 def shown_commands() -> list[Shown]:
-    """Every command of the docs' code blocks, continuation lines joined, with the output lines that follow it."""
+    """Every command of the docs' code blocks, continuation lines joined, with the output lines that
+    follow it."""
     found: list[Shown] = []
     for doc in DOCS:
         for start, lines, info in _blocks(doc):
@@ -151,14 +161,18 @@ def skip_reason(shown: Shown) -> str | None:
         or "--backend ray" in shown.text
         or "ray_cluster.sh" in shown.text
     ):
-        return "names a Ray cluster (tests/test_ray_*.py run this path on scripts/ray_cluster.sh's cluster)"
+        return (
+            "names a Ray cluster (tests/test_ray_*.py run this path on "
+            "scripts/ray_cluster.sh's cluster)"
+        )
     if words[:3] == ["python", "-m", "wf_launch.tune"] and "--resume" in words:
         return "continues the docs' example tune directory"
     return None
 
 
 def _expected_code(shown: Shown) -> int:
-    """The comment's ``# exit N``, else what the sample shows: a config error 2, a failed run 1, Ctrl-C 130."""
+    """The comment's ``# exit N``, else what the sample shows: a config error 2, a failed run 1,
+    Ctrl-C 130."""
     said = re.search(r"exit (\d+)", shown.comment)
     if said:
         return int(said.group(1))
@@ -191,7 +205,8 @@ def _run_dir(shown: Shown, args: list[str], own: Path, sweep: bool) -> Path:
 
 
 def _argv(shown: Shown, scratch: Path, index: int, places: dict[str, str]) -> list[str]:
-    """The command as argv: placeholders filled, a run directory of its own, small sizes, drills as dry runs."""
+    """The command as argv: placeholders filled, a run directory of its own, small sizes, drills as
+    dry runs."""
     text = re.sub(r"\s\[[^\]]*\]", "", shown.text)  # a synopsis' optional parts
     args = [places.get(a, a) for a in shlex.split(text)]
     if args[0] in ("bash",):
@@ -239,7 +254,8 @@ if __name__ == "__main__":
 
 
 def _write_user_code(scratch: Path) -> None:
-    """The docs' stand-ins for a user's code: ``train.py`` and ``cfg.yaml`` where the commands run, and
+    """The docs' stand-ins for a user's code: ``train.py`` and ``cfg.yaml`` where the commands run,
+    and
     ``my_pkg.train`` (with ``main``) on the path."""
     (scratch / "train.py").write_text(_USER_SCRIPT)
     (scratch / "cfg.yaml").write_text("lr: 0.1\n")
@@ -250,12 +266,15 @@ def _write_user_code(scratch: Path) -> None:
 
 
 def _write_examples(scratch: Path) -> None:
-    """The docs' example modules (python blocks that open with ``# PATH.py``), so their commands can run."""
+    """The docs' example modules (python blocks that open with ``# PATH.py``), so their commands can
+    run."""
     for doc in DOCS:
         for _, lines, info in _blocks(doc):
             if info == "python" and lines and re.fullmatch(r"# [\w/]+\.py", lines[0].strip()):
                 if (REPO / lines[0].strip()[2:].split("/")[0]).exists():
-                    continue  # a file of this repository shown as an example (a new launcher): not a user module
+                    # a file of this repository shown as an example (a new launcher): not a user
+                    # module
+                    continue
                 path = scratch / "examples" / lines[0].strip()[2:]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("\n".join(lines[1:]) + "\n")
@@ -267,7 +286,8 @@ def _write_examples(scratch: Path) -> None:
 def _run(
     argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300, interrupt: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run ``argv``; ``interrupt``: press Ctrl-C (SIGINT to its process group) once its ranks report progress."""
+    """Run ``argv``; ``interrupt``: press Ctrl-C (SIGINT to its process group) once its ranks report
+    progress."""
     if not interrupt:
         return subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
@@ -291,7 +311,8 @@ def _run(
 
 
 def _fixtures(scratch: Path, env: dict[str, str]) -> tuple[dict[str, str], subprocess.Popen]:
-    """RUN_DIR (a run with metrics), SWEEP_DIR (a sweep of two such runs), and a run still going for ``--stacks``."""
+    """RUN_DIR (a run with metrics), SWEEP_DIR (a sweep of two such runs), and a run still going for
+    ``--stacks``."""
     chatty = [
         sys.executable,
         "-m",
@@ -360,7 +381,8 @@ def _fixtures(scratch: Path, env: dict[str, str]) -> tuple[dict[str, str], subpr
 
 
 def _places_for(shown: Shown, places: dict[str, str]) -> dict[str, str]:
-    """What the command's placeholders stand for: a run still going for ``--stacks``; for ``checkpoint``,
+    """What the command's placeholders stand for: a run still going for ``--stacks``; for
+    ``checkpoint``,
     a run that saved one (the docs' ``RUN_DIR``, ``run`` and the drill sample's run directory)."""
     words = shown.text.split()
     if "--stacks" in words:
@@ -415,7 +437,8 @@ def _engine(text: str) -> tuple[int, ...]:
 
 
 def test_sample_outputs_match_the_commands_they_follow() -> None:
-    """A sample shows the layout its command launches, and a drill sample the injections its command asks for."""
+    """A sample shows the layout its command launches, and a drill sample the injections its command
+    asks for."""
     wrong = []
     for shown in shown_commands():
         for line in shown.output + shown.after:
@@ -423,20 +446,23 @@ def test_sample_outputs_match_the_commands_they_follow() -> None:
             sweep = re.search(r"wf_launch\s+(-m|--multirun)\s", shown.text + " ")
             if launched and not sweep and tuple(map(int, launched.groups())) != _engine(shown.text):
                 wrong.append(
-                    f"{shown.doc}:{shown.line}: `{shown.text}` but the sample launches {line.strip()}"
+                    f"{shown.doc}:{shown.line}: `{shown.text}` but the sample launches "
+                    f"{line.strip()}"
                 )
             drilled = re.search(r"drill: interrupted run in .*: (.*)$", line)
             asked = re.search(r"--inject (\S+)", shown.text)
             if drilled and asked and drilled.group(1).replace(" ", "") != asked.group(1):
                 wrong.append(
-                    f"{shown.doc}:{shown.line}: `{shown.text}` but the sample injects {drilled.group(1)}"
+                    f"{shown.doc}:{shown.line}: `{shown.text}` but the sample injects "
+                    f"{drilled.group(1)}"
                 )
         wrong += _drill_sample(shown)
     assert wrong == [], "\n".join(wrong)
 
 
 def _drill_sample(shown: Shown) -> list[str]:
-    """A drill's verdict shows each injection at (or just after) the step asked, and no step past the task's last."""
+    """A drill's verdict shows each injection at (or just after) the step asked, and no step past
+    the task's last."""
     asked = re.search(r"--inject (\S+)", shown.text)
     injected = [
         (m.group(1), int(m.group(2)))

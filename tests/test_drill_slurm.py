@@ -1,4 +1,5 @@
-"""On the real SLURM cluster: the drill across 2 nodes, a preempted sweep point, and the code snapshot."""
+"""On the real SLURM cluster: the drill across 2 nodes, a preempted sweep point, and the code
+snapshot."""
 
 from __future__ import annotations
 
@@ -168,7 +169,8 @@ def code_probe(ctx):
 
 
 def _project_copy(dest: Path) -> Path:
-    """A throw-away git checkout of this project (plus a probe task), the one the CLI imports below."""
+    """A throw-away git checkout of this project (plus a probe task), the one the CLI imports
+    below."""
     files = subprocess.run(
         ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
     ).stdout.decode()

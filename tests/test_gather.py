@@ -129,7 +129,8 @@ def test_gather_state_dicts_single_process() -> None:
         gather_state_dicts([torch.ones(1)], dst=0)  # type: ignore[arg-type]
 
 
-# --------------------------------------------------------------------------- a bad argument on one rank
+# --------------------------------------------------------------------------- a bad argument on one
+# rank
 
 
 def _caught(fn, *args, **kwargs) -> tuple[str, object]:

@@ -1,4 +1,5 @@
-"""``hydra/launcher=wf_slurm`` against Hydra's own launcher contract suites, as Hydra's plugins test theirs.
+"""``hydra/launcher=wf_slurm`` against Hydra's own launcher contract suites, as Hydra's plugins test
+theirs.
 
 For a generic (non-wf_launch) Hydra app ``wf_slurm`` runs every job inline, exactly as
 Hydra's basic launcher does (nothing is submitted to SLURM: only ``launcher=slurm`` points
@@ -25,8 +26,10 @@ def test_discovery() -> None:
 
 
 def test_scan_in_a_fresh_interpreter_loads_cleanly_and_imports_nothing_of_ours() -> None:
-    """What every other Hydra app in the environment does at start-up: scan ``hydra_plugins`` (the module
-    is executed before it is in sys.modules). No warning, the launcher found, and nothing imported beyond
+    """What every other Hydra app in the environment does at start-up: scan ``hydra_plugins`` (the
+    module
+    is executed before it is in sys.modules). No warning, the launcher found, and nothing imported
+    beyond
     registering its config (wf_launch, submitit and torch stay out)."""
     code = (
         "import sys, warnings; warnings.simplefilter('error')\n"

@@ -1,8 +1,10 @@
-"""Repeated 32-rank launches never stall (a short ``scripts/launch_loops.py``), and the fork gate holds.
+"""Repeated 32-rank launches never stall (a short ``scripts/launch_loops.py``), and the fork gate
+holds.
 
 Before the fork gate, about one 32-rank launch in N on a loaded 2-core machine left
 a rank blocked forever in ``getnameinfo`` (glibc's resolver lock, inherited held
-from the launcher's TCPStore server thread at fork); see ``wf_launch.launchers.local.agent.ForkGate``.
+from the launcher's TCPStore server thread at fork); see
+``wf_launch.launchers.local.agent.ForkGate``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The live view any launcher shows: scheduler state on change, console ranks' lines, progress, one final line."""
+"""The live view any launcher shows: scheduler state on change, console ranks' lines, progress, one
+final line."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def _run_dir(path: Path, console: list[int] | None) -> Path:
 def _log(run_dir: Path, rank: int, message: str, newline: bool = True) -> None:
     with open(run_dir / "logs" / f"rank{rank}.log", "a") as f:
         f.write(
-            f"2026-01-01 00:00:00.000 | INFO    | [r{rank} tp0 cp{rank} pp0 dp0] task:run:3 | {message}"
-            + ("\n" if newline else "")
+            f"2026-01-01 00:00:00.000 | INFO    | [r{rank} tp0 cp{rank} pp0 dp0] task:run:3 | "
+            f"{message}" + ("\n" if newline else "")
         )
 
 
@@ -104,7 +105,8 @@ def test_attaching_shows_only_the_last_lines_already_written_then_new_ones(tmp_p
 
 
 def _dead_local_run(path: Path) -> Path:
-    """A local run whose launcher was killed: config.yaml and a lock naming a pid that no longer lives."""
+    """A local run whose launcher was killed: config.yaml and a lock naming a pid that no longer
+    lives."""
     import subprocess
 
     run_dir = _run_dir(path, console=[0])

@@ -1,4 +1,5 @@
-"""The local launcher against hostile or unlucky input: loopback only, owned ports, bad values refused."""
+"""The local launcher against hostile or unlucky input: loopback only, owned ports, bad values
+refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""PP scheduler on real gloo groups: ring traffic, FIFO queued receives, lifecycle and re-initialization."""
+"""PP scheduler on real gloo groups: ring traffic, FIFO queued receives, lifecycle and
+re-initialization."""
 
 from __future__ import annotations
 

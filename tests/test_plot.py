@@ -1,4 +1,5 @@
-"""``python -m wf_launch.plot``: metrics over steps from metrics.jsonl, rendered and checked as a PNG."""
+"""``python -m wf_launch.plot``: metrics over steps from metrics.jsonl, rendered and checked as a
+PNG."""
 
 from __future__ import annotations
 

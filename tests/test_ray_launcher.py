@@ -1,7 +1,11 @@
-"""``launcher=ray`` through the real CLI on a real 3-node Ray cluster (tests/ray_fixture.py): a run across two
-nodes and the tools that read it, a failing rank and a hung rank named with their node, the drill's kill -9 and
-dead node ending identical, preemption by SIGTERM, a detached run (status, runs, --stacks, --follow, --cancel),
-a sweep side by side, bad inputs refused before any actor starts, a private instance; nothing left behind."""
+"""``launcher=ray`` through the real CLI on a real 3-node Ray cluster (tests/ray_fixture.py): a run
+across two
+nodes and the tools that read it, a failing rank and a hung rank named with their node, the drill's
+kill -9 and
+dead node ending identical, preemption by SIGTERM, a detached run (status, runs, --stacks, --follow,
+--cancel),
+a sweep side by side, bad inputs refused before any actor starts, a private instance; nothing left
+behind."""
 
 from __future__ import annotations
 
@@ -424,8 +428,10 @@ def test_a_private_instance_runs_and_leaves_nothing(
 def test_tune_on_the_cluster_measures_every_trial_on_ray(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
-    """``python -m wf_launch.tune launcher=ray``: a round's trials run as Ray points side by side (the cluster holds
-    them all), the known-best layout of ``task=clockwork`` wins, and nothing is left in the cluster."""
+    """``python -m wf_launch.tune launcher=ray``: a round's trials run as Ray points side by side
+    (the cluster holds
+    them all), the known-best layout of ``task=clockwork`` wins, and nothing is left in the
+    cluster."""
     sys.path.insert(0, str(Path(__file__).parent / "user_tasks"))
     from wf_tune_tasks import layout_key
 

@@ -1,5 +1,7 @@
-"""``launcher=ray`` without a cluster: its config checks, where ranks go (bundles, nodes, LOCAL_RANK, GPUs), whether
-a run fits a cluster, the refusals before anything starts (Ray missing, a relative run directory), the dry run,
+"""``launcher=ray`` without a cluster: its config checks, where ranks go (bundles, nodes,
+LOCAL_RANK, GPUs), whether
+a run fits a cluster, the refusals before anything starts (Ray missing, a relative run directory),
+the dry run,
 and that every Ray name we use still exists."""
 
 from __future__ import annotations
@@ -338,7 +340,8 @@ def test_a_rank_error_without_a_record_is_named_by_its_exception_line() -> None:
     from wf_launch.launchers.ray.failure import _error_line
 
     ray_text = (
-        '\x1b[36mray::WfRayRank.run()\x1b[39m (pid=1, ip=10.0.0.1, actor_id=ab)\n  File "x.py", line 3, in run\n'
+        '\x1b[36mray::WfRayRank.run()\x1b[39m (pid=1, ip=10.0.0.1, actor_id=ab)\n  File "x.py", '
+        "line 3, in run\n"
         "    rank_main(spec)\nImportError: cannot import name 'thing'"
     )
     assert _error_line(ray_text) == "ImportError: cannot import name 'thing'"

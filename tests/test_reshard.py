@@ -1,4 +1,5 @@
-"""Checkpoints that reshard: saved at one layout, loaded at another, on real gloo groups (FSDP2 on CPU).
+"""Checkpoints that reshard: saved at one layout, loaded at another, on real gloo groups (FSDP2 on
+CPU).
 
 Each case saves a pipeline-staged, FSDP2-sharded model, its EMA, AdamW state and
 per-rank entries at one layout (asynchronously where marked), then loads the checkpoint
@@ -40,7 +41,8 @@ class Block(nn.Module):
 
 
 class Stage(nn.Module):
-    """Blocks ``ids`` of a DEPTH-block model (+ the head on the last stage), named as the full model names them."""
+    """Blocks ``ids`` of a DEPTH-block model (+ the head on the last stage), named as the full model
+    names them."""
 
     def __init__(self, ids: list[int], last: bool) -> None:
         super().__init__()
@@ -64,7 +66,8 @@ class Stage(nn.Module):
 
 
 def _setup(cp: int, pp: int, dp: int) -> tuple[Any, Stage, Stage, torch.optim.Optimizer]:
-    """This rank's stage, FSDP2 over its stage's dp x cp ranks; the layout (given to the Checkpointer)."""
+    """This rank's stage, FSDP2 over its stage's dp x cp ranks; the layout (given to the
+    Checkpointer)."""
     import copy
 
     import torch.distributed as dist
@@ -103,7 +106,8 @@ def _train(model: Stage, ema: Stage, opt: torch.optim.Optimizer, steps: int) -> 
 
 
 def _full(model: Stage, ema: Stage, opt: torch.optim.Optimizer) -> bytes:
-    """This rank's stage, in full tensors under global names: weights, EMA, optimizer state (collective)."""
+    """This rank's stage, in full tensors under global names: weights, EMA, optimizer state
+    (collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     def full(t: Any) -> Any:
@@ -222,7 +226,8 @@ def _describe(sizes: tuple[int, int, int]) -> str:
 
 
 def _assert_export(run_dir: Path, gathered: dict[str, dict[str, torch.Tensor]]) -> None:
-    """``python -m wf_launch.checkpoint export`` (no process group) writes exactly the weights gathered in-process
+    """``python -m wf_launch.checkpoint export`` (no process group) writes exactly the weights
+    gathered in-process
     (the command in a subprocess for the model; its ``main`` in this process for the EMA)."""
     from wf_launch.readers.checkpoint import main
 
@@ -263,7 +268,8 @@ def _generator_state(seed: int) -> list[int]:
     )  # plain ints cross the result queue
 
 
-CASES = [  # (saved at cp, pp, dp), (loaded at cp, pp, dp), async save, remap the dp-scoped generator
+# (saved at cp, pp, dp), (loaded at cp, pp, dp), async save, remap the dp-scoped generator
+CASES = [
     ((1, 1, 4), (1, 1, 2), True, False),  # dp4 -> dp2: a smaller world
     ((1, 1, 2), (1, 1, 4), False, True),  # dp2 -> dp4: a larger world
     ((2, 1, 2), (1, 1, 4), True, False),  # cp2 x dp2 -> dp4: FSDP2 on another mesh

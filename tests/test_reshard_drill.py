@@ -1,4 +1,5 @@
-"""The drill across a layout change (``--resume-with``, ``--atol``), locally and on the real SLURM cluster.
+"""The drill across a layout change (``--resume-with``, ``--atol``), locally and on the real SLURM
+cluster.
 
 The measured bug this guards: a ``train`` run stopped at dp=4 and relaunched with
 ``launcher.resume=true engine.dp_size=2 engine.cp_size=2`` used to finish "ok" with a
@@ -100,8 +101,8 @@ def test_a_stopped_dp4_run_resumes_at_cp2_dp2_within_tolerance(tmp_path: Path) -
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (
-        "drill verdict: WITHIN TOLERANCE (atol=0.0001: loss curve, final_loss, ema weights, model weights)"
-        in proc.stdout
+        "drill verdict: WITHIN TOLERANCE (atol=0.0001: loss curve, final_loss, ema weights, model "
+        "weights)" in proc.stdout
     ), proc.stdout
     assert "at a new layout (dp=4 -> cp=2 dp=2)" in proc.stdout
     summary = json.loads((directory / "drill.json").read_text())

@@ -132,7 +132,8 @@ def test_unused_groups_without_a_run() -> None:
     assert "tensor_parallel_group" in repr(state)
 
 
-# --------------------------------------------------------------------------- distributed_run on a launch
+# --------------------------------------------------------------------------- distributed_run on a
+# launch
 
 
 def _run_owns_group(rank_: int, world: int) -> dict:
@@ -252,7 +253,8 @@ def test_body_raising_on_one_rank_ends_the_run_without_a_hang() -> None:
             assert res["error"].startswith("RuntimeError")
 
 
-# --------------------------------------------------------------------------- all_reduce / broadcast_from
+# --------------------------------------------------------------------------- all_reduce /
+# broadcast_from
 
 
 def _collectives(rank_: int, world: int) -> dict:

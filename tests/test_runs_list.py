@@ -1,4 +1,5 @@
-"""``python -m wf_launch.runs``: every run and sweep point, newest first, never crashing on a bad record."""
+"""``python -m wf_launch.runs``: every run and sweep point, newest first, never crashing on a bad
+record."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The runtime object, the backend module and the launch attempt: state, device rule, start-up path."""
+"""The runtime object, the backend module and the launch attempt: state, device rule, start-up
+path."""
 
 from __future__ import annotations
 

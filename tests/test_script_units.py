@@ -1,5 +1,7 @@
-"""task=script / task=call / wf_launch.run without launching ranks: torchrun's flags, quoting, the environment
-contract, running code as __main__, the helpers outside wf_launch, and the bad inputs refused before anything
+"""task=script / task=call / wf_launch.run without launching ranks: torchrun's flags, quoting, the
+environment
+contract, running code as __main__, the helpers outside wf_launch, and the bad inputs refused before
+anything
 starts."""
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ CONFIG = {
 }
 
 
-# ------------------------------------------------------------------ quoting: the script's arguments reach it as typed
+# ------------------------------------------------------------------ quoting: the script's arguments
+# reach it as typed
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
@@ -101,7 +104,8 @@ def test_hydra_parsed_args_become_the_text_the_user_typed() -> None:
             argv_of(bad)
 
 
-# ------------------------------------------------------------------ python -m wf_launch.run: torchrun's flags
+# ------------------------------------------------------------------ python -m wf_launch.run:
+# torchrun's flags
 def test_torchrun_flags_map_onto_task_script_on_the_local_launcher() -> None:
     cmd = parse(
         [
@@ -255,7 +259,8 @@ def test_torchrun_environment_keeps_the_launchers_values_and_fills_the_rest(tmp_
 def test_dist_init_without_a_config_builds_the_layout_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """What a script's ``worldfoundry.core.distributed.dist_init()`` does: one real gloo rank here."""
+    """What a script's ``worldfoundry.core.distributed.dist_init()`` does: one real gloo rank
+    here."""
     from worldfoundry.core.distributed import destroy_model_parallel, dist_init, get_layout
     from worldfoundry.core.distributed.env import engine_from_environ
 
@@ -355,7 +360,8 @@ def test_helpers_are_harmless_no_ops_outside_wf_launch() -> None:
             report_result(bad)
 
 
-# ------------------------------------------------------------------ bad inputs, each naming its field
+# ------------------------------------------------------------------ bad inputs, each naming its
+# field
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -509,7 +515,8 @@ _field_values = st.recursive(
 def test_any_script_or_call_config_is_accepted_or_refused_with_a_config_error(
     tmp_path_factory: pytest.TempPathFactory, fields: dict
 ) -> None:
-    """Hostile values for every field: validation accepts them or raises ConfigError, never anything else."""
+    """Hostile values for every field: validation accepts them or raises ConfigError, never anything
+    else."""
     workdir = tmp_path_factory.getbasetemp() / "fuzz_workdir"
     workdir.mkdir(exist_ok=True)
     (workdir / "s.py").write_text("")
@@ -529,7 +536,8 @@ def test_any_script_or_call_config_is_accepted_or_refused_with_a_config_error(
 
 
 def test_a_fresh_interpreter_imports_nothing_of_torch_before_the_script(tmp_path: Path) -> None:
-    """What ``task.fresh_interpreter=true`` promises: the script finds torch not imported (one rank, in a
+    """What ``task.fresh_interpreter=true`` promises: the script finds torch not imported (one rank,
+    in a
     new interpreter, through the same entrypoint the fresh child runs)."""
     import pickle
 
@@ -562,7 +570,8 @@ def test_a_fresh_interpreter_imports_nothing_of_torch_before_the_script(tmp_path
     (tmp_path / "spec.pkl").write_bytes(pickle.dumps(RankSpec(config=config, run_dir=str(run_dir))))
     code = (
         "import pickle, sys; from wf_launch.rank import fresh; fresh.mark_fresh(); "
-        "from wf_launch.rank.entrypoint import rank_main; rank_main(pickle.load(open(sys.argv[1], 'rb')))"
+        "from wf_launch.rank.entrypoint import rank_main; rank_main(pickle.load(open(sys.argv[1], "
+        "'rb')))"
     )
     env = {k: v for k, v in cli_env().items() if not k.startswith(("TORCHELASTIC", "WF_"))}
     proc = subprocess.run(

@@ -1,6 +1,9 @@
-"""Unmodified torchrun scripts (tests/scripts/) on real ranks: through task=script, python -m wf_launch.run and
-plain torchrun (to show they are unmodified and behave the same), task=call, the python -m form, a sweep over a
-script's layout arguments, a fresh interpreter, and the drill on a script that uses wf_launch's helpers."""
+"""Unmodified torchrun scripts (tests/scripts/) on real ranks: through task=script, python -m
+wf_launch.run and
+plain torchrun (to show they are unmodified and behave the same), task=call, the python -m form, a
+sweep over a
+script's layout arguments, a fresh interpreter, and the drill on a script that uses wf_launch's
+helpers."""
 
 from __future__ import annotations
 
@@ -159,7 +162,8 @@ def test_sys_exit_on_one_rank_fails_with_that_code_and_names_the_rank(tmp_path: 
 def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the_autopsy(
     tmp_path: Path,
 ) -> None:
-    """task.fresh_interpreter=true: the supervisor passes the stack-dump signal on; the stuck rank and its frame
+    """task.fresh_interpreter=true: the supervisor passes the stack-dump signal on; the stuck rank
+    and its frame
     are the root cause once its peer's collective times out."""
     run_dir = tmp_path / "run"
     proc = start_cli(
@@ -212,8 +216,10 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
 
 
 def test_a_killed_rank_restarts_and_rejoins_late_in_a_fresh_interpreter(tmp_path: Path) -> None:
-    """kill -9 of a rank under --max-restarts: its supervisor dies of the same signal (fresh interpreter), the
-    group restarts with a fresh store, and a rank that re-joins late still finds its peers (torchrun 2.13 reads
+    """kill -9 of a rank under --max-restarts: its supervisor dies of the same signal (fresh
+    interpreter), the
+    group restarts with a fresh store, and a rank that re-joins late still finds its peers (torchrun
+    2.13 reads
     the first attempt's addresses there and fails)."""
     proc = wf_run(
         [
@@ -294,11 +300,15 @@ def test_task_call_and_the_python_m_form(tmp_path: Path) -> None:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text(
-        "import sys\nimport torch, torch.distributed as dist\nfrom worldfoundry.core.distributed import dist_init, "
-        "get_layout\nfrom wf_launch import report_result\n\n\ndef main(lr=0.1, ctx=None):\n    dist_init()\n"
-        "    t = torch.ones(1)\n    dist.all_reduce(t)\n    report_result({'layout': get_layout().describe()})\n"
+        "import sys\nimport torch, torch.distributed as dist\nfrom worldfoundry.core.distributed "
+        "import dist_init, "
+        "get_layout\nfrom wf_launch import report_result\n\n\ndef main(lr=0.1, ctx=None):\n    "
+        "dist_init()\n"
+        "    t = torch.ones(1)\n    dist.all_reduce(t)\n    report_result({'layout': "
+        "get_layout().describe()})\n"
         "    return {'lr': lr, 'sum': t.item(), 'ctx_rank': ctx.rank if ctx else None}\n\n\n"
-        "if __name__ == '__main__':\n    out = main(float(sys.argv[2]))\n    report_result({'argv': sys.argv[1:]})\n"
+        "if __name__ == '__main__':\n    out = main(float(sys.argv[2]))\n    "
+        "report_result({'argv': sys.argv[1:]})\n"
     )
     call = run_cli(
         ["task=call", "task.target=mytrain.train:main", "task.kwargs={lr:0.5}", "engine.cp_size=2"],
@@ -335,8 +345,10 @@ def test_task_call_and_the_python_m_form(tmp_path: Path) -> None:
 def test_the_drill_on_a_script_with_the_helpers_and_the_same_script_under_torchrun(
     tmp_path: Path,
 ) -> None:
-    """kill -9 of a rank (max_restarts) and SIGTERM to the launcher (stop flag, checkpoint, resume) end bitwise
-    identical to an uninterrupted run; under plain torchrun the helpers are no-ops and it trains the same."""
+    """kill -9 of a rank (max_restarts) and SIGTERM to the launcher (stop flag, checkpoint, resume)
+    end bitwise
+    identical to an uninterrupted run; under plain torchrun the helpers are no-ops and it trains the
+    same."""
     args = ["--steps", "10", "--step-sleep", "0.15"]
     drill = subprocess.run(
         [

@@ -1,5 +1,7 @@
-"""Run directories: owner-only whatever the umask, a refused or dry launch writes nothing, a live run is never
-moved or written over, and liveness is the lock itself (issue 19, items 3, 10, 11, 13; issue 24's dry run)."""
+"""Run directories: owner-only whatever the umask, a refused or dry launch writes nothing, a live
+run is never
+moved or written over, and liveness is the lock itself (issue 19, items 3, 10, 11, 13; issue 24's
+dry run)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def _group_or_other_writable(root: Path) -> list[str]:
     ]
 
 
-# ----------------------------------------------------------------------------------- item 3: permissions
+# ----------------------------------------------------------------------------------- item 3:
+# permissions
 
 
 @pytest.mark.slow
@@ -87,7 +90,8 @@ def test_run_dir_mode_never_gives_others_write_access(tmp_path: Path) -> None:
 
 
 def _fake_sbatch(tmp_path: Path) -> dict[str, str]:
-    """sbatch answers with a job id and SLURM's other commands say nothing: a submission that reaches no cluster."""
+    """sbatch answers with a job id and SLURM's other commands say nothing: a submission that
+    reaches no cluster."""
     shims = tmp_path / "bin"
     shims.mkdir()
     (shims / "sbatch").write_text("#!/bin/sh\necho 'Submitted batch job 4242'\n")
@@ -122,7 +126,8 @@ def test_a_slurm_sweeps_pickles_and_code_are_owner_only_under_a_group_writable_u
     assert _group_or_other_writable(sweep) == []
 
 
-# ----------------------------------------------------------------------------------- item 11, issue 24
+# ----------------------------------------------------------------------------------- item 11, issue
+# 24
 
 
 def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -150,7 +155,8 @@ def test_a_refused_launch_leaves_the_runs_hydra_record_as_it_was(tmp_path: Path)
     assert collect_points(sweep)[0]["overrides"] == "task=noop engine.dp_size=1"
 
 
-# ----------------------------------------------------------------------------------- item 10: a live run
+# ----------------------------------------------------------------------------------- item 10: a
+# live run
 
 
 def _slurm_run(tmp_path: Path, squeue_state: str) -> tuple[Path, dict[str, str]]:
@@ -191,7 +197,8 @@ def test_overwrite_of_an_ended_slurm_job_goes_ahead(tmp_path: Path) -> None:
     assert result(run_dir)["status"] == "ok"
 
 
-# ----------------------------------------------------------------------------------- item 13: the lock
+# ----------------------------------------------------------------------------------- item 13: the
+# lock
 
 
 def test_liveness_is_the_lock_not_the_pid(tmp_path: Path) -> None:

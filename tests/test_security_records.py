@@ -1,4 +1,5 @@
-"""Run files written by a crash, a full disk or someone else: status, runs, plot and the sweep report read them
+"""Run files written by a crash, a full disk or someone else: status, runs, plot and the sweep
+report read them
 without crashing, hanging or printing a terminal escape sequence (issue 19, items 6, 14, 15)."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ CLEAR = "\x1b[2J"
 
 @pytest.fixture
 def tree(tmp_path: Path) -> dict[str, Path]:
-    """The fuzzer's templates: local ok / failed runs, a detached SLURM run, a sweep of two points."""
+    """The fuzzer's templates: local ok / failed runs, a detached SLURM run, a sweep of two
+    points."""
     return fuzz.build(tmp_path)
 
 

@@ -1,4 +1,5 @@
-"""Pids and job ids read from a run's files are checked before any signal is sent (issue 19, item 5)."""
+"""Pids and job ids read from a run's files are checked before any signal is sent (issue 19, item
+5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The stores and sockets of a run: nothing listens beyond loopback unless the launcher needs it, and the
+"""The stores and sockets of a run: nothing listens beyond loopback unless the launcher needs it,
+and the
 isolation docs/security.md recommends against other users of the host works (issue 19, item 2)."""
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def test_torch_disable_share_rdzv_tcp_store_is_dropped_for_a_loopback_launch(
     shutil.which("unshare") is None or shutil.which("ip") is None, reason="needs unshare and ip"
 )
 def test_a_launch_runs_in_a_private_network_namespace(tmp_path: Path) -> None:
-    """docs/security.md's isolation from other users of the host: the run in its own network namespace."""
+    """docs/security.md's isolation from other users of the host: the run in its own network
+    namespace."""
     probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(

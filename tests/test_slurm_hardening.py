@@ -1,4 +1,5 @@
-"""The SLURM launcher against hostile and unlucky input: no injection, no stray ids, no endless waits."""
+"""The SLURM launcher against hostile and unlucky input: no injection, no stray ids, no endless
+waits."""
 
 from __future__ import annotations
 
@@ -234,7 +235,8 @@ def test_a_stuck_rank_on_slurm_is_named_with_its_frame(
     failure = json.loads((run_dir / "result.json").read_text())["failure"]
     assert failure["cause"] == "stuck" and failure["missing_ranks"] == [2], failure
     assert failure["stuck"]["2"]["function"] == "misbehave"
-    # from a code snapshot the frame is the file's path in the project; without one (wheel), its name
+    # from a code snapshot the frame is the file's path in the project; without one (wheel), its
+    # name
     assert (
         failure["stuck"]["2"]["frame"]
         .removeprefix("tests/user_tasks/")

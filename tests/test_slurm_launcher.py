@@ -78,7 +78,8 @@ def _jobs_named(cluster: SlurmCluster, name: str) -> list[str]:
 def preempted_run(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[subprocess.Popen, Path]]:
-    """A 2-node run with a 3-minute limit and USR2 100 s before it, started before the other tests so
+    """A 2-node run with a 3-minute limit and USR2 100 s before it, started before the other tests
+    so
     its wait for slurmctld's time-limit pass (every 30 s: 80-110 s) overlaps them. (With a shorter
     limit the signal can come before a loaded machine has started Python and torch in the ranks, and
     then submitit's own handler ends the task: seen in CI with a 2-minute limit.)"""
@@ -314,7 +315,8 @@ def test_cancel_ends_the_job_and_leaves_nothing(
         (
             ["engine.cp_size=4", "launcher.nodes=2", "launcher.tasks_per_node=1"],
             (
-                "launcher.tasks_per_node=1 is not allowed: launcher.nodes (2) x launcher.tasks_per_node (1) = 2 SLURM "
+                "launcher.tasks_per_node=1 is not allowed: launcher.nodes (2) x "
+                "launcher.tasks_per_node (1) = 2 SLURM "
                 "tasks, but the layout (tp*cp*pp*dp) has 4 rank(s)"
             ),
         ),
@@ -324,7 +326,8 @@ def test_cancel_ends_the_job_and_leaves_nothing(
         ),
         (
             ["engine.cp_size=2", "engine.distributed_backend=nccl"],
-            "launcher.gpus_per_node=0 is not allowed: engine.distributed_backend='nccl' needs one GPU per task",
+            "launcher.gpus_per_node=0 is not allowed: engine.distributed_backend='nccl' needs one "
+            "GPU per task",
         ),
     ],
 )

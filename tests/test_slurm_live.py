@@ -54,7 +54,8 @@ def test_slurm_wait_shows_state_rank_lines_and_the_final_line(
 
 
 def _wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout_s: float = 240) -> str:
-    """The text of ``path`` once it matches ``pattern`` (fails if ``proc`` ends first or time runs out)."""
+    """The text of ``path`` once it matches ``pattern`` (fails if ``proc`` ends first or time runs
+    out)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = path.read_text() if path.exists() else ""
@@ -82,7 +83,8 @@ def _runs(where: Path, env: dict[str, str]) -> list[dict]:
 def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_running(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Held (``--begin``) until ``--follow`` showed it pending; Ctrl-C to one follow, the next to the end;
+    """Held (``--begin``) until ``--follow`` showed it pending; Ctrl-C to one follow, the next to
+    the end;
     ``--tail`` and the runs list while it runs and after."""
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))

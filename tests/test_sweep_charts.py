@@ -1,4 +1,5 @@
-"""The sweep report's pictures: a scaling chart when the world size varies, metrics over steps per point."""
+"""The sweep report's pictures: a scaling chart when the world size varies, metrics over steps per
+point."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Sweeps resume: ``-m ... hydra.sweep.dir=DIR launcher.resume=true`` reruns only the points that did not end ok, keeps
-the others, reports over all of them, and refuses (exit 2, naming what differs) a directory another sweep made."""
+"""Sweeps resume: ``-m ... hydra.sweep.dir=DIR launcher.resume=true`` reruns only the points that
+did not end ok, keeps
+the others, reports over all of them, and refuses (exit 2, naming what differs) a directory another
+sweep made."""
 
 from __future__ import annotations
 

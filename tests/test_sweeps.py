@@ -1,4 +1,5 @@
-"""Multirun sweeps over layouts through the real CLI: every point runs, the report tells them apart."""
+"""Multirun sweeps over layouts through the real CLI: every point runs, the report tells them
+apart."""
 
 from __future__ import annotations
 

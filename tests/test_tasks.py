@@ -1,4 +1,5 @@
-"""Built-in tasks (demo, layout, noop) on real gloo ranks, plus the demo model's single-process pieces."""
+"""Built-in tasks (demo, layout, noop) on real gloo ranks, plus the demo model's single-process
+pieces."""
 
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ def test_stage_blocks_split_evenly() -> None:
 
 
 def test_reference_depends_on_positions_and_weights() -> None:
-    """A wrong CP plan (tokens at wrong positions) or wrong weights would be caught by the demo's check."""
+    """A wrong CP plan (tokens at wrong positions) or wrong weights would be caught by the demo's
+    check."""
     cfg = DemoTaskConfig.from_task_config(SMALL)
     model = cfg.build_model()
     t, latent = cfg.make_sample(1)

@@ -1,5 +1,7 @@
-"""Experiment trackers: the hub's rules (no step twice, no step back, replay, a failing tracker switched off),
-the config group, and each library's own reader over a real run interrupted by kill -9 and by SIGTERM."""
+"""Experiment trackers: the hub's rules (no step twice, no step back, replay, a failing tracker
+switched off),
+the config group, and each library's own reader over a real run interrupted by kill -9 and by
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ class _Log:
 
 
 class _Fake(Tracker):
-    """Records what the hub hands it; ``held`` is what it says it already holds; ``fail_at`` its failing call."""
+    """Records what the hub hands it; ``held`` is what it says it already holds; ``fail_at`` its
+    failing call."""
 
     def __init__(
         self, name: str, settings: TrackerSettings, held: int | None = None, fail_at: int = 0
@@ -211,13 +214,15 @@ def test_a_tracker_whose_library_is_missing_is_refused_with_the_install_command(
     )
     assert proc.returncode == 2, proc.stderr
     assert (
-        "wf_launch: config error: tracking='wandb' is not allowed: the wandb library is not installed in this "
+        "wf_launch: config error: tracking='wandb' is not allowed: the wandb library is not "
+        "installed in this "
         "environment; install it with: pip install 'worldfoundry-launch[wandb]'"
     ) in proc.stderr
     assert not (tmp_path / "run" / "logs").exists()
 
 
-# ------------------------------------------------------------------ end to end, read back with each library's reader
+# ------------------------------------------------------------------ end to end, read back with each
+# library's reader
 def _drill(
     args: list[str], directory: Path, env: dict[str, str], timeout: float = 400
 ) -> subprocess.CompletedProcess:
@@ -269,8 +274,10 @@ def _wandb_records(run: Path) -> list[dict[str, Any]]:
 def test_every_tracker_continues_one_run_across_a_kill9_restart_and_a_sigterm_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """kill -9 of rank 0 (its trackers lose what they had not flushed) at step 5, then SIGTERM to the launcher at
-    step 7 and a relaunch with launcher.resume=true: TensorBoard, MLflow and W&B each hold one curve, steps 1-10
+    """kill -9 of rank 0 (its trackers lose what they had not flushed) at step 5, then SIGTERM to
+    the launcher at
+    step 7 and a relaunch with launcher.resume=true: TensorBoard, MLflow and W&B each hold one
+    curve, steps 1-10
     once each and in order, equal to the run's loss curve, under the run's one id."""
     directory = tmp_path / "drill"
     env = cli_env({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})

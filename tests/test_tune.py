@@ -1,4 +1,5 @@
-"""The layout tuner without starting ranks: the space, selection, measurement, pruning counts and the bad inputs."""
+"""The layout tuner without starting ranks: the space, selection, measurement, pruning counts and
+the bad inputs."""
 
 from __future__ import annotations
 
@@ -325,7 +326,8 @@ def test_state_round_trips_and_counts_time_over_sessions(tmp_path: Path) -> None
 
 
 def test_round_command_runs_private_ray_trials_one_after_another(tmp_path: Path) -> None:
-    """A private Ray instance shares this machine's cores: its trials go one by one; a cluster's side by side."""
+    """A private Ray instance shares this machine's cores: its trials go one by one; a cluster's
+    side by side."""
     from wf_launch.drivers.tune.rounds import sweep_argv
 
     private = sweep_argv(

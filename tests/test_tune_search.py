@@ -1,5 +1,7 @@
-"""The layout tuner end to end on ``task=clockwork``, whose step time is a known function of the layout: the search
-finds the known best, failures / out-of-memory / stalls are recorded with their cause and dropped, an interrupted
+"""The layout tuner end to end on ``task=clockwork``, whose step time is a known function of the
+layout: the search
+finds the known best, failures / out-of-memory / stalls are recorded with their cause and dropped,
+an interrupted
 tune resumes without rerunning finished trials."""
 
 from __future__ import annotations
@@ -268,8 +270,10 @@ def test_a_task_without_a_metric_is_refused_after_its_first_trial(tmp_path: Path
 def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> None:
     d = tmp_path / "tune"
     t0 = time.monotonic()
-    # Steps of 0.45 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take over 40 s
-    # anywhere, so the 20 s budget cuts it; its first trial ends well within the budget even on a loaded machine.
+    # Steps of 0.45 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take
+    # over 40 s
+    # anywhere, so the 20 s budget cuts it; its first trial ends well within the budget even on a
+    # loaded machine.
     proc = subprocess.run(
         tune_cmd(
             [

@@ -1,4 +1,5 @@
-"""The tuner on the real throw-away SLURM cluster: a round's trials go out as one job array, each on nodes of its own."""
+"""The tuner on the real throw-away SLURM cluster: a round's trials go out as one job array, each on
+nodes of its own."""
 
 from __future__ import annotations
 

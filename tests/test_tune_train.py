@@ -1,4 +1,5 @@
-"""The tuner on ``task=train``: end to end, and train's memory estimate against the measured peak (RSS on CPU)."""
+"""The tuner on ``task=train``: end to end, and train's memory estimate against the measured peak
+(RSS on CPU)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from wf_launch.tasks.train import TrainConfig
 from wf_launch.tasks.train_memory import CPU_RUNTIME_GB
 
 MODEL = {"hidden": 384, "depth": 3, "mlp_ratio": 2, "frames": 2, "height": 16, "width": 16}
-"""Big enough that the model, its optimizer state and activations outweigh the runtime, small enough for seconds."""
+"""Big enough that the model, its optimizer state and activations outweigh the runtime, small enough
+for seconds."""
 
 
 def test_estimate_follows_the_layout() -> None:

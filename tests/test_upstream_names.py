@@ -1,5 +1,6 @@
 """What we rely on from submitit and Hydra is still there (an upgrade fails here first, loudly), and
-private names stay where they belong: submitit's in one adapter module, Hydra's ``_internal`` nowhere."""
+private names stay where they belong: submitit's in one adapter module, Hydra's ``_internal``
+nowhere."""
 
 from __future__ import annotations
 
@@ -77,8 +78,8 @@ def test_hydra_names_we_rely_on_exist() -> None:
             problems.append(f"{module}.{dotted}: {type(exc).__name__}: {exc}")
     if problems:
         pytest.fail(
-            f"hydra-core {_version('hydra-core')} lacks public names wf_slurm and wf_launch use:\n  "
-            + "\n  ".join(problems),
+            f"hydra-core {_version('hydra-core')} lacks public names wf_slurm and wf_launch "
+            "use:\n  " + "\n  ".join(problems),
             pytrace=False,
         )
 

@@ -45,11 +45,13 @@ _HYDRA_FILES = {
 
 def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data, every interpolation (``${now:}`` included) frozen once."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return plain  # type: ignore[return-value]
 
 
 def validate_run_config(cfg: dict[str, Any]) -> Layout:
-    """Check a resolved run config (engine, launcher, task); returns the layout. Raises :class:`ConfigError`.
+    """Check a resolved run config (engine, launcher, task); returns the layout. Raises
+    :class:`ConfigError`.
 
     Each section is checked through its typed dataclass: the engine's, the chosen
     launcher's (common fields, then the launcher's own ``validate``), the task's and the trackers'.
@@ -76,7 +78,8 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
 
 
 def _resolved(cfg: DictConfig) -> dict[str, Any]:
-    """:func:`resolve`, with an interpolation or a missing value that cannot be resolved as a config error."""
+    """:func:`resolve`, with an interpolation or a missing value that cannot be resolved as a config
+    error."""
     try:
         return resolve(cfg)
     except OmegaConfBaseException as exc:
@@ -110,7 +113,8 @@ def run(
     hydra_record: dict[str, str] | None = None,
     sweep_point: bool = False,
 ) -> RunOutcome:
-    """Claim the run directory, validate ``cfg``, write the run record's inputs, and launch (or print the plan).
+    """Claim the run directory, validate ``cfg``, write the run record's inputs, and launch (or
+    print the plan).
 
     A run directory holds one run: launching into one that holds a run (or that a
     live launch owns) is refused with exit code 2 before anything is written,
@@ -158,7 +162,8 @@ def _resume_setting(cfg: DictConfig, sweep_point: bool) -> bool | str:
 
 
 def _existing_run_live(run_dir: Path) -> bool:
-    """Whether the run already in ``run_dir`` may still be going, asked of the launcher that ran it."""
+    """Whether the run already in ``run_dir`` may still be going, asked of the launcher that ran
+    it."""
     name = files.launcher_name(run_dir)
     if not isinstance(name, str):
         return rundir_claim.launch_alive(run_dir)
@@ -170,7 +175,8 @@ def _existing_run_live(run_dir: Path) -> bool:
 
 
 def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) -> RunOutcome:
-    """Ctrl-C while the launch was setting up (before its launcher took over): a record, the final line, and how
+    """Ctrl-C while the launch was setting up (before its launcher took over): a record, the final
+    line, and how
     to resume, never a traceback. A record the launcher already finalized stays as it is."""
 
     try:

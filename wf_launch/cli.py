@@ -1,4 +1,5 @@
-"""``python -m wf_launch`` / ``wf-launch``: Hydra's real CLI in front of :func:`wf_launch.app.run`."""
+"""``python -m wf_launch`` / ``wf-launch``: Hydra's real CLI in front of
+:func:`wf_launch.app.run`."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ _RUN_DIRS: list[Path] = []
 
 
 def _hydra_record(cfg: DictConfig) -> dict[str, str]:
-    """Hydra's record of this command (its composed config, its own config, the overrides) as YAML texts.
+    """Hydra's record of this command (its composed config, its own config, the overrides) as YAML
+    texts.
 
     Hydra would write them into ``.hydra/`` before the app runs (``hydra.output_subdir``);
     wf_launch's config turns that off and the app writes them once the run directory is
@@ -139,7 +141,8 @@ def config_groups_help() -> str:
     """The ``--help`` listing of config groups, like Hydra's ``$APP_CONFIG_GROUPS`` but without the
     ``*_schema`` entries (the structured configs the YAML builds on: nothing a user picks).
 
-    Resolved as ``${wf_config_groups:}`` in wf_launch/conf/hydra/help/wf_launch.yaml, through Hydra's public
+    Resolved as ``${wf_config_groups:}`` in wf_launch/conf/hydra/help/wf_launch.yaml, through
+    Hydra's public
     config loader of the running app.
     """
     from hydra.core.global_hydra import GlobalHydra
@@ -247,8 +250,10 @@ _USER_FULL_ERROR: list[str | None] = [None]
 
 @contextmanager
 def _hydra_raises() -> Iterator[None]:
-    """Let Hydra's composition errors reach us as exceptions (``HYDRA_FULL_ERROR=1``) instead of its own
-    print-and-exit-1, so that they become config errors (exit 2); the user's setting is back in force while
+    """Let Hydra's composition errors reach us as exceptions (``HYDRA_FULL_ERROR=1``) instead of its
+    own
+    print-and-exit-1, so that they become config errors (exit 2); the user's setting is back in
+    force while
     the app runs (the ranks inherit it) and afterwards."""
     _USER_FULL_ERROR[0] = os.environ.get(_FULL_ERROR)
     os.environ[_FULL_ERROR] = "1"

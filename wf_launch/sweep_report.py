@@ -1,4 +1,5 @@
-"""``python -m wf_launch.sweep_report SWEEP_DIR``: the command line of :mod:`wf_launch.readers.sweep.report`."""
+"""``python -m wf_launch.sweep_report SWEEP_DIR``: the command line of
+:mod:`wf_launch.readers.sweep.report`."""
 
 import sys
 

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class WfRayLauncher(Launcher):
-    """Run every point inline; start the Ray points prepared meanwhile together, then wait for them."""
+    """Run every point inline; start the Ray points prepared meanwhile together, then wait for
+    them."""
 
     def __init__(self) -> None:
         self.config: DictConfig | None = None

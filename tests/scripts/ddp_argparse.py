@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 ddp_argparse.py --steps 5 --lr 0.1 --out result.json
     python -m wf_launch.run --nproc-per-node 2 ddp_argparse.py --steps 5 --lr 0.1 --out result.json
-    python -m wf_launch task=script task.path=ddp_argparse.py 'task.args=[--steps,5]' engine.dp_size=2
+    python -m wf_launch task=script task.path=ddp_argparse.py 'task.args=[--steps,5]'
+    engine.dp_size=2
 
 Nothing in it knows about wf_launch. Rank 0 writes the final loss, the weights' hash and
 what it saw of the launch (its argv, environment and working directory) to ``--out``.

@@ -1,8 +1,12 @@
-"""A torchrun script that uses wf_launch's helpers: progress, a stop flag, checkpoints, a reported result.
+"""A torchrun script that uses wf_launch's helpers: progress, a stop flag, checkpoints, a reported
+result.
 
-    torchrun --nproc-per-node 2 helpers_train.py --steps 8          # the helpers are no-ops: it just trains
-    python -m wf_launch task=script task.path=helpers_train.py 'task.args=[--steps,8]' engine.dp_size=2
-    python -m wf_launch.drill task=script task.path=helpers_train.py 'task.args=[--steps,12,--step-sleep,0.3]' \\
+    torchrun --nproc-per-node 2 helpers_train.py --steps 8          # the helpers are no-ops: it
+    just trains
+    python -m wf_launch task=script task.path=helpers_train.py 'task.args=[--steps,8]'
+    engine.dp_size=2
+    python -m wf_launch.drill task=script task.path=helpers_train.py
+    'task.args=[--steps,12,--step-sleep,0.3]' \\
         engine.dp_size=2 --inject kill9@4,sigterm@8
 
 Every step's data comes from the step number, so a run resumed from a checkpoint sees

@@ -1,9 +1,13 @@
-"""A torchrun script whose rank 1 is killed after its first attempt joined, and re-joins late on the restart.
+"""A torchrun script whose rank 1 is killed after its first attempt joined, and re-joins late on the
+restart.
 
-    torchrun --nproc-per-node 2 --max-restarts 1 restart_late.py    # fails with torch 2.13's torchrun
+    torchrun --nproc-per-node 2 --max-restarts 1 restart_late.py    # fails with torch 2.13's
+    torchrun
 
-torchrun keeps one store for its workers across restarts, with the first attempt's keys in it: rank 0 of
-the restart reads rank 1's old gloo address ("connectFullMesh ... Connection refused"). wf_launch gives
+torchrun keeps one store for its workers across restarts, with the first attempt's keys in it: rank
+0 of
+the restart reads rank 1's old gloo address ("connectFullMesh ... Connection refused"). wf_launch
+gives
 every attempt a fresh store, so the restart joins.
 """
 

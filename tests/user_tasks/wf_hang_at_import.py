@@ -1,4 +1,5 @@
-"""A task module whose import hangs on one rank (``WF_TEST_HANG_RANK``), before that rank joins any group.
+"""A task module whose import hangs on one rank (``WF_TEST_HANG_RANK``), before that rank joins any
+group.
 
 ``task.modules`` are imported on every rank before ``dist_init``, so this models a rank that
 never arrives at start-up (a stuck file system, a deadlocked import). Forked ranks would inherit

@@ -1,4 +1,5 @@
-"""User tasks for the run-identity, tracker and console tests (``task.modules=[wf_identity_tasks]``)."""
+"""User tasks for the run-identity, tracker and console tests
+(``task.modules=[wf_identity_tasks]``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from wf_launch import TaskConfig, TaskContext, register_task
 
 @dataclass
 class FailAlikeConfig(TaskConfig):
-    """Every rank raises ``ValueError('bad shape')`` at the same line; the ranks in ``odd`` raise a TypeError."""
+    """Every rank raises ``ValueError('bad shape')`` at the same line; the ranks in ``odd`` raise a
+    TypeError."""
 
     odd: list[int] | None = None
 
@@ -32,7 +34,8 @@ def fail_alike(ctx: TaskContext) -> dict[str, Any]:
 
 @dataclass
 class WhoamiConfig(TaskConfig):
-    """Returns the run id the rank sees; ``fail_attempt`` (>= 0): every rank of that attempt raises."""
+    """Returns the run id the rank sees; ``fail_attempt`` (>= 0): every rank of that attempt
+    raises."""
 
     fail_attempt: int = -1
 
@@ -53,7 +56,8 @@ def whoami(ctx: TaskContext) -> dict[str, Any]:
 
 @dataclass
 class ChattyConfig(TaskConfig):
-    """``steps`` steps of ``step_sleep_s``, progress with a loss every step and a log line every ``say_every``."""
+    """``steps`` steps of ``step_sleep_s``, progress with a loss every step and a log line every
+    ``say_every``."""
 
     steps: int = 30
     step_sleep_s: float = 0.1
@@ -74,7 +78,8 @@ def chatty(ctx: TaskContext) -> dict[str, Any]:
 
 @dataclass
 class SlowStepsConfig(TaskConfig):
-    """``steps`` steps of ``step_sleep_s``, polling the stop flag after each (a task slow to reach its next boundary)."""
+    """``steps`` steps of ``step_sleep_s``, polling the stop flag after each (a task slow to reach
+    its next boundary)."""
 
     steps: int = 5
     step_sleep_s: float = 20.0

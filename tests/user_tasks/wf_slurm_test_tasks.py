@@ -45,7 +45,8 @@ resumable.on_preempt = _save
 @register_task("fsdp_step")
 def fsdp_step(ctx: TaskContext) -> dict[str, Any]:
     """One FSDP2 forward and backward of a model with an embedding: the case whose interpreter exit
-    can abort on gloo (shared/notes/torch-quirks.md), for the exit loops of scripts/launch_loops.py."""
+    can abort on gloo (shared/notes/torch-quirks.md), for the exit loops of
+    scripts/launch_loops.py."""
     import torch
     from torch.distributed.fsdp import fully_shard
 

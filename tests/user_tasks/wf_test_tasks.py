@@ -1,4 +1,5 @@
-"""User tasks that live outside the package, for the CLI tests (``task.modules=[wf_test_tasks]``)."""
+"""User tasks that live outside the package, for the CLI tests
+(``task.modules=[wf_test_tasks]``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from wf_launch import TaskConfig, TaskContext, register_task
 
 @dataclass
 class MisbehaveConfig(TaskConfig):
-    """Which rank misbehaves, and how: 'raise', 'raise_unrecordable', 'raise_timeout_word', 'raise_first_attempt', 'kill', 'stuck', 'exit',
+    """Which rank misbehaves, and how: 'raise', 'raise_unrecordable', 'raise_timeout_word',
+    'raise_first_attempt', 'kill', 'stuck', 'exit',
     'sleep_all' or 'none'."""
 
     how: str = "raise"
@@ -72,7 +74,8 @@ def echo(ctx: TaskContext) -> dict[str, Any]:
 
 @dataclass
 class TickerConfig(TaskConfig):
-    """``steps`` steps of ``step_sleep_s`` each, reporting progress and a loss; ``fail_rank`` (if >= 0) then raises."""
+    """``steps`` steps of ``step_sleep_s`` each, reporting progress and a loss; ``fail_rank`` (if >=
+    0) then raises."""
 
     steps: int = 20
     step_sleep_s: float = 0.2
@@ -96,7 +99,8 @@ def ticker(ctx: TaskContext) -> dict[str, Any]:
 
 @register_task("preloaded", preload=("wf_preloaded",))
 def preloaded(ctx: TaskContext) -> dict[str, Any]:
-    """Which process imported the module this task preloads: the launcher (forked ranks) or the rank itself."""
+    """Which process imported the module this task preloads: the launcher (forked ranks) or the rank
+    itself."""
     import wf_preloaded
 
     return {
@@ -108,7 +112,8 @@ def preloaded(ctx: TaskContext) -> dict[str, Any]:
 
 @register_task("listeners")
 def listeners(ctx: TaskContext) -> dict[str, Any]:
-    """The addresses this rank's process listens on, once the groups are up (a real collective first)."""
+    """The addresses this rank's process listens on, once the groups are up (a real collective
+    first)."""
     import psutil
 
     ctx.groups["world"].barrier()

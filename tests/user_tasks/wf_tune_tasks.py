@@ -1,4 +1,5 @@
-"""A task whose step time is a known function of its layout, for the tuner's tests (``task=clockwork``).
+"""A task whose step time is a known function of its layout, for the tuner's tests
+(``task=clockwork``).
 
 Every rank sleeps :func:`step_seconds` per step and reports ``ctx.progress``; rank 0
 returns ``tokens_per_step``, so the tuner's metric ``tokens_per_s`` is
@@ -21,7 +22,8 @@ from wf_launch.config import EngineConfig, config_error, positive_int
 
 UNIT_S = 0.03
 FAIL_ENV = "WF_CLOCKWORK_FAIL"
-"""A layout key: that layout raises while this variable names it (a failure that a rerun does not repeat)."""
+"""A layout key: that layout raises while this variable names it (a failure that a rerun does not
+repeat)."""
 
 
 def step_seconds(tp: int, cp: int, pp: int, dp: int, mb: int, unit: float = UNIT_S) -> float:
@@ -38,7 +40,8 @@ def tokens_per_s(tp: int, cp: int, pp: int, dp: int, mb: int, unit: float = UNIT
 
 
 def memory_gb(tp: int, cp: int, pp: int, dp: int, mb: int) -> float:
-    """The estimate, by construction: activations per micro-batch split by cp and pp, plus 0.5 GB."""
+    """The estimate, by construction: activations per micro-batch split by cp and pp, plus 0.5
+    GB."""
     return 0.5 + 2.0 * mb / (cp * pp)
 
 
@@ -48,7 +51,8 @@ def layout_key(tp: int, cp: int, pp: int, dp: int, mb: int) -> str:
 
 @dataclass
 class ClockworkConfig(TaskConfig):
-    """``steps`` steps of :func:`step_seconds` each; ``seq`` must split over cp; ``report=false``: no metric."""
+    """``steps`` steps of :func:`step_seconds` each; ``seq`` must split over cp; ``report=false``:
+    no metric."""
 
     steps: int = 20
     micro_batches: int = 1
@@ -114,7 +118,8 @@ def clockwork(ctx: TaskContext) -> dict[str, Any]:
     preload=__import__("wf_launch.tasks.train", fromlist=["PRELOAD"]).PRELOAD,
 )
 def train_peak(ctx: TaskContext) -> dict[str, Any]:
-    """``task=train``, then every rank's peak resident memory (``ru_maxrss``), gathered to rank 0."""
+    """``task=train``, then every rank's peak resident memory (``ru_maxrss``), gathered to rank
+    0."""
     import resource
 
     import torch.distributed as dist

@@ -10,16 +10,19 @@ from worldfoundry.core.distributed.topology import DIMS, Layout
 __all__ = ["MAX_READ_WORLD", "layout_of", "rank_label", "run_layout"]
 
 MAX_READ_WORLD = 1 << 20
-"""The largest world a tool reads from a run directory's config (status, follow, stacks): more is a corrupt file."""
+"""The largest world a tool reads from a run directory's config (status, follow, stacks): more is a
+corrupt file."""
 
 
 def layout_of(config: Mapping[str, Any]) -> Layout:
-    """The layout a resolved config (its ``engine`` section) describes; world size = product of the sizes."""
+    """The layout a resolved config (its ``engine`` section) describes; world size = product of the
+    sizes."""
     return Layout.from_engine(config["engine"])
 
 
 def run_layout(config: Any) -> Layout:
-    """The layout of a config read back from a run directory; ValueError saying what is wrong with it.
+    """The layout of a config read back from a run directory; ValueError saying what is wrong with
+    it.
 
     The tools that read a run loop over its ranks, so a world larger than
     :data:`MAX_READ_WORLD` is refused as a corrupt file rather than looped over.

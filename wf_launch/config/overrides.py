@@ -1,4 +1,5 @@
-"""The command line's overrides as config errors: internal schemas refused, Hydra's own errors named.
+"""The command line's overrides as config errors: internal schemas refused, Hydra's own errors
+named.
 
 Hydra refuses a typo (``engine.cp_sise=2``), an unknown option (``task=nonexistent``) or a value
 of the wrong type (``engine.pp_size=two``) with its own text and exit code 1, and suggests
@@ -26,7 +27,8 @@ __all__ = [
 ]
 
 SCHEMA_SUFFIX = "_schema"
-"""The structured configs registered for the YAML to build on (``engine_schema``, ``local_schema``, ...)."""
+"""The structured configs registered for the YAML to build on (``engine_schema``, ``local_schema``,
+...)."""
 
 
 def task_modules(overrides: Iterable[str]) -> list[str]:
@@ -50,7 +52,8 @@ def _split(arg: str) -> tuple[str, str] | None:
 
 
 def group_options(group: str) -> list[str]:
-    """The options of config group ``group`` a user can pick: its YAML files and stored configs, without schemas."""
+    """The options of config group ``group`` a user can pick: its YAML files and stored configs,
+    without schemas."""
     from importlib.resources import files
 
     from hydra.core.config_store import ConfigStore
@@ -80,7 +83,8 @@ def refuse_schemas(argv: Iterable[str]) -> None:
         for choice in (c.strip() for c in value.strip("[]").split(",")):
             if choice.endswith(SCHEMA_SUFFIX):
                 raise ConfigError(
-                    f"{group}={choice} is not allowed: {choice} is an internal schema, not an option; "
+                    f"{group}={choice} is not allowed: {choice} is an internal schema, not an "
+                    "option; "
                     f"choose one of {group_options(group)}"
                 )
 
@@ -108,7 +112,8 @@ _CONVERSIONS = {
 
 
 def _wrong_type(cause: BaseException) -> str:
-    """OmegaConf's "Value 'two' of type 'str' could not be converted to Integer" as what is allowed."""
+    """OmegaConf's "Value 'two' of type 'str' could not be converted to Integer" as what is
+    allowed."""
     text = _first_line(cause)
     target = text.rpartition(" converted to ")[2].strip()
     return _CONVERSIONS.get(target, text)
@@ -146,7 +151,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def hydra_config_error(exc: BaseException, argv: list[str]) -> ConfigError | None:
-    """The config error ``exc`` (raised while Hydra composed the config) stands for; None when it is not one."""
+    """The config error ``exc`` (raised while Hydra composed the config) stands for; None when it is
+    not one."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,

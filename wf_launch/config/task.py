@@ -58,13 +58,15 @@ class TaskConfig:
         """
 
     def describe(self, plan: PlanView) -> str:
-        """What the dry run (``launcher.dry_run=true``) adds about the task, e.g. the command each rank
+        """What the dry run (``launcher.dry_run=true``) adds about the task, e.g. the command each
+        rank
         runs (``task=script``); nothing by default."""
         return ""
 
     @classmethod
     def build(cls: type[T], task: Mapping[str, Any]) -> T:
-        """An instance from the run's ``task`` section (dict or DictConfig); unknown fields are an error."""
+        """An instance from the run's ``task`` section (dict or DictConfig); unknown fields are an
+        error."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in task if k not in known)
         if unknown:

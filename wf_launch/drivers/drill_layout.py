@@ -1,6 +1,8 @@
-"""The drill across a layout change: ``--resume-with`` relaunches at another layout, ``--atol`` compares within a tolerance.
+"""The drill across a layout change: ``--resume-with`` relaunches at another layout, ``--atol``
+compares within a tolerance.
 
-``python -m wf_launch.drill task=train engine.dp_size=4 --inject sigterm@6 --resume-with 'engine.dp_size=2 engine.cp_size=2'``
+``python -m wf_launch.drill task=train engine.dp_size=4 --inject sigterm@6 --resume-with
+'engine.dp_size=2 engine.cp_size=2'``
 
 - Every relaunch of the interrupted run (after ``sigterm@`` locally; after ``usr2@`` on
   SLURM, where the drill cancels the requeued job once the stop was saved and submits
@@ -35,9 +37,11 @@ __all__ = [
 ]
 
 DEFAULT_ATOL = 1e-4
-"""The tolerance of a drill across layouts unless ``--atol`` says otherwise (see docs/checkpointing.md)."""
+"""The tolerance of a drill across layouts unless ``--atol`` says otherwise (see
+docs/checkpointing.md)."""
 RELAUNCHING = {"local": "sigterm", "slurm": "usr2"}
-"""The injection after which the drill relaunches the run (and so can change its layout), per backend."""
+"""The injection after which the drill relaunches the run (and so can change its layout), per
+backend."""
 _LARGEST = 5
 
 
@@ -48,18 +52,21 @@ def parse_resume_with(text: str | None, backend: str, kinds: list[str] | None) -
     overrides = shlex.split(text)
     if not overrides:
         raise ValueError(
-            "--resume-with: no override given (e.g. --resume-with 'engine.dp_size=2 engine.cp_size=2')"
+            "--resume-with: no override given (e.g. --resume-with 'engine.dp_size=2 "
+            "engine.cp_size=2')"
         )
     if kinds is None or RELAUNCHING[backend] not in kinds:
         raise ValueError(
-            f"--resume-with needs --inject with a {RELAUNCHING[backend]}@STEP: on the {backend} backend "
+            f"--resume-with needs --inject with a {RELAUNCHING[backend]}@STEP: on the {backend} "
+            "backend "
             f"that is the interruption after which the run is launched again (at the new layout)"
         )
     return overrides
 
 
 def relaunch_overrides(overrides: list[str], resume_with: list[str]) -> list[str]:
-    """The run's overrides with the keys ``resume_with`` sets replaced, then ``launcher.resume=true``."""
+    """The run's overrides with the keys ``resume_with`` sets replaced, then
+    ``launcher.resume=true``."""
     keys = {o.split("=", 1)[0].lstrip("+~") for o in resume_with}
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys]
     return [*kept, *resume_with, "launcher.resume=true"]
@@ -84,7 +91,8 @@ def _final_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 
 def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], str | None]:
-    """Per module entry: max abs difference and the largest ones, between both runs' final checkpoints."""
+    """Per module entry: max abs difference and the largest ones, between both runs' final
+    checkpoints."""
 
     ref, got = _final_checkpoint(reference), _final_checkpoint(interrupted)
     if ref is None or got is None or ref[0] != got[0]:
@@ -101,7 +109,8 @@ def _weights_diff(reference: Path, interrupted: Path) -> tuple[dict[str, Any], s
             if sorted(a) != sorted(b):
                 return (
                     {},
-                    f"entry {entry!r}: the runs' parameter names differ: {sorted(set(a) ^ set(b))[:5]}",
+                    f"entry {entry!r}: the runs' parameter names differ: "
+                    f"{sorted(set(a) ^ set(b))[:5]}",
                 )
             diffs = sorted(
                 ((float((a[k].double() - b[k].double()).abs().max()), k) for k in a), reverse=True
@@ -166,7 +175,8 @@ def render_tolerance(tol: dict[str, Any]) -> list[str]:
 def wait_for_saved_stop(
     run_dir: Path, attempt: int, proc: Any, deadline: float, poll_s: float = 0.2
 ) -> bool:
-    """Wait until attempt ``attempt`` of the run recorded how it ended (the stop was agreed and saved).
+    """Wait until attempt ``attempt`` of the run recorded how it ended (the stop was agreed and
+    saved).
 
     False when the launch ended first or the deadline passed.
     """

@@ -1,8 +1,10 @@
-"""``python -m wf_launch.run`` / ``wf-run``: torchrun's command line, run as ``task=script`` on the local launcher.
+"""``python -m wf_launch.run`` / ``wf-run``: torchrun's command line, run as ``task=script`` on the
+local launcher.
 
 ::
 
-    python -m wf_launch.run [--nproc-per-node N] [--nnodes 1] [--max-restarts K] [--run-dir DIR] [--] train.py ARGS...
+    python -m wf_launch.run [--nproc-per-node N] [--nnodes 1] [--max-restarts K] [--run-dir DIR]
+    [--] train.py ARGS...
     python -m wf_launch.run --nproc-per-node 4 -m pkg.train ARGS...
 
 Replace ``torchrun`` with ``python -m wf_launch.run`` in a command and the script runs
@@ -48,17 +50,22 @@ def hydra_quote(text: str) -> str:
 
 _REFUSED = {
     "no_python": "wf_launch runs Python scripts in its ranks; run other programs with torchrun",
-    "log_dir": "every rank logs into the run directory's logs folder; choose the run directory with --run-dir",
+    "log_dir": "every rank logs into the run directory's logs folder; choose the run directory "
+    "with --run-dir",
     "rdzv_id": "wf_launch names each launch itself (TORCHELASTIC_RUN_ID); drop the flag",
     "rdzv_conf": "the rendezvous is wf_launch's own (loopback c10d); drop the flag",
     "logs_specs": "every rank logs into the run directory's logs folder; drop the flag",
     "numa_binding": "not supported by wf_launch's local launcher; bind in the script if needed",
-    "event_log_handler": "wf_launch records the run in its run directory (its record and the launcher's log); "
+    "event_log_handler": "wf_launch records the run in its run directory (its record and the "
+    "launcher's log); "
     "drop the flag",
     "virtual_local_rank": "not supported: LOCAL_RANK is the rank's real local rank",
-    "signals_to_handle": "wf_launch handles SIGINT/SIGTERM itself (every rank stops, exit 130/143); drop the flag",
-    "max_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
-    "min_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch launcher=slurm task=script ...)",
+    "signals_to_handle": "wf_launch handles SIGINT/SIGTERM itself (every rank stops, exit "
+    "130/143); drop the flag",
+    "max_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch "
+    "launcher=slurm task=script ...)",
+    "min_nodes": "one node: several nodes are launcher=slurm's (python -m wf_launch "
+    "launcher=slurm task=script ...)",
 }
 """torchrun's flags that wf_launch.run refuses (exit 2), and why."""
 _SWITCHES = frozenset({"no_python", "virtual_local_rank"})
@@ -67,13 +74,17 @@ _SWITCHES = frozenset({"no_python", "virtual_local_rank"})
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m wf_launch.run",
-        description="torchrun's command line on wf_launch: every rank runs the script (task=script, launcher=local) "
-        "with torchrun's environment, and the run gets a run directory, a root cause on failure, the "
-        "live view and the hang autopsy. Flags torchrun has that cannot be honoured on one node are "
+        description="torchrun's command line on wf_launch: every rank runs the script "
+        "(task=script, launcher=local) "
+        "with torchrun's environment, and the run gets a run directory, a root cause on failure, "
+        "the "
+        "live view and the hang autopsy. Flags torchrun has that cannot be honoured on one node "
+        "are "
         "refused.",
         epilog="examples:\n  python -m wf_launch.run --nproc-per-node 4 train.py --lr 0.1\n"
         "  python -m wf_launch.run --nproc-per-node 8 --max-restarts 2 -m pkg.train --epochs 3\n"
-        "  python -m wf_launch.run --nproc-per-node 8 --set engine.cp_size=2 train.py   # dp = 8 / 2",
+        "  python -m wf_launch.run --nproc-per-node 8 --set engine.cp_size=2 train.py   # dp = 8 "
+        "/ 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
@@ -187,7 +198,8 @@ def _add_wf_launch_flags(add: Callable[..., object]) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="any wf_launch override, e.g. engine.cp_size=2 (dp becomes nproc / cp), launcher.console_ranks=[0]",
+        help="any wf_launch override, e.g. engine.cp_size=2 (dp becomes nproc / cp), "
+        "launcher.console_ranks=[0]",
     )
     add(
         "--dry-run",
@@ -313,7 +325,8 @@ def _sizes(sets: list[str], nproc: int) -> int:
 
 
 def parse(argv: list[str]) -> RunCommand:
-    """The command line as a :class:`RunCommand`; :class:`RunCommandError` for a flag that cannot be honoured."""
+    """The command line as a :class:`RunCommand`; :class:`RunCommandError` for a flag that cannot be
+    honoured."""
     ns = _parser().parse_args(argv)
     _single_node(ns)
     args = list(ns.training_script_args)
@@ -372,7 +385,8 @@ def overrides_for(cmd: RunCommand) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse torchrun's flags, then run ``python -m wf_launch`` with the overrides they map to (in this process)."""
+    """Parse torchrun's flags, then run ``python -m wf_launch`` with the overrides they map to (in
+    this process)."""
     try:
         cmd = parse(sys.argv[1:] if argv is None else argv)
     except RunCommandError as exc:

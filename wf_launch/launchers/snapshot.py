@@ -1,4 +1,5 @@
-"""Runs continue with the code they were submitted with: a copy of the project's code per submission.
+"""Runs continue with the code they were submitted with: a copy of the project's code per
+submission.
 
 Any launcher whose runs start later, or elsewhere, than the command (SLURM today) uses it.
 
@@ -91,7 +92,8 @@ _RUN_MARKERS = (files.LOCK, files.SNAPSHOT_MANIFEST)
 
 
 class SnapshotError(ValueError):
-    """The snapshot cannot be taken as asked (a link out of the checkout, over the size cap): nothing was copied."""
+    """The snapshot cannot be taken as asked (a link out of the checkout, over the size cap):
+    nothing was copied."""
 
 
 @lru_cache(maxsize=1)
@@ -122,7 +124,8 @@ def _git_paths(root: Path, *args: str) -> list[str]:
 
 
 def _missing_submodules(root: Path) -> list[str]:
-    """Submodules (gitlinks) of the checkout that are not checked out: their files cannot be copied."""
+    """Submodules (gitlinks) of the checkout that are not checked out: their files cannot be
+    copied."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--stage"], cwd=root, capture_output=True, timeout=60, check=True
     )
@@ -135,13 +138,15 @@ def _missing_submodules(root: Path) -> list[str]:
 
 
 def is_secret(rel: str) -> bool:
-    """Whether the file at ``rel`` looks like a secret a snapshot never copies (:data:`SECRET_PATTERNS`)."""
+    """Whether the file at ``rel`` looks like a secret a snapshot never copies
+    (:data:`SECRET_PATTERNS`)."""
     name = Path(rel).name
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_PATTERNS)
 
 
 def _inside_a_run(root: Path, rel: str) -> bool:
-    """Whether ``rel`` lies in a run directory or an earlier snapshot under ``root`` (never copied)."""
+    """Whether ``rel`` lies in a run directory or an earlier snapshot under ``root`` (never
+    copied)."""
     for parent in Path(rel).parents:
         if parent != Path(".") and any(
             (root / parent / marker).exists() for marker in _RUN_MARKERS
@@ -152,7 +157,8 @@ def _inside_a_run(root: Path, rel: str) -> bool:
 
 @dataclass
 class _Plan:
-    """What a snapshot copies: (path in the checkout, what it is), their size, what it leaves out."""
+    """What a snapshot copies: (path in the checkout, what it is), their size, what it leaves
+    out."""
 
     entries: list[tuple[str, str]] = field(default_factory=list)
     size: int = 0
@@ -162,7 +168,8 @@ class _Plan:
 
 
 def _link_target(root: Path, rel: str) -> Path | None:
-    """Where the link at ``rel`` leads, inside ``root`` (None: a loop); :class:`SnapshotError` for a link out of
+    """Where the link at ``rel`` leads, inside ``root`` (None: a loop); :class:`SnapshotError` for a
+    link out of
     the checkout."""
     src = root / rel
     try:
@@ -219,7 +226,8 @@ def _check_size(plan: _Plan, root: Path, max_bytes: int | None) -> None:
 
 
 def _copy(root: Path, tmp: Path, plan: _Plan) -> None:
-    """Copy the planned entries into ``tmp``: contents only, owner-only modes; folder links as relative links."""
+    """Copy the planned entries into ``tmp``: contents only, owner-only modes; folder links as
+    relative links."""
     for rel, kind in plan.entries:
         target = tmp / rel
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -236,7 +244,8 @@ def _copy(root: Path, tmp: Path, plan: _Plan) -> None:
 def take(
     dest: Path, root: Path, untracked: bool = False, max_bytes: int | None = None
 ) -> dict[str, object]:
-    """Copy the project's files at ``root`` into ``dest`` (created owner-only; an existing copy is kept); its
+    """Copy the project's files at ``root`` into ``dest`` (created owner-only; an existing copy is
+    kept); its
     manifest. :class:`SnapshotError` when it cannot be taken as asked (nothing is copied then)."""
     manifest = read_json(dest / MANIFEST) if (dest / MANIFEST).exists() else None
     if manifest:
@@ -274,7 +283,8 @@ def take(
 
 
 def _report(plan: _Plan) -> None:
-    """Say what the snapshot left out: secrets, untracked files, submodules that are not checked out."""
+    """Say what the snapshot left out: secrets, untracked files, submodules that are not checked
+    out."""
     from loguru import logger
 
     if plan.excluded:
@@ -284,7 +294,8 @@ def _report(plan: _Plan) -> None:
         )
     if plan.left_untracked:
         logger.warning(
-            f"code snapshot: {len(plan.left_untracked)} untracked file(s) not copied (git add them, or "
+            f"code snapshot: {len(plan.left_untracked)} untracked file(s) not copied (git add "
+            "them, or "
             f"launcher.snapshot_untracked=true): {', '.join(plan.left_untracked[:5])}"
             f"{' ...' if len(plan.left_untracked) > 5 else ''}"
         )
@@ -296,7 +307,8 @@ def _report(plan: _Plan) -> None:
 
 
 def job_setup(code: Path, root: Path, pythonpath: str | None = None) -> list[str]:
-    """Batch-script lines that make the job's ranks import from the copy at ``code`` of the checkout ``root``."""
+    """Batch-script lines that make the job's ranks import from the copy at ``code`` of the checkout
+    ``root``."""
     entries = [str(code)]
     for entry in (pythonpath if pythonpath is not None else os.environ.get("PYTHONPATH", "")).split(
         os.pathsep

@@ -53,7 +53,8 @@ class ResumeRefused(Exception):
 def sweep_parameters(
     task_overrides: list[str], sweeper_params: dict[str, Any] | None = None
 ) -> list[tuple[str, str]]:
-    """(key, values) of a sweep's overrides as Hydra parses them, in order, :data:`EXEMPT` keys left out."""
+    """(key, values) of a sweep's overrides as Hydra parses them, in order, :data:`EXEMPT` keys left
+    out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + [
@@ -83,14 +84,16 @@ def _describe(old: list[tuple[str, str]], new: list[tuple[str, str]]) -> list[st
     lines += [f"{k}={after[k]} now, not there" for k in after if k not in before]
     if not lines and [k for k, _ in old] != [k for k, _ in new]:
         lines.append(
-            f"the order of the overrides (it numbers the points): {' '.join(k for k, _ in old)} there, "
+            f"the order of the overrides (it numbers the points): {' '.join(k for k, _ in old)} "
+            "there, "
             f"{' '.join(k for k, _ in new)} now"
         )
     return lines
 
 
 def check_same_sweep(sweep_dir: Path, config: Any) -> None:
-    """:class:`ResumeRefused` unless the sweep being launched (``config``, Hydra's) is the one that made ``sweep_dir``."""
+    """:class:`ResumeRefused` unless the sweep being launched (``config``, Hydra's) is the one that
+    made ``sweep_dir``."""
     try:
         plan = read_yaml(sweep_dir / files.SWEEP_PLAN)
         if plan is None and not (sweep_dir / files.SWEEP_PLAN).exists():
@@ -98,7 +101,8 @@ def check_same_sweep(sweep_dir: Path, config: Any) -> None:
         plan = plan or {}
     except FileNotFoundError:
         raise ResumeRefused(
-            f"launcher.resume=true: {sweep_dir} holds points but no {files.SWEEP_PLAN}: cannot check "
+            f"launcher.resume=true: {sweep_dir} holds points but no {files.SWEEP_PLAN}: cannot "
+            "check "
             "that this sweep made it"
         ) from None
     except (OSError, ValueError) as exc:
@@ -121,8 +125,10 @@ def check_same_sweep(sweep_dir: Path, config: Any) -> None:
 
 
 def still_running(run_dir: Path, record: RunRecord | None = None) -> bool:
-    """Whether the run in ``run_dir`` may still be going, asked of the launcher that ran it (a SLURM job in the
-    queue whose launcher has exited counts); only its lock can tell for a launcher not installed here."""
+    """Whether the run in ``run_dir`` may still be going, asked of the launcher that ran it (a SLURM
+    job in the
+    queue whose launcher has exited counts); only its lock can tell for a launcher not installed
+    here."""
 
     name = (
         record.launcher if record is not None and record.launcher else files.launcher_name(run_dir)
@@ -153,7 +159,8 @@ def kept_outcome(run_dir: Path) -> RunOutcome | None:
         and still_running(run_dir, record)
     ):
         print(
-            f"wf_launch: left {run_dir} running: it was started by the earlier sweep and has not ended",
+            f"wf_launch: left {run_dir} running: it was started by the earlier sweep and has not "
+            "ended",
             flush=True,
         )
         return RunOutcome(Status.SUBMITTED, run_dir, record=record)

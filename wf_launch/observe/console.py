@@ -22,7 +22,8 @@ def _on_terminal() -> bool:
 
 
 def _console(message: str) -> None:
-    """A launcher line on a terminal: it clears the line first (a progress bar, redrawn below it at the next tick),
+    """A launcher line on a terminal: it clears the line first (a progress bar, redrawn below it at
+    the next tick),
     so that no line sticks to the bar."""
     sys.stderr.write(CLEAR_LINE + message)
     sys.stderr.flush()
@@ -37,7 +38,8 @@ def setup_launcher_logging(log_file: Path | None) -> Any:
         _console if tty else sys.stderr,
         colorize=tty,
         level="INFO",
-        format="<green>{time:HH:mm:ss.SSS}</green> <magenta>[wf_launch]</magenta> <level>{level: <7}</level> {message}",
+        format="<green>{time:HH:mm:ss.SSS}</green> <magenta>[wf_launch]</magenta> <level>{level: "
+        "<7}</level> {message}",
     )
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""The live view of a run, for any launcher: scheduler state, console ranks' lines, progress, the final line.
+"""The live view of a run, for any launcher: scheduler state, console ranks' lines, progress, the
+final line.
 
 :class:`LiveView` is what a waiting launcher (``launcher=slurm`` polling its job) and
 ``python -m wf_launch.status --follow`` (a local or detached run) show:
@@ -46,7 +47,8 @@ _MAX_LINE = 16 << 10
 """The most of one line shown (a rank may print a megabyte on one line)."""
 
 StateOf = Callable[[Path], "tuple[str, str] | None"]
-"""A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not known."""
+"""A launcher's ``live_state(run_dir)``: ('SLURM job 42', 'RUNNING on n[1-2]'), or None when not
+known."""
 
 
 def final_line(outcome: RunOutcome) -> str:
@@ -54,11 +56,13 @@ def final_line(outcome: RunOutcome) -> str:
     record = outcome.record
     if record is None:
         return f"run {outcome.status}: {outcome.run_dir} (no record)"
-    return f"run {outcome.status} in {record.timings.get('wall_s') or 0.0:.2f}s: {RunRecord.path(outcome.run_dir)}"
+    wall = record.timings.get("wall_s") or 0.0
+    return f"run {outcome.status} in {wall:.2f}s: {RunRecord.path(outcome.run_dir)}"
 
 
 def console_ranks(config: dict[str, Any], world_size: int) -> list[int]:
-    """The ranks ``launcher.console_ranks`` shows (null: every rank); entries that are not ranks are left out."""
+    """The ranks ``launcher.console_ranks`` shows (null: every rank); entries that are not ranks are
+    left out."""
     launcher = config.get("launcher")
     ranks = launcher.get("console_ranks") if isinstance(launcher, dict) else None
     if not isinstance(ranks, list):
@@ -93,7 +97,8 @@ def progress_monitor(
 
 
 def _seconds(value: Any, default: float) -> float:
-    """A launcher interval from a run's config, or ``default`` when it is not a positive finite number."""
+    """A launcher interval from a run's config, or ``default`` when it is not a positive finite
+    number."""
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -120,7 +125,8 @@ def console_shows(line: str, previous: bool) -> bool:
 
 
 class LiveView:
-    """What is shown about runs while they run (call :meth:`tick` every poll, :meth:`close` at the end).
+    """What is shown about runs while they run (call :meth:`tick` every poll, :meth:`close` at the
+    end).
 
     ``state_of`` is the launcher's ``live_state`` hook (None for a launcher without a
     queue, e.g. a local run). ``backlog`` None streams the console ranks' logs from
@@ -235,7 +241,8 @@ class LiveView:
                 self.write(console_form(line))
 
     def close(self) -> None:
-        """Show the last lines and the last progress state, and close the bar (the final line follows it)."""
+        """Show the last lines and the last progress state, and close the bar (the final line
+        follows it)."""
         if self.single:
             for run_dir in self.runs:
                 self._stream(run_dir)

@@ -77,7 +77,8 @@ class ProgressView:
         return (step - s0) / (now - t0) if now > t0 and step > s0 else None
 
     def line(self, snap: dict[str, Any]) -> str:
-        """'step 340/1000 (34%), 2.1 steps/s, ETA 5 min; slowest rank 5 (tp0 cp1 pp1 dp0); loss=0.12'."""
+        """'step 340/1000 (34%), 2.1 steps/s, ETA 5 min; slowest rank 5 (tp0 cp1 pp1 dp0);
+        loss=0.12'."""
         total = snap["total"]
         parts = [
             f"step {snap['step']}"
@@ -89,7 +90,8 @@ class ProgressView:
             parts.append(f"ETA {_duration(snap['eta_s'])}")
         text = ", ".join(parts)
         if self.world_size > 1:
-            text += f"; slowest rank {snap['slowest']} ({self.label_of(snap['slowest']).split(' ', 1)[-1]})"
+            slowest = snap["slowest"]
+            text += f"; slowest rank {slowest} ({self.label_of(slowest).split(' ', 1)[-1]})"
         if snap["reported"] < self.world_size:
             text += f"; {snap['reported']}/{self.world_size} ranks reporting"
         metrics = printable(
@@ -98,7 +100,8 @@ class ProgressView:
         return f"{text}; {metrics}" if metrics else text
 
     def stalls(self, snap: dict[str, Any], now: float | None = None) -> list[str]:
-        """A warning for each rank with no progress for ``stall_warning_s`` (once per step it is stuck at)."""
+        """A warning for each rank with no progress for ``stall_warning_s`` (once per step it is
+        stuck at)."""
         now = time.time() if now is None else now
         out = []
         for rank, state in sorted(snap["states"].items()):

@@ -87,7 +87,8 @@ class Frame:
 
 
 def _short(path: str) -> str:
-    """A frame's file as a user knows it: inside a SLURM code snapshot, its path in the project; else
+    """A frame's file as a user knows it: inside a SLURM code snapshot, its path in the project;
+    else
     relative to the working directory, or the file name alone for a long absolute path."""
     p = Path(path)
     for parent in p.parents:
@@ -139,13 +140,15 @@ def parse_traceback(text: str) -> list[Frame]:
 
 @dataclass(frozen=True)
 class Spot:
-    """Where a rank is: its innermost frame outside the libraries, and the library call it waits in."""
+    """Where a rank is: its innermost frame outside the libraries, and the library call it waits
+    in."""
 
     frame: Frame | None
     waits_in: str | None = None
 
     def as_record(self) -> dict[str, Any]:
-        """The spot as ``result.json`` records a stuck rank: frame, function, source line, library call."""
+        """The spot as ``result.json`` records a stuck rank: frame, function, source line, library
+        call."""
         f = self.frame
         return {
             "frame": f.where() if f else None,
@@ -195,7 +198,8 @@ def rank_frames(frames: list[Frame]) -> list[Frame]:
 
 
 def last_dump(text: str) -> dict[int, list[Frame]]:
-    """The most recent of several dumps appended to one stacks file (a thread id repeats at each new dump)."""
+    """The most recent of several dumps appended to one stacks file (a thread id repeats at each new
+    dump)."""
     blocks = list(_FH_THREAD.finditer(text))
     start, seen = 0, set()
     for m in blocks:
@@ -207,7 +211,8 @@ def last_dump(text: str) -> dict[int, list[Frame]]:
 
 
 def read_last_dumps(run_dir: Path | str, ranks: Iterable[int]) -> dict[int, list[Frame]]:
-    """Each rank's main-thread frames in the last dump of its stacks file (ranks without one are absent)."""
+    """Each rank's main-thread frames in the last dump of its stacks file (ranks without one are
+    absent)."""
     out = {}
     for rank in ranks:
         try:
@@ -231,9 +236,11 @@ def main_thread_frames(dump: dict[int, list[Frame]], main_thread: int | None) ->
 def trigger(
     pids: dict[int, int], sender: Callable[[int, int], None] = os.kill, signum: int = DUMP_SIGNAL
 ) -> set[int]:
-    """Send ``signum`` (:data:`DUMP_SIGNAL`) to each rank's pid; returns the ranks that were signalled.
+    """Send ``signum`` (:data:`DUMP_SIGNAL`) to each rank's pid; returns the ranks that were
+    signalled.
 
-    A pid that is not a single process (0, negative: a process group or every process) is never signalled.
+    A pid that is not a single process (0, negative: a process group or every process) is never
+    signalled.
     """
     sent = set()
     for rank, pid in pids.items():
@@ -342,7 +349,8 @@ def describe_groups(
 
 
 def local_pids(run_dir: Path | str, world_size: int) -> dict[int, int]:
-    """Ranks of a run on this host whose recorded process is still that rank's (:func:`live_rank_pid`: never a
+    """Ranks of a run on this host whose recorded process is still that rank's
+    (:func:`live_rank_pid`: never a
     stale, reused, foreign or group pid)."""
     out = {}
     for rank in files.rank_files(run_dir, "pid"):
@@ -378,7 +386,8 @@ def live_autopsy(
     silent = sorted(expected - set(dumps))
     if silent:
         lines.append(
-            f"  ranks {rank_ranges(silent)} gave no dump (ended, or stopped in a signal-blocking call)"
+            f"  ranks {rank_ranges(silent)} gave no dump (ended, or stopped in a signal-blocking "
+            "call)"
         )
     lines.append(f"  full dumps: {files.stacks_glob(run_dir)}")
     return len(dumps), lines

@@ -1,4 +1,5 @@
-"""The launcher's eyes on running ranks: a bound and a heartbeat for start-up, stacks when things go wrong.
+"""The launcher's eyes on running ranks: a bound and a heartbeat for start-up, stacks when things go
+wrong.
 
 :class:`RankWatch` is polled by the local launcher's agent between its checks of
 the rank processes. While ranks start it prints a heartbeat once start-up takes
@@ -71,7 +72,8 @@ class RankWatch:
         self.restart()
 
     def restart(self) -> None:
-        """The ranks were (re)started: start-up is watched from now, and earlier attempts' markers forgotten."""
+        """The ranks were (re)started: start-up is watched from now, and earlier attempts' markers
+        forgotten."""
         self.started = time.monotonic()
         self._last_beat = self.started
         self._all_joined = False
@@ -89,7 +91,8 @@ class RankWatch:
         return self.reached("joined")
 
     def tick(self, pids: dict[int, int]) -> None:
-        """Between checks of the ranks: progress, heartbeat while they start, :class:`StartupTimeout` past the bound."""
+        """Between checks of the ranks: progress, heartbeat while they start,
+        :class:`StartupTimeout` past the bound."""
         if self.progress is not None:
             self.progress.maybe_tick()
         if self._all_joined:
@@ -123,9 +126,11 @@ class RankWatch:
     def autopsy(
         self, pids: dict[int, int], wait_s: float = 2.0, alive: Callable[[int], bool] | None = None
     ) -> dict[int, list[Frame]]:
-        """Dump the stacks of the ranks in ``pids`` (rank -> pid) now; each one's main-thread frames.
+        """Dump the stacks of the ranks in ``pids`` (rank -> pid) now; each one's main-thread
+        frames.
 
-        ``alive`` (rank -> still running?) lets it stop waiting for a rank that exited instead of dumping.
+        ``alive`` (rank -> still running?) lets it stop waiting for a rank that exited instead of
+        dumping.
         """
         if not pids:
             return {}

@@ -77,7 +77,8 @@ class _Rank:
 
 
 def _set_threads(n: int) -> None:
-    """Torch's threads for this rank; through ``OMP_NUM_THREADS`` when torch is not imported yet (a fresh
+    """Torch's threads for this rank; through ``OMP_NUM_THREADS`` when torch is not imported yet (a
+    fresh
     interpreter running a script: torch reads it at import, and the script imports torch itself)."""
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -120,7 +121,8 @@ def _setup(spec: RankSpec) -> _Rank:
 
 
 def _load_task(r: _Rank) -> tuple[Any, bool]:
-    """The task function, and whether it starts its own process group (``register_task(own_group=True)``)."""
+    """The task function, and whether it starts its own process group
+    (``register_task(own_group=True)``)."""
 
     task_cfg = r.spec.config["task"]
     load_task_modules(task_cfg.get("modules") or [], builtins=False)
@@ -143,7 +145,8 @@ def _join(r: _Rank, task: Any) -> None:
 
 
 def _joined(r: _Rank) -> None:
-    """The rank is in (its groups are up, or it starts its own): the start-up watch and rank 0's attempt record."""
+    """The rank is in (its groups are up, or it starts its own): the start-up watch and rank 0's
+    attempt record."""
     r.timings["t_init"] = time.time()
     r.timings["init_s"] = round(r.timings["t_init"] - r.timings["t_start"], 4)
     files.rank_marker(r.run_dir, r.rank, "joined").write_text(f"{current_attempt()}\n")
@@ -152,7 +155,8 @@ def _joined(r: _Rank) -> None:
 
 
 def _handle_signals(r: _Rank, task: Any) -> None:
-    """Preemption (the launcher's policy) or SIGTERM reach the task through its context's stop flag."""
+    """Preemption (the launcher's policy) or SIGTERM reach the task through its context's stop
+    flag."""
 
     script_api.bind(
         r.ctx
@@ -164,7 +168,8 @@ def _handle_signals(r: _Rank, task: Any) -> None:
 
 
 def _finish_task(r: _Rank, barrier: Any = None) -> None:
-    """After the task returned: commit a pending save, agree on a stop (and requeue), record the attempt.
+    """After the task returned: commit a pending save, agree on a stop (and requeue), record the
+    attempt.
 
     ``barrier``: how the ranks wait for each other before a requeue (default: the world group).
     """
@@ -184,7 +189,8 @@ def _finish_task(r: _Rank, barrier: Any = None) -> None:
 
 
 def _close_reporter(r: _Rank, status: str) -> None:
-    """Flush ``metrics.jsonl`` and tell the trackers how this attempt ended ('ok', 'interrupted', 'failed')."""
+    """Flush ``metrics.jsonl`` and tell the trackers how this attempt ended ('ok', 'interrupted',
+    'failed')."""
     if r.ctx is not None and r.ctx.reporter is not None:
         try:
             r.ctx.reporter.close(status)
@@ -277,7 +283,8 @@ def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
             r.world_size,
             current_attempt(),
             on_wait=lambda missing: r.log.info(
-                f"rank 0 waits for ranks {missing} to end (the run's results are gathered when every rank is done)"
+                f"rank 0 waits for ranks {missing} to end (the run's results are gathered when "
+                "every rank is done)"
             ),
         )
 
@@ -288,7 +295,8 @@ def _run_own_group(r: _Rank, task: Any) -> dict[str, Any]:
 
 
 def _record(r: _Rank, exc: BaseException) -> None:
-    """A failing rank: end the attempt, ask for every rank's stacks on a timeout, record and log the failure.
+    """A failing rank: end the attempt, ask for every rank's stacks on a timeout, record and log the
+    failure.
 
     The rank log always gets the failure; the console gets it from the launcher, which shows
     ranks that failed alike once, from their records. When the record cannot be written (a full
@@ -298,7 +306,8 @@ def _record(r: _Rank, exc: BaseException) -> None:
     _end_attempt(r, None)
     if is_timeout_error(exc) and r.world_size > 1 and r.spec.on_timeout is not None:
         try:
-            r.spec.on_timeout()  # e.g. SLURM: every rank of the job dumps its stacks, before srun ends them
+            # e.g. SLURM: every rank of the job dumps its stacks, before srun ends them
+            r.spec.on_timeout()
         except Exception as hook_exc:
             r.log.warning(f"stack dump request failed: {type(hook_exc).__name__}: {hook_exc}")
     try:
@@ -319,7 +328,8 @@ def _record(r: _Rank, exc: BaseException) -> None:
         log.opt(exception=exc).error(f"rank {r.rank} failed: {type(exc).__name__}: {exc}")
     if write_exc is not None:
         r.log.error(
-            f"rank {r.rank} could not write its failure record {files.rank_error(r.run_dir, r.rank)} "
+            f"rank {r.rank} could not write its failure record "
+            f"{files.rank_error(r.run_dir, r.rank)} "
             f"({type(write_exc).__name__}: {write_exc}); its failure is the "
             f"{type(exc).__name__} above"
         )
@@ -327,7 +337,8 @@ def _record(r: _Rank, exc: BaseException) -> None:
 
 
 def _end_attempt(r: _Rank, ended_by: str | None) -> None:
-    """Rank 0 records how far this attempt got and (when it knows) why it ended; the launcher fills the rest."""
+    """Rank 0 records how far this attempt got and (when it knows) why it ended; the launcher fills
+    the rest."""
     if r.rank != 0 or r.ctx is None:
         return
     step = r.ctx.reporter.step if r.ctx.reporter is not None else None

@@ -1,4 +1,5 @@
-"""What a failing rank records before it leaves: its exception, classified, in ``logs/rank{r}.error.json``."""
+"""What a failing rank records before it leaves: its exception, classified, in
+``logs/rank{r}.error.json``."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 
 def current_attempt() -> int:
-    """Which try of the run this rank belongs to (``WF_ATTEMPT``, set by the launcher; 0 when unset)."""
+    """Which try of the run this rank belongs to (``WF_ATTEMPT``, set by the launcher; 0 when
+    unset)."""
     try:
         return launch_attempt()
     except ValueError:

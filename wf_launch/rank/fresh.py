@@ -1,4 +1,5 @@
-"""A rank in a fresh interpreter: ``task.fresh_interpreter=true`` runs the rank in a new Python process.
+"""A rank in a fresh interpreter: ``task.fresh_interpreter=true`` runs the rank in a new Python
+process.
 
 A forked rank starts as a copy of the launcher's interpreter (torch imported, the
 launcher's modules, signal dispositions, ``multiprocessing`` state). Most scripts never

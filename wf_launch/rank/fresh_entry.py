@@ -1,4 +1,5 @@
-"""``python -m wf_launch.rank.fresh_entry SPEC PARENT_PID``: a rank's fresh interpreter (see :mod:`.fresh`).
+"""``python -m wf_launch.rank.fresh_entry SPEC PARENT_PID``: a rank's fresh interpreter (see
+:mod:`.fresh`).
 
 Dies with its supervisor (``PR_SET_PDEATHSIG``), runs :func:`~.entrypoint.rank_main`
 with the pickled spec and leaves the way every launcher's rank does: exit code 0 on

@@ -25,7 +25,8 @@ __all__ = ["exit_after_cleanup", "exit_status", "flush_and_exit"]
 
 def exit_status(exc: BaseException) -> int:
     """The exit code a rank that failed with ``exc`` leaves with: the code of a ``sys.exit(n)``
-    (``SystemExit``, or an exception carrying ``exit_code``, as a script's does) when it is 1..255, else 1."""
+    (``SystemExit``, or an exception carrying ``exit_code``, as a script's does) when it is 1..255,
+    else 1."""
     code = getattr(exc, "exit_code", exc.code if isinstance(exc, SystemExit) else None)
     return code if is_int(code) and 0 < code < 256 else 1
 

@@ -116,7 +116,8 @@ class PreemptHandler:
 
 
 def stop_on_sigterm(ctx: Any) -> None:
-    """SIGTERM to a rank: a stop request once the task polls ``ctx.should_stop()``, else the default."""
+    """SIGTERM to a rank: a stop request once the task polls ``ctx.should_stop()``, else the
+    default."""
 
     def handler(signum: int, frame: Any) -> None:
         if ctx.stop is not None and ctx.stop.polled:
@@ -136,7 +137,8 @@ def requeue_after_stop(
     log: Any,
     barrier: Callable[[], None] | None = None,
 ) -> None:
-    """Every rank agreed to stop (the task saved and returned): rank 0 requeues the job, all leave quietly.
+    """Every rank agreed to stop (the task saved and returned): rank 0 requeues the job, all leave
+    quietly.
 
     ``barrier`` (default: the world group's) returns on rank 0 once every rank got this far.
     """

@@ -1,4 +1,5 @@
-"""``ctx.progress(step, total, **metrics)`` on a rank: never a collective, a few microseconds per call.
+"""``ctx.progress(step, total, **metrics)`` on a rank: never a collective, a few microseconds per
+call.
 
 A call with metrics appends one JSON line (rank, step, time, metrics) to
 ``RUN_DIR/metrics.jsonl``; lines are flushed with every publish (at most
@@ -30,9 +31,11 @@ RESERVED_METRICS = frozenset({"rank", "step", "time"})
 """The columns every line of the metrics file has; a metric may not take their names."""
 
 PUBLISH_ENV = "WF_PROGRESS_PUBLISH_S"
-"""Seconds between a rank's progress publications (default 0.5); the drill sets 0: every step is seen."""
+"""Seconds between a rank's progress publications (default 0.5); the drill sets 0: every step is
+seen."""
 STEPS_ENV = "WF_PROGRESS_LOG_STEPS"
-"""When ``1``, every ``ctx.progress`` call appends its line to the run's metrics file, with metrics or
+"""When ``1``, every ``ctx.progress`` call appends its line to the run's metrics file, with metrics
+or
 without: the layout tuner times steps from those lines."""
 
 
@@ -58,7 +61,8 @@ class ProgressReporter:
         sink: Any = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.sink = sink  # the rank's experiment trackers (a TrackerHub: ``log(step, metrics)``, ``close(status)``)
+        # the rank's experiment trackers (a TrackerHub: ``log(step, metrics)``, ``close(status)``)
+        self.sink = sink
         self.rank = rank
         self.publish_s = publish_s
         self.max_metrics_bytes = max_metrics_bytes
@@ -76,7 +80,8 @@ class ProgressReporter:
         if metrics and not RESERVED_METRICS.isdisjoint(metrics):
             name = sorted(RESERVED_METRICS.intersection(metrics))[0]
             raise ValueError(
-                f"ctx.progress(..., {name}=...): {name!r} is a reserved name: every {files.METRICS} line "
+                f"ctx.progress(..., {name}=...): {name!r} is a reserved name: every "
+                f"{files.METRICS} line "
                 f"has the columns {sorted(RESERVED_METRICS)}, set by the reporter; give the metric "
                 f"another name (e.g. {name}_value)"
             )
@@ -103,7 +108,8 @@ class ProgressReporter:
         )
         try:
             if self._metrics_file is None:
-                self._metrics_file = open(files.metrics_file(self.run_dir), "a", buffering=1 << 16)  # noqa: SIM115
+                path = files.metrics_file(self.run_dir)
+                self._metrics_file = open(path, "a", buffering=1 << 16)  # noqa: SIM115
             self._metrics_file.write(line + "\n")
         except OSError:
             pass
@@ -130,19 +136,22 @@ class ProgressReporter:
             publish_state(self.run_dir, self.rank, state)
 
     def _check_cap(self, size: int) -> None:
-        """Stop appending metrics once ``metrics.jsonl`` holds ``max_metrics_bytes`` (``launcher.max_metrics_mb``)."""
+        """Stop appending metrics once ``metrics.jsonl`` holds ``max_metrics_bytes``
+        (``launcher.max_metrics_mb``)."""
         if self.capped or not self.max_metrics_bytes or size < self.max_metrics_bytes:
             return
         self.capped = True
         if self._warn is not None:
             self._warn(
                 f"{files.metrics_file(self.run_dir)} reached launcher.max_metrics_mb "
-                f"({self.max_metrics_bytes / 2**20:g} MB): rank {self.rank} writes no more metrics to it "
+                f"({self.max_metrics_bytes / 2**20:g} MB): rank {self.rank} writes no more "
+                "metrics to it "
                 "(its progress is still published)"
             )
 
     def close(self, status: str = "ok") -> None:
-        """Publish the last state, close ``metrics.jsonl``, then the trackers with how the attempt ended
+        """Publish the last state, close ``metrics.jsonl``, then the trackers with how the attempt
+        ended
         (``ok``, ``interrupted``, ``failed``). Closing twice does nothing more."""
         if self.step is not None:
             self.publish()

@@ -10,7 +10,7 @@ import io
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from loguru import logger
 
@@ -70,6 +70,10 @@ class RankLogSink:
     def tail_path(self) -> Path:
         return files.rank_tail_log(self.path)
 
+    def _open_tail(self) -> IO[str]:
+        """The newest lines' file, emptied; closed and rotated by :meth:`write`."""
+        return open(self.tail_path, "w", encoding="utf-8", errors="replace")
+
     def write(self, message: str) -> None:
         try:
             if self.max_bytes is None:
@@ -85,16 +89,16 @@ class RankLogSink:
                 return
             if self._tail is None:
                 self._file.write(
-                    f"... log capped at {half} bytes (launcher.max_log_mb); the newest lines are in "
-                    f"{self.tail_path} and {self.tail_path}.1\n"
+                    f"... log capped at {half} bytes (launcher.max_log_mb); the newest lines are "
+                    f"in {self.tail_path} and {self.tail_path}.1\n"
                 )
                 self._file.flush()
-                self._tail = open(self.tail_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+                self._tail = self._open_tail()
                 self._size = 0
             if self._size + size > half and self._size:
                 self._tail.close()
                 self.tail_path.replace(self.tail_path.with_name(self.tail_path.name + ".1"))
-                self._tail = open(self.tail_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+                self._tail = self._open_tail()
                 self._size = 0
             self._tail.write(message)
             self._tail.flush()
@@ -113,8 +117,10 @@ class RankLogSink:
 
 
 def _console_sink(message: str) -> None:
-    """A rank's line on the launcher's terminal. On a terminal it first clears the line the cursor is on (the
-    launcher's progress bar, redrawn under it at the launcher's next tick), so a log line never sticks to the bar."""
+    """A rank's line on the launcher's terminal. On a terminal it first clears the line the cursor
+    is on (the
+    launcher's progress bar, redrawn under it at the launcher's next tick), so a log line never
+    sticks to the bar."""
     try:
         stream = sys.__stderr__
         stream.write(f"{CLEAR_LINE}{message}" if _on_terminal(stream) else message)
@@ -124,9 +130,11 @@ def _console_sink(message: str) -> None:
 
 
 CLEAR_LINE = "\r\x1b[K"
-"""Carriage return, then erase to the end of the line: what a line written under a progress bar starts with."""
+"""Carriage return, then erase to the end of the line: what a line written under a progress bar
+starts with."""
 FILE_ONLY = "file_only"
-"""``log.bind(file_only=True)``: a record for the rank's log file, never the console (its failure, which the
+"""``log.bind(file_only=True)``: a record for the rank's log file, never the console (its failure,
+which the
 launcher summarizes once for all ranks that failed alike)."""
 
 

@@ -1,4 +1,5 @@
-"""What code without ``ctx`` uses: ``from wf_launch import progress, should_stop, checkpoint, report_result``.
+"""What code without ``ctx`` uses: ``from wf_launch import progress, should_stop, checkpoint,
+report_result``.
 
 The same contract as ``ctx.progress``, ``ctx.should_stop()`` and ``ctx.checkpoint``
 (:class:`~wf_launch.rank.task_context.TaskContext`), for a script or a function that
@@ -55,12 +56,14 @@ def unbind() -> None:
 
 
 def bound() -> TaskContext | None:
-    """The rank's context in the rank's own process; None elsewhere (plain torchrun, a forked worker)."""
+    """The rank's context in the rank's own process; None elsewhere (plain torchrun, a forked
+    worker)."""
     return _state["ctx"] if _state["pid"] == os.getpid() else None
 
 
 def progress(step: int, total: int | None = None, **metrics: Any) -> None:
-    """Report this rank's step (of ``total``) and metrics: the live bar, stall warnings, ``metrics.jsonl``.
+    """Report this rank's step (of ``total``) and metrics: the live bar, stall warnings,
+    ``metrics.jsonl``.
 
     Cheap (never a collective); call it every step. A no-op outside wf_launch.
     """
@@ -81,7 +84,8 @@ def should_stop() -> bool:
 
 
 def report_result(result: dict[str, Any]) -> None:
-    """Add ``result`` (a JSON-able dict) to this rank's entry in ``result.json``; later calls update it.
+    """Add ``result`` (a JSON-able dict) to this rank's entry in ``result.json``; later calls update
+    it.
 
     Rank 0's entry is the run's summary (the drill compares its ``weights_sha256`` and
     ``final_loss``). Checked everywhere, recorded only under wf_launch.
@@ -109,7 +113,8 @@ def reported() -> dict[str, Any]:
     return dict(_state["reported"]) if bound() is not None else {}
 
 
-# ------------------------------------------------------------------ checkpoint (``from wf_launch import checkpoint``)
+# ------------------------------------------------------------------ checkpoint (``from wf_launch
+# import checkpoint``)
 def save(step: int, state: dict[str, Any], scopes: dict[str, str] | None = None) -> None:
     """``checkpoint.save(step, state, scopes=None)``: a collective, atomic checkpoint of ``state``.
 
@@ -160,7 +165,8 @@ def wait() -> None:
 
 def _settle() -> None:
     """After the helpers' collectives: the script may destroy its group right after (see
-    :func:`~worldfoundry.core.distributed.runtime.settle_group_threads`, a torch deadlock at teardown)."""
+    :func:`~worldfoundry.core.distributed.runtime.settle_group_threads`, a torch deadlock at
+    teardown)."""
     # torch: the script API is importable, and a no-op, in a script that never imports torch
     from worldfoundry.core.distributed.runtime import settle_group_threads
 

@@ -25,7 +25,8 @@ DUMP_SIGNAL = signal.SIGURG
 
 
 def install(run_dir: Path | str, rank: int) -> Any:
-    """Dump every thread's stack to the rank's stacks file on :data:`DUMP_SIGNAL`; returns the open file."""
+    """Dump every thread's stack to the rank's stacks file on :data:`DUMP_SIGNAL`; returns the open
+    file."""
     import faulthandler
 
     path = files.rank_stacks(run_dir, rank)

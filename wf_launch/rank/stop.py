@@ -71,7 +71,8 @@ class StopFlag:
         return self._agreed
 
     def should_stop(self) -> bool:
-        """Whether every rank has agreed to stop (the same answer on every rank at the same call)."""
+        """Whether every rank has agreed to stop (the same answer on every rank at the same
+        call)."""
         import torch
         import torch.distributed as dist
 
@@ -102,7 +103,8 @@ class StopFlag:
         return False
 
     def forget(self) -> None:
-        """The group went away under the flag (its owner destroyed it): drop the collective in flight."""
+        """The group went away under the flag (its owner destroyed it): drop the collective in
+        flight."""
         self._work = None
 
     def drain(self) -> None:

@@ -41,7 +41,8 @@ class TaskContext:
     dataclass the task was registered with (``register_task(name, config=...)``),
     typed, defaults applied. ``config`` is the resolved run config (a plain dict:
     engine, launcher, task); ``task_config`` its ``task`` section as a plain dict,
-    the untyped view kept for tasks written before config classes. ``rank`` / ``world_size`` / ``local_rank``
+    the untyped view kept for tasks written before config classes. ``rank`` / ``world_size`` /
+    ``local_rank``
     / ``device`` place this rank; ``coords`` are its tp/cp/pp/dp coordinates.
     ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp', 'tp-pp' to
     :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects;
@@ -204,7 +205,8 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
 
 
 def _reporter(config: dict[str, Any], run_dir: Path, rank: int, log: Any) -> tuple[str, Any]:
-    """The run's id and this rank's progress reporter (``metrics.jsonl`` within ``launcher.max_metrics_mb``,
+    """The run's id and this rank's progress reporter (``metrics.jsonl`` within
+    ``launcher.max_metrics_mb``,
     the experiment trackers of ``tracking``)."""
 
     run_id = os.environ.get(RUN_ID_ENV) or read_run_id(run_dir) or ""

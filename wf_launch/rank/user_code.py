@@ -1,4 +1,5 @@
-"""Running code written for torchrun inside a rank: a script as ``__main__``, a module, or a function.
+"""Running code written for torchrun inside a rank: a script as ``__main__``, a module, or a
+function.
 
 What ``python train.py ARGS`` would do, in the rank's own process: ``sys.argv`` is
 ``[path, *args]`` and ``sys.path[0]`` the script's folder (for ``-m``: the working
@@ -34,7 +35,8 @@ __all__ = ["ScriptExit", "call_function", "run_module", "run_path", "teardown"]
 
 
 class ScriptExit(Exception):
-    """The code called ``sys.exit(n)`` with ``n != 0``: the rank fails and exits with ``exit_code``."""
+    """The code called ``sys.exit(n)`` with ``n != 0``: the rank fails and exits with
+    ``exit_code``."""
 
     def __init__(
         self, exit_code: int, at: str, function: str = "?", message: str | None = None
@@ -58,7 +60,8 @@ def _innermost(tb: TracebackType | None) -> tuple[str, str]:
 
 
 def _exit_of(exc: SystemExit) -> tuple[int, str | None]:
-    """(exit code, message) of a ``sys.exit``: None -> 0, an int -> itself, anything else -> 1 (printed)."""
+    """(exit code, message) of a ``sys.exit``: None -> 0, an int -> itself, anything else -> 1
+    (printed)."""
     code = exc.code
     if code is None:
         return 0, None
@@ -72,7 +75,8 @@ def _exit_of(exc: SystemExit) -> tuple[int, str | None]:
 
 @contextmanager
 def _atexit_of_the_code() -> Iterator[None]:
-    """Collect the :mod:`atexit` handlers registered while the code runs; run them (newest first) when it ends."""
+    """Collect the :mod:`atexit` handlers registered while the code runs; run them (newest first)
+    when it ends."""
     registered: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
     real_register, real_unregister = atexit.register, atexit.unregister
 
@@ -88,17 +92,20 @@ def _atexit_of_the_code() -> Iterator[None]:
     try:
         yield
     finally:
-        atexit.register, atexit.unregister = real_register, real_unregister  # type: ignore[assignment]
+        atexit.register = real_register  # type: ignore[assignment]
+        atexit.unregister = real_unregister  # type: ignore[assignment]
         for func, args, kwargs in reversed(registered):
             try:
                 func(*args, **kwargs)
             except Exception:
-                traceback.print_exc()  # as the interpreter does at exit: printed, never the rank's failure
+                # as the interpreter does at exit: printed, never the rank's failure
+                traceback.print_exc()
 
 
 @contextmanager
 def _as_main(argv: list[str], path0: str) -> Iterator[None]:
-    """``sys.argv`` and ``sys.path[0]`` as ``python`` sets them; exits and errors translated (module docstring)."""
+    """``sys.argv`` and ``sys.path[0]`` as ``python`` sets them; exits and errors translated (module
+    docstring)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = list(argv)
     sys.path.insert(0, path0)
@@ -125,13 +132,15 @@ def run_path(path: str, args: list[str]) -> None:
 
 
 def run_module(module: str, args: list[str], workdir: str) -> None:
-    """``python -m module args``: the module as ``__main__``, ``sys.argv[0]`` its file, ``workdir`` on the path."""
+    """``python -m module args``: the module as ``__main__``, ``sys.argv[0]`` its file, ``workdir``
+    on the path."""
     with _as_main([module, *args], workdir):
         runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def call_function(fn: Callable[..., Any], kwargs: dict[str, Any], target: str, workdir: str) -> Any:
-    """``fn(**kwargs)`` (``sys.argv`` is ``[target]``), with ``sys.exit`` and errors as for a script; its value."""
+    """``fn(**kwargs)`` (``sys.argv`` is ``[target]``), with ``sys.exit`` and errors as for a
+    script; its value."""
     out: list[Any] = []
     with _as_main([target], workdir):
         out.append(fn(**kwargs))
@@ -139,7 +148,8 @@ def call_function(fn: Callable[..., Any], kwargs: dict[str, Any], target: str, w
 
 
 def teardown(ctx: Any) -> None:
-    """End what the code left: the stop flag's collective in flight, a pending checkpoint, the groups.
+    """End what the code left: the stop flag's collective in flight, a pending checkpoint, the
+    groups.
 
     Both before the groups go (they need them), then ``destroy_model_parallel`` (groups
     ``dist_init`` built) and ``destroy_process_group`` (a default group the code started).

@@ -1,4 +1,5 @@
-"""``python -m wf_launch.checkpoint``: list a run's checkpoints, export one's weights as a plain state dict.
+"""``python -m wf_launch.checkpoint``: list a run's checkpoints, export one's weights as a plain
+state dict.
 
 ``list RUN_DIR [--json]``: every checkpoint directory (complete or not), oldest commit
 first: step, state, commit order, the layout that saved it, size, time.
@@ -129,7 +130,8 @@ def render_list(rows: list[dict[str, Any]], run_dir: Path) -> str:
 
 
 def module_entries(directory: Path, metadata: Any) -> list[str]:
-    """The module entries of a checkpoint (``COMMIT``'s kinds; a format-1 checkpoint: its tensor key prefixes)."""
+    """The module entries of a checkpoint (``COMMIT``'s kinds; a format-1 checkpoint: its tensor key
+    prefixes)."""
     try:
         entries = read_commit(directory).entries
     except CheckpointUnreadable as exc:
@@ -145,7 +147,8 @@ def module_entries(directory: Path, metadata: Any) -> list[str]:
 
 
 def consolidate(directory: Path, entry: str, metadata: Any = None) -> dict[str, Any]:
-    """Module entry ``entry`` of the checkpoint in ``directory`` as full tensors (no process group)."""
+    """Module entry ``entry`` of the checkpoint in ``directory`` as full tensors (no process
+    group)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException

@@ -1,4 +1,5 @@
-"""``python -m wf_launch.runs [DIR ...]``: the runs and sweeps under ``outputs/`` and ``multirun/``, newest first.
+"""``python -m wf_launch.runs [DIR ...]``: the runs and sweeps under ``outputs/`` and ``multirun/``,
+newest first.
 
 A run is a directory holding ``result.json`` or the ``config.yaml`` a launch
 writes; a sweep is a directory holding Hydra's ``multirun.yaml``, and its points
@@ -109,7 +110,8 @@ def _named_in_config(run_dir: Path) -> tuple[str, str]:
 
 
 def _launcher_column(name: str, run_dir: Path, record: RunRecord | None) -> str:
-    """The run's launcher as its hook names it ('slurm 42'); the bare name when that launcher is unknown here."""
+    """The run's launcher as its hook names it ('slurm 42'); the bare name when that launcher is
+    unknown here."""
 
     try:
         return get_launcher(name).run_label(run_dir, record)
@@ -118,7 +120,8 @@ def _launcher_column(name: str, run_dir: Path, record: RunRecord | None) -> str:
 
 
 def _gone(name: str, run_dir: Path) -> bool:
-    """Whether a run with no record has lost its launcher (its ``is_live`` hook: a SLURM job is left to the
+    """Whether a run with no record has lost its launcher (its ``is_live`` hook: a SLURM job is left
+    to the
     scheduler, a Ray run to whatever monitors it)."""
 
     try:

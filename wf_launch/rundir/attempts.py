@@ -68,7 +68,8 @@ _CHECKS: dict[str, tuple[Any, str]] = {
 
 
 def checked(path: Path | str) -> dict[str, Any] | None:
-    """The marker at ``path`` (None when absent), each field checked; :class:`UnreadableFile` names what is wrong."""
+    """The marker at ``path`` (None when absent), each field checked; :class:`UnreadableFile` names
+    what is wrong."""
     data = read_json(path)
     if data is None:
         return None
@@ -122,7 +123,8 @@ def count(run_dir: Path | str) -> int:
 
 
 def last_step(run_dir: Path | str, world_size: int, since: float | None = None) -> int | None:
-    """The furthest step any rank published (``ctx.progress``), counting only reports after ``since``."""
+    """The furthest step any rank published (``ctx.progress``), counting only reports after
+    ``since``."""
 
     steps = [
         s["step"]
@@ -133,7 +135,8 @@ def last_step(run_dir: Path | str, world_size: int, since: float | None = None) 
 
 
 def cause_of_exits(exits: dict[int, int]) -> str:
-    """A crashed attempt's cause from the ranks' exit codes: the signalled rank first (a killed rank is the
+    """A crashed attempt's cause from the ranks' exit codes: the signalled rank first (a killed rank
+    is the
     cause, its peers' errors the consequence)."""
     if not exits:
         return "failed"
@@ -211,15 +214,18 @@ def describe(entries: list[dict[str, Any]]) -> list[str]:
         return "-" if value is None else str(value)
 
     return [
-        f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step {show(a.get('resumed_from'))}"
-        f"{_layout_change(a)}, reached step {show(a.get('last_step'))}, steps lost {show(a.get('steps_lost'))}; "
+        f"attempt {a.get('attempt')}: {a.get('cause')}; resumed from step "
+        f"{show(a.get('resumed_from'))}"
+        f"{_layout_change(a)}, reached step {show(a.get('last_step'))}, steps lost "
+        f"{show(a.get('steps_lost'))}; "
         f"ended by {show(a.get('ended_by'))}"
         for a in entries
     ]
 
 
 def _layout_change(entry: dict[str, Any]) -> str:
-    """`` at a new layout (dp=4 -> cp=2 dp=2)`` when the attempt resumed at another layout, else nothing."""
+    """`` at a new layout (dp=4 -> cp=2 dp=2)`` when the attempt resumed at another layout, else
+    nothing."""
     before, after = entry.get("layout_from"), entry.get("layout_to")
     if not (isinstance(before, dict) and isinstance(after, dict)):
         return ""

@@ -1,4 +1,5 @@
-"""A checkpoint on disk: directory names, the ``COMMIT`` record, the layout that saved it, and which ones load.
+"""A checkpoint on disk: directory names, the ``COMMIT`` record, the layout that saved it, and which
+ones load.
 
 Nothing here needs a process group: the checkpointer, ``python -m wf_launch.checkpoint``
 and the drill read checkpoints through this module.
@@ -46,15 +47,18 @@ __all__ = [
 
 COMMIT_FILE = "COMMIT"
 FORMAT = 2
-"""Format of checkpoints written now: global parameter names, flat optimizer state, scoped per-rank entries,
-the saving layout in ``COMMIT``. Format 1 (no ``format`` in ``COMMIT``) loads on the same world size only."""
+"""Format of checkpoints written now: global parameter names, flat optimizer state, scoped per-rank
+entries,
+the saving layout in ``COMMIT``. Format 1 (no ``format`` in ``COMMIT``) loads on the same world size
+only."""
 METADATA_FILE = ".metadata"
 _PREFIX = "step_"
 _HIDDEN_COMPLETE = (".tmp-", ".old-")
 
 
 class CheckpointUnreadable(Exception):
-    """A committed checkpoint whose files cannot be read (torn, truncated, missing): load falls back."""
+    """A committed checkpoint whose files cannot be read (torn, truncated, missing): load falls
+    back."""
 
 
 def step_name(step: int) -> str:
@@ -70,7 +74,8 @@ def parse_step(name: str) -> int | None:
 
 
 def hidden_step(name: str) -> tuple[int, str] | None:
-    """``(step, kind)`` of a hidden ``.step_XXXXXXXX.KIND-<hex>`` name (kind: tmp, old, del), else None."""
+    """``(step, kind)`` of a hidden ``.step_XXXXXXXX.KIND-<hex>`` name (kind: tmp, old, del), else
+    None."""
     if not name.startswith(f".{_PREFIX}"):
         return None
     base, dot, rest = name[1:].partition(".")
@@ -110,7 +115,8 @@ def layout_of(data: Any) -> Layout | None:
 
 
 def describe_layout(data: dict[str, Any] | None, world_size: int | None = None) -> str:
-    """``tp=1 cp=2 pp=1 dp=2 (order tp-cp-pp-dp, 4 ranks)``; a format-1 checkpoint: ``an unrecorded layout``."""
+    """``tp=1 cp=2 pp=1 dp=2 (order tp-cp-pp-dp, 4 ranks)``; a format-1 checkpoint: ``an unrecorded
+    layout``."""
     layout = layout_of(data)
     if layout is None:
         return (
@@ -225,7 +231,8 @@ def write_commit(directory: Path, commit: Commit) -> None:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A complete checkpoint directory: its step, path, commit order (``seq``, ``time``), readable ``COMMIT``."""
+    """A complete checkpoint directory: its step, path, commit order (``seq``, ``time``), readable
+    ``COMMIT``."""
 
     step: int
     path: Path
@@ -255,7 +262,8 @@ def _candidate(step: int, path: Path) -> Candidate:
 
 
 def candidates(root: Path) -> dict[int, list[Candidate]]:
-    """Every complete copy of every step under ``root`` (visible and hidden), each step's newest commit first."""
+    """Every complete copy of every step under ``root`` (visible and hidden), each step's newest
+    commit first."""
     found: dict[int, list[Candidate]] = {}
     try:
         entries = list(root.iterdir())
@@ -276,7 +284,8 @@ def candidates(root: Path) -> dict[int, list[Candidate]]:
 
 
 def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(step, path)`` of the complete checkpoints under ``run_dir``, in commit order (the newest last).
+    """``(step, path)`` of the complete checkpoints under ``run_dir``, in commit order (the newest
+    last).
 
     One entry per step: its newest committed copy (normally ``step_XXXXXXXX``; a hidden
     copy when a crash hit a save of that step between its two renames).

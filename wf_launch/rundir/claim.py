@@ -39,10 +39,12 @@ __all__ = [
 ]
 
 OWNER_ONLY = 0o700
-"""The mode of a run directory until its config is known to be valid (then ``launcher.run_dir_mode``)."""
+"""The mode of a run directory until its config is known to be valid (then
+``launcher.run_dir_mode``)."""
 
 _LOCK_RETRY_S = 0.5
-"""How long a claim retries a lock that is busy: a reader testing the lock holds it for an instant."""
+"""How long a claim retries a lock that is busy: a reader testing the lock holds it for an
+instant."""
 
 
 class RunDirInUse(Exception):
@@ -62,7 +64,8 @@ def _held_by(run_dir: Path) -> str | None:
 
 
 class RunDirClaim:
-    """An exclusive claim on a run directory for one launch (a lock file held until :meth:`release`)."""
+    """An exclusive claim on a run directory for one launch (a lock file held until
+    :meth:`release`)."""
 
     def __init__(self, run_dir: Path, fd: int | None) -> None:
         self.run_dir = run_dir
@@ -139,7 +142,8 @@ def claim(
 
     Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
     when the directory already holds a run (its ``result.json``, logs, config)
-    and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside into
+    and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside
+    into
     a sibling ``NAME.replaced-TIMESTAMP`` directory (mode 0700), never merged into. With
     ``resume`` the launch continues that run in place (its checkpoints and attempt
     records stay; its last ``result.json`` moves to ``logs/``), unless it completed; when the
@@ -207,7 +211,8 @@ def _refuse_if_live(run_dir: Path, is_live: Callable[[Path], bool], what: str) -
     if live:
         raise RunDirInUse(
             f"run directory {run_dir} holds a run that is still going; {what} would move or write "
-            "its files under it: wait for it to end, or cancel it first (python -m wf_launch.status "
+            "its files under it: wait for it to end, or cancel it first (python -m "
+            "wf_launch.status "
             f"--cancel {run_dir})"
         )
 
@@ -247,7 +252,8 @@ def close_runs(run_dir: Path, n: int = 3) -> list[Path]:
 
 
 def _or_resume(run_dir: Path) -> str:
-    """'; or continue it ...: python -m wf_launch ... launcher.resume=true ...' when the run can go on."""
+    """'; or continue it ...: python -m wf_launch ... launcher.resume=true ...' when the run can go
+    on."""
 
     hint = resume_hint(run_dir)
     return f"; or {hint}" if hint else ""
@@ -265,7 +271,8 @@ def _move_aside(run_dir: Path) -> None:
 
 
 def _resumable(run_dir: Path) -> None:
-    """Check that the run in ``run_dir`` can be continued, and move its last record into ``logs/``."""
+    """Check that the run in ``run_dir`` can be continued, and move its last record into
+    ``logs/``."""
 
     path = RunRecord.path(run_dir)
     try:
@@ -283,7 +290,8 @@ def _resumable(run_dir: Path) -> None:
 
 
 def launch_alive(run_dir: Path | str) -> bool:
-    """Whether the launch that claimed ``run_dir`` still holds its lock (another process than this one).
+    """Whether the launch that claimed ``run_dir`` still holds its lock (another process than this
+    one).
 
     The lock itself is tested (a shared ``flock``, taken and dropped at once): a process
     that died released it, whatever its pid became since. Where the file system has no
@@ -316,7 +324,8 @@ def launch_alive(run_dir: Path | str) -> bool:
 
 
 def _pid_alive(pid: int | None, host: str | None) -> bool:
-    """Without working locks: a pid of this host that exists (it may be reused); a run of another host is alive."""
+    """Without working locks: a pid of this host that exists (it may be reused); a run of another
+    host is alive."""
     if not pid:
         return False
     if host is not None and host != socket.gethostname():
@@ -331,8 +340,10 @@ def _pid_alive(pid: int | None, host: str | None) -> bool:
 
 
 def remove_made_folders(path: Path, since: float) -> None:
-    """Remove ``path`` and its parents while each is an empty folder made after ``since`` (Hydra makes the run
-    directory before the app runs; a dry run leaves nothing). Never the working directory or one above it."""
+    """Remove ``path`` and its parents while each is an empty folder made after ``since`` (Hydra
+    makes the run
+    directory before the app runs; a dry run leaves nothing). Never the working directory or one
+    above it."""
     cwd = Path.cwd().resolve()
     path = path.resolve()
     while path != cwd and path not in cwd.parents and path.parent != path:
@@ -383,13 +394,15 @@ def claim_tool_dir(directory: Path, option: str) -> RunDirClaim:
 
 
 def make_private(path: Path, mode: int = OWNER_ONLY) -> None:
-    """Create the folder ``path`` (and its parents) if needed, and give it ``mode`` whatever the umask."""
+    """Create the folder ``path`` (and its parents) if needed, and give it ``mode`` whatever the
+    umask."""
     path.mkdir(mode=mode, parents=True, exist_ok=True)
     os.chmod(path, mode)
 
 
 def private_umask() -> None:
-    """Nothing this process (or a rank or job it starts) creates is writable by anyone but its owner.
+    """Nothing this process (or a rank or job it starts) creates is writable by anyone but its
+    owner.
 
     Files and folders of a run are read (and some executed: submitit's pickles, the code
     snapshot) by the launcher and the job; with a group-writable umask a group member could

@@ -53,8 +53,10 @@ def _module_file(name: str) -> Path | None:
 
 
 def code_provenance(config: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Where the code that runs comes from, whatever directory the command was started in: wf_launch itself and
-    the task's own code (``task.modules``, a script's ``task.path`` or ``task.module``), each with the commit and
+    """Where the code that runs comes from, whatever directory the command was started in: wf_launch
+    itself and
+    the task's own code (``task.modules``, a script's ``task.path`` or ``task.module``), each with
+    the commit and
     dirty flag of the git checkout holding it (none for an installed package outside a checkout)."""
     from importlib import metadata
 
@@ -86,7 +88,8 @@ def _cuda_available(torch: Any) -> bool:
 
     ``torch.cuda.is_available()`` asks the CUDA runtime, which initializes the driver, and a process
     forked after that cannot use CUDA ("initialization error"): the local launcher records the
-    environment before it forks the ranks. ``device_count()`` asks NVML, which is fork-safe (it falls
+    environment before it forks the ranks. ``device_count()`` asks NVML, which is fork-safe (it
+    falls
     back to the runtime only where NVML is missing).
     """
     return torch.cuda.device_count() > 0
@@ -95,8 +98,10 @@ def _cuda_available(torch: Any) -> bool:
 def environment_info(
     cwd: Path | str | None = None, config: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Versions, host, the code's provenance, and ``git_commit`` / ``git_dirty``: those of the task's own code
-    when it lives in a git checkout, else of wf_launch's checkout, else of the working directory's."""
+    """Versions, host, the code's provenance, and ``git_commit`` / ``git_dirty``: those of the
+    task's own code
+    when it lives in a git checkout, else of wf_launch's checkout, else of the working
+    directory's."""
     import torch
 
     cwd = Path(cwd or os.getcwd())
@@ -127,7 +132,8 @@ def environment_info(
 
 
 def _packages() -> list[str]:
-    """``pip freeze`` of this interpreter (``name==version``, sorted), read from the installed metadata."""
+    """``pip freeze`` of this interpreter (``name==version``, sorted), read from the installed
+    metadata."""
     from importlib import metadata
 
     found = set()
@@ -139,7 +145,8 @@ def _packages() -> list[str]:
 
 
 def record_environment(run_dir: Path | str, cwd: Path | str | None = None) -> dict[str, Any]:
-    """Write ``environment.json`` (:func:`environment_info` for the run's config, plus the installed packages,
+    """Write ``environment.json`` (:func:`environment_info` for the run's config, plus the installed
+    packages,
     ``pip freeze`` style, and ``git diff HEAD`` of the recorded checkout when it is dirty, cut at
     :data:`MAX_DIFF_BYTES`) and return the summary the run record keeps (without those two)."""
     info = environment_info(cwd, files.read_config(run_dir))

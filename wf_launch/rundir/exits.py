@@ -1,4 +1,5 @@
-"""Exit records: how each rank of a task that starts its own process group ended (``logs/rank{r}.exit.json``).
+"""Exit records: how each rank of a task that starts its own process group ended
+(``logs/rank{r}.exit.json``).
 
 A script run under ``task=script`` (or a function under ``task=call``) brings its own
 process group, or none at all, so its ranks cannot gather their results with a
@@ -22,7 +23,8 @@ __all__ = ["read_exits", "wait_for_exits", "write_exit"]
 
 
 def write_exit(run_dir: Path | str, rank: int, attempt: int, **fields: Any) -> None:
-    """Rank ``rank``'s exit record of ``attempt``: ``exit_code``, ``result``, ``timings``, ``host``, ``coords``."""
+    """Rank ``rank``'s exit record of ``attempt``: ``exit_code``, ``result``, ``timings``, ``host``,
+    ``coords``."""
     atomic_write_json(
         files.rank_exit(run_dir, rank),
         {"rank": rank, "attempt": attempt, **fields, "time": time.time()},

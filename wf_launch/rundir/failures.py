@@ -1,4 +1,5 @@
-"""Failure records: what a failing rank leaves in ``logs/rank{r}.error.json``, and reading them back."""
+"""Failure records: what a failing rank leaves in ``logs/rank{r}.error.json``, and reading them
+back."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def write_failure_record(run_dir: Path | str, rank: int, record: dict[str, Any])
 
 
 def valid_failure_record(record: Any, rank: int | None = None) -> bool:
-    """Whether ``record`` has the fields of a failure record with the types every reader relies on."""
+    """Whether ``record`` has the fields of a failure record with the types every reader relies
+    on."""
     if not isinstance(record, dict) or not (is_int(record.get("rank")) and record["rank"] >= 0):
         return False
     if rank is not None and record["rank"] != rank:

@@ -106,13 +106,16 @@ SUBMITIT = "submitit"
 HYDRA = ".hydra"
 ELASTIC_LOGS = ".elastic"
 RUN_ID = "run_id"
-"""The run's stable id (one line), written once when the run directory is first set up (:mod:`.identity`)."""
+"""The run's stable id (one line), written once when the run directory is first set up
+(:mod:`.identity`)."""
 TRACKING = "tracking"
-"""Each experiment tracker's state across attempts (``tracking/NAME.json``: the last step it holds, its run id)."""
+"""Each experiment tracker's state across attempts (``tracking/NAME.json``: the last step it holds,
+its run id)."""
 TENSORBOARD = "tensorboard"
 WANDB = "wandb"
 MLFLOW_STORE = "mlruns"
-"""The default MLflow file store, beside the run directory (``RUN_DIR/../mlruns``): a sweep's points share one."""
+"""The default MLflow file store, beside the run directory (``RUN_DIR/../mlruns``): a sweep's points
+share one."""
 
 SWEEP_PLAN = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_CHART = "sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"
@@ -127,7 +130,8 @@ TUNE_STATE, TUNE_MD, TUNE_CSV, TUNE_CHART, TUNE_BEST = (
     "best.yaml",
 )
 TUNE_CONF, TUNE_ROUNDS, TUNE_ASIDE = "conf", "rounds", "aside"
-"""A tune directory's own files (:mod:`wf_launch.drivers.tune`): its state, the report, the winner, the trial
+"""A tune directory's own files (:mod:`wf_launch.drivers.tune`): its state, the report, the winner,
+the trial
 configs, one sweep directory per round, and trials set aside on a resume."""
 
 MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
@@ -169,8 +173,10 @@ def rank_errors(run_dir: Path | str) -> list[Path]:
 
 
 def rank_files(run_dir: Path | str, kind: str) -> dict[int, Path]:
-    """Rank -> path of each rank's file of ``kind`` that exists (``log``, ``error``, ``progress``, ``stacks``,
-    ``pid``, ``preempt``), in rank order: readers loop over the files a run has, never over a world size."""
+    """Rank -> path of each rank's file of ``kind`` that exists (``log``, ``error``, ``progress``,
+    ``stacks``,
+    ``pid``, ``preempt``), in rank order: readers loop over the files a run has, never over a world
+    size."""
     prefix, suffix = _RANK_FILES[kind].split("{}")
     found: dict[int, Path] = {}
     try:
@@ -200,7 +206,8 @@ def rank_stacks(run_dir: Path | str, rank: int) -> Path:
 
 
 def stacks_glob(run_dir: Path | str) -> str:
-    """How the stack dumps of every rank are named, for messages: ``RUN_DIR/logs/rank{r}.stacks``."""
+    """How the stack dumps of every rank are named, for messages:
+    ``RUN_DIR/logs/rank{r}.stacks``."""
     return str(_logs(run_dir) / _RANK_FILES["stacks"].format("{r}"))
 
 
@@ -215,12 +222,14 @@ def rank_preempt(run_dir: Path | str, rank: int) -> Path:
 
 
 def rank_exit(run_dir: Path | str, rank: int) -> Path:
-    """Where a rank of a task that starts its own group (a script) records how it ended and what it reported."""
+    """Where a rank of a task that starts its own group (a script) records how it ended and what it
+    reported."""
     return _logs(run_dir) / _RANK_FILES["exit"].format(rank)
 
 
 def rank_marker(run_dir: Path | str, rank: int, phase: str) -> Path:
-    """Where a rank records (with its attempt) that it ``arrived`` at ``dist_init`` or ``joined`` the groups."""
+    """Where a rank records (with its attempt) that it ``arrived`` at ``dist_init`` or ``joined``
+    the groups."""
     if phase not in ("arrived", "joined"):
         raise ValueError(f"rank_marker: phase={phase!r}; expected 'arrived' or 'joined'")
     return _logs(run_dir) / f"rank{rank}.{phase}"
@@ -232,7 +241,8 @@ def attempt_file(run_dir: Path | str, attempt: int) -> Path:
 
 
 def attempt_number(path: Path) -> int | None:
-    """The attempt a file from :func:`attempt_file` records (None: not such a file, or a number over 9 digits)."""
+    """The attempt a file from :func:`attempt_file` records (None: not such a file, or a number over
+    9 digits)."""
     digits = path.stem.removeprefix("attempt")
     ok = (
         path.suffix == ".json"
@@ -259,7 +269,8 @@ def run_id_file(run_dir: Path | str) -> Path:
 
 
 def tracker_state(run_dir: Path | str, tracker: str, rank: int = 0) -> Path:
-    """Tracker ``tracker``'s state on ``rank`` (``tracking/NAME.json``; ``NAME.rankR.json`` for other ranks)."""
+    """Tracker ``tracker``'s state on ``rank`` (``tracking/NAME.json``; ``NAME.rankR.json`` for
+    other ranks)."""
     return (
         Path(run_dir)
         / TRACKING
@@ -273,12 +284,14 @@ def tracker_run_file(run_dir: Path | str, tracker: str) -> Path:
 
 
 def tracker_lock(run_dir: Path | str, tracker: str) -> Path:
-    """The lock under which a tracker's run is created once for every rank and attempt (``tracking/NAME.lock``)."""
+    """The lock under which a tracker's run is created once for every rank and attempt
+    (``tracking/NAME.lock``)."""
     return Path(run_dir) / TRACKING / f"{tracker}.lock"
 
 
 def tensorboard_dir(run_dir: Path | str, rank: int | None = None) -> Path:
-    """TensorBoard's event files: ``tensorboard/`` (rank 0), or ``tensorboard/rank{r}/`` with every rank tracked."""
+    """TensorBoard's event files: ``tensorboard/`` (rank 0), or ``tensorboard/rank{r}/`` with every
+    rank tracked."""
     base = Path(run_dir) / TENSORBOARD
     return base if rank is None else base / f"rank{rank}"
 
@@ -304,12 +317,14 @@ def config_path(run_dir: Path | str) -> Path:
 
 
 def hydra_config(run_dir: Path | str) -> Path:
-    """Hydra's own copy of the composed config (``.hydra/config.yaml``), written before the run is claimed."""
+    """Hydra's own copy of the composed config (``.hydra/config.yaml``), written before the run is
+    claimed."""
     return Path(run_dir) / HYDRA / "config.yaml"
 
 
 def hydra_job(run_dir: Path | str) -> Path:
-    """Hydra's own config of the job (``.hydra/hydra.yaml``: its number in a sweep, its overrides)."""
+    """Hydra's own config of the job (``.hydra/hydra.yaml``: its number in a sweep, its
+    overrides)."""
     return Path(run_dir) / HYDRA / "hydra.yaml"
 
 
@@ -348,7 +363,8 @@ def read_config(run_dir: Path | str, strict: bool = False) -> dict[str, Any]:
 
 
 def launcher_name(run_dir: Path | str) -> str | None:
-    """The name of the launcher that ran ``run_dir``, from its ``config.yaml`` (None when it names none)."""
+    """The name of the launcher that ran ``run_dir``, from its ``config.yaml`` (None when it names
+    none)."""
     launcher = read_config(run_dir).get("launcher")
     name = launcher.get("name") if isinstance(launcher, dict) else None
     return name if isinstance(name, str) else None

@@ -35,12 +35,14 @@ class RunIdError(ValueError):
 
 
 def new_run_id() -> str:
-    """A fresh id: the UTC time it was made and 32 random bits, e.g. ``20261203-101500-3f9a2c1b``."""
+    """A fresh id: the UTC time it was made and 32 random bits, e.g.
+    ``20261203-101500-3f9a2c1b``."""
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
 
 
 def read_run_id(run_dir: Path | str) -> str | None:
-    """The run's id (None when the directory has none yet); :class:`RunIdError` when the file is not one."""
+    """The run's id (None when the directory has none yet); :class:`RunIdError` when the file is not
+    one."""
     path = files.run_id_file(run_dir)
     try:
         text = read_text(path, 4096).strip()
@@ -56,7 +58,8 @@ def read_run_id(run_dir: Path | str) -> str | None:
 
 
 def ensure_run_id(run_dir: Path | str) -> str:
-    """The run's id, made and written now if the directory has none (written once, never replaced)."""
+    """The run's id, made and written now if the directory has none (written once, never
+    replaced)."""
     existing = read_run_id(run_dir)
     if existing is not None:
         return existing

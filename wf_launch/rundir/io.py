@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 MAX_RECORD_BYTES = 64 << 20
-"""The largest JSON or YAML record of a run that is read (64 MiB): a bigger one is refused, not loaded."""
+"""The largest JSON or YAML record of a run that is read (64 MiB): a bigger one is refused, not
+loaded."""
 
 
 class UnreadableFile(ValueError):
@@ -122,7 +123,8 @@ def open_regular(path: Path | str) -> int:
 
 
 def read_bytes(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them (:class:`UnreadableFile` otherwise)."""
+    """The bytes of the regular file ``path``, at most ``limit`` of them (:class:`UnreadableFile`
+    otherwise)."""
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
@@ -142,7 +144,8 @@ def read_bytes(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
 
 
 def read_json(path: Path | str, limit: int = MAX_RECORD_BYTES) -> Any:
-    """Parsed JSON at ``path``, or None if it does not exist; :class:`UnreadableFile` (a ValueError) if it
+    """Parsed JSON at ``path``, or None if it does not exist; :class:`UnreadableFile` (a ValueError)
+    if it
     cannot be read or parsed."""
     try:
         data = read_bytes(path, limit)

@@ -1,4 +1,5 @@
-"""A rank's pid file (``logs/rank{r}.pid``), and the one check a pid read from a run passes before it is signalled.
+"""A rank's pid file (``logs/rank{r}.pid``), and the one check a pid read from a run passes before
+it is signalled.
 
 A pid in a file is a claim, not a process: the rank may have died and its pid been
 given to an unrelated process; the file may hold ``0`` or ``-1`` (which ``kill``
@@ -34,11 +35,13 @@ __all__ = [
 
 
 NODE_ENV = "WF_NODE"
-"""The node a rank runs on, as its launcher names it (SLURM's node name, Ray's node id); the host by default."""
+"""The node a rank runs on, as its launcher names it (SLURM's node name, Ray's node id); the host by
+default."""
 
 
 def process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``); None where unknown."""
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``); None where
+    unknown."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rpartition(b")")[2].split()
@@ -71,7 +74,8 @@ def pid_record() -> dict[str, Any]:
 
 
 def write_pid_file(run_dir: Path | str, rank: int) -> None:
-    """Record this process as rank ``rank``'s (replaced atomically; no fsync: it matters only while the rank lives)."""
+    """Record this process as rank ``rank``'s (replaced atomically; no fsync: it matters only while
+    the rank lives)."""
     path = files.rank_pid(run_dir, rank)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(pid_record()))
@@ -79,7 +83,8 @@ def write_pid_file(run_dir: Path | str, rank: int) -> None:
 
 
 def read_pid_file(run_dir: Path | str, rank: int) -> dict[str, Any] | None:
-    """Rank ``rank``'s pid record (None when there is none, or it is not one: a pid that is not an int above 0)."""
+    """Rank ``rank``'s pid record (None when there is none, or it is not one: a pid that is not an
+    int above 0)."""
     try:
         data = read_json(files.rank_pid(run_dir, rank), 1 << 16)
     except (OSError, ValueError):
@@ -90,7 +95,8 @@ def read_pid_file(run_dir: Path | str, rank: int) -> dict[str, Any] | None:
 
 
 def live_rank_pid(run_dir: Path | str, rank: int) -> int | None:
-    """The pid of rank ``rank``'s process if it is safe to signal (see the module's docstring), else None."""
+    """The pid of rank ``rank``'s process if it is safe to signal (see the module's docstring), else
+    None."""
     info = read_pid_file(run_dir, rank)
     if info is None or info.get("host") != socket.gethostname():
         return None

@@ -1,7 +1,10 @@
-"""``result.json``'s ``placement``: where each rank ran, read back from the ranks' own ``logs/rank{r}.pid``.
+"""``result.json``'s ``placement``: where each rank ran, read back from the ranks' own
+``logs/rank{r}.pid``.
 
-Every rank records its pid, host and node when it starts (:mod:`wf_launch.rank.stackdump`); the node is
-what its launcher calls it (``WF_NODE``: SLURM's node name, Ray's node id), else the host. The local and
+Every rank records its pid, host and node when it starts (:mod:`wf_launch.rank.stackdump`); the node
+is
+what its launcher calls it (``WF_NODE``: SLURM's node name, Ray's node id), else the host. The local
+and
 SLURM launchers put this in the record they finalize; the Ray launcher records what its rank actors
 reported.
 """
@@ -18,7 +21,8 @@ __all__ = ["read_placement"]
 
 
 def read_placement(run_dir: Path | str, world_size: int) -> dict[str, dict[str, Any]]:
-    """``{rank: {"host", "node", "pid"}}`` for every rank that recorded where it ran (its latest attempt)."""
+    """``{rank: {"host", "node", "pid"}}`` for every rank that recorded where it ran (its latest
+    attempt)."""
     out: dict[str, dict[str, Any]] = {}
     for rank in range(world_size):
         try:

@@ -25,7 +25,8 @@ def plain(value: Any) -> Any:
 
 
 def publish_state(run_dir: Path | str, rank: int, state: dict[str, Any]) -> None:
-    """Replace rank ``rank``'s published state atomically (a failed write is dropped: progress is advisory)."""
+    """Replace rank ``rank``'s published state atomically (a failed write is dropped: progress is
+    advisory)."""
     path = files.rank_progress(run_dir, rank)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -36,7 +37,8 @@ def publish_state(run_dir: Path | str, rank: int, state: dict[str, Any]) -> None
 
 
 def valid_state(state: Any) -> bool:
-    """Whether ``state`` is a published progress state the readers can rely on (types of every field)."""
+    """Whether ``state`` is a published progress state the readers can rely on (types of every
+    field)."""
     if not isinstance(state, dict) or not (is_int(state.get("step")) and state["step"] >= 0):
         return False
     total, when, pid = state.get("total"), state.get("time"), state.get("pid")
@@ -49,7 +51,8 @@ def valid_state(state: Any) -> bool:
 
 
 def read_progress(run_dir: Path | str, world_size: int) -> dict[int, dict[str, Any]]:
-    """Every rank's latest published state (ranks that reported nothing yet, or whose state is malformed, are
+    """Every rank's latest published state (ranks that reported nothing yet, or whose state is
+    malformed, are
     absent: progress is advisory)."""
     out = {}
     for rank, path in files.rank_files(run_dir, "progress").items():

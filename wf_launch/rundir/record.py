@@ -81,11 +81,13 @@ EXIT_CODES: dict[Status, int] = {
     Status.INTERRUPTED: 128 + signal.SIGINT,
     Status.UNKNOWN: 3,
 }
-"""Exit code of each status; an interrupted run uses 128 + its signal instead (:func:`exit_code_of`)."""
+"""Exit code of each status; an interrupted run uses 128 + its signal instead
+(:func:`exit_code_of`)."""
 
 
 def exit_code_of(status: Status | str, signal_name: str | None = None) -> int:
-    """The process exit code for ``status`` (``signal_name`` refines 'interrupted': 'SIGTERM' -> 143)."""
+    """The process exit code for ``status`` (``signal_name`` refines 'interrupted': 'SIGTERM' ->
+    143)."""
     status = Status(status)
     if status is Status.INTERRUPTED and signal_name:
         try:
@@ -218,7 +220,8 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, data: Any, path: Path | None = None) -> RunRecord:
-        """Build a record from parsed JSON; :class:`RecordError` if it is not one (a field of the wrong type too)."""
+        """Build a record from parsed JSON; :class:`RecordError` if it is not one (a field of the
+        wrong type too)."""
         where = path or Path(files.RESULT)
         if not isinstance(data, dict):
             raise RecordError(where, f"expected a JSON object, found {type(data).__name__}")
@@ -256,7 +259,8 @@ class RunRecord:
 
     @classmethod
     def read(cls, run_dir: Path | str) -> RunRecord | None:
-        """The record in ``run_dir`` (None when there is none yet); :class:`RecordError` when unreadable.
+        """The record in ``run_dir`` (None when there is none yet); :class:`RecordError` when
+        unreadable.
 
         Unreadable covers every way a file can be wrong: not a regular file, larger than
         :data:`~wf_launch.rundir.io.MAX_RECORD_BYTES`, not UTF-8 JSON, nested too deeply,
@@ -285,9 +289,11 @@ class RunRecord:
         signal_name: str | None = None,
         **facts: Any,
     ) -> RunRecord:
-        """Merge the launcher's facts into the run's record (rank 0's, if any), mark it final, write it.
+        """Merge the launcher's facts into the run's record (rank 0's, if any), mark it final, write
+        it.
 
-        ``facts`` are record fields (``run_dir`` too) or extra fields. A dict fact is merged into the same dict of the existing record
+        ``facts`` are record fields (``run_dir`` too) or extra fields. A dict fact is merged into
+        the same dict of the existing record
         (``timings``); anything else replaces it. A non-ok status drops rank 0's
         ``finished_at`` (the launcher's time is used instead).
         """

@@ -14,7 +14,8 @@ from .record import RecordError, RunRecord, Status
 __all__ = ["RESUMABLE", "resume_command", "resume_hint"]
 
 RESUMABLE = (Status.INTERRUPTED, Status.FAILED, Status.TIMEOUT, Status.CANCELLED, Status.UNKNOWN)
-"""A run that ended so can go on with ``launcher.resume=true`` (from its newest checkpoint, if any)."""
+"""A run that ended so can go on with ``launcher.resume=true`` (from its newest checkpoint, if
+any)."""
 _OWN = ("launcher.resume", "launcher.overwrite", "hydra.run.dir")
 
 
@@ -36,7 +37,8 @@ def resume_command(run_dir: Path | str, overrides: list[str] | None = None) -> s
 
 
 def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
-    """'continue it: python -m wf_launch ... launcher.resume=true ...' for a run that can go on, else ''."""
+    """'continue it: python -m wf_launch ... launcher.resume=true ...' for a run that can go on,
+    else ''."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:

@@ -1,4 +1,5 @@
-"""Text a run wrote, made safe to print: no terminal control sequence from a run file reaches a console.
+"""Text a run wrote, made safe to print: no terminal control sequence from a run file reaches a
+console.
 
 Failure messages, task names, metric names and rank-log lines come from files a run
 (or whoever could write into it) wrote. Printed raw, an escape sequence in them can
@@ -33,5 +34,6 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(text: Any, multiline: bool = False) -> str:
-    """``text`` (any value, as ``str()``) with its control characters escaped: safe to print on a terminal."""
+    """``text`` (any value, as ``str()``) with its control characters escaped: safe to print on a
+    terminal."""
     return (_MULTI_LINE if multiline else _ONE_LINE).sub(_escape, str(text))

@@ -167,7 +167,8 @@ def _as_result(value: Any, target: str) -> dict[str, Any]:
 
 @register_task("call", config=CallConfig, own_group=True)
 def call(ctx: TaskContext) -> dict[str, Any]:
-    """Call the function on this rank: torchrun's environment, the launch directory, ``ctx`` if it asks."""
+    """Call the function on this rank: torchrun's environment, the launch directory, ``ctx`` if it
+    asks."""
 
     cfg: CallConfig = ctx.cfg
     export(ctx.config, ctx.run_dir)

@@ -1,4 +1,5 @@
-"""Task ``layout``: every rank's place in the parallel layout, each group proven with real collectives.
+"""Task ``layout``: every rank's place in the parallel layout, each group proven with real
+collectives.
 
 Each rank checks every group it belongs to ('world', 'tp', 'cp', 'pp', 'dp',
 'tp-cp', 'dp-cp', 'tp-pp') on the group's device group:
@@ -68,7 +69,8 @@ def format_ranks(ranks: list[int]) -> str:
 
 
 def render_table(rows: list[dict[str, Any]], title: str = "") -> str:
-    """Text table, one line per rank: host, local rank, tp/cp/pp/dp coordinates, group members, check."""
+    """Text table, one line per rank: host, local rank, tp/cp/pp/dp coordinates, group members,
+    check."""
     header = ["rank", "host", "local", *DIMS, *(f"{g} group" for g in GROUPS), "check"]
     body = [
         [

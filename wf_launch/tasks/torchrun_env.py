@@ -1,4 +1,5 @@
-"""torchrun's environment contract, for code that starts its own process group (``task=script``, ``task=call``).
+"""torchrun's environment contract, for code that starts its own process group (``task=script``,
+``task=call``).
 
 Every rank of such a task sees what ``torchrun`` gives its workers: ``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node),
@@ -71,7 +72,8 @@ def _max_restarts(config: Mapping[str, Any]) -> int:
 def torchrun_environ(
     config: Mapping[str, Any], run_dir: Path | str, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The variables a rank of ``config`` sees, given what its launcher set in ``environ`` (default: ours).
+    """The variables a rank of ``config`` sees, given what its launcher set in ``environ`` (default:
+    ours).
 
     A launcher's own values win; the rest follow torchrun: ``GROUP_RANK`` is the node
     (``RANK // LOCAL_WORLD_SIZE``), ``ROLE_*`` the rank and world, the run id the run

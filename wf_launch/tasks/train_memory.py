@@ -1,4 +1,5 @@
-"""Task ``train``'s peak memory per rank, estimated from its config and a layout (``TrainConfig.estimate_memory_gb``).
+"""Task ``train``'s peak memory per rank, estimated from its config and a layout
+(``TrainConfig.estimate_memory_gb``).
 
 What a rank of ``train`` holds (float32, 4 bytes a number):
 
@@ -13,7 +14,8 @@ What a rank of ``train`` holds (float32, 4 bytes a number):
   :data:`CPU_GATHERED` copies of the whole model (every stage's model and EMA, gathered
   and hashed for ``weights_sha256``). The build (the whole seeded model, then the stage
   and its EMA copy before sharding) stays below that.
-- **Activations**: GPipe keeps every micro-batch's activations until its backward (``micro_batches``,
+- **Activations**: GPipe keeps every micro-batch's activations until its backward
+(``micro_batches``,
   or ``global_batch / (dp x batch)`` when the config fixes the global batch). Per
   block and sample, a rank saves about ``(ACT_HIDDEN + 2 x mlp_ratio) x hidden`` numbers
   per local token (its share ``tokens / cp``) plus the gathered keys and values of the
@@ -49,18 +51,22 @@ __all__ = [
 BYTES = 4
 GB = 2**30
 CPU_RUNTIME_GB = 0.29
-"""Resident memory of a rank process of ``train`` on CPU before it builds anything (torch 2.x CPU, measured)."""
+"""Resident memory of a rank process of ``train`` on CPU before it builds anything (torch 2.x CPU,
+measured)."""
 ACT_HIDDEN = 16
 ACT_GATHERED = 4
 STATE_COPIES = 5
 """Parameters, gradients, AdamW's exp_avg and exp_avg_sq, the EMA copy: sharded over dp x cp."""
 UNSHARDED_BLOCKS = 3
-"""On a GPU: blocks FSDP2 holds unsharded at once (the one computing, the one prefetched, the gradients)."""
+"""On a GPU: blocks FSDP2 holds unsharded at once (the one computing, the one prefetched, the
+gradients)."""
 CPU_UNSHARDED = 4
-"""On CPU (gloo): unsharded copies of the stage's parameters at the peak (FSDP2's all-gathers and gradients before
+"""On CPU (gloo): unsharded copies of the stage's parameters at the peak (FSDP2's all-gathers and
+gradients before
 the reduce-scatter, the full model and EMA the report gathers on every rank), measured."""
 CPU_GATHERED = 3
-"""On CPU, rank 0 (first stage): copies of the whole model it gathers from every stage for the report (model, EMA,
+"""On CPU, rank 0 (first stage): copies of the whole model it gathers from every stage for the
+report (model, EMA,
 their serialized bytes), measured."""
 
 
@@ -85,12 +91,14 @@ class TrainShape(Protocol):
 
 
 def _block(hidden: int, mlp: int) -> int:
-    """Parameters of one DiTBlock: qkv, proj, the MLP and the adaLN projection (weights and biases)."""
+    """Parameters of one DiTBlock: qkv, proj, the MLP and the adaLN projection (weights and
+    biases)."""
     return 10 * hidden * hidden + 2 * hidden * mlp + 11 * hidden + mlp
 
 
 def _root(cfg: TrainShape, first: bool, last: bool) -> int:
-    """Parameters of a stage outside its blocks: patch and time embeddings (first), the final layer (last)."""
+    """Parameters of a stage outside its blocks: patch and time embeddings (first), the final layer
+    (last)."""
     h, patch_dim = cfg.hidden, cfg.channels * math.prod(cfg.patch)
     out = 0
     if first:
@@ -113,7 +121,8 @@ def _tokens(cfg: TrainShape) -> int:
 
 
 def micro_batches(cfg: TrainShape, dp: int) -> int:
-    """Micro-batches per replica at ``dp`` replicas, as ``train`` derives them: ``global_batch / (dp * batch)``
+    """Micro-batches per replica at ``dp`` replicas, as ``train`` derives them: ``global_batch / (dp
+    * batch)``
     (``task.global_batch``, else ``dp * batch * micro_batches``: then ``micro_batches``)."""
     return max(1, cfg.default_global_batch(dp) // (dp * cfg.batch))
 
@@ -130,8 +139,10 @@ def _activations(cfg: TrainShape, blocks: int, cp: int, dp: int) -> float:
 
 
 def estimate_memory_gb(cfg: TrainShape, layout: Mapping[str, Any]) -> float:
-    """Peak memory per rank (GB) of ``train`` with ``cfg`` on ``layout`` (``tp``, ``cp``, ``pp``, ``dp``, and
-    ``device``: ``cpu`` for host memory, anything else for device memory); the largest over the pipeline stages."""
+    """Peak memory per rank (GB) of ``train`` with ``cfg`` on ``layout`` (``tp``, ``cp``, ``pp``,
+    ``dp``, and
+    ``device``: ``cpu`` for host memory, anything else for device memory); the largest over the
+    pipeline stages."""
     cp, pp, dp = int(layout["cp"]), int(layout["pp"]), int(layout["dp"])
     cpu = str(layout.get("device", "cpu")) == "cpu"
     shards = dp * cp

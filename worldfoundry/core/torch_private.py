@@ -54,7 +54,8 @@ _MP_API = "torch.distributed.elastic.multiprocessing.api"
 _RDZV = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 
 # (module, name, kind, what we need it for). kind: "attr" resolves as an attribute path;
-# "self" is an instance attribute the class's source assigns (``self.NAME =``); "module" is a module.
+# "self" is an instance attribute the class's source assigns (``self.NAME =``); "module" is a
+# module.
 PRIVATE_NAMES: tuple[tuple[str, str, str, str], ...] = (
     (
         _AGENT,
@@ -299,7 +300,8 @@ def worker_exit_codes(pcontext: Any) -> dict[int, int | None]:
 
 
 def worker_pids(pcontext: Any) -> dict[int, int]:
-    """Local rank -> pid of each worker process (public ``pids()``; empty before the first start)."""
+    """Local rank -> pid of each worker process (public ``pids()``; empty before the first
+    start)."""
     return pcontext.pids() if pcontext is not None else {}
 
 
@@ -317,13 +319,18 @@ def release_finished_workers(pcontext: Any, timeout_s: float = 1.0) -> None:
 
 @lru_cache(maxsize=1)
 def store_server_handler_class() -> type:
-    """torch's ``DynamicRendezvousHandler`` whose store server comes from ``self.store_factory(port)``, a new one
+    """torch's ``DynamicRendezvousHandler`` whose store server comes from
+    ``self.store_factory(port)``, a new one
     for every rendezvous round.
 
-    torch shares one store server with the workers across rounds (``TORCHELASTIC_USE_AGENT_STORE``) and keeps
-    its keys: after a restart, ``init_process_group`` of a plain torchrun script reads the previous attempt's
-    gloo addresses when a peer re-joins late, and fails ("connectFullMesh ... Connection refused"; torchrun
-    2.13 itself does). A fresh server per round (a new port in ``MASTER_PORT``) holds only this attempt's keys.
+    torch shares one store server with the workers across rounds (``TORCHELASTIC_USE_AGENT_STORE``)
+    and keeps
+    its keys: after a restart, ``init_process_group`` of a plain torchrun script reads the previous
+    attempt's
+    gloo addresses when a peer re-joins late, and fails ("connectFullMesh ... Connection refused";
+    torchrun
+    2.13 itself does). A fresh server per round (a new port in ``MASTER_PORT``) holds only this
+    attempt's keys.
     """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -375,13 +382,16 @@ DCP_METADATA_PRIVATE: frozenset[tuple[str, str]] = frozenset(
         ("torch.serialization", "_get_layout"),
     }
 )
-"""The private (module, name) pairs a DCP ``.metadata`` pickle refers to: where each saved item lies, a tensor's
-memory format and its layout. The checkpoint reader's restricted unpickler admits these (and DCP's public
+"""The private (module, name) pairs a DCP ``.metadata`` pickle refers to: where each saved item
+lies, a tensor's
+memory format and its layout. The checkpoint reader's restricted unpickler admits these (and DCP's
+public
 metadata classes), nothing else; :func:`check_names` checks them on every torch upgrade."""
 
 
 def wait_async_collective(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself, or its value once a pending functional collective (a DTensor shard) finished."""
+    """``tensor`` itself, or its value once a pending functional collective (a DTensor shard)
+    finished."""
     fc = sys.modules.get("torch.distributed._functional_collectives")
     if fc is not None and isinstance(tensor, fc.AsyncCollectiveTensor):
         return tensor.wait()
@@ -400,7 +410,8 @@ def abort_all_process_groups() -> bool:
 
 
 DYNAMO_MODULE = "torch._dynamo"
-"""FSDP2's compiler module: a task preloads it (``register_task(preload=...)``) to spare every rank the import."""
+"""FSDP2's compiler module: a task preloads it (``register_task(preload=...)``) to spare every rank
+the import."""
 
 foreach_copy_ = torch._foreach_copy_
 foreach_lerp_ = torch._foreach_lerp_

@@ -1,4 +1,5 @@
-"""What counts as an integer or a number in an argument or a config field: one definition for the project.
+"""What counts as an integer or a number in an argument or a config field: one definition for the
+project.
 
 ``bool`` is a subclass of ``int`` in Python, so ``isinstance(True, int)`` holds; a
 ``True`` passed as a size or a step is always a mistake. These predicates exclude it;

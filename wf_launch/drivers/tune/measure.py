@@ -1,4 +1,5 @@
-"""Measuring a trial: its steady step time from ``ctx.progress`` timestamps, its metric, or why it did not succeed.
+"""Measuring a trial: its steady step time from ``ctx.progress`` timestamps, its metric, or why it
+did not succeed.
 
 Step times come from the trial's ``metrics.jsonl`` (the tuner asks every rank to log
 every ``ctx.progress`` call there): a step ends when its slowest rank reports it;
@@ -96,7 +97,8 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def read_steps(run_dir: Path | str) -> dict[int, dict[str, Any]]:
-    """step -> {"time": when its slowest rank reported it, metric: rank 0's value, ...}, last attempt only."""
+    """step -> {"time": when its slowest rank reported it, metric: rank 0's value, ...}, last
+    attempt only."""
     since = 0.0
     last = attempts.count(Path(run_dir)) - 1
     if last > 0:
@@ -124,7 +126,8 @@ def read_steps(run_dir: Path | str) -> dict[int, dict[str, Any]]:
 
 
 def steady_durations(steps: dict[int, dict[str, Any]], warmup: int) -> list[tuple[int, float]]:
-    """(step, seconds) for every step after the first ``warmup`` whose previous step was also reported."""
+    """(step, seconds) for every step after the first ``warmup`` whose previous step was also
+    reported."""
     return [
         (s, steps[s]["time"] - steps[s - 1]["time"])
         for s in sorted(steps)
@@ -138,7 +141,8 @@ def _metric(
     durations: list[tuple[int, float]],
     results: dict[str, Any],
 ) -> tuple[list[float], str]:
-    """The metric's per-step values (or the one value of the task's result) and where they came from."""
+    """The metric's per-step values (or the one value of the task's result) and where they came
+    from."""
     if metric == STEP_TIME:
         return [d for _, d in durations], "steady step times"
     per_step = [steps[s][metric] for s, _ in durations if metric in steps[s]]
@@ -173,7 +177,8 @@ def _failure(record: RunRecord, stalled: str | None) -> tuple[str, str]:
         if failure.get("cause") == "signal" and failure.get("signal") == "SIGKILL":
             return (
                 OOM,
-                f"{text} (most likely the kernel's out-of-memory killer: the tuner did not send it)",
+                f"{text} (most likely the kernel's out-of-memory killer: the tuner did not send "
+                "it)",
             )
         return FAILED, text
     return str(record.status), text
@@ -199,7 +204,8 @@ def measure_point(
     stalled: str | None = None,
     sizes: dict[str, int] | None = None,
 ) -> Measurement:
-    """What the trial in ``run_dir`` measured, or why it did not (``stalled``: the tuner stopped it, and why;
+    """What the trial in ``run_dir`` measured, or why it did not (``stalled``: the tuner stopped it,
+    and why;
     ``sizes``: the layout the trial must have run)."""
     base = Measurement(trial, round_index, NOT_RUN, steps=steps, run_dir=str(run_dir))
     if not Path(run_dir).is_dir():
@@ -242,16 +248,19 @@ def measure_point(
 def _no_metric_reason(metric: str, table: dict[int, dict[str, Any]], timed: int) -> str:
     if not table:
         return (
-            f"its ranks never called ctx.progress(step, total) and its result has no {metric!r}: the tuner "
+            f"its ranks never called ctx.progress(step, total) and its result has no {metric!r}: "
+            "the tuner "
             "times steps from ctx.progress (or reads the metric from the task's result)"
         )
     if not timed:
         return (
-            f"it reported {len(table)} step(s), too few to time after the warm-up, and its result has no "
+            f"it reported {len(table)} step(s), too few to time after the warm-up, and its result "
+            "has no "
             f"{metric!r}"
         )
     work = f" nor {metric.removesuffix('_per_s')}_per_step" if metric.endswith("_per_s") else ""
     return (
-        f"it reports steps (ctx.progress) but neither {metric!r} with each step, nor {metric!r}{work} in its "
+        f"it reports steps (ctx.progress) but neither {metric!r} with each step, nor "
+        f"{metric!r}{work} in its "
         f"result; --metric {STEP_TIME} tunes on step time alone"
     )

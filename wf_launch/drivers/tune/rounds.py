@@ -62,7 +62,8 @@ _TRIAL_ID = re.compile(r"t[0-9]+(-[A-Za-z0-9_]+)*")
 
 @dataclass
 class Interrupt:
-    """Set by the tune's signal handlers: the signal to pass on to the round's sweep, and how many came
+    """Set by the tune's signal handlers: the signal to pass on to the round's sweep, and how many
+    came
     (a second one stops the sweep at once)."""
 
     signum: int | None = None
@@ -75,7 +76,8 @@ class Interrupt:
 
 @dataclass
 class RoundOutcome:
-    """How a round ended: ``done``, ``budget`` (cut), ``interrupted``, ``no_metric``, ``sweep_failed``."""
+    """How a round ended: ``done``, ``budget`` (cut), ``interrupted``, ``no_metric``,
+    ``sweep_failed``."""
 
     status: str
     measurements: list[Measurement] = field(default_factory=list)
@@ -90,7 +92,8 @@ def _value(override: str) -> Any:
 
 
 def write_trial_configs(tune_dir: Path, trials: list[dict[str, Any]]) -> Path:
-    """One ``# @package _global_`` config per trial (its overrides as YAML); returns the search-path folder."""
+    """One ``# @package _global_`` config per trial (its overrides as YAML); returns the search-path
+    folder."""
     conf = tune_dir / files.TUNE_CONF
     group = conf / TRIAL_GROUP
     group.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,8 @@ def write_trial_configs(tune_dir: Path, trials: list[dict[str, Any]]) -> Path:
 
 
 def _searchpath(overrides: list[str], conf: Path) -> tuple[list[str], str]:
-    """The user's overrides without ``hydra.searchpath``, and one that adds the trial configs to theirs."""
+    """The user's overrides without ``hydra.searchpath``, and one that adds the trial configs to
+    theirs."""
     rest, paths = [], []
     for o in overrides:
         if override_key(o) == "hydra.searchpath":
@@ -132,12 +136,17 @@ def sweep_argv(
     steps_field: str,
     launcher: str = "local",
 ) -> list[str]:
-    """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N ...``.
+    """The round's command: ``python -m wf_launch -m OVERRIDES +wf_tune_trial=a,b task.steps=N
+    ...``.
 
-    On SLURM every trial asks for nodes of its own (``--exclusive``) unless the overrides say otherwise:
-    trials of a round run as array points, at once, and must not share a node's cores. On Ray a cluster
-    (``launcher.address``) runs them side by side, each holding its ranks' CPUs; with a private instance on
-    this machine (no address) they run one after another (Hydra's basic launcher), so that no trial is
+    On SLURM every trial asks for nodes of its own (``--exclusive``) unless the overrides say
+    otherwise:
+    trials of a round run as array points, at once, and must not share a node's cores. On Ray a
+    cluster
+    (``launcher.address``) runs them side by side, each holding its ranks' CPUs; with a private
+    instance on
+    this machine (no address) they run one after another (Hydra's basic launcher), so that no trial
+    is
     measured while another uses the same cores.
     """
     rest, searchpath = _searchpath(overrides, tune_dir / files.TUNE_CONF)
@@ -190,7 +199,8 @@ def trial_of(job_dir: Path) -> str | None:
 
 
 def job_dirs(round_dir: Path, cache: dict[str, str] | None = None) -> dict[str, Path]:
-    """trial id -> its point directory in the round's sweep directory (``cache``: point name -> trial, kept
+    """trial id -> its point directory in the round's sweep directory (``cache``: point name ->
+    trial, kept
     between calls: a point's trial never changes)."""
     cache = {} if cache is None else cache
     out: dict[str, Path] = {}
@@ -210,8 +220,10 @@ def job_dirs(round_dir: Path, cache: dict[str, str] | None = None) -> dict[str, 
 
 @dataclass
 class Watch:
-    """How a round is watched: the metric and warm-up (to measure), ``stall_s``, the budget's ``deadline``
-    (monotonic, or None), ``check_metric`` (stop at the first trial that measures nothing), the launcher."""
+    """How a round is watched: the metric and warm-up (to measure), ``stall_s``, the budget's
+    ``deadline``
+    (monotonic, or None), ``check_metric`` (stop at the first trial that measures nothing), the
+    launcher."""
 
     metric: str
     warmup: int
@@ -223,7 +235,8 @@ class Watch:
 
 
 class RoundRunner:
-    """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends (``known``: trials
+    """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends (``known``:
+    trials
     measured before a resume, kept as they are)."""
 
     def __init__(
@@ -292,7 +305,8 @@ class RoundRunner:
         return DONE, ""
 
     def _stop(self, signum: int) -> None:
-        """Stop the sweep as a terminal would: SIGINT to its process group; SIGTERM to the sweep itself."""
+        """Stop the sweep as a terminal would: SIGINT to its process group; SIGTERM to the sweep
+        itself."""
         assert self.proc is not None
         try:
             if signum == signal.SIGINT:
@@ -303,7 +317,8 @@ class RoundRunner:
             pass
 
     def _wait(self, grace_s: float = 120.0) -> int | None:
-        """The sweep's exit code; after ``grace_s``, or at a second Ctrl-C / SIGTERM, its process group is killed."""
+        """The sweep's exit code; after ``grace_s``, or at a second Ctrl-C / SIGTERM, its process
+        group is killed."""
         assert self.proc is not None
         deadline, seen = time.monotonic() + grace_s, self.interrupt.count
         while self.proc.poll() is None:
@@ -317,7 +332,8 @@ class RoundRunner:
         return self.proc.returncode
 
     def _poll_points(self) -> str:
-        """Measure the trials that ended since the last poll, stop stalled ones; a reason to stop the round, or ''."""
+        """Measure the trials that ended since the last poll, stop stalled ones; a reason to stop
+        the round, or ''."""
         for trial, job_dir in job_dirs(self.round_dir, self._names).items():
             if trial in self.done or trial not in self.trials:
                 continue

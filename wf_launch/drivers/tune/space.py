@@ -1,4 +1,5 @@
-"""The search space of a tune: every (tp, cp, pp, dp) whose product is the world size, times the ``--also`` values.
+"""The search space of a tune: every (tp, cp, pp, dp) whose product is the world size, times the
+``--also`` values.
 
 A :class:`Point` is one candidate: its layout sizes and one value of every ``--also``
 axis. Its overrides (``engine.tp_size=2 ... task.micro_batches=4``) are what a trial
@@ -47,7 +48,8 @@ _SLUG = re.compile(r"[^A-Za-z0-9_]+")
 
 
 class TuneError(Exception):
-    """Bad input to the tuner (the command line, the space, a --resume directory): exit code 2, with the reason."""
+    """Bad input to the tuner (the command line, the space, a --resume directory): exit code 2, with
+    the reason."""
 
 
 def override_key(override: str) -> str:
@@ -60,7 +62,8 @@ def divisors(n: int) -> list[int]:
 
 
 def layouts(world_size: int) -> list[dict[str, int]]:
-    """Every (tp, cp, pp, dp) whose product is ``world_size``, in lexicographic order of the sizes."""
+    """Every (tp, cp, pp, dp) whose product is ``world_size``, in lexicographic order of the
+    sizes."""
     out = []
     for tp in divisors(world_size):
         for cp in divisors(world_size // tp):
@@ -71,7 +74,8 @@ def layouts(world_size: int) -> list[dict[str, int]]:
 
 @dataclass(frozen=True)
 class Point:
-    """One candidate of the space: a layout and one value of each ``--also`` axis (``(key, value)`` pairs)."""
+    """One candidate of the space: a layout and one value of each ``--also`` axis (``(key, value)``
+    pairs)."""
 
     index: int
     sizes: tuple[tuple[str, int], ...]
@@ -79,7 +83,8 @@ class Point:
 
     @property
     def layout(self) -> dict[str, int]:
-        """``{"tp", "cp", "pp", "dp", "world_size"}``: what a task's ``estimate_memory_gb`` receives."""
+        """``{"tp", "cp", "pp", "dp", "world_size"}``: what a task's ``estimate_memory_gb``
+        receives."""
         sizes = dict(self.sizes)
         return {**sizes, "world_size": sizes["tp"] * sizes["cp"] * sizes["pp"] * sizes["dp"]}
 
@@ -119,7 +124,8 @@ class Point:
 
 
 def parse_also(specs: list[str]) -> list[tuple[str, list[str]]]:
-    """``["task.micro_batches=1,2,4"]`` -> ``[("task.micro_batches", ["1", "2", "4"])]`` (Hydra's sweep syntax:
+    """``["task.micro_batches=1,2,4"]`` -> ``[("task.micro_batches", ["1", "2", "4"])]`` (Hydra's
+    sweep syntax:
     ``a,b``, ``range(1,5)``, ``choice(...)``); :class:`TuneError` naming a bad one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -146,7 +152,8 @@ def parse_also(specs: list[str]) -> list[tuple[str, list[str]]]:
             raise TuneError(f"--also {spec!r}: not a Hydra sweep override ({exc})") from None
         if parsed.is_sweep_override() and not parsed.is_discrete_sweep():
             raise TuneError(
-                f"--also {spec!r}: only discrete values (a,b,c, range(...), choice(...)) can be searched"
+                f"--also {spec!r}: only discrete values (a,b,c, range(...), choice(...)) can be "
+                "searched"
             )
         values = (
             list(parsed.sweep_string_iterator())
@@ -160,7 +167,8 @@ def parse_also(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def build_space(world_size: int, axes: list[tuple[str, list[str]]]) -> list[Point]:
-    """Every layout of ``world_size`` times every combination of the ``--also`` values, numbered in order."""
+    """Every layout of ``world_size`` times every combination of the ``--also`` values, numbered in
+    order."""
     combos = list(itertools.product(*[[(key, v) for v in values] for key, values in axes]))
     points = []
     for lay in layouts(world_size):
@@ -185,7 +193,8 @@ def _world_size(value: str) -> int:
 def split_command(args: list[str], steps_field: str) -> tuple[int, list[str]]:
     """The tune's positional arguments -> (world size, the Hydra overrides every trial gets).
 
-    :class:`TuneError` when ``world_size=N`` is missing or bad, when an override fixes a size the tuner
+    :class:`TuneError` when ``world_size=N`` is missing or bad, when an override fixes a size the
+    tuner
     chooses, sets what the tuner owns, or is not an override at all.
     """
     world: int | None = None

@@ -1,4 +1,5 @@
-"""A trial that stopped making progress: when it last showed life, and stopping it with its stacks on record.
+"""A trial that stopped making progress: when it last showed life, and stopping it with its stacks
+on record.
 
 Life is what the ranks write as they go: ``logs/rank{r}.pid`` and the ``arrived`` /
 ``joined`` markers at start-up, then ``logs/rank{r}.progress.json`` at every
@@ -44,7 +45,8 @@ def last_activity(run_dir: Path, world_size: int, local: bool) -> float | None:
 
 
 def stop_stalled(run_dir: Path, world_size: int, launcher_name: str, stall_s: float) -> str:
-    """Dump the stalled trial's stacks, stop it through its launcher, and say why (for the report)."""
+    """Dump the stalled trial's stacks, stop it through its launcher, and say why (for the
+    report)."""
     launcher = get_launcher(launcher_name)
     step = max(read_steps(run_dir), default=None)
     where: list[str] = []

@@ -1,4 +1,5 @@
-"""A tune's record, ``DIR/tune.json``: what was asked, the space and its pruning, each round, each measurement.
+"""A tune's record, ``DIR/tune.json``: what was asked, the space and its pruning, each round, each
+measurement.
 
 It is rewritten atomically after every trial, so an interrupted tune (Ctrl-C, SIGTERM,
 a killed process) leaves everything it had measured; ``--resume DIR`` reads it back and
@@ -33,7 +34,8 @@ IDENTITY = (
     "cutoff",
     "steps_field",
 )
-"""The arguments that make a tune what it is; ``--budget-s`` and ``--stall-s`` may change on a resume."""
+"""The arguments that make a tune what it is; ``--budget-s`` and ``--stall-s`` may change on a
+resume."""
 DONE, RUNNING, INTERRUPTED, BUDGET, FAILED = "done", "running", "interrupted", "budget", "failed"
 
 
@@ -84,7 +86,8 @@ class TuneState:
             raise TuneError(f"--resume {directory}: {path} is not readable ({exc})") from None
         if data is None:
             raise TuneError(
-                f"--resume {directory}: not a tune directory (no {files.TUNE_STATE}; a tune writes it "
+                f"--resume {directory}: not a tune directory (no {files.TUNE_STATE}; a tune "
+                "writes it "
                 "when it starts)"
             )
         if (
@@ -135,7 +138,8 @@ class TuneState:
 
 
 def order_points(state: TuneState) -> list[dict[str, Any]]:
-    """Points best first: the winner, then by the last round reached and the value there; pruned last."""
+    """Points best first: the winner, then by the last round reached and the value there; pruned
+    last."""
     higher = higher_is_better(state.args["metric"])
 
     def key(point: dict[str, Any]) -> tuple[Any, ...]:

@@ -59,7 +59,8 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 _AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-"""The signals torch's worker context handles while the ranks run (``TORCHELASTIC_SIGNALS_TO_HANDLE``)."""
+"""The signals torch's worker context handles while the ranks run
+(``TORCHELASTIC_SIGNALS_TO_HANDLE``)."""
 
 
 class PortInUse(OSError):
@@ -100,7 +101,8 @@ def loopback_store(port: int, timeout_s: float) -> dist.TCPStore:
 
 
 def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezvousHandler:
-    """torch's c10d rendezvous, with both stores (the rendezvous' and the one the workers share) on loopback."""
+    """torch's c10d rendezvous, with both stores (the rendezvous' and the one the workers share) on
+    loopback."""
     read_timeout = float(params.get_as_int("read_timeout", 60) or 60)
     store = loopback_store(port, read_timeout)
     backend = C10dRendezvousBackend(store, params.run_id)
@@ -202,7 +204,8 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def stop_signal(self, death_sig: Any) -> Any:
-        """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag, so a task
+        """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag,
+        so a task
         that polls ``ctx.should_stop()`` saves and returns; a second Ctrl-C stops them at once."""
         if death_sig == signal.SIGINT:
             logger.warning(CTRL_C_NOTICE)
@@ -219,9 +222,12 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
             Stragglers(self.watch, pids, signal.Signals(death_sig).name).start()
 
     def on_shutdown(self) -> None:
-        # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag saves
-        # and returns, and its rank then waits for the agent to collect its return value, which a stopping
-        # agent never does. Let those ranks exit at once instead of at the end of the shutdown timeout.
+        # The launcher was signalled: its SIGTERM reaches the ranks, a task that polls the stop flag
+        # saves
+        # and returns, and its rank then waits for the agent to collect its return value, which a
+        # stopping
+        # agent never does. Let those ranks exit at once instead of at the end of the shutdown
+        # timeout.
         release_finished_workers(self.process_context)
 
     def _live_pids(self, worker_group: WorkerGroup) -> dict[int, int]:
@@ -238,7 +244,8 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         if self.watch is not None and self.process_context is not None and self.dumps is None:
             codes = worker_exit_codes(self.process_context)
             if any(c not in (None, 0) for c in codes.values()):
-                # A rank failed; torch stops the survivors as soon as it notices. First: where is everyone?
+                # A rank failed; torch stops the survivors as soon as it notices. First: where is
+                # everyone?
                 self.dumps = self.watch.autopsy(
                     self._live_pids(worker_group),
                     alive=lambda rank: rank in self._live_pids(worker_group),
@@ -329,7 +336,8 @@ def run_agent(
     watch: Any = None,
     on_start: Callable[[int, dict[int, int]], None] | None = None,
 ) -> dict[int, Any]:
-    """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return value.
+    """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return
+    value.
 
     With ``loopback_only`` (a single host), the rendezvous store and the store
     the ranks share listen on 127.0.0.1 only, on ports this launch owns. With

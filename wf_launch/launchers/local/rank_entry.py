@@ -1,4 +1,5 @@
-"""Inside a local rank process: signal set-up, dying with the launcher, then the shared entrypoint."""
+"""Inside a local rank process: signal set-up, dying with the launcher, then the shared
+entrypoint."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def _die_with_parent() -> None:
 
 
 def _parent_chain(depth: int) -> list[int]:
-    """This process's parent, grandparent, ... (``depth`` of them; forkserver ranks are grandchildren)."""
+    """This process's parent, grandparent, ... (``depth`` of them; forkserver ranks are
+    grandchildren)."""
     chain, pid = [], os.getpid()
     for _ in range(depth):
         try:

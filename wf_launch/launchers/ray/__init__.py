@@ -183,7 +183,8 @@ def _check_nodes(nodes: int, address: str | None, world_size: int) -> None:
 
 
 def describe(plan: LaunchPlan) -> str:
-    """The launch plan as text (``launcher.dry_run``): where, the placement group, what each rank gets."""
+    """The launch plan as text (``launcher.dry_run``): where, the placement group, what each rank
+    gets."""
     lc: RayLauncherConfig = plan.launcher_config
     where = (
         "a private Ray instance on this machine (started for the run, stopped after)"
@@ -203,9 +204,11 @@ def describe(plan: LaunchPlan) -> str:
             f"layout        {plan.layout.describe()}",
             f"task          {plan.task}",
             f"placement     one group per attempt: {plan_shape.describe()}; {ranks}",
-            f"per rank      {lc.cpus_per_rank:g} CPU(s), {lc.gpus_per_rank:g} GPU(s); MASTER_ADDR/PORT on rank 0's node",
+            f"per rank      {lc.cpus_per_rank:g} CPU(s), {lc.gpus_per_rank:g} GPU(s); "
+            "MASTER_ADDR/PORT on rank 0's node",
             f"runtime env   {dict(lc.runtime_env) or 'none (the cluster nodes environment)'}",
-            f"placement timeout {lc.placement_timeout_s:g} s; max restarts {lc.max_restarts}; wait {lc.wait}",
+            f"placement timeout {lc.placement_timeout_s:g} s; max restarts {lc.max_restarts}; "
+            f"wait {lc.wait}",
             f"run dir       {plan.run_dir} (every node must see it)",
         ]
     )
@@ -213,7 +216,8 @@ def describe(plan: LaunchPlan) -> str:
 
 @register_launcher
 class RayLauncher(LauncherHooks):
-    """Ranks as Ray actors in a placement group (``launcher=ray``); a detached launcher (``wait=false``)."""
+    """Ranks as Ray actors in a placement group (``launcher=ray``); a detached launcher
+    (``wait=false``)."""
 
     name: ClassVar[str] = "ray"
     config_class: ClassVar[type[LauncherConfig]] = RayLauncherConfig
@@ -238,7 +242,8 @@ class RayLauncher(LauncherHooks):
         return cancel(Path(run_dir))
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """Every rank of the current attempt, on whichever node, through one small Ray task per node."""
+        """Every rank of the current attempt, on whichever node, through one small Ray task per
+        node."""
 
         return signal_ranks(Path(run_dir), signum)
 

@@ -1,4 +1,5 @@
-"""One attempt of a Ray run: place it, start one actor per rank, watch them, and take everything down.
+"""One attempt of a Ray run: place it, start one actor per rank, watch them, and take everything
+down.
 
 1. A placement group for the run (:mod:`.placement`), waited for up to
    ``launcher.placement_timeout_s`` (in a sweep, longer while another point of the sweep runs:
@@ -57,7 +58,8 @@ class Stopped(Exception):
 
 @dataclass
 class Ended:
-    """How an attempt ended: ``ok``, ``failed``, ``invalid``, ``preempted``, ``interrupted`` or ``cancelled``."""
+    """How an attempt ended: ``ok``, ``failed``, ``invalid``, ``preempted``, ``interrupted`` or
+    ``cancelled``."""
 
     kind: str
     verdict: Verdict | None = None
@@ -73,7 +75,8 @@ def _rank_class() -> Any:
 
 @dataclass
 class Attempt:
-    """One attempt: its placement group, actors, where each rank is, and how each rank's run ended."""
+    """One attempt: its placement group, actors, where each rank is, and how each rank's run
+    ended."""
 
     run: Any  # the RayRun this attempt belongs to (plan, options, cancel flag, live view)
     number: int
@@ -110,7 +113,8 @@ class Attempt:
             if time.monotonic() > deadline and not self.run.queue_busy():
                 message = (
                     f"the placement group ({plan_shape.describe()}) was not placed within "
-                    f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the cluster is busy; "
+                    f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the "
+                    "cluster is busy; "
                     f"its nodes: {describe_nodes(alive_nodes())}"
                 )
                 cause = {
@@ -125,8 +129,10 @@ class Attempt:
 
     # ------------------------------------------------------------ 2. the actors
     def start_actors(self) -> Ended | None:
-        """One actor per rank in its bundle, each asked where it is. The ranks start as soon as rank 0 has
-        answered (its address and port are everyone's rendezvous; with GPUs, once every rank has: their
+        """One actor per rank in its bundle, each asked where it is. The ranks start as soon as rank
+        0 has
+        answered (its address and port are everyone's rendezvous; with GPUs, once every rank has:
+        their
         order on a node needs them all), so ranks start while later actors still come up."""
         lc = self.run.lc
         cls = _rank_class()
@@ -155,7 +161,8 @@ class Attempt:
         if pending:
             late = sorted(self.asked[p] for p in pending)
             message = (
-                f"rank actor(s) {rank_ranges(late)} did not start within {timeout:g} s (engine.init_timeout_s): "
+                f"rank actor(s) {rank_ranges(late)} did not start within {timeout:g} s "
+                "(engine.init_timeout_s): "
                 "the cluster could not start their processes (see Ray's logs on their nodes)"
             )
             cause = {
@@ -216,7 +223,8 @@ class Attempt:
 
     # ------------------------------------------------------------ 3. the ranks
     def spec(self) -> RankSpec:
-        """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and preemption policy."""
+        """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and
+        preemption policy."""
         lc = self.run.lc
         return RankSpec(
             config=self.run.plan.config,
@@ -231,7 +239,8 @@ class Attempt:
         )
 
     def start_ranks(self, write: Callable[[str], None]) -> None:
-        """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch begins first."""
+        """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch begins
+        first."""
         self.startup = _RayRankWatch(self, write)  # forgets earlier attempts' start-up markers
         master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
         local = local_ranks(self.slots)
@@ -251,7 +260,8 @@ class Attempt:
         state.update(self.run_dir, state="running", placement=state.record_placement(self.where))
 
     def watch(self) -> Ended:
-        """Poll the ranks until all ended or one failed (then :meth:`failed`); take the later actors' answers."""
+        """Poll the ranks until all ended or one failed (then :meth:`failed`); take the later
+        actors' answers."""
         watch = self.startup
         while self.refs:
             ready, _ = rt.wait(list(self.refs), POLL_S)
@@ -308,11 +318,13 @@ class Attempt:
         return Ended("preempted", ended_by=str(marker.get("ended_by") or "preempted: SIGTERM"))
 
     def failed(self, pending: list[int]) -> Ended:
-        """The first failure: the stacks of the ranks still running, late outcomes, then the root cause."""
+        """The first failure: the stacks of the ranks still running, late outcomes, then the root
+        cause."""
         dumps = None
         if pending:
             offsets = stack_offsets(self.run_dir, pending)
-            # Through Ray, to ranks on any node: on a loaded cluster the signal and the dump take seconds.
+            # Through Ray, to ranks on any node: on a loaded cluster the signal and the dump take
+            # seconds.
             sent = self.reach(pending, int(DUMP_SIGNAL), timeout_s=10.0)
             dumps = collect_dumps(self.run_dir, sent, offsets, wait_s=6.0)
             ready, _ = rt.wait_all(list(self.refs), 0.5)
@@ -363,7 +375,8 @@ class Attempt:
         )
 
     def stop(self, kind: str, name: str) -> Ended:
-        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait, then end."""
+        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait,
+        then end."""
         import signal as _signal
 
         state.update(self.run_dir, state="stopping")
@@ -380,7 +393,8 @@ class Attempt:
 
     # ------------------------------------------------------------ 4. teardown
     def teardown(self) -> None:
-        """Kill every actor of the attempt and remove its placement group (nothing of it stays in the cluster)."""
+        """Kill every actor of the attempt and remove its placement group (nothing of it stays in
+        the cluster)."""
         for actor in self.actors.values():
             rt.kill(actor)
         if self.pg is not None:
@@ -404,7 +418,8 @@ def _outcome(ref: Any) -> Outcome:
 
 
 class _RayRankWatch(RankWatch):
-    """The start-up heartbeat and bound, with stack dumps requested through Ray (ranks on any node)."""
+    """The start-up heartbeat and bound, with stack dumps requested through Ray (ranks on any
+    node)."""
 
     def __init__(self, attempt: Attempt, write: Callable[[str], None]) -> None:
         plan = attempt.run.plan

@@ -90,7 +90,8 @@ class Node:
     def describe(self) -> str:
         gpus = f", {self.gpus:g} GPU" if self.gpus else ""
         name = f" [{self.name}]" if self.name else ""
-        return f"node {self.short}{name} ({self.ip}: {self.cpus:g} CPU{gpus}{', head' if self.head else ''})"
+        head = ", head" if self.head else ""
+        return f"node {self.short}{name} ({self.ip}: {self.cpus:g} CPU{gpus}{head})"
 
 
 def _node(info: dict[str, Any]) -> Node:
@@ -183,7 +184,8 @@ def check_fits(nodes: list[Node], lc: Any, world_size: int, where: str) -> None:
 
 
 def node_reachable(node: Node, timeout_s: float = 1.0) -> bool:
-    """Whether the node's raylet still answers a TCP connect (it refuses at once when the raylet died)."""
+    """Whether the node's raylet still answers a TCP connect (it refuses at once when the raylet
+    died)."""
     if not node.ip or not node.manager_port:
         return True
     try:
@@ -209,7 +211,8 @@ def _tcp_probe(host: str, port: int, timeout_s: float) -> None:
 
 
 def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
-    """Run ``fn()`` in a helper thread, at most ``timeout_s``: Ray's own connect retries for minutes.
+    """Run ``fn()`` in a helper thread, at most ``timeout_s``: Ray's own connect retries for
+    minutes.
 
     Only for joining a cluster: a private instance must start in a thread that outlives it.
     """
@@ -235,7 +238,8 @@ def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
 
 @dataclass
 class Connection:
-    """This process's connection to the run's cluster (a private instance is stopped on :meth:`close`)."""
+    """This process's connection to the run's cluster (a private instance is stopped on
+    :meth:`close`)."""
 
     address: str
     instance: PrivateInstance | None = None
@@ -260,7 +264,8 @@ class Connection:
 def connect(
     lc: Any, run_dir: str, world_size: int, namespace: str | None = None, cpus: float | None = None
 ) -> Connection:
-    """Join ``launcher.address`` or start a private instance sized for the run (or ``cpus``, a sweep's points
+    """Join ``launcher.address`` or start a private instance sized for the run (or ``cpus``, a
+    sweep's points
     side by side); ConfigError when the cluster does not answer."""
     target = parse_address(lc.address)
     timeout = float(lc.placement_timeout_s)

@@ -5,7 +5,8 @@ rank raised; it recorded its failure), ``died`` (its process ended without a wor
 the OOM killer, a crash), ``unavailable`` (its process cannot be reached: its node may be
 gone) or ``runtime_env`` (``launcher.runtime_env`` could not be set up). The root cause, in
 order: a node that died (its raylet stopped answering; every rank on it is named), a rank
-whose process died, then what the ranks recorded (:func:`~wf_launch.observe.rootcause.explain_failure`:
+whose process died, then what the ranks recorded
+(:func:`~wf_launch.observe.rootcause.explain_failure`:
 the first rank that raised, or the ranks that never reached a collective, with their stacks).
 Every cause names the rank, its coordinates and its node.
 """
@@ -41,7 +42,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A failed attempt: the root cause (for ``result.json``), its summary, and how the attempt ended."""
+    """A failed attempt: the root cause (for ``result.json``), its summary, and how the attempt
+    ended."""
 
     cause: dict[str, Any]
     summary: str
@@ -89,7 +91,8 @@ def _first_line(text: str) -> str:
 
 
 def _error_line(text: str) -> str:
-    """The exception line of Ray's error text ('ValueError: ...'), its first line when it has no traceback."""
+    """The exception line of Ray's error text ('ValueError: ...'), its first line when it has no
+    traceback."""
     lines = [ln.rstrip() for ln in (text or "").splitlines() if ln.strip()]
     plain = [
         ln for ln in lines if not ln[:1].isspace() and not ln.startswith(("Traceback", "\x1b["))
@@ -128,7 +131,8 @@ def _node_died(ctx: FailureContext, node: str) -> Verdict:
 
 
 def _fatal_error(log: Path) -> str | None:
-    """What faulthandler wrote in the rank's log when the process crashed ('Segmentation fault'), if anything."""
+    """What faulthandler wrote in the rank's log when the process crashed ('Segmentation fault'), if
+    anything."""
     try:
         with open(open_regular(log), "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 16384))
@@ -143,7 +147,8 @@ def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
     how = (
         f"it crashed ({fatal})"
         if fatal
-        else "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a crash)"
+        else "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a "
+        "crash)"
     )
     message = f"died: {how}"
     summary = (
@@ -193,7 +198,8 @@ def explain(
     pending: list[int],
     dumps: dict[int, list[Frame]] | None = None,
 ) -> Verdict:
-    """The root cause of a failed attempt (``outcomes`` of the ranks that ended, ``pending`` the others)."""
+    """The root cause of a failed attempt (``outcomes`` of the ranks that ended, ``pending`` the
+    others)."""
     setup = [r for r, o in sorted(outcomes.items()) if o.kind == "runtime_env"]
     if setup:
         message = _first_line(outcomes[setup[0]].message)

@@ -1,4 +1,5 @@
-"""A Ray run from its first attempt to its record: attempts, restarts, interruptions, ``result.json``.
+"""A Ray run from its first attempt to its record: attempts, restarts, interruptions,
+``result.json``.
 
 :class:`RayRun` runs in the launching command (``launcher.wait=true``: it shows the run live and
 handles Ctrl-C, SIGTERM and SIGHUP) or in the run's supervisor actor (``wait=false`` and sweeps:
@@ -46,8 +47,10 @@ NODE_DEATH_WAIT_S = 45.0
 
 
 def forwarded_env(environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """What the ranks get from the launching shell: its ``WF_*`` variables and ``PYTHONPATH`` (as sbatch's
-    ``--export=ALL`` gives SLURM tasks), and the ``PYTHONPATH`` entries to put on their ``sys.path``."""
+    """What the ranks get from the launching shell: its ``WF_*`` variables and ``PYTHONPATH`` (as
+    sbatch's
+    ``--export=ALL`` gives SLURM tasks), and the ``PYTHONPATH`` entries to put on their
+    ``sys.path``."""
     env = os.environ if environ is None else environ
     keep = {k: v for k, v in env.items() if k.startswith("WF_") and k not in LAUNCHER_VARS}
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -74,7 +77,8 @@ class RunOptions:
 
 @contextlib.contextmanager
 def stop_signals(active: bool) -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Stopped` in the launching command (SIGINT: KeyboardInterrupt)."""
+    """SIGTERM and SIGHUP raise :class:`Stopped` in the launching command (SIGINT:
+    KeyboardInterrupt)."""
     if not active or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -117,7 +121,8 @@ class RayRun:
 
     # ------------------------------------------------------------ what attempts ask
     def check_cancel(self) -> None:
-        """:class:`Stopped` ('cancel') once ``status --cancel`` asked the run's supervisor to stop it."""
+        """:class:`Stopped` ('cancel') once ``status --cancel`` asked the run's supervisor to stop
+        it."""
         if self.cancelled.is_set():
             raise Stopped("cancel")
 
@@ -126,12 +131,14 @@ class RayRun:
             self.live.tick()
 
     def forward_env(self) -> tuple[dict[str, str], list[str]]:
-        """The launching shell's variables for every rank (with ``OMP_NUM_THREADS``), and its ``PYTHONPATH`` entries."""
+        """The launching shell's variables for every rank (with ``OMP_NUM_THREADS``), and its
+        ``PYTHONPATH`` entries."""
         threads = str(max(1, int(float(self.lc.cpus_per_rank))))
         return {"OMP_NUM_THREADS": threads, **self.opts.forward}, list(self.opts.path)
 
     def queue_busy(self) -> bool:
-        """Whether another point of this run's sweep runs now (then this one waits for room without a bound)."""
+        """Whether another point of this run's sweep runs now (then this one waits for room without
+        a bound)."""
         if not self.opts.queue_dir:
             return False
         busy = ("starting", "running", "stopping")
@@ -196,7 +203,8 @@ class RayRun:
             ):
                 restart += 1
                 logger.warning(
-                    f"attempt {att.number} ended ({ended.ended_by or ended.kind}); restarting every rank "
+                    f"attempt {att.number} ended ({ended.ended_by or ended.kind}); restarting "
+                    "every rank "
                     f"in a new placement group (restart {restart} of launcher.max_restarts="
                     f"{self.lc.max_restarts})"
                 )
@@ -224,7 +232,8 @@ class RayRun:
         return ended
 
     def _can_restart(self, ended: Ended) -> bool:
-        """Whether a restart can place the run again: a dead node gone from the GCS, the run fitting what is left."""
+        """Whether a restart can place the run again: a dead node gone from the GCS, the run fitting
+        what is left."""
         cause = ended.verdict.cause if ended.verdict is not None else {}
         if cause.get("cause") in ("placement_timeout", "init_timeout", "invalid_config"):
             return False

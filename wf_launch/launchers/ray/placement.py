@@ -43,7 +43,8 @@ LAUNCHER_VARS = (
     "CUDA_VISIBLE_DEVICES",
     "WF_NODE",
 )
-"""Variables the launcher sets in every rank (``launcher.runtime_env.env_vars`` may not set them)."""
+"""Variables the launcher sets in every rank (``launcher.runtime_env.env_vars`` may not set
+them)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,10 @@ class Shape:
 
     def describe(self) -> str:
         first = ", ".join(f"{k} {v:g}" for k, v in self.bundles[0].items())
-        return f"{len(self.bundles)} bundle(s) of {{{first}}}, {self.strategy}, {self.ranks_per_bundle} rank(s) each"
+        return (
+            f"{len(self.bundles)} bundle(s) of {{{first}}}, {self.strategy}, "
+            f"{self.ranks_per_bundle} rank(s) each"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ def _bundle(cpus: float, gpus: float, ranks: int) -> dict[str, float]:
 
 
 def shape(world_size: int, nodes: int | None, cpus_per_rank: float, gpus_per_rank: float) -> Shape:
-    """The placement group for ``world_size`` ranks (``nodes``: exactly that many nodes, or None: anywhere)."""
+    """The placement group for ``world_size`` ranks (``nodes``: exactly that many nodes, or None:
+    anywhere)."""
     if nodes is None:
         return Shape([_bundle(cpus_per_rank, gpus_per_rank, 1)] * world_size, "PACK", 1)
     per = world_size // nodes
@@ -109,7 +114,8 @@ def local_ranks(slots: list[Slot]) -> dict[int, tuple[int, int]]:
 
 
 def cuda_orders(slots: list[Slot], granted: dict[int, list[str]]) -> dict[int, str]:
-    """rank -> CUDA_VISIBLE_DEVICES for the ranks granted GPUs: on each node the same list, each rank's
+    """rank -> CUDA_VISIBLE_DEVICES for the ranks granted GPUs: on each node the same list, each
+    rank's
     first GPU at its LOCAL_RANK (the rest of the node's GPUs after them); empty without GPUs."""
     if not any(granted.values()):
         return {}
@@ -135,7 +141,8 @@ def rank_env(
     attempt: int,
     cuda: str | None = None,
 ) -> dict[str, str]:
-    """The environment the launcher gives rank ``slot.rank`` (set in the rank before ``rank_main``)."""
+    """The environment the launcher gives rank ``slot.rank`` (set in the rank before
+    ``rank_main``)."""
     env = {
         "RANK": str(slot.rank),
         "WORLD_SIZE": str(world_size),

@@ -49,7 +49,8 @@ def _final(run_dir: Path) -> RunOutcome | None:
 
 
 def _join(info: dict[str, Any]) -> None:
-    """Connect this process to the run's cluster (once; it stays connected, e.g. for ``status --follow``)."""
+    """Connect this process to the run's cluster (once; it stays connected, e.g. for ``status
+    --follow``)."""
     if not rt.is_connected():
         if info.get("token_file"):  # a private instance: its own token, in its owner-only dir
             os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(info["token_file"]))
@@ -60,7 +61,8 @@ def _join(info: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _joined(info: dict[str, Any]) -> Iterator[None]:
-    """Connected to the run's cluster for one action (left again if this connected: a tool's one-off act)."""
+    """Connected to the run's cluster for one action (left again if this connected: a tool's one-off
+    act)."""
     connected = rt.is_connected()
     _join(info)
     try:
@@ -80,7 +82,8 @@ def supervisor(run_dir: Path) -> Any | None:
 
 
 def monitor_alive(run_dir: Path) -> bool:
-    """Whether whatever monitors the run (the launching command, or the supervisor actor) still lives."""
+    """Whether whatever monitors the run (the launching command, or the supervisor actor) still
+    lives."""
     info = state.read(run_dir) or {}
     if info.get("supervisor"):
         try:
@@ -105,7 +108,8 @@ def run_state(run_dir: Path) -> str:
 
 
 def live_state(run_dir: Path) -> tuple[str, str] | None:
-    """('Ray run wf_launch.x.3f2a', 'RUNNING attempt 0 on 2 node(s)') for the live view; None without a record."""
+    """('Ray run wf_launch.x.3f2a', 'RUNNING attempt 0 on 2 node(s)') for the live view; None
+    without a record."""
     info = state.read(run_dir)
     if not info:
         return None
@@ -113,7 +117,8 @@ def live_state(run_dir: Path) -> tuple[str, str] | None:
 
 
 def status(run_dir: Path) -> tuple[str, RunOutcome | None]:
-    """The run's state, and its final outcome once it ended (a run whose monitor vanished: recorded 'unknown')."""
+    """The run's state, and its final outcome once it ended (a run whose monitor vanished: recorded
+    'unknown')."""
     run_dir = Path(run_dir)
     final = _final(run_dir)
     if final is not None:
@@ -146,7 +151,8 @@ def status(run_dir: Path) -> tuple[str, RunOutcome | None]:
 
 
 def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
-    """Stop the run: its supervisor cancels it (SIGTERM to the ranks, then 'cancelled'); the launching command of a
+    """Stop the run: its supervisor cancels it (SIGTERM to the ranks, then 'cancelled'); the
+    launching command of a
     watched run gets SIGTERM. Returns what was cancelled (None: nothing runs)."""
     import time
 
@@ -186,7 +192,8 @@ def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
 
 
 def signal_ranks(run_dir: Path, signum: int) -> set[int]:
-    """Send ``signum`` to every rank of the run's current attempt, on whichever node it runs; the ranks reached."""
+    """Send ``signum`` to every rank of the run's current attempt, on whichever node it runs; the
+    ranks reached."""
 
     info = state.read(run_dir) or {}
     where = state.where_of(run_dir)
@@ -208,9 +215,11 @@ def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
 
 
 def kill_node(run_dir: Path, rank: int) -> str:
-    """Kill the raylet of the node that runs ``rank`` (the drill's nodekill); a description of what was killed.
+    """Kill the raylet of the node that runs ``rank`` (the drill's nodekill); a description of what
+    was killed.
 
-    Refuses the node of the GCS (the head) and the node of the process asking: they are not a node that dies.
+    Refuses the node of the GCS (the head) and the node of the process asking: they are not a node
+    that dies.
     """
 
     info = state.read(run_dir) or {}
@@ -222,7 +231,8 @@ def kill_node(run_dir: Path, rank: int) -> str:
         head = {n.node_id for n in alive_nodes() if n.head}
         if node in head or node == rt.current_node_id():
             raise ValueError(
-                f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's node): "
+                f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's "
+                "node): "
                 "nodekill needs a rank on another node"
             )
         pid = kill_raylet(run_dir, rank, node)

@@ -1,4 +1,5 @@
-"""A private Ray instance (``launcher.address`` null): started for one run, reachable by its user only.
+"""A private Ray instance (``launcher.address`` null): started for one run, reachable by its user
+only.
 
 Ray's defaults open a local instance to every user of the machine: its servers listen on every
 interface, its token lands in ``~/.ray/auth_token`` (mode 0644) and its session dirs are 0777.
@@ -107,7 +108,8 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def reap(marker: str, grace_s: float = 5.0) -> None:
-    """Kill (TERM, then KILL) every process still carrying ``marker``: what ``ray.shutdown`` left."""
+    """Kill (TERM, then KILL) every process still carrying ``marker``: what ``ray.shutdown``
+    left."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
         pids = marked_pids(marker)
         for pid in pids:

@@ -37,7 +37,8 @@ __all__ = ["RayPreempt", "RayStackDump", "RunDirNotShared", "WfRayRank"]
 
 @dataclass(frozen=True)
 class RayPreempt:
-    """The entrypoint's preemption policy under Ray (see :class:`wf_launch.rank.preempt.PreemptHandler`)."""
+    """The entrypoint's preemption policy under Ray (see
+    :class:`wf_launch.rank.preempt.PreemptHandler`)."""
 
     signal: str = "TERM"
     wait_s: float = 20.0
@@ -56,7 +57,8 @@ class RayPreempt:
 
 @dataclass(frozen=True)
 class RayStackDump:
-    """``RankSpec.on_timeout`` under Ray: every rank of the run dumps its stacks, on whichever node it is.
+    """``RankSpec.on_timeout`` under Ray: every rank of the run dumps its stacks, on whichever node
+    it is.
 
     Where the ranks are (node, pid) is read from the run's ``ray_run.json`` when it is needed; the
     rank that timed out sends the dump signal through one small task per node, then waits
@@ -108,9 +110,11 @@ class WfRayRank:
         return info
 
     def run(self, spec: RankSpec, env: dict[str, str], path: list[str]) -> dict[str, Any]:
-        """Set the rank's environment and run it; ``{'preempted': bool}`` (the task's value is in result.json).
+        """Set the rank's environment and run it; ``{'preempted': bool}`` (the task's value is in
+        result.json).
 
-        ``path``: entries of the launching shell's ``PYTHONPATH`` (user task modules), put first on sys.path.
+        ``path``: entries of the launching shell's ``PYTHONPATH`` (user task modules), put first on
+        sys.path.
         """
         if not files.config_path(spec.run_dir).is_file():
             raise RunDirNotShared(
@@ -123,7 +127,8 @@ class WfRayRank:
         except Preempted:
             return {"preempted": True}
         except (SystemExit, KeyboardInterrupt) as exc:
-            # Recorded by rank_main; raised on as an error so Ray reports it instead of ending the worker.
+            # Recorded by rank_main; raised on as an error so Ray reports it instead of ending the
+            # worker.
             raise RuntimeError(
                 f"rank {env.get('RANK')} left with {type(exc).__name__}({exc})"
             ) from None

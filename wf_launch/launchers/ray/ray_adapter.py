@@ -56,7 +56,8 @@ INSTALL_HINT = "pip install 'worldfoundry-launch[ray]'"
 """How to get Ray (the ``ray`` extra: ``ray[default]``)."""
 
 RAYLET_PID_ENV = "RAY_RAYLET_PID"
-"""Set by the raylet in every process it starts (not documented): the node's raylet, for the drill's nodekill."""
+"""Set by the raylet in every process it starts (not documented): the node's raylet, for the drill's
+nodekill."""
 
 PRIVATE_NAMES = (
     (
@@ -163,8 +164,10 @@ def is_connected() -> bool:
 
 
 def _token_auth_when_available() -> None:
-    """Ray 2.60 clusters use token authentication by default, and a driver must ask for it (``RAY_AUTH_MODE``):
-    when unset and the user has a token, ask for it (a cluster without authentication accepts it too)."""
+    """Ray 2.60 clusters use token authentication by default, and a driver must ask for it
+    (``RAY_AUTH_MODE``):
+    when unset and the user has a token, ask for it (a cluster without authentication accepts it
+    too)."""
     if os.environ.get("RAY_AUTH_MODE"):
         return
     token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
@@ -246,8 +249,10 @@ def start_private(
 
 
 def route_cluster_messages(write: Callable[[str], None]) -> None:
-    """Send the cluster's error messages this driver would print ("A worker died ...", a dead raylet's last
-    lines) to ``write`` (the launcher's log) instead of the console: the launcher reports the root cause."""
+    """Send the cluster's error messages this driver would print ("A worker died ...", a dead
+    raylet's last
+    lines) to ``write`` (the launcher's log) instead of the console: the launcher reports the root
+    cause."""
     worker = importlib.import_module("ray._private.worker")
 
     def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
@@ -269,7 +274,8 @@ def gcs_address() -> str:
 
 # ------------------------------------------------------------------ the cluster
 def list_nodes() -> list[dict[str, Any]]:
-    """``ray.nodes()``: every node the GCS knows (``Alive``, ``NodeID``, ``NodeManagerAddress``, ``Resources`` ...)."""
+    """``ray.nodes()``: every node the GCS knows (``Alive``, ``NodeID``, ``NodeManagerAddress``,
+    ``Resources`` ...)."""
     return list(_ray().nodes())
 
 
@@ -286,7 +292,8 @@ def gpu_ids() -> list[str]:
 
 
 def raylet_pid() -> int | None:
-    """The pid of this worker's raylet, from the variable the raylet sets (None outside a Ray worker)."""
+    """The pid of this worker's raylet, from the variable the raylet sets (None outside a Ray
+    worker)."""
     raw = os.environ.get(RAYLET_PID_ENV, "")
     return int(raw) if raw.isdigit() else None
 
@@ -360,7 +367,8 @@ def get(refs: Any, timeout_s: float | None = None) -> Any:
 
 
 def wait(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
-    """Every ref that is ready within ``timeout_s`` (at least one, unless the time ran out), and the rest."""
+    """Every ref that is ready within ``timeout_s`` (at least one, unless the time ran out), and the
+    rest."""
     if not refs:
         return [], []
     ray = _ray()
@@ -373,7 +381,8 @@ def wait(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
 
 
 def wait_all(refs: Sequence[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
-    """The refs ready within ``timeout_s`` (waiting for all of them, at most that long), and the rest."""
+    """The refs ready within ``timeout_s`` (waiting for all of them, at most that long), and the
+    rest."""
     if not refs:
         return [], []
     with _signal_raised():
@@ -402,7 +411,8 @@ def actor_by_name(name: str, namespace: str) -> Any | None:
 
 
 def classify_error(exc: BaseException) -> str:
-    """'raised' (the method raised), 'died' (its process died), 'unavailable' (unreachable: its node may be
+    """'raised' (the method raised), 'died' (its process died), 'unavailable' (unreachable: its node
+    may be
     gone), 'timeout', 'runtime_env' (launcher.runtime_env failed), or 'other'."""
     from ray import exceptions as ex
 

@@ -1,4 +1,5 @@
-"""Reaching ranks on any node of the cluster: a signal to their processes, or the end of a node's raylet.
+"""Reaching ranks on any node of the cluster: a signal to their processes, or the end of a node's
+raylet.
 
 A rank actor's main thread runs the rank (signal handlers can only be installed there), so the
 launcher never calls into it while it runs. To signal ranks it starts one tiny task on each node
@@ -86,7 +87,8 @@ def _signal_on_this_host(run_dir: Path, where: dict[int, tuple[str, int]], signu
 def signal_ranks(
     run_dir: Path, where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0
 ) -> set[int]:
-    """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); the ranks reached.
+    """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); the ranks
+    reached.
 
     Ranks on this host directly, the others through one small task per node. Nodes that do not
     answer within ``timeout_s`` (dead, or too busy to start a task) are left out.

@@ -1,4 +1,5 @@
-"""``ray_run.json``: what a Ray run recorded about itself, for the tools that read it while or after it runs.
+"""``ray_run.json``: what a Ray run recorded about itself, for the tools that read it while or after
+it runs.
 
 Written (atomically, merged field by field) by whoever runs the run's monitor, the launching
 command (``launcher.wait=true``) or the run's supervisor actor (``wait=false``, sweeps):

@@ -1,4 +1,5 @@
-"""The launching command's side: one run (watched here, or handed to a detached supervisor), or a sweep's batch.
+"""The launching command's side: one run (watched here, or handed to a detached supervisor), or a
+sweep's batch.
 
 Before anything starts in the cluster: the run directory must be an absolute path, Ray must be
 importable, the cluster must answer (:func:`~.cluster.connect`, bounded by
@@ -82,7 +83,8 @@ def _options(conn: Connection, **extra: Any) -> RunOptions:
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Check the run against the cluster, then run it here (``wait=true``) or hand it to a detached supervisor."""
+    """Check the run against the cluster, then run it here (``wait=true``) or hand it to a detached
+    supervisor."""
     lc = plan.launcher_config
     batch = current_batch()
     try:
@@ -105,7 +107,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
             return _invalid(plan, str(exc))
         where = "a private Ray instance" if conn.private else f"the Ray cluster at {conn.address}"
         logger.info(
-            f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, task={plan.task}, "
+            f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, "
+            f"task={plan.task}, "
             f"run dir {plan.run_dir}"
         )
         if lc.wait:
@@ -125,7 +128,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
 
 
 def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> list[Path]:
-    """Wait until each run's supervisor has taken it over (its state moved on from 'submitted'); those that did not."""
+    """Wait until each run's supervisor has taken it over (its state moved on from 'submitted');
+    those that did not."""
     deadline = time.monotonic() + timeout_s
     waiting = list(run_dirs)
     while waiting and time.monotonic() < deadline:
@@ -163,7 +167,8 @@ def _detach(plan: LaunchPlan, opts: RunOptions) -> RunOutcome:
         )
         return RunOutcome.of(record, plan.run_dir, message)
     logger.info(
-        f"started Ray run {opts.supervisor} (detached) on {opts.address}: {plan.world_size} rank(s), "
+        f"started Ray run {opts.supervisor} (detached) on {opts.address}: {plan.world_size} "
+        "rank(s), "
         f"task={plan.task}, run dir {plan.run_dir}"
     )
     return RunOutcome(
@@ -193,7 +198,8 @@ class _Point:
 
 
 class RayBatch:
-    """A sweep's Ray points: checked as they are prepared, then started together (one supervisor each).
+    """A sweep's Ray points: checked as they are prepared, then started together (one supervisor
+    each).
 
     Points that join a cluster are checked against it as they are prepared; a sweep with
     ``launcher.address=null`` starts one private instance when it runs, sized to hold every
@@ -263,7 +269,8 @@ class RayBatch:
         return connect(lc, str(self.sweep_dir), 1, cpus=side_by_side)
 
     def run(self) -> dict[Path, RunOutcome]:
-        """Start every point, then (points with ``wait=true``) wait for them all; the outcome of each waited point."""
+        """Start every point, then (points with ``wait=true``) wait for them all; the outcome of
+        each waited point."""
         try:
             if self.conn is None:
                 self.conn = self._connect_private()
@@ -298,7 +305,8 @@ class RayBatch:
 
 
 def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
-    """Wait for the points' supervisors, showing their states; Ctrl-C, SIGTERM or SIGHUP cancel them all."""
+    """Wait for the points' supervisors, showing their states; Ctrl-C, SIGTERM or SIGHUP cancel them
+    all."""
 
     pending = {p.ref: p for p in points}
     live = LiveView(

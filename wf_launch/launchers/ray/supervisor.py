@@ -39,7 +39,8 @@ def supervisor_name(run_dir: Path | str) -> str:
 
 
 class WfRaySupervisor:
-    """Runs one run's :class:`~.monitor.RayRun` (made a threaded Ray actor by :func:`start_supervisor`)."""
+    """Runs one run's :class:`~.monitor.RayRun` (made a threaded Ray actor by
+    :func:`start_supervisor`)."""
 
     def __init__(self, run_dir: str) -> None:
         from loguru import logger
@@ -82,7 +83,8 @@ class WfRaySupervisor:
         return status
 
     def cancel(self) -> bool:
-        """Ask the run to stop (its ranks get SIGTERM, then it is recorded 'cancelled'); False before it started."""
+        """Ask the run to stop (its ranks get SIGTERM, then it is recorded 'cancelled'); False
+        before it started."""
         if not self.ready.wait(timeout=30) or self.job is None:
             return False
         self.job.cancelled.set()
@@ -93,7 +95,8 @@ class WfRaySupervisor:
 
 
 def start_supervisor(plan: Any, opts: Any, detached: bool) -> tuple[Any, Any]:
-    """Start the run's supervisor (named ``opts.supervisor`` in :data:`NAMESPACE`) and its run; (actor, run ref)."""
+    """Start the run's supervisor (named ``opts.supervisor`` in :data:`NAMESPACE`) and its run;
+    (actor, run ref)."""
     if "cls" not in _CLASS:
         _CLASS["cls"] = rt.remote(WfRaySupervisor)
     options: dict[str, Any] = {

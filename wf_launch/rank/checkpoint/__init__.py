@@ -1,4 +1,5 @@
-"""Collective, atomic checkpoints of a task's state (``ctx.checkpoint``), on torch DCP, loadable on another layout.
+"""Collective, atomic checkpoints of a task's state (``ctx.checkpoint``), on torch DCP, loadable on
+another layout.
 
 :class:`Checkpointer` saves and restores a dict of named things: ``nn.Module``s (plain or
 FSDP2 / DTensor-sharded, EMA copies included) and optimizers, through DCP under global

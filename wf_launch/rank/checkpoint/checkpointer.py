@@ -1,4 +1,5 @@
-"""The :class:`Checkpointer`: collective saves and loads, committed atomically, loadable on another layout."""
+"""The :class:`Checkpointer`: collective saves and loads, committed atomically, loadable on another
+layout."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def _first_line(exc: BaseException) -> str:
 
 @dataclass
 class LoadReport:
-    """What :meth:`Checkpointer.load` did: the step, the two layouts, and what a layout change re-derived.
+    """What :meth:`Checkpointer.load` did: the step, the two layouts, and what a layout change
+    re-derived.
 
     ``layout_from`` / ``layout_to``: the saving and the loading layout (as ``COMMIT`` records
     them; ``layout_from`` is None for a format-1 checkpoint). ``rederived``: ``dp`` entries
@@ -82,7 +84,8 @@ def _check_remap(remap: Any, plan: Plan) -> dict[str, Callable[..., Any]]:
     for name, fn in remap.items():
         if name not in plan.kinds:
             raise ValueError(
-                f"remap[{name!r}]: no per-rank entry {name!r} in state (entries: {sorted(plan.kinds)})"
+                f"remap[{name!r}]: no per-rank entry {name!r} in state (entries: "
+                f"{sorted(plan.kinds)})"
             )
         if not callable(fn):
             raise ValueError(
@@ -92,7 +95,8 @@ def _check_remap(remap: Any, plan: Plan) -> dict[str, Callable[..., Any]]:
 
 
 class Checkpointer:
-    """Collective, atomically committed DCP checkpoints under ``RUN_DIR/checkpoints`` (see the package doc).
+    """Collective, atomically committed DCP checkpoints under ``RUN_DIR/checkpoints`` (see the
+    package doc).
 
     ``keep``: how many complete checkpoints to keep (the newest commits). ``async_save``:
     write in the background; the next ``save`` / ``wait`` / ``load`` / ``close`` commits.
@@ -187,7 +191,8 @@ class Checkpointer:
         return int(t.item())
 
     def _dcp_group(self) -> Any:
-        """The group DCP's own collectives run on: a dedicated gloo group when saving asynchronously."""
+        """The group DCP's own collectives run on: a dedicated gloo group when saving
+        asynchronously."""
         if not (self.async_save and self._dist()):
             return self.process_group
         if self._async_group is None:
@@ -203,7 +208,8 @@ class Checkpointer:
         if self._fixed_layout is not None:
             if self._fixed_layout.world_size != world:
                 raise ValueError(
-                    f"layout={self._fixed_layout.describe()} does not match the group's {world} rank(s)"
+                    f"layout={self._fixed_layout.describe()} does not match the group's {world} "
+                    "rank(s)"
                 )
             return self._fixed_layout
 
@@ -275,7 +281,8 @@ class Checkpointer:
         self._commit(commit, tmp)
 
     def wait(self) -> None:
-        """Wait for the pending async save, then commit it (collective; a no-op when none is pending)."""
+        """Wait for the pending async save, then commit it (collective; a no-op when none is
+        pending)."""
         if self._pending is None:
             return
         future, commit, tmp = self._pending
@@ -292,7 +299,8 @@ class Checkpointer:
             raise error
 
     def _commit(self, commit: Commit, tmp: Path, failed: bool = False) -> None:
-        """Barrier, then rank 0 commits ``tmp`` (:meth:`.disk.Disk.commit`); every rank learns the outcome."""
+        """Barrier, then rank 0 commits ``tmp`` (:meth:`.disk.Disk.commit`); every rank learns the
+        outcome."""
         if self._max(int(failed)):  # every rank has finished writing, or some rank failed
             if self._rank() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -314,14 +322,16 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- load
     def latest_step(self) -> int | None:
-        """The newest complete checkpoint's step (commit order) on this rank's view of the disk (not collective)."""
+        """The newest complete checkpoint's step (commit order) on this rank's view of the disk (not
+        collective)."""
         complete = complete_checkpoints(self.run_dir)
         return complete[-1][0] if complete else None
 
     def load(
         self, state: dict[str, Any], remap: dict[str, Callable[..., Any]] | None = None
     ) -> int | None:
-        """Restore the newest complete checkpoint into ``state``; its step, or None on a fresh start.
+        """Restore the newest complete checkpoint into ``state``; its step, or None on a fresh
+        start.
 
         Collective. Loads at any layout: modules and optimizers reshard; per-rank entries
         load by their scope (``remap``: entry -> ``fn(saved_per_replica, dp_rank, dp_size)``
@@ -343,7 +353,8 @@ class Checkpointer:
                 return step
             failures.append((step, report))
             _log().warning(
-                f"checkpoint step {step} is unreadable ({report}); trying the previous complete checkpoint"
+                f"checkpoint step {step} is unreadable ({report}); trying the previous complete "
+                "checkpoint"
             )
             step = self._pick(failures)
         if failures:
@@ -356,7 +367,8 @@ class Checkpointer:
         return None
 
     def _pick(self, failures: list[tuple[int, str]]) -> int | None:
-        """Rank 0 picks the newest complete checkpoint not yet tried (first: after recovering); all get its step."""
+        """Rank 0 picks the newest complete checkpoint not yet tried (first: after recovering); all
+        get its step."""
         chosen = -1
         if self._rank() == 0:
             if not failures:
@@ -373,7 +385,8 @@ class Checkpointer:
         return None if step < 0 else step
 
     def _agree(self, directory: Path, unreadable: str, refusal: str) -> str:
-        """Every rank learns whether any rank refused (raise everywhere) or could not read (the reason)."""
+        """Every rank learns whether any rank refused (raise everywhere) or could not read (the
+        reason)."""
         bad, refused = self._max(int(bool(unreadable)), int(bool(refusal)))
         if refused:
             raise CheckpointRefused(
@@ -385,7 +398,8 @@ class Checkpointer:
     def _try_load(
         self, plan: Plan, state: dict[str, Any], step: int, remap: dict[str, Callable[..., Any]]
     ) -> LoadReport | str:
-        """Load checkpoint ``step``: a report, or why it is unreadable (every rank agrees on which)."""
+        """Load checkpoint ``step``: a report, or why it is unreadable (every rank agrees on
+        which)."""
         directory = self.root / step_name(step)
         layout, rank = self.layout(), self._rank()
         unreadable, refusal = "", ""
@@ -467,13 +481,16 @@ class Checkpointer:
         if report.fell_back:
             newer = ", ".join(f"step {s}" for s, _ in report.fell_back)
             log.warning(
-                f"checkpoint: loaded step {report.step}, the newest readable one ({newer} unreadable: "
+                f"checkpoint: loaded step {report.step}, the newest readable one ({newer} "
+                "unreadable: "
                 f"{report.fell_back[0][1]})"
             )
         if report.changed:
             log.info(
-                f"checkpoint step {report.step} was saved at {describe_layout(report.layout_from)} and loads at "
-                f"{describe_layout(report.layout_to)}: modules and optimizers resharded; RNG states {report.rng}"
+                f"checkpoint step {report.step} was saved at "
+                f"{describe_layout(report.layout_from)} and loads at "
+                f"{describe_layout(report.layout_to)}: modules and optimizers resharded; RNG "
+                f"states {report.rng}"
                 + (
                     f"; re-derived by the task (dp size changed): {report.rederived}"
                     if report.rederived

@@ -1,4 +1,5 @@
-"""Rank 0's operations on ``RUN_DIR/checkpoints``: commit, recover after a crash, prune by commit order.
+"""Rank 0's operations on ``RUN_DIR/checkpoints``: commit, recover after a crash, prune by commit
+order.
 
 The commit of a save whose files every rank has written (``.step_N.tmp-<hex>/``):
 
@@ -68,7 +69,8 @@ class Disk:
         return seq + 1, newest
 
     def commit(self, tmp: Path, commit: Commit) -> None:
-        """Make ``tmp`` the complete checkpoint ``step_N`` (steps 1-4 of the module doc), then prune."""
+        """Make ``tmp`` the complete checkpoint ``step_N`` (steps 1-4 of the module doc), then
+        prune."""
         commit.seq, newest = self._newest()
         fsync_path(tmp)
         write_commit(tmp, commit)
@@ -81,14 +83,17 @@ class Disk:
         fsync_path(self.root)
         if 0 <= commit.step < newest and callable(self.warn):
             self.warn(
-                f"checkpoint step {commit.step} was committed after step {newest}: the steps went backwards; "
-                f"commit order decides, so step {commit.step} is now the newest checkpoint (it loads next, "
+                f"checkpoint step {commit.step} was committed after step {newest}: the steps went "
+                "backwards; "
+                f"commit order decides, so step {commit.step} is now the newest checkpoint (it "
+                "loads next, "
                 f"and keep={self.keep} keeps the newest commits, not the highest steps)"
             )
         self.prune(extra=[old] if old is not None else [])
 
     def prune(self, extra: list[Path] | None = None) -> None:
-        """Keep the ``keep`` newest commits; hide (``.del-``) and delete in the background everything else."""
+        """Keep the ``keep`` newest commits; hide (``.del-``) and delete in the background
+        everything else."""
         found = candidates(self.root)
         best = sorted((copies[0] for copies in found.values()), key=lambda c: c.order)
         readable = [c for c in best if c.readable]
@@ -102,7 +107,8 @@ class Disk:
         self._delete(doomed)
 
     def _leftovers(self) -> list[Path]:
-        """Step directories without COMMIT and every hidden copy (temporary, replaced, being deleted)."""
+        """Step directories without COMMIT and every hidden copy (temporary, replaced, being
+        deleted)."""
         try:
             entries = list(self.root.iterdir())
         except OSError:
@@ -140,7 +146,8 @@ class Disk:
             self._deleter.start()
 
     def recover(self) -> None:
-        """After a crash: the newest complete copy of every step becomes ``step_N`` again; the rest is deleted."""
+        """After a crash: the newest complete copy of every step becomes ``step_N`` again; the rest
+        is deleted."""
         self.join()
         for step, copies in candidates(self.root).items():
             best = copies[0]

@@ -75,15 +75,19 @@ def _check_plain(value: Any, where: str, depth: int = 0) -> None:
             _check_plain(v, f"{where}[{k!r}]", depth + 1)
         return
     raise ValueError(
-        f"{where} is of type {type(value).__name__}, which Checkpointer cannot save: entries must be "
-        "nn.Module, torch.optim.Optimizer, torch.Generator, an object with state_dict()/load_state_dict(), "
-        "or plain values (None, bool, int, float, str, bytes, CPU tensors, and lists/tuples/dicts of them)"
+        f"{where} is of type {type(value).__name__}, which Checkpointer cannot save: entries must "
+        "be "
+        "nn.Module, torch.optim.Optimizer, torch.Generator, an object with "
+        "state_dict()/load_state_dict(), "
+        "or plain values (None, bool, int, float, str, bytes, CPU tensors, and lists/tuples/dicts "
+        "of them)"
     )
 
 
 @dataclass
 class Plan:
-    """A state dict sorted by kind: modules, optimizers (with the module owning their parameters), per-rank entries."""
+    """A state dict sorted by kind: modules, optimizers (with the module owning their parameters),
+    per-rank entries."""
 
     modules: dict[str, nn.Module] = field(default_factory=dict)
     optimizers: dict[str, tuple[torch.optim.Optimizer, nn.Module]] = field(default_factory=dict)
@@ -99,7 +103,8 @@ class Plan:
         return out
 
     def signature(self) -> int:
-        """A 62-bit digest of the per-rank entries' names, kinds and scopes (ranks must agree on them)."""
+        """A 62-bit digest of the per-rank entries' names, kinds and scopes (ranks must agree on
+        them)."""
         text = repr(sorted((n, self.kinds[n], str(self.scopes[n])) for n in self.kinds))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
 
@@ -128,8 +133,10 @@ def _scopes(plan: Plan, scopes: Any) -> None:
     for name, scope in scopes.items():
         if name in plan.modules or name in plan.optimizers:
             raise ValueError(
-                f"scopes[{name!r}]: {name!r} is a module or optimizer: DCP shards it and reshards it on "
-                "load; scopes apply to per-rank entries (generators, stateful objects, plain values)"
+                f"scopes[{name!r}]: {name!r} is a module or optimizer: DCP shards it and reshards "
+                "it on "
+                "load; scopes apply to per-rank entries (generators, stateful objects, plain "
+                "values)"
             )
         if name not in plan.kinds:
             raise ValueError(
@@ -142,7 +149,8 @@ def _scopes(plan: Plan, scopes: Any) -> None:
 
 
 def classify(state: Any, scopes: Any = None) -> Plan:
-    """Sort ``state`` by kind and give each per-rank entry its scope; ``ValueError`` naming a bad entry."""
+    """Sort ``state`` by kind and give each per-rank entry its scope; ``ValueError`` naming a bad
+    entry."""
     if not isinstance(state, dict):
         raise ValueError(
             f"state must be a dict of name -> object to checkpoint, got {type(state).__name__}"
@@ -166,7 +174,8 @@ def classify(state: Any, scopes: Any = None) -> Plan:
         )
         if owner is None:
             raise ValueError(
-                f"state[{name!r}] is an optimizer whose parameters belong to no nn.Module in state; "
+                f"state[{name!r}] is an optimizer whose parameters belong to no nn.Module in "
+                "state; "
                 "add the model it optimizes to the same state dict"
             )
         plan.optimizers[name] = (opt, owner)
@@ -175,7 +184,8 @@ def classify(state: Any, scopes: Any = None) -> Plan:
 
 
 def rng_states() -> dict[str, Any]:
-    """This process's RNG states: torch CPU, CUDA (when initialized), Python ``random``, NumPy (when imported)."""
+    """This process's RNG states: torch CPU, CUDA (when initialized), Python ``random``, NumPy (when
+    imported)."""
     rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -206,7 +216,8 @@ def set_rng_states(rng: dict[str, Any]) -> None:
 
 
 def derive_rng(seed: int, step: int, rank: int) -> int:
-    """Seed every RNG from ``(seed, step, rank)`` (a layout change: the saved states belong to other roles)."""
+    """Seed every RNG from ``(seed, step, rank)`` (a layout change: the saved states belong to other
+    roles)."""
     digest = hashlib.sha256(f"wf_launch.checkpoint.rng/{seed}/{step}/{rank}".encode()).digest()
     value = int.from_bytes(digest[:8], "little") >> 1
     torch.manual_seed(value)

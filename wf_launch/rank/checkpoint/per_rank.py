@@ -1,4 +1,5 @@
-"""Per-rank entries on disk: who writes which copy, and which copy each rank of a (maybe new) layout loads.
+"""Per-rank entries on disk: who writes which copy, and which copy each rank of a (maybe new) layout
+loads.
 
 Every rank writes ``rank_NNNNN.pt`` (fsynced before ``COMMIT``): its RNG states, its
 ``rank``-scoped entries; the first rank of each data-parallel replica (tp = cp = pp = 0)
@@ -58,7 +59,8 @@ def value_of(kind: str, obj: Any) -> Any:
 
 
 def write_rank_file(directory: Path, rank: int, layout: Layout, plan: Plan) -> None:
-    """This rank's file: RNG states and the entries this rank owns (by scope); fsynced, then renamed into place."""
+    """This rank's file: RNG states and the entries this rank owns (by scope); fsynced, then renamed
+    into place."""
     owned = {}
     for name, kind in plan.kinds.items():
         scope = plan.scopes[name]
@@ -94,9 +96,12 @@ def write_rank_file(directory: Path, rank: int, layout: Layout, plan: Plan) -> N
 class Resolution:
     """Where each per-rank entry of the state comes from at this layout.
 
-    ``sources``: entry -> saved rank whose copy loads here; ``remapped``: entry -> saved ranks of every replica
-    (oldest dp index first) for the task's ``remap``; ``rederived``: entries the task re-derives (kept as built).
-    ``rng_from``: the saved rank whose RNG states load here (None: re-derived from seed, step and rank).
+    ``sources``: entry -> saved rank whose copy loads here; ``remapped``: entry -> saved ranks of
+    every replica
+    (oldest dp index first) for the task's ``remap``; ``rederived``: entries the task re-derives
+    (kept as built).
+    ``rng_from``: the saved rank whose RNG states load here (None: re-derived from seed, step and
+    rank).
     """
 
     changed: bool
@@ -125,7 +130,8 @@ def _refusal(
 ) -> CheckpointRefused:
     return CheckpointRefused(
         f"cannot load checkpoint {directory} at this layout: entry {name!r} {why}; it was saved at "
-        f"{describe_layout(commit.layout, commit.world_size)} and this run's layout is {current.describe()}"
+        f"{describe_layout(commit.layout, commit.world_size)} and this run's layout is "
+        f"{current.describe()}"
     )
 
 
@@ -137,7 +143,8 @@ def resolve(
     rank: int,
     remap: dict[str, Callable[..., Any]],
 ) -> Resolution:
-    """Decide where every per-rank entry (and the RNG states) of ``plan`` load from; refuse what cannot be served."""
+    """Decide where every per-rank entry (and the RNG states) of ``plan`` load from; refuse what
+    cannot be served."""
     saved = layout_of(commit.layout)
     legacy = commit.format < 2
     if saved is None and not legacy:
@@ -212,7 +219,8 @@ def _place(
 
 
 def read_payloads(directory: Path, commit: Commit, ranks: set[int]) -> dict[int, dict[str, Any]]:
-    """The saved per-rank files of ``ranks`` (``weights_only``: tensors and plain values); unreadable: an error."""
+    """The saved per-rank files of ``ranks`` (``weights_only``: tensors and plain values);
+    unreadable: an error."""
     out = {}
     for r in sorted(ranks):
         path = rank_file(directory, r)
@@ -260,7 +268,8 @@ def restore(
     layout: Layout,
     rank: int,
 ) -> None:
-    """Give every per-rank entry its saved (or remapped) value; re-derived entries keep the task's own."""
+    """Give every per-rank entry its saved (or remapped) value; re-derived entries keep the task's
+    own."""
     dp = layout.coords(rank)["dp"]
     for name, kind in plan.kinds.items():
         if name in res.sources:

@@ -73,7 +73,8 @@ ADMITTED: frozenset[tuple[str, str]] = frozenset(
 
 
 class MetadataUnpickler(pickle.Unpickler):
-    """An unpickler that builds only :data:`ADMITTED` globals and torch dtypes; anything else is refused."""
+    """An unpickler that builds only :data:`ADMITTED` globals and torch dtypes; anything else is
+    refused."""
 
     def __init__(self, file: Any, source: Path) -> None:
         super().__init__(file)
@@ -87,8 +88,10 @@ class MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise CheckpointRefused(
-            f"{self.source}: refused to unpickle {module}.{name}: a checkpoint's metadata may name only DCP's "
-            "metadata classes, torch dtypes / sizes / layouts and plain containers (a checkpoint is data, not "
+            f"{self.source}: refused to unpickle {module}.{name}: a checkpoint's metadata may "
+            "name only DCP's "
+            "metadata classes, torch dtypes / sizes / layouts and plain containers (a checkpoint "
+            "is data, not "
             "code); this file was not written by torch.distributed.checkpoint, or was tampered with"
         )
 
@@ -144,7 +147,8 @@ class SafeReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner; a non-tensor item must load with ``weights_only=True`` before DCP decodes it."""
+    """DCP's default load planner; a non-tensor item must load with ``weights_only=True`` before DCP
+    decodes it."""
 
     def __init__(self, source: Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)

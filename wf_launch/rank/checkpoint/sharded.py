@@ -37,7 +37,8 @@ def _namer(module: nn.Module) -> Callable[[str], str]:
 
 
 def optimizer_key(key: str, rename: Callable[[str], str]) -> str:
-    """A flat optimizer key (``state.<fqn>.<stat>`` / ``param_groups.<fqn>.<key>``) with ``<fqn>`` renamed."""
+    """A flat optimizer key (``state.<fqn>.<stat>`` / ``param_groups.<fqn>.<key>``) with ``<fqn>``
+    renamed."""
     head, _, rest = key.partition(".")
     fqn, _, stat = rest.rpartition(".")
     return f"{head}.{rename(fqn)}.{stat}" if fqn else key
@@ -80,7 +81,8 @@ def _local_dicts(
 
 
 def global_state_dicts(plan: Plan) -> dict[str, Any]:
-    """What DCP saves: each module's and optimizer's state dict, keyed by global names (this rank's shards)."""
+    """What DCP saves: each module's and optimizer's state dict, keyed by global names (this rank's
+    shards)."""
     return {
         name: _renamed(name, local, rename)[0]
         for name, (local, rename) in _local_dicts(plan, False).items()
@@ -88,8 +90,10 @@ def global_state_dicts(plan: Plan) -> dict[str, Any]:
 
 
 def _drop_stateless(metadata: Any, name: str, flat: dict[str, Any]) -> None:
-    """Drop the optimizer state of parameters that had none when saved (never updated): they keep the fresh,
-    zero state ``get_optimizer_state_dict`` gave them, which is what a first update starts from anyway."""
+    """Drop the optimizer state of parameters that had none when saved (never updated): they keep
+    the fresh,
+    zero state ``get_optimizer_state_dict`` gave them, which is what a first update starts from
+    anyway."""
     saved = metadata.state_dict_metadata
     params: dict[str, list[str]] = {}
     for key in flat:
@@ -102,7 +106,8 @@ def _drop_stateless(metadata: Any, name: str, flat: dict[str, Any]) -> None:
 
 
 def _check_against(metadata: Any, view: dict[str, dict[str, Any]], directory: Path) -> None:
-    """Every key this rank needs is in the checkpoint, with the same global shape; else :class:`CheckpointRefused`."""
+    """Every key this rank needs is in the checkpoint, with the same global shape; else
+    :class:`CheckpointRefused`."""
     saved = metadata.state_dict_metadata
     missing, shapes = [], []
     for name, sd in view.items():
@@ -116,12 +121,15 @@ def _check_against(metadata: Any, view: dict[str, dict[str, Any]], directory: Pa
                 and tuple(saved[full].size) != tuple(value.shape)
             ):
                 shapes.append(
-                    f"{full}: {tuple(saved[full].size)} in the checkpoint, {tuple(value.shape)} here"
+                    f"{full}: {tuple(saved[full].size)} in the checkpoint, {tuple(value.shape)} "
+                    "here"
                 )
     if missing:
         raise CheckpointRefused(
-            f"checkpoint {directory} has no {missing[0]!r}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, "
-            "which this state needs: it was saved from another model or state (a module holding a slice of a "
+            f"checkpoint {directory} has no "
+            f"{missing[0]!r}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, "
+            "which this state needs: it was saved from another model or state (a module holding a "
+            "slice of a "
             "model must name its parameters as the full model does: global_name())"
         )
     if shapes:
@@ -144,7 +152,8 @@ def load_sharded(
     distributed: bool,
     legacy: bool = False,
 ) -> None:
-    """Load every module and optimizer of ``plan`` in place from ``directory`` (collective over the group)."""
+    """Load every module and optimizer of ``plan`` in place from ``directory`` (collective over the
+    group)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint.state_dict import (

@@ -43,7 +43,8 @@ class CachedStager:
 
 
 def _signature(obj: Any) -> Any:
-    """Structure, shapes and dtypes of a nested state dict (when it changes, new buffers are made)."""
+    """Structure, shapes and dtypes of a nested state dict (when it changes, new buffers are
+    made)."""
     if isinstance(obj, dict):
         return tuple((k, _signature(v)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):

@@ -19,14 +19,17 @@ from worldfoundry.core.validation import is_int
 __all__ = ["STATUSES", "Tracker", "TrackerSettings", "flat_params"]
 
 STATUSES = ("ok", "interrupted", "failed")
-"""How an attempt ended, as the rank closes its trackers: completed, stopped to be resumed, failed."""
+"""How an attempt ended, as the rank closes its trackers: completed, stopped to be resumed,
+failed."""
 
 
 @dataclass
 class TrackerSettings:
-    """Everything a tracker is given: where the run is, who it is, its section of ``tracking``, its state.
+    """Everything a tracker is given: where the run is, who it is, its section of ``tracking``, its
+    state.
 
-    ``tagged`` (``tracking.all_ranks``): every rank tracks, so names carry the rank. ``state`` is the
+    ``tagged`` (``tracking.all_ranks``): every rank tracks, so names carry the rank. ``state`` is
+    the
     tracker's record from earlier attempts (``tracking/NAME.json``: ``last_step``, ``run``).
     """
 
@@ -41,7 +44,8 @@ class TrackerSettings:
 
     @property
     def run_name(self) -> str:
-        """How the run is named to a person: the run directory's name (``rankR`` added when every rank tracks)."""
+        """How the run is named to a person: the run directory's name (``rankR`` added when every
+        rank tracks)."""
         name = Path(self.run_dir).name
         return f"{name}-rank{self.rank}" if self.tagged and self.rank else name
 
@@ -61,7 +65,8 @@ class Tracker:
         self.settings = settings
 
     def open(self) -> int | None:
-        """Start or resume the tracked run (the config as hyper-parameters); the last step it already holds."""
+        """Start or resume the tracked run (the config as hyper-parameters); the last step it
+        already holds."""
         raise NotImplementedError
 
     def log(self, points: list[tuple[int, dict[str, float]]]) -> None:
@@ -72,15 +77,18 @@ class Tracker:
         """Make what was logged durable (the hub records the last step after this returns)."""
 
     def close(self, status: str) -> None:
-        """Record how this attempt ended (one of :data:`STATUSES`) and release the library's resources."""
+        """Record how this attempt ended (one of :data:`STATUSES`) and release the library's
+        resources."""
 
     def run_ref(self) -> str | None:
-        """The tracked run's own id, kept in the tracker's state (None when it has none of its own)."""
+        """The tracked run's own id, kept in the tracker's state (None when it has none of its
+        own)."""
         return None
 
 
 def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """The resolved config as ``{"engine.cp_size": 2, ...}``: numbers, bools and strings kept, the rest as text."""
+    """The resolved config as ``{"engine.cp_size": 2, ...}``: numbers, bools and strings kept, the
+    rest as text."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"

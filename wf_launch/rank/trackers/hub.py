@@ -48,7 +48,8 @@ class _Close:
 
 
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The metrics a tracker can draw: numbers (tensors and numpy scalars as their value), bools left out."""
+    """The metrics a tracker can draw: numbers (tensors and numpy scalars as their value), bools
+    left out."""
     out = {}
     for key, value in metrics.items():
         value = plain(value) if not isinstance(value, (int, float, str)) else value
@@ -58,7 +59,8 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def _merge(points: Iterable[tuple[int, dict[str, float]]]) -> list[tuple[int, dict[str, float]]]:
-    """Consecutive points of one step as one (``ctx.progress(5, loss=...)`` then ``ctx.progress(5, acc=...)``)."""
+    """Consecutive points of one step as one (``ctx.progress(5, loss=...)`` then ``ctx.progress(5,
+    acc=...)``)."""
     out: list[tuple[int, dict[str, float]]] = []
     for step, values in points:
         if out and out[-1][0] == step:
@@ -69,7 +71,8 @@ def _merge(points: Iterable[tuple[int, dict[str, float]]]) -> list[tuple[int, di
 
 
 class TrackerHub:
-    """Queues one rank's points and writes them to its trackers from a daemon thread (see the module)."""
+    """Queues one rank's points and writes them to its trackers from a daemon thread (see the
+    module)."""
 
     def __init__(
         self,
@@ -107,7 +110,8 @@ class TrackerHub:
                 if not self._dropped:
                     self._dropped = True
                     self._logger.warning(
-                        f"trackers {self.trackers} fall behind by {MAX_BACKLOG} points: dropping new "
+                        f"trackers {self.trackers} fall behind by {MAX_BACKLOG} points: dropping "
+                        "new "
                         f"ones ({files.METRICS} keeps every metric)"
                     )
                 return
@@ -116,7 +120,8 @@ class TrackerHub:
             pass
 
     def close(self, status: str) -> None:
-        """Write what is queued, record ``status`` in every tracker, and wait for it (``close_timeout_s`` at most)."""
+        """Write what is queued, record ``status`` in every tracker, and wait for it
+        (``close_timeout_s`` at most)."""
         if self._closed:
             return
         self._closed = True
@@ -162,7 +167,8 @@ class TrackerHub:
         self._save_state(tracker, status="running")
 
     def _replay(self, before: int | None) -> None:
-        """Points of this rank in ``metrics.jsonl`` that a tracker lacks, up to (not including) step ``before``."""
+        """Points of this rank in ``metrics.jsonl`` that a tracker lacks, up to (not including) step
+        ``before``."""
         floors = [h for t in self._trackers if (h := self._held.get(t.name)) is not None]
         if not self._trackers:
             return
@@ -207,7 +213,8 @@ class TrackerHub:
                 self._trackers.remove(tracker)
             self._logger.warning(
                 f"tracker {tracker.name} failed to {what} ({type(exc).__name__}: "
-                f"{str(exc).strip()[:300]}); it is off for the rest of this attempt, the run goes on "
+                f"{str(exc).strip()[:300]}); it is off for the rest of this attempt, the run goes "
+                "on "
                 f"({files.METRICS} keeps every metric)"
             )
             return False
@@ -250,7 +257,8 @@ def read_state(run_dir: Path | str, tracker: str, rank: int) -> dict[str, Any]:
 def _read_metrics(
     run_dir: Path, rank: int, floor: float, before: int | None
 ) -> list[tuple[int, dict[str, float]]]:
-    """This rank's points in ``metrics.jsonl`` with ``floor < step < before``, by step (the last value of a step
+    """This rank's points in ``metrics.jsonl`` with ``floor < step < before``, by step (the last
+    value of a step
     reported twice wins), streamed line by line."""
     by_step: dict[int, dict[str, float]] = {}
     try:

@@ -35,7 +35,8 @@ def _is_file_store(uri: str) -> bool:
 
 
 class MLflowTracker(Tracker):
-    """Writes one rank's metrics into the run's MLflow run (keys ``rankR/NAME`` when every rank tracks)."""
+    """Writes one rank's metrics into the run's MLflow run (keys ``rankR/NAME`` when every rank
+    tracks)."""
 
     name: ClassVar[str] = "mlflow"
 
@@ -97,7 +98,8 @@ class MLflowTracker(Tracker):
         return run.info.run_id
 
     def _held(self) -> int | None:
-        """The last step this rank's keys have in the MLflow run (read back: exact after any crash)."""
+        """The last step this rank's keys have in the MLflow run (read back: exact after any
+        crash)."""
         run = self.client.get_run(self.run_id)
         keys = [
             k
@@ -130,7 +132,8 @@ class MLflowTracker(Tracker):
 
 
 def _shared_run(path: Path, lock_path: Path, create: Any) -> str:
-    """The run id kept in ``path``, or ``create()``'s, written there: under a lock, so every rank and attempt
+    """The run id kept in ``path``, or ``create()``'s, written there: under a lock, so every rank
+    and attempt
     of the run agree on one MLflow run."""
     import fcntl
 

@@ -6,7 +6,8 @@ writes those steps again (from ``metrics.jsonl``, then live), so each curve goes
 duplicate or a step back. The config goes in as hyper-parameters (the HParams dashboard) and as
 text; each attempt's end as text ``wf_launch/status`` (``ok``, ``interrupted``, ``failed``) and the
 run's completion as the HParams session's end (success; an attempt that failed or stopped leaves the
-session open, since TensorBoard keeps only the first end of a session and a later attempt may complete it).
+session open, since TensorBoard keeps only the first end of a session and a later attempt may
+complete it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Hydra callback of ``-m`` sweeps (``hydra.callbacks.sweep_report`` in ``wf_launch/conf/config.yaml``)."""
+"""The Hydra callback of ``-m`` sweeps (``hydra.callbacks.sweep_report`` in
+``wf_launch/conf/config.yaml``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ __all__ = ["SweepReport"]
 
 
 def _mode(value: Any) -> int:
-    """``launcher.run_dir_mode`` as a mode for the sweep directory; owner-only unless it is a valid one."""
+    """``launcher.run_dir_mode`` as a mode for the sweep directory; owner-only unless it is a valid
+    one."""
 
     try:
         return run_dir_mode(value)
@@ -44,7 +46,8 @@ except ImportError:  # pragma: no cover - hydra is a dependency; keep the offlin
 
 
 class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
-    """Hydra callback: keep every point's failure in the report, write the report, set the exit code.
+    """Hydra callback: keep every point's failure in the report, write the report, set the exit
+    code.
 
     ``metric``: the charted metric. ``exit_nonzero``: leave the sweep with
     :func:`sweep_exit_code` once the report is written. A point whose launch
@@ -70,8 +73,10 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
 
     @staticmethod
     def _remove_dry_run(sweep_dir: Path, started: float, kept_plan: str | None = None) -> None:
-        """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go (a resumed
-        sweep's ``multirun.yaml`` is put back as it was: it is what a later resume is checked against)."""
+        """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go
+        (a resumed
+        sweep's ``multirun.yaml`` is put back as it was: it is what a later resume is checked
+        against)."""
 
         plan = sweep_dir / files.SWEEP_PLAN
         try:
@@ -111,7 +116,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             self._resume(config, sweep_dir, old)
         elif old and OmegaConf.select(config, "launcher.overwrite", default=False) is not True:
             print(
-                f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points {', '.join(old[:8])}"
+                f"wf_launch: sweep directory {sweep_dir} already holds a sweep (points "
+                f"{', '.join(old[:8])}"
                 f"{' ...' if len(old) > 8 else ''}); choose another hydra.sweep.dir, or pass "
                 "launcher.overwrite=true to move that sweep aside",
                 file=sys.stderr,
@@ -135,12 +141,14 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
 
     @staticmethod
     def _resume(config: Any, sweep_dir: Path, old: list[str]) -> None:
-        """``launcher.resume=true``: check that this sweep made ``sweep_dir`` (else exit 2), and say what will run."""
+        """``launcher.resume=true``: check that this sweep made ``sweep_dir`` (else exit 2), and say
+        what will run."""
         from omegaconf import OmegaConf
 
         if OmegaConf.select(config, "launcher.overwrite", default=False) is True:
             print(
-                "wf_launch: launcher.overwrite=true and launcher.resume=true: choose one (overwrite moves the sweep "
+                "wf_launch: launcher.overwrite=true and launcher.resume=true: choose one "
+                "(overwrite moves the sweep "
                 "aside, resume continues it)",
                 file=sys.stderr,
                 flush=True,
@@ -148,7 +156,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             raise SystemExit(2)
         if not old:
             print(
-                f"wf_launch: launcher.resume=true: {sweep_dir} holds no sweep yet; every point runs",
+                f"wf_launch: launcher.resume=true: {sweep_dir} holds no sweep yet; every point "
+                "runs",
                 file=sys.stderr,
                 flush=True,
             )
@@ -160,7 +169,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             raise SystemExit(2) from None
         ok, total = count_kept(sweep_dir)
         print(
-            f"wf_launch: resuming the sweep in {sweep_dir}: {ok} of {total} started point(s) ended ok and are "
+            f"wf_launch: resuming the sweep in {sweep_dir}: {ok} of {total} started point(s) "
+            "ended ok and are "
             "kept; the others, and the points never started, run",
             file=sys.stderr,
             flush=True,
@@ -183,9 +193,12 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
     def _record_launch_error(self, job_dir: Path, job_return: Any) -> None:
         """The launch itself raised: record it as a failed point and let the sweep go on.
 
-        A signal that reached the launch before it could stop its ranks itself (torch elastic's handler
-        raises ``SignalException`` from wherever the process is) is an interruption, not a failure: the
-        point is recorded as interrupted and the sweep stops, as when the signal reaches a running point.
+        A signal that reached the launch before it could stop its ranks itself (torch elastic's
+        handler
+        raises ``SignalException`` from wherever the process is) is an interruption, not a failure:
+        the
+        point is recorded as interrupted and the sweep stops, as when the signal reaches a running
+        point.
         """
         import signal
         import traceback

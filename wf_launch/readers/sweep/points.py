@@ -50,7 +50,8 @@ IDENTITY_FIELDS = frozenset({"rank", "local_rank", "world_size", "stage", "node_
 DEFAULT_METRIC = "tokens_per_s"
 PLAN_FILE = files.SWEEP_PLAN
 NOT_RUN, INCOMPLETE, UNREADABLE = "not_run", "incomplete", "unreadable"
-"""Report-only statuses: planned but never started; started, no record yet; a record that cannot be read."""
+"""Report-only statuses: planned but never started; started, no record yet; a record that cannot be
+read."""
 BASE_COLUMNS = ("job", "status", "overrides", *DIMS, "world", "wall_s")
 FAILED_STATUSES = frozenset(
     {*(str(s) for s in Status if s.is_failure and s is not Status.INVALID), UNREADABLE}
@@ -58,7 +59,8 @@ FAILED_STATUSES = frozenset(
 
 
 def _load_yaml(path: Path) -> Any:
-    """The YAML at ``path``; None when it is missing or cannot be read (not a regular file, too big, malformed)."""
+    """The YAML at ``path``; None when it is missing or cannot be read (not a regular file, too big,
+    malformed)."""
     try:
         return read_yaml(path)
     except (OSError, ValueError):
@@ -66,7 +68,8 @@ def _load_yaml(path: Path) -> Any:
 
 
 def _mapping(value: Any, key: str) -> dict[str, Any]:
-    """``value[key]`` when both are mappings, else {} (a malformed file reads as empty, never a crash)."""
+    """``value[key]`` when both are mappings, else {} (a malformed file reads as empty, never a
+    crash)."""
     found = value.get(key) if isinstance(value, dict) else None
     return found if isinstance(found, dict) else {}
 
@@ -128,7 +131,8 @@ def _job_num(job_dir: Path) -> int | None:
 def expand_sweep(overrides: list[Any]) -> list[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper expands parsed ``overrides``: the cartesian
     product of every key's values (a later override of a key replaces an earlier one, keeping its
-    place), in order. Only discrete sweeps (``a=1,2``, ``choice``, ``range``); others raise ValueError.
+    place), in order. Only discrete sweeps (``a=1,2``, ``choice``, ``range``); others raise
+    ValueError.
     """
     axes: dict[str, list[str]] = {}
     for override in overrides:
@@ -143,7 +147,8 @@ def expand_sweep(overrides: list[Any]) -> list[list[str]]:
 
 
 def planned_points(sweep_dir: Path | str) -> list[list[str]]:
-    """Each job's overrides, in job-number order, as Hydra's basic sweeper expands ``multirun.yaml``.
+    """Each job's overrides, in job-number order, as Hydra's basic sweeper expands
+    ``multirun.yaml``.
 
     Empty when there is no ``multirun.yaml`` or its sweep cannot be expanded offline.
     """
@@ -161,7 +166,8 @@ def planned_points(sweep_dir: Path | str) -> list[list[str]]:
 
 
 def _hydra_overrides(job_dir: Path) -> str:
-    """The point's overrides from Hydra's record (``.hydra/overrides.yaml``), one string; '' when unreadable."""
+    """The point's overrides from Hydra's record (``.hydra/overrides.yaml``), one string; '' when
+    unreadable."""
     overrides = _load_yaml(files.hydra_overrides(job_dir))
     return " ".join(str(o) for o in overrides) if isinstance(overrides, list) else ""
 

@@ -70,7 +70,8 @@ def _paired_locals(
         )
         if s_local.shape != t_local.shape:
             raise ValueError(
-                f"{where}: src {s_name!r} has local shape {tuple(s_local.shape)} but tgt {t_name!r} has "
+                f"{where}: src {s_name!r} has local shape {tuple(s_local.shape)} but tgt "
+                f"{t_name!r} has "
                 f"{tuple(t_local.shape)}; they must match"
             )
         srcs.append(s_local)
@@ -108,7 +109,8 @@ class DTensorFastEmaModelUpdater:
         for name, t in zip(names, tgts):
             if t.dtype != torch.float32:
                 raise TypeError(
-                    f"update_average: EMA target {name!r} is {t.dtype}; EMA weights must be torch.float32 "
+                    f"update_average: EMA target {name!r} is {t.dtype}; EMA weights must be "
+                    "torch.float32 "
                     "(low-precision EMA loses the small updates)"
                 )
         same: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
@@ -145,7 +147,8 @@ class DTensorFastEmaModelUpdater:
         named = _named(parameters, "restore")
         if len(named) != len(self.collected_params):
             raise ValueError(
-                f"restore: {len(named)} parameters given but {len(self.collected_params)} were cached; "
+                f"restore: {len(named)} parameters given but {len(self.collected_params)} were "
+                "cached; "
                 "restore the same parameters that were cached"
             )
         targets = []
@@ -153,7 +156,8 @@ class DTensorFastEmaModelUpdater:
             local = get_local_tensor_if_dtensor(p).detach()
             if local.shape != cached.shape:
                 raise ValueError(
-                    f"restore: parameter {name!r} has local shape {tuple(local.shape)} but its cached copy "
+                    f"restore: parameter {name!r} has local shape {tuple(local.shape)} but its "
+                    "cached copy "
                     f"has {tuple(cached.shape)}"
                 )
             targets.append(local)

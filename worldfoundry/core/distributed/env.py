@@ -41,12 +41,14 @@ ENGINE_ENV: dict[str, str] = {
 
 
 def engine_environ(engine: Mapping[str, object]) -> dict[str, str]:
-    """The :data:`ENGINE_ENV` variables for ``engine`` (a resolved ``engine`` section; absent fields are left out)."""
+    """The :data:`ENGINE_ENV` variables for ``engine`` (a resolved ``engine`` section; absent fields
+    are left out)."""
     return {var: str(engine[key]) for key, var in ENGINE_ENV.items() if engine.get(key) is not None}
 
 
 def engine_from_environ(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    """An engine config from the :data:`ENGINE_ENV` variables (what a launcher set), for ``dist_init()``.
+    """An engine config from the :data:`ENGINE_ENV` variables (what a launcher set), for
+    ``dist_init()``.
 
     Sizes that are absent are 1, except ``dp_size``, which then takes what the world
     size leaves (plain torchrun: every rank data parallel). ValueError names a variable
@@ -94,7 +96,8 @@ def launch_attempt() -> int:
 
 
 def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
-    """Integer environment variable ``name`` (``default`` when unset or empty); ValueError names it."""
+    """Integer environment variable ``name`` (``default`` when unset or empty); ValueError names
+    it."""
     raw = (os.environ if environ is None else environ).get(name)
     if raw is None or raw == "":
         return default

@@ -47,7 +47,8 @@ def _as_timedelta(timeout: Timeout, name: str = "timeout") -> timedelta | None:
 
 
 class PPScheduler:
-    """Send to the next pp stage, receive from the previous one; queued receives complete in FIFO order.
+    """Send to the next pp stage, receive from the previous one; queued receives complete in FIFO
+    order.
 
     ``group`` defaults to ``groups.get_pp_group()``. Its ``next_rank`` /
     ``prev_rank`` are global ranks; its ``device_group`` carries the traffic.
@@ -99,7 +100,8 @@ class PPScheduler:
             )
 
     def isend_next(self, t: torch.Tensor) -> dist.Work:
-        """Start sending ``t`` to the next stage; wait on the returned handle before reusing ``t``."""
+        """Start sending ``t`` to the next stage; wait on the returned handle before reusing
+        ``t``."""
         self._check_usable("isend_next")
         if not isinstance(t, torch.Tensor):
             raise TypeError(
@@ -108,7 +110,8 @@ class PPScheduler:
         return dist.isend(t.detach().contiguous(), dst=self.next_rank, group=self._pg, tag=self.tag)
 
     def irecv_prev(self, buf: torch.Tensor) -> dist.Work:
-        """Start receiving the previous stage's next message into ``buf`` (contiguous, right shape)."""
+        """Start receiving the previous stage's next message into ``buf`` (contiguous, right
+        shape)."""
         self._check_usable("irecv_prev")
         if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
             what = (
@@ -150,7 +153,8 @@ class PPScheduler:
     def recv_prev_data(
         self, shape: Any, dtype: torch.dtype, timeout: Timeout = None
     ) -> torch.Tensor:
-        """Receive the previous stage's next message into a new ``shape`` / ``dtype`` tensor and return it.
+        """Receive the previous stage's next message into a new ``shape`` / ``dtype`` tensor and
+        return it.
 
         It is matched after every receive already queued (FIFO).
         """
@@ -159,7 +163,8 @@ class PPScheduler:
         return self._wait(buf, self._irecv(buf), timeout, "recv_prev_data")
 
     def queue_irecv_prev(self, shape: Any, dtype: torch.dtype) -> None:
-        """Post a receive of a ``shape`` / ``dtype`` message from the previous stage; collect it later."""
+        """Post a receive of a ``shape`` / ``dtype`` message from the previous stage; collect it
+        later."""
         self._check_usable("queue_irecv_prev")
         buf = self._new_buffer(shape, dtype, "queue_irecv_prev")
         self._queue.append((buf, self._irecv(buf)))

@@ -87,7 +87,8 @@ def set_distribution_plan(model: nn.Module, plan: DistributionPlan) -> None:
         if existing is not None:
             where = f"submodule {name!r}" if name else "the model"
             raise RuntimeError(
-                f"set_distribution_plan: {where} ({type(module).__name__}) already records {existing}; "
+                f"set_distribution_plan: {where} ({type(module).__name__}) already records "
+                f"{existing}; "
                 "a model is distributed, and its plan recorded, once"
             )
     for _, module in modules:

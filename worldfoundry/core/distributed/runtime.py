@@ -73,7 +73,8 @@ class Runtime:
         self._on_close.append(hook)
 
     def destroy_created(self) -> None:
-        """Destroy the process groups this runtime created (newest first), ignoring ones already gone."""
+        """Destroy the process groups this runtime created (newest first), ignoring ones already
+        gone."""
         settle_group_threads()
         for pg in reversed(self.created):
             try:
@@ -83,7 +84,8 @@ class Runtime:
         self.created.clear()
 
     def close(self, destroy: bool = True) -> None:
-        """Tear everything down: hooks, PP scheduler, caches, groups, ``cp_size_t``, the owned default group.
+        """Tear everything down: hooks, PP scheduler, caches, groups, ``cp_size_t``, the owned
+        default group.
 
         ``destroy=False`` forgets the process groups without calling into
         torch.distributed (after an abort, when they are gone already). Safe to
@@ -112,7 +114,8 @@ SETTLE_S = 0.01
 
 
 def settle_group_threads() -> None:
-    """Let gloo's worker threads finish with the last collectives before a process group is destroyed.
+    """Let gloo's worker threads finish with the last collectives before a process group is
+    destroyed.
 
     ``ProcessGroupGloo``'s destructor joins its worker threads while the destroying thread holds
     the GIL. A worker that is still dropping a finished collective whose tensors only C++ holds
@@ -147,13 +150,16 @@ class _Rendezvous:
 _RDZV = _Rendezvous()
 
 LOCAL_STORE = "wf-local://"
-"""``init_method`` of a single process that no launcher started: an in-process store (``HashStore``), so
-nothing listens on any port (a TCP store on a free port would listen on every interface, and the port
+"""``init_method`` of a single process that no launcher started: an in-process store
+(``HashStore``), so
+nothing listens on any port (a TCP store on a free port would listen on every interface, and the
+port
 could be taken between picking and binding it)."""
 
 
 def _is_loopback(host: str | None) -> bool:
-    """Whether ``host`` is a loopback address written as one (``127.0.0.1``, ``::1``; not a name)."""
+    """Whether ``host`` is a loopback address written as one (``127.0.0.1``, ``::1``; not a
+    name)."""
     import ipaddress
 
     try:
@@ -163,8 +169,10 @@ def _is_loopback(host: str | None) -> bool:
 
 
 def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedelta) -> Any:
-    """The launch's store: in-process for :data:`LOCAL_STORE`; on rank 0 of an ``env://`` launch whose
-    ``MASTER_ADDR`` is a loopback address, a server listening on that address only (torch's own listens on
+    """The launch's store: in-process for :data:`LOCAL_STORE`; on rank 0 of an ``env://`` launch
+    whose
+    ``MASTER_ADDR`` is a loopback address, a server listening on that address only (torch's own
+    listens on
     every interface); otherwise torch's rendezvous."""
     if init_method == LOCAL_STORE:
         return dist.HashStore()
@@ -181,7 +189,8 @@ def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedel
 
 
 def _loopback_server(host: str, port: int, world_size: int, timeout: timedelta) -> Any:
-    """A TCPStore server bound to ``host`` (a loopback address) alone; an error if the port is taken."""
+    """A TCPStore server bound to ``host`` (a loopback address) alone; an error if the port is
+    taken."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
