@@ -441,7 +441,7 @@ def _limit(seconds: float) -> Iterator[None]:
 def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[], Any]]]:
     from wf_launch.readers import plot, status
     from wf_launch.readers import runs as runs_tool
-    from wf_launch.readers.sweep.charts import render_steps_chart  # noqa: F401  (imported as the report does)
+    from wf_launch.readers.sweep.charts import render_charts  # noqa: F401  (as the report does)
     from wf_launch.readers.sweep.points import collect_points
     from wf_launch.readers.sweep.tables import render_csv, render_markdown
 

@@ -392,6 +392,7 @@ def test_sweep_points_run_side_by_side(ray_cluster: RayCluster, tmp_path: Path) 
 def test_bad_inputs_are_refused_before_any_actor_starts(
     ray_cluster: RayCluster, tmp_path: Path, args: list[str], field: str, has: str
 ) -> None:
+    ray_cluster.restore()  # the messages name the whole cluster: a node killed earlier comes back
     run = tmp_path / "run"
     address = (
         []

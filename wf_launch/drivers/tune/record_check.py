@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ...rundir.record import Status
 from .prune import check_conflicts
 from .space import MAX_WORLD_SIZE, TuneError, build_space, parse_also, split_command
 
@@ -23,7 +24,11 @@ __all__ = ["ROUND_STATUSES", "TUNE_STATUSES", "check_record"]
 
 TUNE_STATUSES = ("done", "running", "interrupted", "budget", "failed")
 ROUND_STATUSES = ("running", "done", "budget", "interrupted", "no_metric", "sweep_failed")
-MEASURE_STATUSES = ("ok", "no_metric", "stalled", "oom", "failed", "not_run", "incomplete")
+MEASURE_STATUSES = (
+    *("ok", "no_metric", "stalled", "oom", "failed", "not_run", "incomplete", "unreadable"),
+    *(str(s) for s in Status if str(s) not in ("ok", "failed")),
+)
+"""A trial's measurement takes the tuner's own statuses, or its run's (an interrupted point)."""
 VERDICTS = ("valid", "invalid", "memory")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
