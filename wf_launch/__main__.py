@@ -7,6 +7,8 @@ except BaseException:
     if not interrupted():
         raise
     exit_interrupted()
+if interrupted():  # a library's bare ``except:`` swallowed the KeyboardInterrupt of an import
+    exit_interrupted()
 
 __all__ = []
 
