@@ -34,6 +34,7 @@ from ...rank.entrypoint import RankSpec
 from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import attempts, files
 from ...rundir.record import Status
+from ..interrupt import Stopped
 from . import ray_adapter as rt
 from . import state
 from .cluster import alive_nodes, describe_nodes
@@ -46,14 +47,6 @@ __all__ = ["Attempt", "Ended", "Stopped"]
 
 POLL_S = 0.2
 _RANK_ACTOR: dict[str, Any] = {}
-
-
-class Stopped(Exception):
-    """The launching command got SIGTERM or SIGHUP (SIGINT arrives as KeyboardInterrupt)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
 
 
 @dataclass

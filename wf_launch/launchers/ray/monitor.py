@@ -13,13 +13,10 @@ step) and ``launcher.shutdown_timeout_s`` to leave.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +31,9 @@ from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from ...rundir.resume import resume_hint
 from ..base import CTRL_C_NOTICE
+from ..interrupt import Stopped, stop_signals
 from . import state
-from .attempt import Attempt, Ended, Stopped
+from .attempt import Attempt, Ended
 from .cluster import alive_nodes, check_fits, node_reachable
 from .failure import Verdict
 from .placement import LAUNCHER_VARS, describe_slots
@@ -73,26 +71,6 @@ class RunOptions:
     show: bool = True
     forward: dict[str, str] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def stop_signals(active: bool) -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Stopped` in the launching command (SIGINT:
-    KeyboardInterrupt)."""
-    if not active or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Stopped(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _hosts() -> dict[str, str]:
