@@ -168,7 +168,7 @@ def check_startup(env: Env) -> Result:
     proc, record = _launch(
         env,
         "startup",
-        ["task=layout", f"engine.distributed_backend={env.mixed}", f"engine.dp_size={env.world}"],
+        ["task=layout", f'engine.distributed_backend="{env.mixed}"', f"engine.dp_size={env.world}"],
         240,
     )
     rows = (record.get("results", {}).get("0") or {}).get("rows") or []

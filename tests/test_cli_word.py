@@ -57,6 +57,11 @@ REPO = Path(__file__).resolve().parents[1]
         ),
         ("engine.pp_size=two", "engine.pp_size=two is not allowed: expected an integer"),
         (
+            "engine.distributed_backend=cpu:gloo,cuda:nccl",
+            "engine.distributed_backend=cpu:gloo,cuda:nccl is ambiguous: a comma makes a list or "
+            "a sweep; for the string, quote it",
+        ),
+        (
             "task=task_schema",
             "task=task_schema is not allowed: task_schema is an internal schema, not an option",
         ),

@@ -159,3 +159,28 @@ def test_a_renamed_torch_private_name_is_named(monkeypatch: pytest.MonkeyPatch) 
     assert any("MultiprocessContext no longer assigns self._renamed_pc" in p for p in problems), (
         problems
     )
+
+
+def test_the_local_launcher_builds_launch_configs_of_older_torch_too() -> None:
+    """torch 2.11 (the GPU image's) has no ``LaunchConfig.shutdown_timeout``: the launcher leaves
+    it out there rather than failing every local launch with a TypeError."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from wf_launch.launchers.local.launcher import shutdown_timeout
+
+    @dataclasses.dataclass
+    class LaunchConfigOf211:
+        min_nodes: int
+        max_nodes: int
+
+    assert shutdown_timeout(LaunchConfigOf211, 7) == {}
+    has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+    assert shutdown_timeout(LaunchConfig, 7) == ({"shutdown_timeout": 7} if has_field else {})
+
+
+def test_submitit_names_are_checked_on_a_machine_without_srun(monkeypatch) -> None:
+    """The GPU check runs the upstream-name check where SLURM is absent: no srun is no finding."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert not any("srun" in problem for problem in submitit_adapter.check_names())

@@ -13,6 +13,7 @@ picked as an option.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -186,5 +187,18 @@ def hydra_config_error(exc: BaseException, argv: list[str]) -> ConfigError | Non
         where = getattr(cause, "full_key", None)
         return ConfigError(f"{where + ': ' if where else ''}{_first_line(cause)}")
     if isinstance(exc, ConfigCompositionException):
-        return ConfigError(_first_line(exc))
+        return ConfigError(_ambiguous(exc) or _first_line(exc))
     return None
+
+
+def _ambiguous(exc: BaseException) -> str | None:
+    """Hydra's "Ambiguous value" (a comma outside ``--multirun``) in one line that says how to quote
+    the value, since its own advice spans three lines and ``_first_line`` would drop it."""
+    match = re.match(r"Ambiguous value for argument '([^=']+)=([^']*)'", str(exc))
+    if match is None:
+        return None
+    key, value = match.groups()
+    return (
+        f"{key}={value} is ambiguous: a comma makes a list or a sweep; for the string, quote it "
+        f"('{key}=\"{value}\"' in a shell), for a sweep add --multirun"
+    )

@@ -379,7 +379,12 @@ def run_agent(
         spec=spec,
         logs_specs=config.logs_specs,
         start_method=config.start_method,
-        shutdown_timeout=config.shutdown_timeout,
+        # LaunchConfig and the agent took shutdown_timeout in the same torch release (2.12)
+        **(
+            {"shutdown_timeout": config.shutdown_timeout}
+            if hasattr(config, "shutdown_timeout")
+            else {}
+        ),
     )
     agent.exit_codes = {}
     agent.gate = gate

@@ -11,6 +11,7 @@ forked rank waits at a :class:`~.agent.ForkGate` until every rank is forked.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -202,6 +203,14 @@ def _share_the_loopback_store() -> None:
         )
 
 
+def shutdown_timeout(launch_config: type, seconds: int) -> dict[str, int]:
+    """``{"shutdown_timeout": seconds}`` where torch's ``LaunchConfig`` takes it; older torch (2.11
+    here) has no such field and gives the workers its fixed 30 s after the stop signal."""
+    if "shutdown_timeout" not in inspect.signature(launch_config).parameters:
+        return {}
+    return {"shutdown_timeout": int(seconds)}
+
+
 def _launch_config(plan: LaunchPlan, method: str) -> Any:
     """torch's ``LaunchConfig`` for the plan: one node, loopback c10d rendezvous, the launcher's
     settings.
@@ -223,7 +232,7 @@ def _launch_config(plan: LaunchPlan, method: str) -> Any:
         start_method=method,
         logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / files.ELASTIC_LOGS)),
         local_addr="127.0.0.1",
-        shutdown_timeout=lc.shutdown_timeout_s,
+        **shutdown_timeout(LaunchConfig, lc.shutdown_timeout_s),
     )
 
 

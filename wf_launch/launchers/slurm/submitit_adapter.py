@@ -134,7 +134,11 @@ def _missing_parameters() -> list[str]:
 
 def _changed_command() -> list[str]:
     folder = Path("/nonexistent/wf_launch_check")
-    actual = _resolve("submitit", "SlurmExecutor")(folder=folder)._submitit_command_str
+    executor_class = _resolve("submitit", "SlurmExecutor")
+    # built without __init__, which refuses a machine with no srun; the property reads these two
+    executor = executor_class.__new__(executor_class)
+    executor.folder, executor.python = folder, shlex.quote(sys.executable)
+    actual = executor._submitit_command_str
     if actual == submit_command(folder):
         return []
     return [
