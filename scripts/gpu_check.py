@@ -425,6 +425,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--only", nargs="*", default=None, help="run only these checks")
     ap.add_argument(
+        "--keep", metavar="DIR", default=None, help="run in DIR and keep its run dirs and logs"
+    )
+    ap.add_argument(
         "--missing", action="store_true", help="print the dependencies this interpreter lacks"
     )
     ap.add_argument(
@@ -466,7 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="wf-gpu-check-") as scratch:
-        env = Env(gpus, args.rehearse_on_cpu, Path(scratch), start + args.budget_s)
+        kept = Path(args.keep) if args.keep else None
+        if kept is not None:
+            kept.mkdir(parents=True, exist_ok=True)
+        env = Env(gpus, args.rehearse_on_cpu, kept or Path(scratch), start + args.budget_s)
         for check in chosen:
             results.append((check.name, _one(check, env)))
     return _summary(results, gpus, args.rehearse_on_cpu, time.monotonic() - start)

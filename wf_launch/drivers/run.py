@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worldfoundry.core.distributed.backends import local_gpu_count
+
 from ..cli import main as cli_main
 
 __all__ = ["RunCommandError", "hydra_quote", "main", "overrides_for", "parse"]
@@ -235,9 +237,7 @@ class RunCommand:
 def _nproc(value: str) -> int:
     """``--nproc-per-node``: an integer >= 1, or torchrun's ``auto`` / ``cpu`` / ``gpu``."""
     if value in ("auto", "cpu", "gpu"):
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = local_gpu_count()
         if value == "gpu" and not gpus:
             raise RunCommandError(
                 "--nproc-per-node gpu: this host has no CUDA GPU; give a number, or cpu"

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.distributed.backends import local_gpu_count
+
 from . import files
 from .io import atomic_write_json
 
@@ -83,18 +85,6 @@ def code_provenance(config: dict[str, Any] | None = None) -> dict[str, dict[str,
     return out
 
 
-def _cuda_available(torch: Any) -> bool:
-    """Whether this process sees a CUDA device, asked without poisoning a later fork.
-
-    ``torch.cuda.is_available()`` asks the CUDA runtime, which initializes the driver, and a process
-    forked after that cannot use CUDA ("initialization error"): the local launcher records the
-    environment before it forks the ranks. ``device_count()`` asks NVML, which is fork-safe (it
-    falls
-    back to the runtime only where NVML is missing).
-    """
-    return torch.cuda.device_count() > 0
-
-
 def environment_info(
     cwd: Path | str | None = None, config: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -109,7 +99,7 @@ def environment_info(
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "cuda_available": _cuda_available(torch),
+        "cuda_available": local_gpu_count() > 0,
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

@@ -24,6 +24,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from worldfoundry.core.distributed.backends import local_gpu_count
 from worldfoundry.core.validation import is_int
 
 from ...app import validate_run_config
@@ -135,9 +136,7 @@ def device_of(config: dict[str, Any]) -> str:
         return "cpu"
     if int((config.get("launcher") or {}).get("gpus_per_node") or 0) > 0:
         return "cuda"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if local_gpu_count() else "cpu"
 
 
 def memory_estimator(config: dict[str, Any]) -> Callable[[dict[str, Any]], float] | None:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
+from worldfoundry.core.distributed.backends import local_gpu_count
+
 from ...config.engine import NCCL_BACKENDS
 from ...config.fields import (
     check_fields,
@@ -101,9 +103,7 @@ def check_gpus(engine: EngineConfig, world_size: int) -> None:
     """An NCCL backend needs a GPU per rank on this host: refused before launch if it has fewer."""
     if engine.backend not in NCCL_BACKENDS:
         return
-    import torch  # only for an NCCL backend: the one question is this host's device count
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = local_gpu_count()
     if gpus < world_size:
         raise config_error(
             "engine.distributed_backend",
@@ -127,16 +127,17 @@ def preload(modules: tuple[str, ...]) -> None:
 
 
 def choose_start_method(requested: str) -> str:
-    """``auto`` -> fork when safe (Linux, CUDA untouched, one thread), else spawn."""
+    """``auto`` -> fork where it is safe (Linux, one thread, no CUDA device), else spawn.
+
+    With a GPU, counting the devices may already have asked the CUDA runtime (torch does where NVML
+    is unavailable, as in gVisor sandboxes), and a forked rank then cannot use CUDA ("Cannot
+    re-initialize CUDA in forked subprocess", seen on an H200): GPU hosts spawn their ranks.
+    """
     if requested != "auto":
         return requested
-    import torch
-
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
         return "spawn"
-    if torch.cuda.is_initialized() or threading.active_count() > 1:
-        return "spawn"
-    return "fork"
+    return "spawn" if local_gpu_count() > 0 else "fork"
 
 
 def threads_per_rank(requested: int, nproc: int) -> int:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BACKENDS", "NCCL_BACKEND", "group_device", "resolve_backend"]
+__all__ = ["BACKENDS", "NCCL_BACKEND", "group_device", "local_gpu_count", "resolve_backend"]
 
 BACKENDS: tuple[str, ...] = ("auto", "nccl", "gloo", "cpu:gloo,cuda:nccl")
 """Values ``engine_config.distributed_backend`` may take."""
@@ -26,6 +26,19 @@ NCCL_BACKEND = "cpu:gloo,cuda:nccl"
 """How NCCL is initialized: CPU tensors and objects keep a gloo path in every group."""
 
 _DEVICE_BACKENDS = (("nccl", "cuda"), ("xccl", "xpu"))
+
+
+def local_gpu_count() -> int:
+    """CUDA devices this process sees, asked without spoiling a later fork.
+
+    ``torch.cuda.is_available()`` asks the CUDA runtime, and a launcher that asked it can no longer
+    fork ranks that use CUDA ("Cannot re-initialize CUDA in forked subprocess", seen on an H200).
+    ``device_count()`` asks NVML, which is fork-safe; torch falls back to the runtime only where
+    NVML is missing.
+    """
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def resolve_backend(requested: str, local_world_size: int, local_rank: int) -> str:
@@ -42,9 +55,7 @@ def resolve_backend(requested: str, local_world_size: int, local_rank: int) -> s
             f"engine_config.distributed_backend={requested!r} is not allowed; "
             f"choose one of {list(BACKENDS)}"
         )
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = local_gpu_count()
     if req == "auto":
         return NCCL_BACKEND if gpus >= max(local_world_size, 1) else "gloo"
     if req == "gloo":
