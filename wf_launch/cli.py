@@ -27,7 +27,7 @@ from .config.overrides import hydra_config_error, refuse_schemas, task_modules
 from .config.run import RunConfig
 from .launchers.registry import registered_launchers
 from .launchers.sweep_resume import kept_outcome
-from .observe.interrupt import catch_sigint, exit_interrupted, interrupted
+from .observe.interrupt import catch_sigint, deferred, exit_interrupted, interrupted, undefer
 from .rank.task_registry import load_task_modules, registered_configs
 from .rundir.claim import remove_made_folders
 from .rundir.outcome import RunOutcome
@@ -61,6 +61,7 @@ def _app(cfg: DictConfig) -> object:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     _RUN_DIRS.append(run_dir)
+    undefer()  # a Ctrl-C held since composition raises here, where the folder is known
     if hc.mode == RunMode.MULTIRUN and OmegaConf.select(cfg, "launcher.resume", default=False) in (
         True,
         "auto",
@@ -229,7 +230,7 @@ def _main(argv: list[str]) -> int:
             config_groups_help if _shows_hydra_config(argv) else str,
             replace=True,
         )
-        with _hydra_raises():
+        with _hydra_raises(), deferred():  # held until _app has noted Hydra's run dir
             hydra.main(
                 version_base="1.3", config_path="pkg://wf_launch.conf", config_name="config"
             )(_app)()

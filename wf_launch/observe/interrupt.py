@@ -12,24 +12,52 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 __all__ = [
     "EXIT_INTERRUPTED",
     "NOTHING_LAUNCHED",
     "catch_sigint",
+    "deferred",
     "exit_interrupted",
     "interrupted",
+    "undefer",
 ]
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 NOTHING_LAUNCHED = "wf_launch: interrupted (Ctrl-C) before the run started; nothing was launched"
 _SEEN = [False]
+_DEFERRED = [False]
 
 
 def _note_and_raise(signum: int, frame: FrameType | None) -> None:
     _SEEN[0] = True
-    raise KeyboardInterrupt
+    if not _DEFERRED[0]:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (noted, not raised) until :func:`undefer` or the end of the block.
+
+    Hydra makes the run directory before the app can note it, and on an interrupt it forgets the
+    directory it made: a Ctrl-C in between would leave an empty run directory and no record.
+    """
+    _DEFERRED[0] = True
+    try:
+        yield
+    finally:
+        undefer()
+
+
+def undefer() -> None:
+    """Let Ctrl-C raise again, raising at once the one held since :func:`deferred`."""
+    if _DEFERRED[0]:
+        _DEFERRED[0] = False
+        if _SEEN[0]:
+            raise KeyboardInterrupt
 
 
 def catch_sigint() -> None:
