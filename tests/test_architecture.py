@@ -410,7 +410,8 @@ def test_torch_private_names_live_in_one_adapter() -> None:
 def test_the_launcher_side_never_asks_the_cuda_runtime() -> None:
     """``torch.cuda.is_available()`` (the CUDA runtime) in a process that forks ranks makes every
     forked rank fail with "Cannot re-initialize CUDA in forked subprocess" (seen on an H200): the
-    launcher side of ``wf_launch`` asks ``backends.local_gpu_count()`` (NVML) instead. Ranks and tasks may ask."""
+    launcher side of ``wf_launch`` asks ``backends.local_gpu_count()`` (NVML) instead. Ranks and
+    tasks may ask."""
     launcher_side = [
         str(p.relative_to(REPO))
         for p in _code_files()

@@ -89,7 +89,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
-    steps = 60
+    steps = 20
     submit = subprocess.run(
         [
             sys.executable,
@@ -100,8 +100,9 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             "task=ticker",
             "task.modules=[wf_test_tasks]",
             f"task.steps={steps}",
-            "task.step_sleep_s=0.25",
+            "task.step_sleep_s=0.1",
             "task.fail_rank=1",
+            f"task.hold_until={tmp_path / 'go'}",  # the run goes on until the checks below are done
             "engine.dp_size=2",
             "launcher.console_ranks=[0]",
             "launcher.progress_interval_s=0.1",
@@ -133,9 +134,11 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
             text = _wait_for(first_out, rf"step \d+/{steps} \(\d+%\)", first)
             text = _wait_for(first_out, r"\[r0 tp0 cp0 pp0 dp0\] tick ", first)
-        finally:
-            first.send_signal(signal.SIGINT)
-            assert first.wait(timeout=60) == 130
+        except BaseException:
+            first.kill()
+            raise
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=60) == 130, first_out.read_text()
         text = first_out.read_text()
         assert re.search(
             rf"PENDING \(BeginTime\)\n(.*\n)*.*SLURM job {job_id}: RUNNING on n", text
@@ -162,6 +165,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             ("running", f"slurm {job_id}")
         ]
 
+        (tmp_path / "go").touch()
         second = subprocess.run(
             follow_cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
         )

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from wf_launch import TaskConfig, TaskContext, register_task
@@ -80,6 +81,7 @@ class TickerConfig(TaskConfig):
     steps: int = 20
     step_sleep_s: float = 0.2
     fail_rank: int = -1
+    hold_until: str = ""  # a file: the last step waits (up to 10 minutes) until it exists
 
 
 @register_task("ticker", config=TickerConfig)
@@ -88,6 +90,10 @@ def ticker(ctx: TaskContext) -> dict[str, Any]:
     cfg = ctx.task_config
     for i in range(cfg["steps"]):
         time.sleep(cfg["step_sleep_s"])
+        if i == cfg["steps"] - 1 and cfg["hold_until"]:
+            deadline = time.monotonic() + 600
+            while not Path(cfg["hold_until"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
         ctx.progress(i + 1, cfg["steps"], loss=round(1.0 / (i + 1), 4))
         if i % 5 == 0:
             ctx.log.info(f"tick {i + 1}")
