@@ -81,7 +81,7 @@ class RayCluster:
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
 
-    def leftovers(self, grace_s: float = 20.0) -> list[str]:
+    def leftovers(self, grace_s: float = 60.0) -> list[str]:
         """What a run left in the cluster (none expected): busy CPUs, live placement groups,
         supervisors,
         rank or supervisor processes; waited for up to ``grace_s`` (teardown is asynchronous)."""

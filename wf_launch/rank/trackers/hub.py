@@ -157,9 +157,20 @@ class TrackerHub:
                     self._replay(first)
                 batch.append(item)
             if time.monotonic() >= deadline:
-                self._write(batch)
-                batch = []
+                batch = self._write_all_but_the_newest_step(batch)
                 deadline = time.monotonic() + self.flush_s
+
+    def _write_all_but_the_newest_step(
+        self, batch: list[tuple[int, dict[str, float]]]
+    ) -> list[tuple[int, dict[str, float]]]:
+        """Write the batch but its newest step, which may still get metrics (``ctx.progress(7,
+        loss=...)`` then ``ctx.progress(7, acc=...)``); return that step's points, to go with the
+        next batch. A step is written once, as one point, however the flushes fall."""
+        cut = len(batch)
+        while cut and batch[cut - 1][0] == batch[-1][0]:
+            cut -= 1
+        self._write(batch[:cut])
+        return batch[cut:]
 
     def _opened(self, tracker: Tracker, held: int | None) -> None:
         self._held[tracker.name] = held
