@@ -270,22 +270,21 @@ def test_a_task_without_a_metric_is_refused_after_its_first_trial(tmp_path: Path
 def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> None:
     d = tmp_path / "tune"
     t0 = time.monotonic()
-    # Steps of 0.45 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take
-    # over 40 s
-    # anywhere, so the 20 s budget cuts it; its first trial ends well within the budget even on a
-    # loaded machine.
+    # Steps of 0.75 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take
+    # over 60 s anywhere, so the 30 s budget cuts it; its first trial ends within the budget even
+    # on a machine loaded enough to take 20 s to start four ranks.
     proc = subprocess.run(
         tune_cmd(
             [
                 *CLOCKWORK,
                 "world_size=4",
                 "task.steps=30",
-                "task.unit_s=0.3",
+                "task.unit_s=0.5",
                 "--also",
                 "task.micro_batches=1,2",
                 *FAST,
                 "--budget-s",
-                "20",
+                "30",
                 "--dir",
                 str(d),
             ]
@@ -307,4 +306,4 @@ def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> No
     best = max(measured, key=lambda m: m["value"])
     assert state["winner"] == best["trial"]
     assert "not measured in round 0: --budget-s spent" in (d / "tune_report.md").read_text()
-    assert wall < 20 + 30  # stopped once the budget was spent (plus stopping and the report)
+    assert wall < 30 + 30  # stopped once the budget was spent (plus stopping and the report)

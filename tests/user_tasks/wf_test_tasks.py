@@ -29,6 +29,8 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
     """One rank misbehaves while its peers wait in a barrier."""
     cfg = ctx.task_config
     ctx.log.info("ready")
+    if cfg["how"] == "stuck":  # all start together: only the stuck rank is late, whatever the load
+        ctx.groups["world"].barrier()
     if ctx.rank == cfg["rank"]:
         if cfg["how"] == "raise":
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
