@@ -271,15 +271,16 @@ class SlurmLauncher(LauncherHooks):
 
     def is_live(self, run_dir: Path) -> bool:
         """Whether the run may still be going: its launch still holds the run directory, or
-        its job has not ended (or SLURM still lists it: its processes may still be writing).
-        ValueError for a malformed job file."""
+        squeue still lists its job (pending, running, or completing: its processes may still be
+        writing). ValueError for a malformed job file.
+
+        squeue, not sacct: accounting is written behind slurmctld's back, and for some seconds
+        after a cancel sacct may still say RUNNING of a job that has left the queue (a drill's
+        relaunch was refused so)."""
         if launch_alive(run_dir):
             return True
         job = read_job(run_dir)
-        if not job:
-            return False
-        state = poll.job_state(job["job_id"], Path(run_dir))
-        return not poll.is_terminal(state) or poll.in_queue(job["job_id"])
+        return bool(job) and poll.in_queue(job["job_id"])
 
     def live_state(self, run_dir: Path) -> tuple[str, str] | None:
         """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None
