@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -393,40 +394,54 @@ def _places_for(shown: Shown, places: dict[str, str]) -> dict[str, str]:
     return places
 
 
-@pytest.mark.slow
-# Over 8 minutes on a quiet 2-core machine now (every doc's commands, 2026-12-04); more than
-# 15 beside the rest of the suite on 4 workers. A budget for the whole walk, not a wait.
-@pytest.mark.timeout(1800)
-def test_every_command_in_the_docs_runs(tmp_path: Path) -> None:
-    _write_examples(tmp_path)
-    _write_user_code(tmp_path)
+@pytest.fixture(scope="module")
+def docs_scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict, dict]]:
+    """(scratch, environment, placeholders): the example code and the fixture runs, made once per
+    worker; the run still going for ``--stacks`` ends with the module."""
+    scratch = tmp_path_factory.mktemp("docs")
+    _write_examples(scratch)
+    _write_user_code(scratch)
     env = cli_env({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "examples"), env["PYTHONPATH"]])
-    places, live = _fixtures(tmp_path, env)
-    seen: set[str] = set()
-    failures, skipped = [], []
+    env["PYTHONPATH"] = os.pathsep.join([str(scratch / "examples"), env["PYTHONPATH"]])
+    places, live = _fixtures(scratch, env)
     try:
-        for index, shown in enumerate(shown_commands()):
-            reason = skip_reason(shown)
-            if reason is not None:
-                skipped.append(f"{shown.doc}:{shown.line}: {shown.text} ({reason})")
-                continue
-            here = _places_for(shown, places)
-            argv = _argv(shown, tmp_path, index, here)
-            key = " ".join(argv[1:]).split(" hydra.")[0]
-            if key in seen:
-                continue
-            seen.add(key)
-            expected = _expected_code(shown)
-            proc = _run(argv, tmp_path, env, interrupt=expected == 130)
-            if proc.returncode != expected:
-                failures.append(
-                    f"{shown.doc}:{shown.line}: {shown.text}\n  exit {proc.returncode}, expected "
-                    f"{expected}\n  {proc.stderr.strip()[-1500:]}"
-                )
+        yield scratch, env, places
     finally:
         os.killpg(live.pid, signal.SIGTERM)
         live.wait(timeout=120)
+
+
+DOC_NAMES = sorted({shown.doc for shown in shown_commands()})
+
+
+@pytest.mark.slow
+# One document's commands (the largest, README.md, about 2 minutes on a quiet 2-core machine): the
+# documents spread over the workers. A budget for the walk, not a wait.
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("doc", DOC_NAMES)
+def test_every_command_in_the_docs_runs(docs_scratch: tuple[Path, dict, dict], doc: str) -> None:
+    scratch, env, places = docs_scratch
+    seen: set[str] = set()
+    failures, skipped = [], []
+    for index, shown in enumerate(shown_commands()):
+        if shown.doc != doc:
+            continue
+        reason = skip_reason(shown)
+        if reason is not None:
+            skipped.append(f"{shown.doc}:{shown.line}: {shown.text} ({reason})")
+            continue
+        argv = _argv(shown, scratch, index, _places_for(shown, places))
+        key = " ".join(argv[1:]).split(" hydra.")[0]
+        if key in seen:
+            continue
+        seen.add(key)
+        expected = _expected_code(shown)
+        proc = _run(argv, scratch, env, interrupt=expected == 130)
+        if proc.returncode != expected:
+            failures.append(
+                f"{shown.doc}:{shown.line}: {shown.text}\n  exit {proc.returncode}, expected "
+                f"{expected}\n  {proc.stderr.strip()[-1500:]}"
+            )
     print(f"ran {len(seen)} distinct commands; skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
     assert failures == [], "\n".join(failures)
 

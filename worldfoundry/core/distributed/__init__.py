@@ -60,7 +60,7 @@ _EXPORTS: dict[str, str] = {
         n: "run_control"
         for n in ("DistributedState", "distributed_run", "all_reduce", "broadcast_from")
     },
-    # who this process is (document 001's names)
+    # who this process is: the process-group wrappers of the run-control API
     **{
         n: "identity"
         for n in (

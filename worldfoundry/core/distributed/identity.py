@@ -2,7 +2,7 @@
 
 ``rank()`` and ``size()`` read the live process group (0 of 1 without one);
 :class:`DistributedProcessGroup` and :class:`ParallelState` wrap groups a caller
-holds (document 001's names) and ask the same two functions. The layout's own groups
+holds (the run-control API's wrappers) and ask the same two functions. The layout's own groups
 (:mod:`.groups`) and run control (:mod:`.run_control`) use them too.
 """
 
