@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
 
 USER_TASKS = Path(__file__).parent / "user_tasks"
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/NAME.py`` as a module (once per process: later calls get the same module)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -11,30 +11,17 @@ Hydra's compose API, then ``wf_launch.app.resolve`` + ``wf_launch.app.validate_r
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
+from cli_helpers import load_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _script("fuzz_configs")
-fuzz_rundirs = _script("fuzz_rundirs")
+fuzz = load_script("fuzz_configs")
+fuzz_rundirs = load_script("fuzz_rundirs")
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,26 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS, cli_env
+from cli_helpers import USER_TASKS, cli_env, load_script
 from slurm_fixture import SlurmCluster
 
 from wf_launch.launchers.slurm.rank_entry import master_port, requeue_target
 
 SLURM = "launcher=slurm"
 TEST_TASKS = "task.modules=[wf_test_tasks]"
+
+
+fuzz_configs = load_script("fuzz_configs")
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx() -> Iterator[None]:
+    with fuzz_configs.hydra_context():
+        yield
 
 
 def _cli(
@@ -74,12 +84,26 @@ def _cli(
         ("launcher.folder=../..", "launcher.folder='../..' is not allowed"),
     ],
 )
-def test_hostile_slurm_values_are_refused_before_any_script_exists(
-    tmp_path: Path, override: str, fragment: str
+def test_hostile_slurm_values_are_refused_by_validation(
+    hydra_ctx: None, override: str, fragment: str
 ) -> None:
-    proc = _cli([SLURM, override, "launcher.dry_run=true"], tmp_path / "run")
+    """In this process: what the CLI runs before anything starts (compose, resolve, validate)."""
+    result = fuzz_configs.check([SLURM, override])
+    assert result.outcome == "config_error" and fragment in result.detail, result
+
+
+def test_a_hostile_slurm_value_is_refused_by_the_cli_before_any_script_exists(
+    tmp_path: Path,
+) -> None:
+    proc = _cli(
+        [SLURM, "launcher.partition='a\ntouch /tmp/wf_injected #'", "launcher.dry_run=true"],
+        tmp_path / "run",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert fragment in proc.stderr, proc.stderr
+    assert (
+        "launcher.partition='a\\ntouch /tmp/wf_injected #' is not allowed: a single line"
+        in proc.stderr
+    ), proc.stderr
     assert "#SBATCH" not in proc.stdout and not Path("/tmp/wf_injected").exists()
 
 
