@@ -1,17 +1,9 @@
-"""A private Ray instance (``launcher.address`` null): started for one run, reachable by its user
-only.
+"""A private Ray instance (``launcher.address`` null): started for one run, for its user only.
 
-Ray's defaults open a local instance to every user of the machine: its servers listen on every
-interface, its token lands in ``~/.ray/auth_token`` (mode 0644) and its session dirs are 0777.
-Another user who reads the token can join as a node and run code as the run's user. A private
-instance instead:
-
-- binds loopback only (Ray's single-machine mode, :func:`~.ray_adapter.loopback`);
-- lives in a dir made for the run (``mkdtemp``: an unpredictable name, mode 0700) holding its
-  own token (0600) and Ray's temp dir; nothing is written to ``~/.ray``. Ray makes its session
-  dirs 0777 again as its processes start: the owner-only dir above them keeps others out;
-- is stopped on :meth:`PrivateInstance.close`: every process carrying its marker is killed
-  and its dir removed.
+Ray's defaults open a local instance to every user of the machine (servers on every interface,
+a 0644 token in ``~/.ray``), so another user could join as a node and run code as ours. A
+private instance binds loopback only, keeps its token (0600) and temp dir in a 0700 dir made
+for the run, and on :meth:`PrivateInstance.close` kills every process carrying its marker.
 """
 
 from __future__ import annotations
@@ -27,15 +19,23 @@ from pathlib import Path
 
 from . import ray_adapter as rt
 
-__all__ = ["MARKER_ENV", "PrivateInstance", "marked_pids", "private_marker", "reap"]
-
 MARKER_ENV = "WF_RAY_PRIVATE"
 """Set (to the run directory) in the environment of every process of a private instance."""
-TOKEN_FILE = "auth_token"
 
 
 def private_marker(run_dir: str) -> str:
     return f"{MARKER_ENV}={run_dir}"
+
+
+def _set_env(values: dict[str, str | None]) -> dict[str, str | None]:
+    """Set (None: unset) each variable; what they were."""
+    saved = {key: os.environ.get(key) for key in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return saved
 
 
 class PrivateInstance:
@@ -44,32 +44,22 @@ class PrivateInstance:
     def __init__(self, run_dir: str) -> None:
         self.marker = private_marker(run_dir)
         self.home = Path(tempfile.mkdtemp(prefix="wfray-", dir="/tmp"))  # short: socket paths
-        self.temp = self.home / "ray"
-        self.token_file = self.home / TOKEN_FILE
+        self.token_file = self.home / "auth_token"
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
         self._saved: dict[str, str | None] = {}
 
-    def _set_env(self, **values: str | None) -> None:
-        for key, value in values.items():
-            self._saved.setdefault(key, os.environ.get(key))
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
     def start(self, cpus: float, namespace: str | None) -> str:
         """Start the instance and connect this process to it; its GCS address."""
-        self._set_env(
-            RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=None, RAY_AUTH_TOKEN_PATH=str(self.token_file)
-        )
+        auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": None}
+        self._saved = _set_env({**auth, "RAY_AUTH_TOKEN_PATH": str(self.token_file)})
         rt.reset_auth_token()
         os.environ[MARKER_ENV] = self.marker.partition("=")[2]  # inherited by its processes
         try:
             # In this (the main) thread: its processes die with the thread that started them.
             with rt.loopback():
-                rt.start_private(cpus, None, namespace, str(self.temp))
+                rt.start_private(cpus, namespace, str(self.home / "ray"))
         finally:
             os.environ.pop(MARKER_ENV, None)
         return rt.gcs_address()
@@ -79,18 +69,13 @@ class PrivateInstance:
         rt.shutdown()
         reap(self.marker)
         shutil.rmtree(self.home, ignore_errors=True)
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._saved.clear()
+        _set_env(self._saved)
+        self._saved = {}
         rt.reset_auth_token()
 
 
 def marked_pids(marker: str) -> list[int]:
     """Live processes whose environment holds ``marker`` ('NAME=VALUE')."""
-    want = marker.encode()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -102,7 +87,7 @@ def marked_pids(marker: str) -> list[int]:
                 zombie = f.read().rpartition(b")")[2].split()[0] == b"Z"
         except (OSError, IndexError):
             continue
-        if want in env and not zombie:
+        if marker.encode() in env and not zombie:
             found.append(int(entry.name))
     return found
 

@@ -1,17 +1,10 @@
 """Inside a rank: the Ray actor every rank is, its preemption policy and its hang hook.
 
-Each rank is one :class:`WfRayRank` actor in the run's placement group. The launcher first
-asks every actor :meth:`~WfRayRank.where` it is (node, host, address, pid, granted GPUs; rank 0
-also a free port on its node for ``MASTER_PORT``; whether it sees the run directory), then
-calls :meth:`~WfRayRank.run`, which sets the rank's environment and enters the same
-``rank_main(RankSpec)`` as every other launcher. The method runs in the actor's main thread,
-where the rank installs its signal handlers (stop flag, preemption, stack dumps).
-
-Preemption (:class:`RayPreempt`): SIGTERM to a rank (a node draining) sets the stop flag of a
-task that polls ``ctx.should_stop()``; the task saves and returns, and while
-``launcher.max_restarts`` allows every rank leaves :class:`Preempted` and the launcher starts
-the next attempt, which resumes from the newest checkpoint. A task that does not poll gets its
-``on_preempt`` hook run.
+The launcher asks each :class:`WfRayRank` :meth:`~WfRayRank.where` it is, then calls
+:meth:`~WfRayRank.run`, which enters the same ``rank_main(RankSpec)`` as every launcher, in
+the actor's main thread (where the rank installs its signal handlers). Preemption: SIGTERM sets
+the stop flag; while ``launcher.max_restarts`` allows, the ranks leave :class:`Preempted` and
+the launcher starts the next attempt, which resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -32,13 +25,10 @@ from . import ray_adapter as rt
 from . import state
 from .reach import signal_ranks
 
-__all__ = ["RayPreempt", "RayStackDump", "RunDirNotShared", "WfRayRank"]
-
 
 @dataclass(frozen=True)
 class RayPreempt:
-    """The entrypoint's preemption policy under Ray (see
-    :class:`wf_launch.rank.preempt.PreemptHandler`)."""
+    """The preemption policy under Ray (see :class:`wf_launch.rank.preempt.PreemptHandler`)."""
 
     signal: str = "TERM"
     wait_s: float = 20.0
@@ -57,13 +47,8 @@ class RayPreempt:
 
 @dataclass(frozen=True)
 class RayStackDump:
-    """``RankSpec.on_timeout`` under Ray: every rank of the run dumps its stacks, on whichever node
-    it is.
-
-    Where the ranks are (node, pid) is read from the run's ``ray_run.json`` when it is needed; the
-    rank that timed out sends the dump signal through one small task per node, then waits
-    ``settle_s`` so the dumps land before it leaves.
-    """
+    """``RankSpec.on_timeout`` under Ray: every rank dumps its stacks, on whichever node it is;
+    then ``settle_s`` for the dumps to land."""
 
     run_dir: str
     settle_s: float = 1.5
@@ -80,7 +65,7 @@ class RunDirNotShared(RuntimeError):
 
 def _free_port(ip: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((ip if ip else "", 0))
+        s.bind((ip, 0))
         return int(s.getsockname()[1])
 
 
@@ -90,8 +75,8 @@ class WfRayRank:
     def where(self, run_dir: str, want_port: bool) -> dict[str, Any]:
         """Where this rank runs, and (rank 0) a free port on its node for ``MASTER_PORT``.
 
-        Nothing heavy is imported here: importing torch in a second thread while the rank imports it
-        can hand the rank a half-initialised module (Python breaks the import-lock cycle that way).
+        Nothing heavy is imported here: torch imported in a second thread while the rank imports
+        it can hand the rank a half-initialised module.
         """
         ip = rt.node_ip()
         info: dict[str, Any] = {
@@ -110,12 +95,8 @@ class WfRayRank:
         return info
 
     def run(self, spec: RankSpec, env: dict[str, str], path: list[str]) -> dict[str, Any]:
-        """Set the rank's environment and run it; ``{'preempted': bool}`` (the task's value is in
-        result.json).
-
-        ``path``: entries of the launching shell's ``PYTHONPATH`` (user task modules), put first on
-        sys.path.
-        """
+        """Set the rank's environment (``path``: the launching shell's ``PYTHONPATH``, first on
+        sys.path) and run it; ``{'preempted': bool}``."""
         if not files.config_path(spec.run_dir).is_file():
             raise RunDirNotShared(
                 f"{spec.run_dir} is not visible on this node (no {files.CONFIG} there)"
@@ -127,13 +108,10 @@ class WfRayRank:
         except Preempted:
             return {"preempted": True}
         except (SystemExit, KeyboardInterrupt) as exc:
-            # Recorded by rank_main; raised on as an error so Ray reports it instead of ending the
-            # worker.
+            # Recorded by rank_main; an error so Ray reports it instead of ending the worker.
             raise RuntimeError(
                 f"rank {env.get('RANK')} left with {type(exc).__name__}({exc})"
             ) from None
         finally:
-            signal.signal(
-                signal.SIGTERM, signal.SIG_DFL
-            )  # the rank is done: the launcher's kill ends it quietly
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # done: the launcher's kill ends it
         return {"preempted": False}

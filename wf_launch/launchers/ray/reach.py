@@ -1,12 +1,8 @@
-"""Reaching ranks on any node of the cluster: a signal to their processes, or the end of a node's
-raylet.
+"""Reaching ranks on any node: a signal to their processes, or the end of a node's raylet.
 
-A rank actor's main thread runs the rank (signal handlers can only be installed there), so the
-launcher never calls into it while it runs. To signal ranks it starts one tiny task on each node
-that holds some of them (``NodeAffinitySchedulingStrategy``, no CPU), which sends the signal to
-their pids on that node: the stack-dump signal for the hang autopsy and ``status --stacks``,
-SIGTERM for a stop, SIGKILL for the drill. The drill's ``nodekill`` is such a task too: it
-kills its own node's raylet (whose processes then all end).
+A rank actor's main thread runs the rank, so the launcher never calls into it. Ranks on this
+host are signalled directly; the others through one small task per node that holds some of
+them (no CPU), which signals their pids there. The drill's ``nodekill`` is such a task too.
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from typing import Any
 from ...rundir.pids import live_rank_pid
 from . import ray_adapter as rt
 
-__all__ = ["kill_raylet", "signal_ranks"]
-
 _REMOTE: dict[str, Any] = {}
 
 
@@ -29,16 +23,15 @@ def _signal_here(pids: list[int], signum: int) -> list[int]:
     """On a node: send ``signum`` to each of ``pids``; the pids reached."""
     sent = []
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
             sent.append(pid)
-        except (ProcessLookupError, PermissionError):
-            continue
     return sent
 
 
-def _kill_raylet_pid(pid: int | None) -> int:
-    """SIGKILL ``pid``, checked to be a raylet; its pid."""
+def _kill_raylet(pid: int | None = None) -> int:
+    """SIGKILL ``pid`` (by default this worker's raylet), checked to be a raylet; its pid."""
+    pid = rt.raylet_pid() if pid is None else pid
     if pid is None:
         raise RuntimeError("this process was not started by a raylet")
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -48,16 +41,10 @@ def _kill_raylet_pid(pid: int | None) -> int:
     return pid
 
 
-def _kill_own_raylet() -> int:
-    """On a node: SIGKILL this node's raylet (checked to be one); its pid."""
-    return _kill_raylet_pid(rt.raylet_pid())
-
-
 def _raylet_of(run_dir: Path, rank: int) -> int | None:
     """The raylet of ``rank``'s node when the rank runs on this host (from its environment)."""
-    pid = live_rank_pid(run_dir, rank)
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"/proc/{live_rank_pid(run_dir, rank)}/environ", "rb") as f:
             env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0"))
     except (OSError, TypeError):
         return None
@@ -65,65 +52,48 @@ def _raylet_of(run_dir: Path, rank: int) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-def _remote(fn: Any) -> Any:
+def _on_node(fn: Any, node: str) -> Any:
     if fn.__name__ not in _REMOTE:
         _REMOTE[fn.__name__] = rt.remote(fn, num_cpus=0, max_retries=0)
-    return _REMOTE[fn.__name__]
-
-
-def _signal_on_this_host(run_dir: Path, where: dict[int, tuple[str, int]], signum: int) -> set[int]:
-    """The ranks that run on this host (their pid file names their live process): signalled
-    directly. A task on their node would need a new worker process first, which a loaded host
-    starts only after the collective that timed out has ended the ranks."""
-    reached = set()
-    for rank, (_, pid) in where.items():
-        if live_rank_pid(run_dir, rank) == int(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid), signum)
-                reached.add(rank)
-    return reached
+    return _REMOTE[fn.__name__].options(scheduling_strategy=rt.on_node(node))
 
 
 def signal_ranks(
     run_dir: Path, where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0
 ) -> set[int]:
-    """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); the ranks
-    reached.
+    """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); those reached.
 
-    Ranks on this host directly, the others through one small task per node. Nodes that do not
-    answer within ``timeout_s`` (dead, or too busy to start a task) are left out.
+    A task on another node needs a new worker process first, which a loaded host starts late:
+    ranks on this host are signalled directly. Nodes that do not answer within ``timeout_s``
+    (dead, or too busy) are left out.
     """
-    here = _signal_on_this_host(Path(run_dir), where, signum)
+    here = {
+        r
+        for r, (_, pid) in where.items()
+        if live_rank_pid(run_dir, r) == int(pid) and _signal_here([int(pid)], signum)
+    }
+    reached = set(here)
     by_node: dict[str, dict[int, int]] = {}
     for rank, (node, pid) in where.items():
         if rank not in here:
             by_node.setdefault(node, {})[int(pid)] = rank
-    if not by_node:
-        return here
-    fn = _remote(_signal_here)
     refs = {
-        fn.options(scheduling_strategy=rt.on_node(node)).remote(list(pids), int(signum)): pids
+        _on_node(_signal_here, node).remote(list(pids), int(signum)): pids
         for node, pids in by_node.items()
     }
-    ready, _ = rt.wait_all(list(refs), timeout_s)
-    reached = set(here)
-    for ref in ready:
-        try:
+    for ref in rt.wait_all(list(refs), timeout_s)[0]:
+        with contextlib.suppress(Exception):
             reached |= {refs[ref][pid] for pid in rt.get(ref)}
-        except Exception:
-            continue
     return reached
 
 
 def kill_raylet(run_dir: Path, rank: int, node: str, timeout_s: float = 30.0) -> int:
-    """SIGKILL the raylet of ``node``, which runs ``rank`` (every rank on it ends with it); the
-    raylet's pid. On this host directly; elsewhere through a task on that node."""
+    """SIGKILL the raylet of ``node``, which runs ``rank``; its pid (0: gone with its task)."""
     here = _raylet_of(Path(run_dir), rank)
     if here is not None:
-        return _kill_raylet_pid(here)
-    task = _remote(_kill_own_raylet).options(scheduling_strategy=rt.on_node(node)).remote()
+        return _kill_raylet(here)
     try:
-        return int(rt.get(task, timeout_s))
+        return int(rt.get(_on_node(_kill_raylet, node).remote(), timeout_s))
     except Exception as exc:
         if type(exc).__name__ == "NodeDiedError":  # the task went with its raylet: killed
             return 0
