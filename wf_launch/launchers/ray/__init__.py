@@ -1,14 +1,11 @@
 """``launcher=ray``: one Ray actor per rank in one placement group per attempt (docs/ray.md).
 
-``python -m wf_launch launcher=ray launcher.address=HEAD:6379 launcher.nodes=2 engine.cp_size=4``
-
-By role: :mod:`.cluster` (address, connecting, fit), :mod:`.placement` (bundles, each rank's
-node and environment), :mod:`.rank_entry` (inside the rank), :mod:`.attempt` (place, start,
-watch, teardown), :mod:`.failure` (the root cause), :mod:`.monitor` (attempts, restarts, the
-record), :mod:`.supervisor` (the run inside the cluster), :mod:`.submit` (the launching command,
-a sweep), :mod:`.poll` (what the tools ask), :mod:`.reach` (signals to ranks on any node),
-:mod:`.state` (``ray_run.json``), :mod:`.ray_adapter` (every Ray name we use). This module holds
-the config and the launcher class; it never imports Ray itself.
+By role: :mod:`.cluster` (address, connecting, a private instance, fit), :mod:`.placement`
+(bundles, each rank's node and environment), :mod:`.rank_entry` (on the nodes: the rank,
+signals), :mod:`.attempt` (place, start, watch, teardown), :mod:`.failure` (the root cause),
+:mod:`.monitor` (attempts, restarts, the record; the supervisor actor), :mod:`.submit` (the
+launching command, a sweep), :mod:`.poll` (what the tools ask), :mod:`.state`
+(``ray_run.json``), :mod:`.ray_adapter` (every Ray name). This module never imports Ray.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ...config.engine import NCCL_BACKENDS
 from ...config.fields import check_fields, config_error, flag, integer, number
 from ...observe.stacks import rank_ranges
-from ..base import LauncherConfig, LauncherHooks
+from ..base import WEEK_S, LauncherConfig, LauncherHooks
 from ..registry import register_launcher
 from . import state
 from .cluster import parse_address
@@ -43,7 +40,6 @@ __all__ = ["RUNTIME_ENV_KEYS", "RayLauncher", "RayLauncherConfig", "validate_ray
 
 RUNTIME_ENV_KEYS = ("env_vars", "pip", "working_dir", "excludes")
 """What ``launcher.runtime_env`` may hold (Ray's runtime environment fields of those names)."""
-WEEK_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -206,11 +202,10 @@ class RayLauncher(LauncherHooks):
     def launch(self, plan: LaunchPlan) -> RunOutcome:
         return launch(plan)
 
-    def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
-        return status(Path(run_dir))
-
-    def cancel(self, run_dir: Path) -> str | None:
-        return cancel(Path(run_dir))
+    status = staticmethod(status)
+    cancel = staticmethod(cancel)
+    kill_node = staticmethod(kill_node)
+    live_state = staticmethod(live_state)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
         """Every rank of the current attempt, on whichever node, through a Ray task per node."""
@@ -224,12 +219,6 @@ class RayLauncher(LauncherHooks):
         if not self.signal_rank(run_dir, rank, signal.SIGKILL):
             raise ValueError(f"kill9:{rank}: rank {rank} of {run_dir} could not be reached")
         return f"pid {progress.get(rank, {}).get('pid')} (rank {rank})"
-
-    def kill_node(self, run_dir: Path, rank: int) -> str:
-        return kill_node(Path(run_dir), rank)
-
-    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        return live_state(Path(run_dir))
 
     def status_label(self, run_dir: Path) -> str:
         info = state.read(run_dir) or {}

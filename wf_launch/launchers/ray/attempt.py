@@ -1,12 +1,9 @@
 """One attempt of a Ray run: place it, start one actor per rank, watch them, take it all down.
 
-1. A placement group (:mod:`.placement`), waited for up to ``launcher.placement_timeout_s``
-   (in a sweep, longer while another point runs: the points queue for room).
-2. One :class:`~.rank_entry.WfRayRank` actor per rank, asked where it is; rank 0 gives a free
-   port. A node that does not see the run directory ends the run (exit 2).
-3. Every rank's ``run``, watched: the live view, the start-up bound, and on the first failure
-   the stacks of the ranks still running (through :mod:`.reach`), then the root cause.
-4. Always: every actor killed and the placement group removed.
+A placement group (waited for up to ``launcher.placement_timeout_s``; longer while another
+point of the sweep runs), one :class:`~.rank_entry.WfRayRank` per rank (a node that does not
+see the run directory ends the run, exit 2), every rank's ``run`` watched, then always every
+actor killed and the placement group removed.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ from . import state
 from .cluster import alive_nodes, describe_nodes
 from .failure import FailureContext, Outcome, Verdict, explain, node_text
 from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
-from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank
-from .reach import signal_ranks
+from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank, signal_ranks
 
 POLL_S = 0.2
 _RANK_ACTOR: dict[str, Any] = {}
@@ -71,7 +67,6 @@ class Attempt:
     def world(self) -> int:
         return int(self.run.plan.world_size)
 
-    # ------------------------------------------------------------ 1. placement
     def place(self) -> Ended | None:
         """Create the placement group and wait for it; an :class:`Ended` when it was not placed."""
         lc = self.run.lc
@@ -96,7 +91,6 @@ class Attempt:
         self.slots = assign(self.world, plan_shape, rt.bundle_nodes(self.pg))
         return None
 
-    # ------------------------------------------------------------ 2. the actors
     def start_actors(self) -> Ended | None:
         """One actor per rank in its bundle, each asked where it is. The ranks start once rank 0
         answered (its address is the rendezvous; with GPUs once every rank has: their order on a
@@ -167,10 +161,10 @@ class Attempt:
         summary = f"wf_launch: config error: {message}"
         return Ended("invalid", Verdict(cause, summary, "run directory not shared", Status.INVALID))
 
-    # ------------------------------------------------------------ 3. the ranks
     def start_ranks(self, write: Callable[[str], None]) -> None:
         """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch first."""
-        lc, plan = self.run.lc, self.run.plan
+        lc, plan, opts = self.run.lc, self.run.plan, self.run.opts
+        threads = max(1, int(float(lc.cpus_per_rank)))
         self.startup = RankWatch(  # forgets earlier attempts' start-up markers
             self.run_dir,
             self.world,
@@ -182,7 +176,7 @@ class Attempt:
         spec = RankSpec(
             config=plan.config,
             run_dir=str(self.run_dir),
-            threads_per_rank=max(1, int(float(lc.cpus_per_rank))),
+            threads_per_rank=threads,
             console_ranks=lc.console_ranks,
             launch_time=self.run.launch_time,
             max_log_mb=float(lc.max_log_mb or 0),
@@ -192,14 +186,12 @@ class Attempt:
         )
         master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
         local = local_ranks(self.slots)
-        gpus = {r: list(w.get("gpus") or []) for r, w in self.where.items()}
-        cuda = cuda_orders(self.slots, gpus)
-        forward, path = self.run.forward_env()
-        for slot in self.slots:
-            env = rank_env(
-                slot, self.world, local[slot.rank], master, self.number, cuda.get(slot.rank)
-            )
-            self.refs[self.actors[slot.rank].run.remote(spec, {**forward, **env}, path)] = slot.rank
+        cuda = cuda_orders(self.slots, {r: w.get("gpus") or [] for r, w in self.where.items()})
+        forward = {"OMP_NUM_THREADS": str(threads), **opts.forward}
+        for s in self.slots:
+            env = rank_env(s, self.world, local[s.rank], master, self.number, cuda.get(s.rank))
+            ref = self.actors[s.rank].run.remote(spec, {**forward, **env}, list(opts.path))
+            self.refs[ref] = s.rank
         state.update(self.run_dir, state="running", placement=state.record_placement(self.where))
 
     def watch(self) -> Ended:
@@ -287,7 +279,6 @@ class Attempt:
                 pass  # asked again: stop waiting
         return Ended(kind, signal=name, ended_by=name)
 
-    # ------------------------------------------------------------ 4. teardown
     def teardown(self) -> None:
         """Kill every actor of the attempt and remove its placement group."""
         for actor in self.actors.values():

@@ -1,14 +1,12 @@
-"""How an attempt of a Ray run ended: each rank's outcome, and the root cause of a failure.
+"""How an attempt of a Ray run ended: each rank's :class:`Outcome`, and the root cause.
 
-A rank's ``run`` ends ``ok``, ``preempted``, ``raised`` (it recorded its failure), ``died``
-(``kill -9``, the OOM killer, a crash), ``unavailable`` (its node may be gone) or
-``runtime_env`` (``launcher.runtime_env`` failed). The root cause, in order: a dead node (every
-rank on it named), a rank that died without a record, then what the ranks recorded
-(:func:`~wf_launch.observe.rootcause.explain_failure`). Every cause names rank, coords, node.
+In order: a dead node (every rank on it named), a rank that died without a record (``kill -9``,
+the OOM killer, a crash), then what the ranks recorded (``explain_failure``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,19 +112,13 @@ def _node_died(ctx: FailureContext, node: str) -> Verdict:
     return Verdict(cause, summary, f"node {node[:12]} died")
 
 
-def _fatal_error(log: Path) -> str | None:
-    """What faulthandler wrote in the rank's log when it crashed ('Segmentation fault')."""
-    try:
-        with open(open_regular(log), "rb") as f:
+def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
+    found = []  # what faulthandler wrote in the rank's log if it crashed ('Segmentation fault')
+    with contextlib.suppress(OSError, ValueError):
+        with open(open_regular(files.rank_log(ctx.run_dir, rank)), "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 16384))
             found = _FATAL.findall(f.read().decode(errors="replace"))
-    except (OSError, ValueError):
-        return None
-    return found[-1].strip() if found else None
-
-
-def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
-    fatal = _fatal_error(files.rank_log(ctx.run_dir, rank))
+    fatal = found[-1].strip() if found else None
     how = (
         f"it crashed ({fatal})"
         if fatal

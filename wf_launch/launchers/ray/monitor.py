@@ -1,13 +1,17 @@
 """A Ray run from its first attempt to its record: attempts, restarts, stops, ``result.json``.
 
 :class:`RayRun` runs in the launching command (``launcher.wait=true``: it shows the run live
-and handles Ctrl-C, SIGTERM and SIGHUP) or in the run's supervisor actor (:mod:`.supervisor`).
+and handles Ctrl-C, SIGTERM and SIGHUP) or in the run's supervisor actor
+(:class:`WfRaySupervisor`): for ``wait=false`` (*detached*: it outlives the command, ends
+itself once the run is recorded, ``status --cancel`` finds it by name) and for a sweep's
+points. The supervisor owns the run's placement group and actors: if it dies, they go too.
 After a failure or a preemption, while ``launcher.max_restarts`` allows, every rank restarts in
 a new placement group on the nodes still alive and resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
@@ -20,12 +24,14 @@ from loguru import logger
 
 from ...config.fields import ConfigError
 from ...observe.live import LiveView
-from ...rundir import attempts
+from ...rank.ranklog import FILE_FORMAT
+from ...rundir import attempts, files
 from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from ..base import CTRL_C_NOTICE
 from ..interrupt import Stopped, interrupted, stop_signals
+from . import ray_adapter as rt
 from . import state
 from .attempt import Attempt, Ended
 from .cluster import alive_nodes, check_fits
@@ -79,7 +85,6 @@ class RayRun:
             "environment": record_environment(self.run_dir),
         }
 
-    # ------------------------------------------------------------ what attempts ask
     def check_cancel(self) -> None:
         """:class:`Stopped` ('cancel') once ``status --cancel`` asked the supervisor to stop."""
         if self.cancelled.is_set():
@@ -88,12 +93,6 @@ class RayRun:
     def tick(self) -> None:
         if self.live is not None:
             self.live.tick()
-
-    def forward_env(self) -> tuple[dict[str, str], list[str]]:
-        """The launching shell's variables for every rank (with ``OMP_NUM_THREADS``), and its
-        ``PYTHONPATH`` entries."""
-        threads = str(max(1, int(float(self.lc.cpus_per_rank))))
-        return {"OMP_NUM_THREADS": threads, **self.opts.forward}, list(self.opts.path)
 
     def queue_busy(self) -> bool:
         """Whether another point of this run's sweep runs now (then this one waits for room)."""
@@ -114,17 +113,14 @@ class RayRun:
             self._nodes = (time.monotonic(), nodes)
         return bool(nodes.get(node))
 
-    # ------------------------------------------------------------ the run
     def run(self) -> RunOutcome:
         """Every attempt until one ends the run; the run's outcome (``result.json`` finalized)."""
+        opts = self.opts
         state.update(
             self.run_dir,
-            address=self.opts.address,
-            namespace=self.opts.namespace,
-            supervisor=self.opts.supervisor,
-            detached=self.opts.detached,
-            private=self.opts.private,
-            token_file=self.opts.token_file or None,
+            **{k: getattr(opts, k) for k in ("address", "namespace", "supervisor", "detached")},
+            private=opts.private,
+            token_file=opts.token_file or None,
             world_size=self.plan.world_size,
             nodes=self.lc.nodes,
             started_at=self.launch_time,
@@ -206,7 +202,6 @@ class RayRun:
             return False
         return True
 
-    # ------------------------------------------------------------ the record
     def _finalize(self, ended: Ended, att: Attempt) -> RunOutcome:
         placement = state.record_placement(att.where)
         nodes = sorted({str(p["node"]) for p in placement.values() if p.get("node")})
@@ -248,3 +243,73 @@ class RayRun:
             message += f"; no restart left (launcher.max_restarts={self.lc.max_restarts})"
         kind = "preempted" if ended.kind == "preempted" else "unknown"
         return {"rank": -1, "cause": kind, "message": message}, ended.ended_by
+
+
+NAMESPACE = "wf_launch"
+"""The Ray namespace of every supervisor (they are found by name there)."""
+_CLASS: dict[str, Any] = {}
+
+
+def supervisor_name(run_dir: Path | str) -> str:
+    """A name unique to this run (the run directory and the time it started)."""
+    key = f"{Path(run_dir).absolute()}:{time.time_ns()}".encode()
+    return f"wf_launch.{Path(run_dir).name[:40]}.{hashlib.sha1(key).hexdigest()[:12]}"
+
+
+class WfRaySupervisor:
+    """Runs one run's :class:`~.monitor.RayRun` (a threaded Ray actor: :func:`start_supervisor`)."""
+
+    def __init__(self, run_dir: str) -> None:
+        logger.remove()
+        logger.configure(extra={"label": "supervisor", "rank": -1})
+        log = str(Path(run_dir) / files.LAUNCHER_LOG)
+        logger.add(log, format=FILE_FORMAT, level="DEBUG", buffering=1)
+        self.run_dir = run_dir
+        self.job: Any = None
+        self.ready = threading.Event()
+
+    def run(self, plan: Any, opts: Any, exit_when_done: bool) -> str:
+        """Run the run to its end; its status. A detached supervisor then ends itself."""
+        try:
+            self.job = RayRun(plan, opts)
+            self.ready.set()
+            status = str(self.job.run().status)
+        except BaseException as exc:  # recorded: the launching command is gone
+            message = f"the run's supervisor failed: {exc}"
+            logger.opt(exception=exc).error(
+                f"the run's supervisor failed: {type(exc).__name__}: {exc}"
+            )
+            failure = {"cause": "launcher_error", "type": type(exc).__name__, "message": message}
+            record = RunRecord.finalize(
+                self.run_dir, Status.FAILED, launcher="ray", failure=failure
+            )
+            status = str(record.status)
+        logger.complete()
+        if exit_when_done:
+            rt.exit_actor()
+        return status
+
+    def cancel(self) -> bool:
+        """Ask the run to stop (SIGTERM to its ranks, then 'cancelled'); False before it started."""
+        if not self.ready.wait(timeout=30) or self.job is None:
+            return False
+        self.job.cancelled.set()
+        return True
+
+
+def start_supervisor(plan: Any, opts: Any, detached: bool) -> tuple[Any, Any]:
+    """Start the run's supervisor (``opts.supervisor`` in :data:`NAMESPACE`); (actor, run ref)."""
+    if "cls" not in _CLASS:
+        _CLASS["cls"] = rt.remote(WfRaySupervisor)
+    options: dict[str, Any] = {
+        "name": opts.supervisor,
+        "namespace": NAMESPACE,
+        "num_cpus": 0,
+        "max_concurrency": 4,
+        "max_restarts": 0,
+        "scheduling_strategy": rt.on_node(rt.current_node_id(), soft=True),
+    }
+    if detached:
+        options["lifetime"] = "detached"
+    actor = _CLASS["cls"].options(**options).remote(str(plan.run_dir))
+    return actor, actor.run.remote(plan, opts, detached)

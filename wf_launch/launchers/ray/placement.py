@@ -1,10 +1,8 @@
 """Where ranks go: the placement group's bundles, each rank's node, and its environment.
 
-Pure functions of the plan and the cluster's answers, tested without a cluster.
 ``launcher.nodes`` null: one bundle per rank, PACK, ranks numbered node by node from the node
-of bundle 0. ``launcher.nodes`` N: N bundles of ``world / N`` ranks, STRICT_SPREAD (STRICT_PACK
-for one). With GPUs, every rank on a node sees the node's GPUs in one order, its own first GPU
-at its ``LOCAL_RANK`` (``dist_init`` binds ``cuda:LOCAL_RANK``).
+of bundle 0; N: N bundles of ``world / N`` ranks, STRICT_SPREAD. With GPUs every rank on a node
+sees its GPUs in one order, its own first at its ``LOCAL_RANK`` (``dist_init`` binds it).
 """
 
 from __future__ import annotations

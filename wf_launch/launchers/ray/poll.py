@@ -1,9 +1,7 @@
 """What the tools ask about a Ray run: its state, its end, cancelling it, reaching its ranks.
 
-A run the launching command monitors (``launcher.wait=true``) runs while that command holds
-the run directory's lock; one its supervisor monitors, while the supervisor actor lives. A run
-whose monitor is gone without a final record ended ``unknown``: its actors and placement group
-died with their owner.
+A run lives while its monitor does (the launching command holding the run directory's lock, or
+the supervisor actor); one whose monitor is gone without a final record ended ``unknown``.
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ from ...rundir.record import RecordError, RunRecord, Status
 from . import ray_adapter as rt
 from . import state
 from .cluster import alive_nodes
-from .reach import kill_raylet
-from .reach import signal_ranks as reach
+from .rank_entry import kill_raylet
+from .rank_entry import signal_ranks as reach
 
 
 def _final(run_dir: Path) -> RunOutcome | None:
@@ -39,8 +37,8 @@ def _join(info: dict[str, Any]) -> None:
     """Connect this process to the run's cluster (once; it stays, e.g. for ``status --follow``)."""
     if not rt.is_connected():
         if info.get("token_file"):  # a private instance: its own token, in its owner-only dir
-            os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(info["token_file"]))
-            os.environ.pop("RAY_AUTH_TOKEN", None)
+            token = {"RAY_AUTH_TOKEN_PATH": str(info["token_file"]), "RAY_AUTH_TOKEN": None}
+            rt.set_env({"RAY_AUTH_MODE": "token", **token})
         rt.join_cluster(str(info["address"]))
         rt.route_cluster_messages(lambda line: None)
 

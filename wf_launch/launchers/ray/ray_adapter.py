@@ -1,8 +1,7 @@
 """Every name of Ray's this launcher relies on, private ones included, in one place.
 
-Nothing else imports ``ray``: ``import wf_launch`` never pays for it, and a missing Ray is one
-clear error (:class:`RayMissing`). :func:`check_names` lists what a Ray upgrade removed or
-renamed (tests/test_ray_units.py).
+Nothing else imports ``ray`` (``import wf_launch`` never pays for it); :func:`check_names`
+lists what a Ray upgrade removed or renamed.
 """
 
 from __future__ import annotations
@@ -69,7 +68,6 @@ def check_names() -> list[str]:
     return missing
 
 
-# ------------------------------------------------------------------ connecting
 def is_connected() -> bool:
     return bool(_ray().is_initialized())
 
@@ -84,22 +82,29 @@ def _token_auth_when_available() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+def set_env(values: dict[str, str | None]) -> dict[str, str | None]:
+    """Set (None: unset) each of Ray's variables in this process; what they were."""
+    saved = {key: os.environ.get(key) for key in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return saved
+
+
 @contextlib.contextmanager
 def loopback() -> Iterator[None]:
     """Ray's single-machine mode, for this process and the processes it starts meanwhile: the
     node address stays 127.0.0.1 and every server binds it (not every interface)."""
     constants = importlib.import_module("ray._private.ray_constants")
-    saved = (os.environ.get(LOOPBACK_ENV), constants.ENABLE_RAY_CLUSTER)
-    os.environ[LOOPBACK_ENV] = "0"
+    saved = set_env({LOOPBACK_ENV: "0"}), constants.ENABLE_RAY_CLUSTER
     constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
         constants.ENABLE_RAY_CLUSTER = saved[1]
-        if saved[0] is None:
-            os.environ.pop(LOOPBACK_ENV, None)
-        else:
-            os.environ[LOOPBACK_ENV] = saved[0]
+        set_env(saved[0])
 
 
 def reset_auth_token() -> None:
@@ -110,21 +115,18 @@ def reset_auth_token() -> None:
     raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
-def _is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def join_cluster(address: str, namespace: str | None = None) -> None:
     """Connect this process to the cluster at ``address`` ('auto' or 'HOST:PORT').
 
     A loopback address may listen on loopback only: joined in single-machine mode (Ray would
     replace 127.0.0.1 by the host's address).
     """
-    with loopback() if _is_loopback(address) else contextlib.nullcontext():
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    with loopback() if local else contextlib.nullcontext():
         _ray().init(
             address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR"
         )
@@ -165,7 +167,6 @@ def gcs_address() -> str:
     return str(_ray().get_runtime_context().gcs_address)
 
 
-# ------------------------------------------------------------------ the cluster
 def list_nodes() -> list[dict[str, Any]]:
     """``ray.nodes()``: every node the GCS knows (``Alive``, ``NodeID``, ``Resources`` ...)."""
     return list(_ray().nodes())
@@ -189,7 +190,6 @@ def raylet_pid() -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-# ------------------------------------------------------------------ placement
 def placement_group(bundles: list[dict[str, float]], strategy: str, name: str = "") -> Any:
     from ray.util.placement_group import placement_group as make
 
@@ -230,7 +230,6 @@ def on_node(node_id: str, soft: bool = False) -> Any:
     return NodeAffinitySchedulingStrategy(node_id, soft=soft)
 
 
-# ------------------------------------------------------------------ actors and tasks
 def remote(obj: type | Callable[..., Any], **options: Any) -> Any:
     """``ray.remote(**options)(obj)``: an actor class or a remote function."""
     return _ray().remote(**options)(obj) if options else _ray().remote(obj)

@@ -1,9 +1,5 @@
-"""``ray_run.json``: what a Ray run records about itself, for the tools that read it meanwhile.
-
-Merged field by field (atomically) by the run's monitor: ``address``, ``namespace`` and
-``supervisor`` (null when the launching command monitors the run), ``detached``, ``private``,
-``state`` (placing, starting, running, stopping, ended) with ``attempt``, ``launcher_pid`` /
-``launcher_host``, and ``placement``: per rank ``host``, ``node``, ``pid``, ``ip``.
+"""``ray_run.json``: what a Ray run records about itself (where, who monitors it, its state,
+each rank's node and pid), merged field by field, for the tools that read it meanwhile.
 """
 
 from __future__ import annotations

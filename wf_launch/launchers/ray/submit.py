@@ -1,11 +1,8 @@
-"""The launching command's side: one run (watched here, or handed to a detached supervisor), or a
-sweep's batch.
+"""The launching command's side: one run (watched here, or handed to a detached supervisor),
+or a sweep's batch (:class:`RayBatch`: points checked as prepared, then started side by side).
 
-Before anything starts in the cluster, a relative run directory, a missing Ray, a cluster that
-does not answer or cannot hold the run are config errors (exit 2, recorded ``invalid``).
-Inside :meth:`RayBatch.collecting` (the ``wf_ray`` Hydra launcher's ``-m`` sweep) :func:`launch`
-only checks and prepares a point; :meth:`RayBatch.run` starts them all, one supervisor each,
-side by side while the cluster has room.
+A relative run directory, a missing Ray, a cluster that does not answer or cannot hold the run
+are config errors before anything starts (exit 2, recorded ``invalid``).
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ from ..launch_plan import LaunchPlan
 from . import ray_adapter as rt
 from . import state
 from .cluster import Connection, alive_nodes, check_fits, connect
-from .monitor import RayRun, RunOptions, forwarded_env
+from .monitor import NAMESPACE, RayRun, RunOptions, forwarded_env, start_supervisor, supervisor_name
 from .poll import live_state
-from .supervisor import NAMESPACE, start_supervisor, supervisor_name
 
 START_WAIT_S = 60.0
 """How long the launching command waits for a supervisor to take its run over."""
@@ -51,8 +47,8 @@ def _options(conn: Connection, plan: LaunchPlan | None = None, **extra: Any) -> 
     forward, path = forwarded_env()
     return RunOptions(
         address=conn.address,
-        private=conn.private,
-        token_file=conn.token_file,
+        private=conn.instance is not None,
+        token_file=str(conn.instance.token_file) if conn.instance else "",  # for this user's tools
         forward=forward,
         path=path,
         **extra,
@@ -85,7 +81,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
             check_fits(alive_nodes(), lc, plan.world_size, where)
         except ConfigError as exc:
             return _invalid(plan, str(exc))
-        where = "a private Ray instance" if conn.private else f"the Ray cluster at {conn.address}"
+        where = "a private Ray instance" if conn.instance else f"the Ray cluster at {conn.address}"
         logger.info(
             f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, "
             f"task={plan.task}, run dir {plan.run_dir}"
