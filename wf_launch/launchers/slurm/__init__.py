@@ -1,18 +1,11 @@
-"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``.
-
-See docs/slurm.md.
-
-The launcher renders the sbatch script with submitit (``launcher.dry_run`` prints it),
-submits one job (or, for a ``-m`` sweep through the ``wf_slurm`` Hydra launcher, every
-point at once as job arrays, see :class:`SlurmBatch`), records ``slurm_job.json`` in
-the run directory, and either returns (``launcher.wait=false``) or watches the job with
-submitit's ``sacct`` watcher until it ends and finalizes ``result.json``.
+"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``
+(docs/slurm.md).
 
 By role: :mod:`.rank_entry` (inside a SLURM task), :mod:`.submit` (sbatch parameters, one
-job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view,
-cancel), :mod:`.finalize` (``result.json`` of an ended job, each rank's outcome),
-:mod:`.submitit_adapter` (every submitit name we use). This module holds the config and
-the launcher class.
+job, a sweep's job arrays), :mod:`.poll` (the job: its state through submitit's sacct
+watcher, waiting, cancel, ``result.json`` once it ended, each rank's outcome),
+:mod:`.submitit_adapter` (every submitit name we use). This module holds the config and the
+launcher class.
 """
 
 from __future__ import annotations
@@ -40,7 +33,7 @@ from ..base import LauncherConfig, LauncherHooks
 from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
 from . import poll
-from .finalize import finalize, rank_outcomes, read_job
+from .poll import finalize, rank_outcomes, read_job
 from .submit import SlurmBatch, current_batch, describe, launch, slurm_tasks_per_node
 
 if TYPE_CHECKING:
@@ -109,27 +102,13 @@ class SlurmLauncherConfig(LauncherConfig):
 
 
 _SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-OWNED_SRUN_OPTIONS = (
-    "--ntasks",
-    "-n",
-    "--nodes",
-    "-N",
-    "--ntasks-per-node",
-    "--kill-on-bad-exit",
-    "-K",
-    "--cpus-per-task",
-    "-c",
-    "--gpus-per-node",
-    "--gres",
-    "--output",
-    "-o",
-    "--error",
-    "-e",
-    "--unbuffered",
-    "-u",
-    "--jobid",
-    "--het-group",
-    "--pack-group",
+_OWNED = "--ntasks -n --nodes -N --ntasks-per-node --kill-on-bad-exit -K --cpus-per-task -c "
+OWNED_SRUN_OPTIONS = tuple(
+    (
+        _OWNED
+        + "--gpus-per-node --gres --output -o --error -e --unbuffered -u --jobid --het-group "
+        "--pack-group"
+    ).split()
 )
 """srun options the launcher sets itself: the layout (one task per rank) and "one failing rank
 ends the step"."""
@@ -138,9 +117,8 @@ ends the step"."""
 def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int) -> None:
     """SLURM launcher values, and that one SLURM task per rank covers the layout exactly.
 
-    Every value that reaches the sbatch script is a single line: a newline in a
-    partition or an ``sbatch_extra`` value would end the ``#SBATCH`` block, run
-    what follows as shell, and silently drop every later ``#SBATCH`` line.
+    Every value that reaches the sbatch script is a single line: a newline would end the
+    ``#SBATCH`` block and run what follows as shell.
     """
     check_fields(lc, "launcher")
     if lc.signal_delay_s >= lc.time_min * 60:
@@ -204,10 +182,8 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
 
 
 def _validate_folder(folder: Any) -> None:
-    """submitit's folder: a relative path inside the run (or sweep) directory.
-
-    submitit runs the pickles it finds there.
-    """
+    """submitit's folder: a relative path inside the run (or sweep) directory (submitit runs
+    the pickles it finds there)."""
     text = str(folder or "")
     parts = Path(text).parts
     if (
@@ -255,8 +231,8 @@ class SlurmLauncher(LauncherHooks):
             return state, finalize(run_dir, state)
         return state, None
 
-    def cancel(self, run_dir: Path) -> str | None:
-        return poll.cancel(run_dir)
+    cancel = staticmethod(poll.cancel)
+    live_state = staticmethod(poll.live_state)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
         """``scancel --signal`` to the run's job (its steps: every rank, on any node); every
@@ -270,9 +246,8 @@ class SlurmLauncher(LauncherHooks):
         return set(range(int(job.get("world_size") or 0)))
 
     def is_live(self, run_dir: Path) -> bool:
-        """Whether the run may still be going: its launch still holds the run directory, or
-        its job has not ended (or SLURM still lists it: its processes may still be writing).
-        ValueError for a malformed job file."""
+        """Whether the run may still be going: its launch holds the run directory, or its job
+        has not ended or is still listed. ValueError for a malformed job file."""
         if launch_alive(run_dir):
             return True
         job = read_job(run_dir)
@@ -280,11 +255,6 @@ class SlurmLauncher(LauncherHooks):
             return False
         state = poll.job_state(job["job_id"], Path(run_dir))
         return not poll.is_terminal(state) or poll.in_queue(job["job_id"])
-
-    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None
-        once it left the queue."""
-        return poll.live_state(run_dir)
 
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"

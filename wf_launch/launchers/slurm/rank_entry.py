@@ -1,8 +1,7 @@
 """Inside a SLURM task: the rank's environment, what every task runs, and the requeue policy.
 
-Preemption: sbatch's ``--signal=USR2@signal_delay_s`` reaches every task of the srun
-step, and the entrypoint's handler (``RankSpec.preempt`` = :class:`SlurmRequeue`) runs
-the task's ``on_preempt(ctx)`` hook on every rank before rank 0 requeues the job.
+sbatch's ``--signal=USR2@signal_delay_s`` reaches every task; the entrypoint's handler
+(:class:`SlurmRequeue`) runs the task's ``on_preempt`` hook before rank 0 requeues the job.
 """
 
 from __future__ import annotations
@@ -22,22 +21,12 @@ from ...rank.hardexit import exit_after_cleanup, exit_status, flush_and_exit
 from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
 
-__all__ = [
-    "SlurmRank",
-    "SlurmRequeue",
-    "SlurmStackDump",
-    "export_rank_env",
-    "master_port",
-    "requeue_target",
-]
-
 _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
 
 @dataclass(frozen=True)
 class SlurmRequeue:
-    """The entrypoint's preemption policy on SLURM (see
-    :class:`wf_launch.rank.preempt.PreemptHandler`)."""
+    """The preemption policy on SLURM (see :class:`wf_launch.rank.preempt.PreemptHandler`)."""
 
     signal: str
     wait_s: float
@@ -57,13 +46,8 @@ class SlurmRequeue:
 
 @dataclass(frozen=True)
 class SlurmStackDump:
-    """``RankSpec.on_timeout`` on SLURM: every rank of this job dumps its stacks, before srun
-    ends them.
-
-    ``scancel --signal=URG`` reaches the job's steps only (not the batch shell);
-    every rank registered faulthandler on SIGURG. The rank that timed out then
-    waits ``settle_s`` so the dumps land before its exit makes srun stop the rest.
-    """
+    """``RankSpec.on_timeout`` on SLURM: ``scancel --signal=URG`` (the job's steps, where every
+    rank dumps its stacks), then ``settle_s`` for the dumps to land before srun ends them."""
 
     settle_s: float = 1.5
 
@@ -78,11 +62,8 @@ class SlurmStackDump:
 
 
 def requeue_target(environ: dict[str, str] | None = None) -> str:
-    """The id that requeues this job alone: ``ARRAYJOB_TASK`` for an array task, else the job id.
-
-    For the first task of a job array ``SLURM_JOB_ID`` equals the array's id, and
-    requeueing that id requeues every task of the array (every point of a sweep).
-    """
+    """The id that requeues this job alone: ``ARRAYJOB_TASK`` for an array task (the first
+    task's ``SLURM_JOB_ID`` is the array's: it would requeue every point), else the job id."""
     env = os.environ if environ is None else environ
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
     if array and task:
@@ -93,10 +74,8 @@ def requeue_target(environ: dict[str, str] | None = None) -> str:
 def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None) -> int:
     """The rendezvous port every task of the job agrees on; a requeue gets another.
 
-    The step's own reserved ports (``SLURM_STEP_RESV_PORTS``, where the cluster
-    reserves ports for steps) come first. Otherwise the port follows the job id
-    (offset per cluster): consecutive job ids, such as the points of one sweep
-    packed onto a node, get distinct ports, and a requeue moves by a large stride.
+    The step's reserved ports (``SLURM_STEP_RESV_PORTS``) first; else the port follows the job
+    id (offset per cluster): a sweep's points packed on a node get distinct ports.
     """
     env = os.environ if environ is None else environ
     reserved = env.get("SLURM_STEP_RESV_PORTS", "")
@@ -123,15 +102,11 @@ def _resv_count(reserved: str) -> int:
 
 
 def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
-    """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
-    task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster), and
-    the rest of torchrun's contract (GROUP_RANK: the node, ROLE_*, TORCHELASTIC_*: the job id, its
-    requeues so far and ``max_restarts``, the requeues allowed) for code written for torchrun, and
-    ``WF_NODE``: the task's SLURM node name (``result.json``'s ``placement``).
+    """torchrun's environment (RANK ... MASTER_PORT, GROUP_*, ROLE_*, TORCHELASTIC_*) from
+    SLURM's task variables, and ``WF_NODE`` (the node, for ``result.json``'s ``placement``).
 
-    A job on one node needs no network: its store listens on 127.0.0.1 only (MASTER_ADDR) and
-    gloo on the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set); a job across nodes
-    listens on the first node's address, for the other nodes.
+    A job on one node listens on loopback only (MASTER_ADDR 127.0.0.1, ``GLOO_SOCKET_IFNAME=lo``
+    unless set); a job across nodes on the first node's address.
     """
     job = job_environment()
     one_node = job.num_nodes == 1
@@ -162,8 +137,7 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SlurmRank:
-    """What every SLURM task runs (submitit pickles it): the rank's environment, then
-    ``rank_main``."""
+    """What every SLURM task runs (submitit pickles it): the environment, then ``rank_main``."""
 
     spec: RankSpec
 

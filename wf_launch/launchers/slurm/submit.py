@@ -1,11 +1,9 @@
 """Submission: the sbatch parameters and script of a plan, one job, or a sweep's batch of jobs.
 
 A run submits one job (and waits for it unless ``launcher.wait=false``). Inside
-:meth:`SlurmBatch.collecting` (what the ``wf_slurm`` Hydra launcher opens around a
-``-m`` sweep) :func:`launch` only *prepares* the run into that batch;
-:meth:`SlurmBatch.submit` then submits every prepared run at once, one job array per
-distinct sbatch shape. The batch in force is a context variable, set and reset by
-``collecting``: there is no module-level switch.
+:meth:`SlurmBatch.collecting` (the ``wf_slurm`` Hydra launcher's ``-m`` sweep) :func:`launch`
+only prepares the run; :meth:`SlurmBatch.submit` then submits them all, one job array per
+distinct sbatch shape.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,24 +28,12 @@ from ...rundir.environment import record_environment
 from ...rundir.io import atomic_write_json
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
+from ..interrupt import say
 from ..launch_plan import LaunchPlan
 from ..snapshot import CODE_DIR, SnapshotError, job_setup, project_root, take
-from .finalize import JOB_FILE
-from .poll import wait_all
+from .poll import JOB_FILE, wait_all
 from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
-
-__all__ = [
-    "Pending",
-    "SlurmBatch",
-    "current_batch",
-    "describe",
-    "launch",
-    "sbatch_parameters",
-    "sbatch_script",
-    "slurm_tasks_per_node",
-    "submitit_folder",
-]
 
 
 def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
@@ -201,6 +186,13 @@ def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
     return {**plan.run_info(), "environment": record_environment(plan.run_dir)}
 
 
+def _refused(plan: LaunchPlan, status: Status, failure: dict[str, Any], message: str) -> str:
+    """Record a run whose submission was refused (``status``); the message, also printed."""
+    say(f"{plan.run_dir}: {message}")
+    RunRecord.finalize(plan.run_dir, status, **_plan_info(plan), failure=failure)
+    return message
+
+
 def _record_job(
     plan: LaunchPlan,
     job_id: str,
@@ -347,24 +339,15 @@ def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
 
 def _refused_array(plan: LaunchPlan, exc: Exception) -> str:
     """Record a run of a job array sbatch refused (failed, exit 1); the message."""
-    message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
     failure = {"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)}
-    RunRecord.finalize(plan.run_dir, Status.FAILED, **_plan_info(plan), failure=failure)
-    print(f"wf_launch: {plan.run_dir}: {message}", file=sys.stderr, flush=True)
-    return message
+    message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
+    return _refused(plan, Status.FAILED, failure, message)
 
 
 def _refused_snapshot(plan: LaunchPlan, exc: SnapshotError) -> str:
-    """Record a submission refused because its code snapshot cannot be taken (exit 2); the
-    message."""
-    print(f"wf_launch: {plan.run_dir}: {exc}", file=sys.stderr, flush=True)
-    RunRecord.finalize(
-        plan.run_dir,
-        Status.INVALID,
-        **_plan_info(plan),
-        failure={"cause": "invalid_config", "type": "SnapshotError", "message": str(exc)},
-    )
-    return str(exc)
+    """Record a submission whose code snapshot cannot be taken (exit 2); the message."""
+    failure = {"cause": "invalid_config", "type": "SnapshotError", "message": str(exc)}
+    return _refused(plan, Status.INVALID, failure, str(exc))
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
