@@ -27,8 +27,9 @@ def say(message: str) -> None:
     print(f"wf_launch: {message}", file=sys.stderr, flush=True)
 
 
-def interrupted(run_dir: Path, name: str, summary: str, overrides: Any, **facts: Any) -> RunOutcome:
-    """Record a run stopped by signal ``name``; its outcome, with the command that resumes it."""
+def interrupted(run_dir: Path, name: str, summary: str, /, **facts: Any) -> RunOutcome:
+    """Record a run stopped by signal ``name``; its outcome, with the command that resumes it
+    (``facts``: the record's fields, its ``overrides`` among them)."""
     record = RunRecord.finalize(
         run_dir,
         Status.INTERRUPTED,
@@ -36,7 +37,7 @@ def interrupted(run_dir: Path, name: str, summary: str, overrides: Any, **facts:
         **facts,
         failure={"cause": "interrupt", "signal": name, "message": summary},
     )
-    hint = resume_hint(run_dir, overrides)
+    hint = resume_hint(run_dir, facts.get("overrides"))
     return RunOutcome.of(record, run_dir, f"{summary}\n  {hint}" if hint else summary)
 
 

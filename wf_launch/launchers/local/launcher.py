@@ -406,7 +406,7 @@ def _interrupted(
     logger.debug(summary)
     info["attempts"] = tracker.close(name, ctrl_c=name == "SIGINT")
     timings = {"wall_s": round(time.time() - t0, 4)}
-    return interrupted(plan.run_dir, name, summary, plan.overrides, **info, timings=timings)
+    return interrupted(plan.run_dir, name, summary, **info, timings=timings)
 
 
 def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:

@@ -228,7 +228,7 @@ class RayRun:
                 if why.startswith("stop flag")
                 else f"interrupted by {name}: every rank was stopped"
             )
-            return interrupted(run_dir, name, summary, self.plan.overrides, **facts)
+            return interrupted(run_dir, name, summary, **facts)
         cause, summary = self._failure(ended)
         status = Status.INVALID if ended.kind == "invalid" else Status.FAILED
         record = RunRecord.finalize(run_dir, status, **facts, failure=cause)
