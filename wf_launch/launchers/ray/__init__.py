@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
 
     from ...config.engine import EngineConfig
-    from ...rundir.outcome import RunOutcome
     from ...rundir.record import RunRecord
     from ..launch_plan import LaunchPlan
 
@@ -113,8 +112,7 @@ def _validate_runtime_env(env: Any) -> None:
 
 
 def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_size: int) -> None:
-    """The Ray launcher's own fields, before the cluster is asked (:func:`~.cluster.check_fits`
-    asks it whether the run fits)."""
+    """The Ray launcher's own fields, before the cluster is asked (:func:`~.cluster.check_fits`)."""
     if importlib.util.find_spec("ray") is None:
         raise config_error(
             "launcher",
@@ -196,12 +194,8 @@ class RayLauncher(LauncherHooks):
     def validate(self, cfg: RayLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_ray_launcher(cfg, engine, layout.world_size)
 
-    def describe(self, plan: LaunchPlan) -> str:
-        return describe(plan)
-
-    def launch(self, plan: LaunchPlan) -> RunOutcome:
-        return launch(plan)
-
+    describe = staticmethod(describe)
+    launch = staticmethod(launch)
     status = staticmethod(status)
     cancel = staticmethod(cancel)
     kill_node = staticmethod(kill_node)

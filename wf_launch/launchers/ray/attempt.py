@@ -34,8 +34,7 @@ _RANK_ACTOR: dict[str, Any] = {}
 
 @dataclass
 class Ended:
-    """How an attempt ended: ``ok``, ``failed``, ``invalid``, ``preempted``, ``interrupted`` or
-    ``cancelled``."""
+    """How an attempt ended: ok, failed, invalid, preempted, interrupted or cancelled."""
 
     kind: str
     verdict: Verdict | None = None
@@ -268,8 +267,7 @@ class Attempt:
         return Ended(kind, verdict, ended_by=verdict.ended_by)
 
     def stop(self, kind: str, name: str) -> Ended:
-        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait,
-        then end."""
+        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait."""
         state.update(self.run_dir, state="stopping")
         if self.refs:
             self.reach(sorted(self.refs.values()), int(signal.SIGTERM))

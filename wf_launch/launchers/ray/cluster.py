@@ -62,7 +62,7 @@ class PrivateInstance:
             f.write(secrets.token_hex(32))
         self._saved: dict[str, str | None] = {}
 
-    def start(self, cpus: float, namespace: str | None) -> str:
+    def start(self, cpus: float) -> str:
         """Start the instance and connect this process to it; its GCS address."""
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": None}
         self._saved = rt.set_env({**auth, "RAY_AUTH_TOKEN_PATH": str(self.token_file)})
@@ -71,7 +71,7 @@ class PrivateInstance:
         try:
             # In this (the main) thread: its processes die with the thread that started them.
             with rt.loopback():
-                rt.start_private(cpus, namespace, str(self.home / "ray"))
+                rt.start_private(cpus, str(self.home / "ray"))
         finally:
             os.environ.pop(MARKER_ENV, None)
         return rt.gcs_address()
@@ -105,8 +105,7 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def reap(marker: str, grace_s: float = 5.0) -> None:
-    """Kill (TERM, then KILL) every process still carrying ``marker``: what ``ray.shutdown``
-    left."""
+    """Kill (TERM, then KILL) every process still carrying ``marker`` (``ray.shutdown`` left)."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
         pids = marked_pids(marker)
         for pid in pids:
@@ -247,10 +246,8 @@ def check_fits(nodes: list[Node], lc: Any, world_size: int, where: str) -> None:
 
 
 def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
-    """``fn()`` in a daemon thread, at most ``timeout_s``: Ray's own connect retries for minutes.
-
-    Only for joining a cluster: a private instance must start in a thread that outlives it.
-    """
+    """``fn()`` in a daemon thread, at most ``timeout_s``: Ray's own connect retries for minutes
+    (a private instance must start in a thread that outlives it instead)."""
     box: dict[str, Any] = {}
 
     def call() -> None:
@@ -286,9 +283,7 @@ class Connection:
             rt.shutdown()
 
 
-def connect(
-    lc: Any, run_dir: str, world_size: int, namespace: str | None = None, cpus: float | None = None
-) -> Connection:
+def connect(lc: Any, run_dir: str, world_size: int, cpus: float | None = None) -> Connection:
     """Join ``launcher.address``, or start a private instance sized for the run (or ``cpus``: a
     sweep's points side by side); ConfigError when the cluster does not answer."""
     target = parse_address(lc.address)
@@ -297,10 +292,8 @@ def connect(
     if target is None:
         instance = PrivateInstance(run_dir)
         try:
-            address = instance.start(
-                max(float(os.cpu_count() or 1), cpus or world_size * float(lc.cpus_per_rank)),
-                namespace,
-            )
+            cpus = cpus or world_size * float(lc.cpus_per_rank)
+            address = instance.start(max(float(os.cpu_count() or 1), cpus))
         except BaseException:
             instance.close()
             raise
@@ -319,7 +312,7 @@ def connect(
                 ) from None
         try:
             what = f"the Ray cluster at {lc.address}"
-            _bounded(lambda: rt.join_cluster(address, namespace), timeout, what)
+            _bounded(lambda: rt.join_cluster(address), timeout, what)
         except (TimeoutError, ConnectionError) as exc:
             raise config_error(
                 "launcher.address",

@@ -161,8 +161,7 @@ def explain(
     pending: list[int],
     dumps: dict[int, list[Frame]] | None = None,
 ) -> Verdict:
-    """The root cause of a failed attempt (``outcomes`` of the ranks that ended, ``pending``
-    the others)."""
+    """The root cause of a failed attempt (``pending``: the ranks that did not end)."""
     setup = [r for r, o in sorted(outcomes.items()) if o.kind == "runtime_env"]
     if setup:
         message = "launcher.runtime_env could not be set up: "

@@ -182,8 +182,7 @@ class RayRun:
         return ended
 
     def _can_restart(self, ended: Ended) -> bool:
-        """Whether a restart can place the run again: a dead node gone from the GCS, the run
-        fitting what is left."""
+        """Whether a restart can place the run again on what is left of the cluster."""
         cause = ended.verdict.cause if ended.verdict is not None else {}
         if cause.get("cause") in ("placement_timeout", "init_timeout", "invalid_config"):
             return False

@@ -88,8 +88,7 @@ def live_state(run_dir: Path) -> tuple[str, str] | None:
 
 
 def status(run_dir: Path) -> tuple[str, RunOutcome | None]:
-    """The run's state, and its final outcome once it ended (a run whose monitor vanished:
-    recorded 'unknown')."""
+    """The run's state, and its final outcome once it ended ('unknown': its monitor vanished)."""
     run_dir = Path(run_dir)
     final = _final(run_dir)
     if final is not None:
@@ -150,8 +149,7 @@ def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
 
 
 def signal_ranks(run_dir: Path, signum: int, only: int | None = None) -> set[int]:
-    """Send ``signum`` to every rank (``only``: that one) of the run's current attempt, on
-    whichever node it runs; the ranks reached."""
+    """Send ``signum`` to every rank (``only``: that one) of the current attempt; those reached."""
     info = state.read(run_dir) or {}
     where = state.where_of(run_dir)
     if only is not None:
@@ -163,10 +161,8 @@ def signal_ranks(run_dir: Path, signum: int, only: int | None = None) -> set[int
 
 
 def kill_node(run_dir: Path, rank: int) -> str:
-    """Kill the raylet of the node that runs ``rank`` (the drill's nodekill); what was killed.
-
-    Refuses the head's node and this process's: they are not a node that dies.
-    """
+    """Kill the raylet of the node that runs ``rank`` (the drill's nodekill; not the head's or
+    this process's node); what was killed."""
     info = state.read(run_dir) or {}
     placement = state.placement_of(run_dir)
     if rank not in placement or not info.get("address"):

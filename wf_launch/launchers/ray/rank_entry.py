@@ -79,11 +79,8 @@ class WfRayRank:
     """One rank of a run (made a Ray actor with ``ray.remote`` by the launcher)."""
 
     def where(self, run_dir: str, want_port: bool) -> dict[str, Any]:
-        """Where this rank runs, and (rank 0) a free port on its node for ``MASTER_PORT``.
-
-        Nothing heavy is imported here: torch imported in a second thread while the rank imports
-        it can hand the rank a half-initialised module.
-        """
+        """Where this rank runs, and (rank 0) a free port on its node for ``MASTER_PORT``. Nothing
+        heavy is imported: torch imported here while the rank imports it could break both."""
         ip = rt.node_ip()
         info: dict[str, Any] = {
             "pid": os.getpid(),
@@ -169,11 +166,8 @@ def signal_ranks(
     run_dir: Path, where: dict[int, tuple[str, int]], signum: int, timeout_s: float = 15.0
 ) -> set[int]:
     """Send ``signum`` to each rank's process (``where``: rank -> (node id, pid)); those reached.
-
-    A task on another node needs a new worker process first, which a loaded host starts late:
-    ranks on this host are signalled directly. Nodes that do not answer within ``timeout_s``
-    (dead, or too busy) are left out.
-    """
+    Ranks on this host directly (a task needs a new worker, late on a loaded host); nodes that do
+    not answer within ``timeout_s`` are left out."""
     here = {
         r
         for r, (_, pid) in where.items()

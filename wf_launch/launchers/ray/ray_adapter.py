@@ -95,8 +95,7 @@ def set_env(values: dict[str, str | None]) -> dict[str, str | None]:
 
 @contextlib.contextmanager
 def loopback() -> Iterator[None]:
-    """Ray's single-machine mode, for this process and the processes it starts meanwhile: the
-    node address stays 127.0.0.1 and every server binds it (not every interface)."""
+    """Ray's single-machine mode for this process and those it starts: servers bind 127.0.0.1."""
     constants = importlib.import_module("ray._private.ray_constants")
     saved = set_env({LOOPBACK_ENV: "0"}), constants.ENABLE_RAY_CLUSTER
     constants.ENABLE_RAY_CLUSTER = False
@@ -115,29 +114,23 @@ def reset_auth_token() -> None:
     raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
-def join_cluster(address: str, namespace: str | None = None) -> None:
-    """Connect this process to the cluster at ``address`` ('auto' or 'HOST:PORT').
-
-    A loopback address may listen on loopback only: joined in single-machine mode (Ray would
-    replace 127.0.0.1 by the host's address).
-    """
+def join_cluster(address: str) -> None:
+    """Connect this process to the cluster at ``address`` ('auto' or 'HOST:PORT'); a loopback
+    address in single-machine mode (Ray would replace 127.0.0.1 by the host's address)."""
     host = address.rpartition(":")[0].strip("[]")
     try:
         local = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         local = False
     with loopback() if local else contextlib.nullcontext():
-        _ray().init(
-            address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR"
-        )
+        _ray().init(address=address, log_to_driver=False, logging_level="ERROR")
 
 
-def start_private(num_cpus: float, namespace: str | None, temp_dir: str) -> None:
+def start_private(num_cpus: float, temp_dir: str) -> None:
     """Start a private Ray instance on this machine (temp dir ``temp_dir``) and connect."""
     _ray().init(
         address="local",
         num_cpus=num_cpus,
-        namespace=namespace,
         include_dashboard=False,
         log_to_driver=False,
         logging_level="ERROR",
@@ -146,8 +139,7 @@ def start_private(num_cpus: float, namespace: str | None, temp_dir: str) -> None
 
 
 def route_cluster_messages(write: Callable[[str], None]) -> None:
-    """The cluster's error messages a driver prints ("A worker died ...") go to ``write`` (the
-    launcher's log), not the console: the launcher reports the root cause."""
+    """The cluster's messages a driver prints ("A worker died ...") go to ``write`` (the log)."""
     worker = importlib.import_module("ray._private.worker")
 
     def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:

@@ -56,8 +56,7 @@ def _options(conn: Connection, plan: LaunchPlan | None = None, **extra: Any) -> 
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Check the run against the cluster, then run it here (``wait=true``) or hand it to a
-    detached supervisor."""
+    """Check the run against the cluster, then run it here or hand it to a detached supervisor."""
     lc = plan.launcher_config
     batch = _CURRENT.get()
     try:
@@ -94,8 +93,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
 
 
 def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> list[Path]:
-    """Wait until each run's supervisor took it over (its state moved on from 'submitted');
-    those that did not."""
+    """Wait until each run's supervisor took it over (left 'submitted'); those that did not."""
     deadline = time.monotonic() + timeout_s
     waiting = list(run_dirs)
     while waiting and time.monotonic() < deadline:
@@ -243,8 +241,7 @@ class RayBatch:
 
 
 def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
-    """Wait for the points' supervisors, showing their states; Ctrl-C, SIGTERM or SIGHUP cancel
-    them all."""
+    """Wait for the points' supervisors, showing their states; a stop signal cancels them all."""
     pending = {p.ref: p for p in points}
     dirs = [p.plan.run_dir for p in points]
     live = LiveView(dirs, write=logger.info, state_of=live_state, warn=logger.warning)
