@@ -1,11 +1,7 @@
 """SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``
-(docs/slurm.md).
-
-By role: :mod:`.rank_entry` (inside a SLURM task), :mod:`.submit` (sbatch parameters, one
-job, a sweep's job arrays), :mod:`.poll` (the job: its state through submitit's sacct
-watcher, waiting, cancel, ``result.json`` once it ended, each rank's outcome),
-:mod:`.submitit_adapter` (every submitit name we use). This module holds the config and the
-launcher class.
+(docs/slurm.md). By role: :mod:`.rank_entry` (inside a task), :mod:`.submit` (sbatch, jobs,
+job arrays), :mod:`.poll` (the job's state, waiting, cancel, its ``result.json``),
+:mod:`.submitit_adapter` (every submitit name we use).
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from ...rundir.claim import launch_alive
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
-from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
 from . import poll
 from .poll import finalize, rank_outcomes, read_job
@@ -53,6 +48,8 @@ __all__ = [
 MAX_POLL_S = 600.0
 MAX_MEM_GB = 1 << 20
 _NEWLINE = "a newline would end the #SBATCH block and run the rest as shell"
+_MEM_NOTE = "per node, or null for the partition's default"
+_SNAPSHOT_NOTE = "the largest code snapshot a submission copies"
 
 
 @dataclass
@@ -65,13 +62,7 @@ class SlurmLauncherConfig(LauncherConfig):
     gpus_per_node: int = integer(0, low=0)
     cpus_per_task: int = integer(1, low=1)
     mem_gb: float | None = number(
-        None,
-        0,
-        MAX_MEM_GB,
-        low_open=True,
-        unit="GB",
-        note="per node, or null for the partition's default",
-        optional=True,
+        None, 0, MAX_MEM_GB, low_open=True, unit="GB", note=_MEM_NOTE, optional=True
     )
     partition: str | None = line(None, why=_NEWLINE)
     account: str | None = line(None, why=_NEWLINE)
@@ -92,12 +83,7 @@ class SlurmLauncherConfig(LauncherConfig):
     snapshot: bool = flag(True)
     snapshot_untracked: bool = flag(False)
     snapshot_max_mb: float = number(
-        256.0,
-        0,
-        MAX_MEM_GB * 1024,
-        low_open=True,
-        unit="MB",
-        note="the largest code snapshot a submission copies",
+        256.0, 0, MAX_MEM_GB * 1024, low_open=True, unit="MB", note=_SNAPSHOT_NOTE
     )
 
 
@@ -115,11 +101,8 @@ ends the step"."""
 
 
 def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int) -> None:
-    """SLURM launcher values, and that one SLURM task per rank covers the layout exactly.
-
-    Every value that reaches the sbatch script is a single line: a newline would end the
-    ``#SBATCH`` block and run what follows as shell.
-    """
+    """SLURM launcher values (each a single line: a newline would end the ``#SBATCH`` block),
+    and that one SLURM task per rank covers the layout exactly."""
     check_fields(lc, "launcher")
     if lc.signal_delay_s >= lc.time_min * 60:
         raise config_error(
@@ -182,8 +165,7 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
 
 
 def _validate_folder(folder: Any) -> None:
-    """submitit's folder: a relative path inside the run (or sweep) directory (submitit runs
-    the pickles it finds there)."""
+    """submitit's folder (it runs the pickles there): a relative path inside the run dir."""
     text = str(folder or "")
     parts = Path(text).parts
     if (
@@ -212,11 +194,8 @@ class SlurmLauncher(LauncherHooks):
     def validate(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_slurm_launcher(cfg, engine, layout.world_size)
 
-    def describe(self, plan: LaunchPlan) -> str:
-        return describe(plan)
-
-    def launch(self, plan: LaunchPlan) -> RunOutcome:
-        return launch(plan)
+    describe = staticmethod(describe)
+    launch = staticmethod(launch)
 
     def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
         """sacct's state of the run's job, and its final outcome once SLURM has cleaned it up."""
@@ -235,8 +214,7 @@ class SlurmLauncher(LauncherHooks):
     live_state = staticmethod(poll.live_state)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """``scancel --signal`` to the run's job (its steps: every rank, on any node); every
-        rank is expected."""
+        """``scancel --signal`` to the run's job (its steps: every rank, on any node)."""
         job = read_job(run_dir)
         if not job or poll.is_terminal(poll.job_state(job["job_id"], Path(run_dir))):
             return set()

@@ -1,11 +1,8 @@
 """A SLURM run's job: ``slurm_job.json``, its state, cancelling it, waiting for it, and its
 ``result.json`` once it ended (with each rank's outcome).
 
-The state is sacct's, read by submitit's own watcher (one call per poll for every job waited
-on, ended jobs cached). Without accounting submitit answers ``UNKNOWN``: then ``squeue``
-answers while the job is queued, ``scontrol`` while the controller remembers it, then the
-ranks' records. A job none of them knows ends its wait as unknown after
-:data:`UNKNOWN_GRACE_S`. Every job id is checked against SLURM's syntax before a command.
+The state is sacct's, read by submitit's own watcher; without accounting, squeue's, scontrol's,
+then the ranks' records (:class:`JobStates`). Job ids are checked before any command.
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ _JOB_FIELDS: dict[str, tuple[Any, str]] = {
 
 
 def read_job(run_dir: Path) -> dict[str, Any] | None:
-    """The run's ``slurm_job.json`` (None: not submitted); ValueError naming the file and the
-    field when it is unreadable or a field the launcher reads is malformed."""
+    """The run's ``slurm_job.json`` (None: not submitted); ValueError naming a malformed field."""
     path = Path(run_dir) / JOB_FILE
     try:
         job = read_json(path)
@@ -92,12 +88,11 @@ _STOPPED: dict[str, tuple[Status, str, str]] = {
     "UNKNOWN": (
         Status.UNKNOWN,
         "unknown",
-        "SLURM no longer knows job {job} ({why}) and no rank left a result or a failure "
-        "record; its outcome is unknown",
+        "SLURM no longer knows job {job} ({why}) and no "
+        "rank left a result or a failure record; its outcome is unknown",
     ),
 }
-"""The ends SLURM itself decided, by the first word of the job's state: (status, cause,
-summary)."""
+"""The ends SLURM decided, by the first word of the job's state: (status, cause, summary)."""
 
 
 def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any]:
@@ -119,9 +114,8 @@ def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any
 def _failure(run_dir: Path, job: dict[str, Any], state: str) -> tuple[dict[str, Any], str]:
     """A failed job's failure and summary: what the ranks recorded, or SLURM's word and logs."""
     layout = run_layout(files.read_config(run_dir, strict=True))
-    explained = explain_failure(
-        run_dir, {}, lambda r: rank_label(r, layout.coords(r)), layout.coords, layout.world_size
-    )
+    label = lambda r: rank_label(r, layout.coords(r))  # noqa: E731
+    explained = explain_failure(run_dir, {}, label, layout.coords, layout.world_size)
     if explained is not None:
         return explained
     job_id = job.get("job_id")
@@ -152,9 +146,8 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
     else:
         status = Status.FAILED
         failure, summary = _failure(run_dir, job, state)
-    return RunOutcome.of(
-        RunRecord.finalize(run_dir, status, **info, failure=failure), run_dir, summary
-    )
+    record = RunRecord.finalize(run_dir, status, **info, failure=failure)
+    return RunOutcome.of(record, run_dir, summary)
 
 
 def rank_outcomes(run_dir: Path) -> dict[int, str]:
@@ -163,11 +156,8 @@ def rank_outcomes(run_dir: Path) -> dict[int, str]:
     world = int((read_job(run_dir) or {}).get("world_size") or 0)
     record = RunRecord.read(run_dir)
     ok = set(record.results) if record is not None and record.status is Status.OK else set()
-    stopped = (
-        str(record.status)
-        if record is not None and record.status in (Status.CANCELLED, Status.TIMEOUT)
-        else None
-    )
+    stops = (Status.CANCELLED, Status.TIMEOUT)
+    stopped = str(record.status) if record is not None and record.status in stops else None
     errors = {r["rank"]: r for r in load_failure_records(run_dir)}
     return {
         rank: _rank_text(run_dir, rank, str(rank) in ok, errors.get(rank), stopped)
@@ -206,8 +196,7 @@ def _preempt_note(run_dir: Path, rank: int) -> str:
 _ENDS = "COMPLETED FAILED CANCELLED TIMEOUT OUT_OF_MEMORY NODE_FAIL PREEMPTED BOOT_FAIL DEADLINE"
 TERMINAL_STATES = frozenset([*_ENDS.split(), "UNKNOWN"])
 UNKNOWN_GRACE_S = 30.0
-"""How long a job may be known to no SLURM command (and leave no record) before its wait
-ends as unknown."""
+"""How long a job known to no SLURM command (and with no record) is waited for."""
 SACCT_RETRY_S = 300.0
 """After sacct failed, how long SLURM's other commands answer alone before it is asked again."""
 CANCEL_WAIT_S = 120.0
@@ -247,12 +236,9 @@ def _records_state(run_dir: Path | None) -> str | None:
 
 
 class JobStates:
-    """The states of SLURM jobs: sacct through submitit's watcher (one call per
-    :meth:`refresh` for every job watched), then squeue, scontrol and the run's records.
-
-    One instance serves the process (:data:`STATES`). When sacct fails it is not asked again
-    for :data:`SACCT_RETRY_S`: its error would come on every poll, and the others answer.
-    """
+    """The states of SLURM jobs: sacct through submitit's watcher (one call per :meth:`refresh`
+    for every job), then squeue, scontrol and the run's records. A sacct that failed is left
+    alone for :data:`SACCT_RETRY_S`; one instance serves the process (:data:`STATES`)."""
 
     def __init__(self) -> None:
         self._sacct_off_until = 0.0
@@ -270,8 +256,7 @@ class JobStates:
             self._sacct_off_until = time.monotonic() + SACCT_RETRY_S
 
     def state(self, job_id: str, run_dir: Path | None = None) -> str:
-        """The job's state at the last :meth:`refresh`, or from the first other source that
-        knows it; 'UNKNOWN' when none does."""
+        """The job's state at the last :meth:`refresh`, else from the others; or 'UNKNOWN'."""
         job_id = checked_job_id(job_id)
         known = self._watcher.get_state(job_id, mode="cache")
         if known != "UNKNOWN":
@@ -289,8 +274,7 @@ STATES = JobStates()
 
 
 def job_state(job_id: str, run_dir: Path | None = None) -> str:
-    """The job's state ('PENDING', 'RUNNING', 'CANCELLED by 0' ...) from the first source that
-    knows it (:class:`JobStates`)."""
+    """The job's state ('PENDING', 'CANCELLED by 0' ...) from the first source that knows it."""
     STATES.refresh([job_id])
     return STATES.state(job_id, run_dir)
 
@@ -398,11 +382,8 @@ class _Wait:
 
 
 def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
-    """Poll every run's job until all ended, finalizing (and reporting) each as it ends.
-
-    Ctrl-C, SIGTERM and SIGHUP cancel every job still running, wait for SLURM to end it, and
-    record 'cancelled'.
-    """
+    """Poll every run's job until all ended, finalizing (and reporting) each as it ends; a stop
+    signal cancels every job still running and records each 'cancelled' as SLURM ends it."""
     wait = _Wait(run_dirs)
     live = LiveView(list(wait.pending), write=logger.info, state_of=live_state, warn=logger.warning)
     try:

@@ -72,11 +72,8 @@ def requeue_target(environ: dict[str, str] | None = None) -> str:
 
 
 def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None) -> int:
-    """The rendezvous port every task of the job agrees on; a requeue gets another.
-
-    The step's reserved ports (``SLURM_STEP_RESV_PORTS``) first; else the port follows the job
-    id (offset per cluster): a sweep's points packed on a node get distinct ports.
-    """
+    """The rendezvous port every task agrees on (a requeue gets another): a reserved port of
+    the step, else one that follows the job id (a sweep's points on a node differ)."""
     env = os.environ if environ is None else environ
     reserved = env.get("SLURM_STEP_RESV_PORTS", "")
     first = reserved.split(",")[0].split("-")[0].strip()
@@ -102,12 +99,8 @@ def _resv_count(reserved: str) -> int:
 
 
 def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
-    """torchrun's environment (RANK ... MASTER_PORT, GROUP_*, ROLE_*, TORCHELASTIC_*) from
-    SLURM's task variables, and ``WF_NODE`` (the node, for ``result.json``'s ``placement``).
-
-    A job on one node listens on loopback only (MASTER_ADDR 127.0.0.1, ``GLOO_SOCKET_IFNAME=lo``
-    unless set); a job across nodes on the first node's address.
-    """
+    """torchrun's environment (RANK ... TORCHELASTIC_*) and ``WF_NODE`` from SLURM's task
+    variables; a job on one node listens on loopback only, one across nodes on the first's."""
     job = job_environment()
     one_node = job.num_nodes == 1
     job_id = os.environ.get("SLURM_JOB_ID", job.job_id)

@@ -100,8 +100,7 @@ def _missing_attributes() -> list[str]:
 
 
 def check_names() -> list[str]:
-    """What this project needs from submitit and no longer finds (empty: all there); a name
-    that is gone is listed once, the finer checks that need it then say nothing more."""
+    """What this project needs from submitit and no longer finds (empty: all there)."""
     problems: list[str] = []
     for check in (_missing_names, _missing_parameters, _changed_command, _missing_attributes):
         try:
