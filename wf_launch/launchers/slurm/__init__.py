@@ -139,23 +139,15 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
                 {key: value},
                 "keys are sbatch option names (letters, digits, '-' and '_', e.g. mail-type)",
             )
-        check_single_line(
-            f"launcher.sbatch_extra.{key}",
-            value if isinstance(value, str) else str(value),
-            why=_NEWLINE,
-        )
+        check_single_line(f"launcher.sbatch_extra.{key}", str(value), why=_NEWLINE)
     for i, text in enumerate(lc.setup or []):
-        check_single_line(
-            f"launcher.setup[{i}]", text, "one shell line per list item", why=_NEWLINE
-        )
+        what = "one shell line per list item"
+        check_single_line(f"launcher.setup[{i}]", text, what, why=_NEWLINE)
     for i, arg in enumerate(lc.srun_args or []):
         check_single_line(f"launcher.srun_args[{i}]", arg, "one argument", why=_NEWLINE)
         option = str(arg).split("=", 1)[0]
-        if option in OWNED_SRUN_OPTIONS or (
-            option.startswith("-")
-            and not option.startswith("--")
-            and option[:2] in OWNED_SRUN_OPTIONS
-        ):
+        short = option[:2] if option.startswith("-") and not option.startswith("--") else ""
+        if option in OWNED_SRUN_OPTIONS or short in OWNED_SRUN_OPTIONS:
             raise config_error(
                 f"launcher.srun_args[{i}]",
                 arg,
@@ -167,12 +159,12 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
 def _validate_folder(folder: Any) -> None:
     """submitit's folder (it runs the pickles there): a relative path inside the run dir."""
     text = str(folder or "")
-    parts = Path(text).parts
+    control = any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
     if (
         not text.strip()
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+        or control
         or Path(text).is_absolute()
-        or ".." in parts
+        or ".." in Path(text).parts
         or text.startswith("~")
     ):
         raise config_error(
@@ -219,9 +211,8 @@ class SlurmLauncher(LauncherHooks):
         if not job or poll.is_terminal(poll.job_state(job["job_id"], Path(run_dir))):
             return set()
         name = signal.Signals(signum).name.removeprefix("SIG")
-        if not poll.scancel(job["job_id"], f"--signal={name}"):
-            return set()
-        return set(range(int(job.get("world_size") or 0)))
+        sent = poll.scancel(job["job_id"], f"--signal={name}")
+        return set(range(int(job.get("world_size") or 0))) if sent else set()
 
     def is_live(self, run_dir: Path) -> bool:
         """Whether the run may still be going: its launch holds the run directory, or its job

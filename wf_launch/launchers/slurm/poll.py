@@ -7,6 +7,7 @@ then the ranks' records (:class:`JobStates`). Job ids are checked before any com
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import subprocess
@@ -49,11 +50,9 @@ def checked_job_id(job_id: Any, where: str = "job id") -> str:
 MAX_JOB_RANKS = 1 << 20
 """The most ranks a job file may name (status lists each rank; more is a corrupt file)."""
 
+_RANKS = f"a number of ranks (at most {MAX_JOB_RANKS})"
 _JOB_FIELDS: dict[str, tuple[Any, str]] = {
-    "world_size": (
-        lambda v: is_int(v) and 0 <= v <= MAX_JOB_RANKS,
-        f"a number of ranks (at most {MAX_JOB_RANKS})",
-    ),
+    "world_size": (lambda v: is_int(v) and 0 <= v <= MAX_JOB_RANKS, _RANKS),
     "nodes": (lambda v: is_int(v) and v >= 0, "a number of nodes"),
     "tasks_per_node": (lambda v: is_int(v) and v >= 0, "a number of tasks"),
     "submitted_at": (is_finite_number, "a time"),
@@ -82,15 +81,14 @@ def read_job(run_dir: Path) -> dict[str, Any] | None:
     return job
 
 
+_FORGOTTEN = (
+    "SLURM no longer knows job {job} ({why}) and no rank left a result or a failure record; "
+    "its outcome is unknown"
+)
 _STOPPED: dict[str, tuple[Status, str, str]] = {
     "CANCELLED": (Status.CANCELLED, "cancelled", "SLURM job {job} was cancelled ({state})"),
     "TIMEOUT": (Status.TIMEOUT, "timeout", "SLURM job {job} hit its time limit"),
-    "UNKNOWN": (
-        Status.UNKNOWN,
-        "unknown",
-        "SLURM no longer knows job {job} ({why}) and no "
-        "rank left a result or a failure record; its outcome is unknown",
-    ),
+    "UNKNOWN": (Status.UNKNOWN, "unknown", _FORGOTTEN),
 }
 """The ends SLURM decided, by the first word of the job's state: (status, cause, summary)."""
 
@@ -226,12 +224,9 @@ def _scontrol_state(job_id: str) -> str | None:
 def _records_state(run_dir: Path | None) -> str | None:
     if run_dir is None:
         return None
-    try:
-        record = RunRecord.read(run_dir)
-    except RecordError:
-        record = None
-    if record is not None and record.status is Status.OK:
-        return "COMPLETED"
+    with contextlib.suppress(RecordError):
+        if (record := RunRecord.read(run_dir)) is not None and record.status is Status.OK:
+            return "COMPLETED"
     return "FAILED" if load_failure_records(run_dir) else None
 
 
@@ -261,12 +256,8 @@ class JobStates:
         known = self._watcher.get_state(job_id, mode="cache")
         if known != "UNKNOWN":
             return known
-        return (
-            (_squeue(job_id) or [None])[0]
-            or _scontrol_state(job_id)
-            or _records_state(run_dir)
-            or "UNKNOWN"
-        )
+        queued = (_squeue(job_id) or [None])[0]
+        return queued or _scontrol_state(job_id) or _records_state(run_dir) or "UNKNOWN"
 
 
 STATES = JobStates()
@@ -299,14 +290,11 @@ def in_queue(job_id: str) -> bool:
     return _squeue(checked_job_id(job_id)) is not None
 
 
-def wait_gone(job_id: str, timeout_s: float = 60) -> bool:
-    """Wait until SLURM has cleaned the job up (its processes are gone); False on timeout."""
+def wait_gone(job_id: str, timeout_s: float = 60) -> None:
+    """Wait (at most ``timeout_s``) until SLURM has cleaned the job up (its processes gone)."""
     deadline = time.monotonic() + timeout_s
-    while in_queue(job_id):
-        if time.monotonic() > deadline:
-            return False
+    while in_queue(job_id) and time.monotonic() < deadline:
         time.sleep(0.3)
-    return True
 
 
 def is_terminal(state: str) -> bool:

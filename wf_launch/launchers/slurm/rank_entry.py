@@ -32,7 +32,9 @@ class SlurmRequeue:
     wait_s: float
     max_requeues: int
 
-    def restart(self) -> int:
+    @staticmethod
+    def restart() -> int:
+        """The job's requeues so far."""
         return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
     def allowed(self) -> bool:
@@ -52,12 +54,8 @@ class SlurmStackDump:
     settle_s: float = 1.5
 
     def __call__(self) -> None:
-        subprocess.run(
-            ["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
-            check=False,
-            capture_output=True,
-            timeout=10,
-        )
+        dump = f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}"
+        subprocess.run(["scancel", dump, requeue_target()], capture_output=True, timeout=10)
         time.sleep(self.settle_s)
 
 
@@ -81,10 +79,8 @@ def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None
         return int(first) + (restart % max(1, _resv_count(reserved)))
     low, high = _PORT_RANGE
     span = high - low
-    offset = (
-        zlib.crc32(f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}".encode())
-        % span
-    )
+    cluster = f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}"
+    offset = zlib.crc32(cluster.encode()) % span
     digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
     return low + (offset + int(digits) + 7919 * restart) % span
 
@@ -104,7 +100,7 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
     job = job_environment()
     one_node = job.num_nodes == 1
     job_id = os.environ.get("SLURM_JOB_ID", job.job_id)
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    restart = SlurmRequeue.restart()
     env = {
         "RANK": str(job.global_rank),
         "WORLD_SIZE": str(job.num_tasks),
@@ -136,9 +132,7 @@ class SlurmRank:
 
     def __call__(self) -> dict[str, Any]:
         export_rank_env(int(getattr(self.spec.preempt, "max_requeues", 0) or 0))
-        os.environ[ATTEMPT_ENV] = str(
-            self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        )
+        os.environ[ATTEMPT_ENV] = str(self.spec.attempt_base + SlurmRequeue.restart())
         try:
             value = rank_main(self.spec)
         except Preempted:

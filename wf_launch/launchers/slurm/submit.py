@@ -55,6 +55,7 @@ def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
 def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any]:
     """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
     lc = plan.launcher_config
+    extra = {k: True if v == "" else v for k, v in dict(lc.sbatch_extra or {}).items()}
     params: dict[str, Any] = {
         "job_name": lc.job_name,
         "nodes": lc.nodes,
@@ -63,19 +64,11 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
         "time": lc.time_min,
         "signal_delay_s": lc.signal_delay_s,
         "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
-        "additional_parameters": {
-            "requeue": True,
-            **{
-                k: True if v == "" else v  # '': a bare flag (--exclusive)
-                for k, v in dict(lc.sbatch_extra or {}).items()
-            },
-        },
+        "additional_parameters": {"requeue": True, **extra},  # '': a bare flag (--exclusive)
     }
-    if lc.gpus_per_node:
-        params["gpus_per_node"] = lc.gpus_per_node
     if lc.mem_gb is not None:
         params["mem"] = convert_mem(float(lc.mem_gb))
-    for key in ("partition", "account", "qos", "constraint", "exclude"):
+    for key in ("gpus_per_node", "partition", "account", "qos", "constraint", "exclude"):
         if getattr(lc, key):
             params[key] = getattr(lc, key)
     code, root = code_dir(lc, shared or plan.run_dir), project_root()
@@ -87,12 +80,9 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
 
 def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | None = None) -> str:
     """The exact sbatch script submitit submits for this plan (``array``: the job array's size)."""
-    folder = submitit_folder(plan, shared)
+    folder, params = submitit_folder(plan, shared), sbatch_parameters(plan, shared)
     return make_sbatch_string(
-        command=submit_command(folder),
-        folder=folder,
-        map_count=array,
-        **sbatch_parameters(plan, shared),
+        command=submit_command(folder), folder=folder, map_count=array, **params
     )
 
 
@@ -106,10 +96,8 @@ def describe(plan: LaunchPlan) -> str:
             f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = "
             f"{plan.world_size} rank(s)",
             f"task          {plan.task}",
-            (
-                f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
-                f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))"
-            ),
+            f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
+            f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))",
             f"wait          {lc.wait}",
             f"run dir       {plan.run_dir}",
             f"submitit      {submitit_folder(plan)}",

@@ -7,6 +7,7 @@ upgrade removed or changed (tests/test_upstream_names.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -59,15 +60,10 @@ def _missing_names() -> list[str]:
         except (ImportError, AttributeError) as exc:
             why = PRIVATE_NAMES.get(name, "public")
             problems.append(f"{name.replace(':', '.')} ({why}): {type(exc).__name__}: {exc}")
-    try:
-        found = importlib.util.find_spec(SUBMIT_MODULE) is not None
-    except ImportError:
-        found = False
-    return (
-        problems
-        if found
-        else [*problems, f"module {SUBMIT_MODULE} (what every SLURM task runs) is gone"]
-    )
+    with contextlib.suppress(ImportError):
+        if importlib.util.find_spec(SUBMIT_MODULE) is not None:
+            return problems
+    return [*problems, f"module {SUBMIT_MODULE} (what every SLURM task runs) is gone"]
 
 
 def _missing_parameters() -> list[str]:
