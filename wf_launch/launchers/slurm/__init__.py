@@ -6,6 +6,7 @@ job arrays), :mod:`.poll` (the job's state, waiting, cancel, its ``result.json``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from dataclasses import dataclass, field
@@ -158,15 +159,9 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
 
 def _validate_folder(folder: Any) -> None:
     """submitit's folder (it runs the pickles there): a relative path inside the run dir."""
-    text = str(folder or "")
+    text, path = str(folder or ""), Path(str(folder or ""))
     control = any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
-    if (
-        not text.strip()
-        or control
-        or Path(text).is_absolute()
-        or ".." in Path(text).parts
-        or text.startswith("~")
-    ):
+    if control or not text.strip() or path.is_absolute() or ".." in path.parts or text[:1] == "~":
         raise config_error(
             "launcher.folder",
             folder,
@@ -235,9 +230,6 @@ class SlurmLauncher(LauncherHooks):
         """'slurm 42': the launcher with its job id, from the record or ``slurm_job.json``."""
         slurm = record.extra.get("slurm") if record is not None else None
         job = slurm.get("job_id") if isinstance(slurm, dict) else None
-        if job is None:
-            try:
-                job = (read_job(run_dir) or {}).get("job_id")
-            except ValueError:
-                job = None
+        with contextlib.suppress(ValueError):  # a malformed job file: the launcher's name alone
+            job = job or (read_job(run_dir) or {}).get("job_id")
         return f"{self.name} {job}" if job else self.name

@@ -271,8 +271,7 @@ def job_state(job_id: str, run_dir: Path | None = None) -> str:
 
 
 def live_state(run_dir: Path) -> tuple[str, str] | None:
-    """('SLURM job 42', 'PENDING (Priority)' or 'RUNNING on n[1-2]') for the live view; None
-    without a job or once it left the queue."""
+    """('SLURM job 42', 'PENDING (Priority)' or 'RUNNING on n[1-2]'); None once it left."""
     job_id = (read_job(run_dir) or {}).get("job_id")
     queued = _squeue(checked_job_id(job_id)) if job_id else None
     if queued is None:
