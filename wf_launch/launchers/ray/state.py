@@ -38,7 +38,7 @@ def placement_of(run_dir: Path | str) -> dict[int, dict[str, Any]]:
 
 
 def where_of(run_dir: Path | str) -> dict[int, tuple[str, int]]:
-    """rank -> (node id, pid) of the current attempt, for :func:`~.reach.signal_ranks`."""
+    """rank -> (node id, pid) of the current attempt, for :func:`~.rank_entry.signal_ranks`."""
     return {
         r: (str(p["node"]), int(p["pid"]))
         for r, p in placement_of(run_dir).items()
