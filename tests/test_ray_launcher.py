@@ -416,7 +416,7 @@ def test_bad_inputs_are_refused_before_any_actor_starts(
 def test_a_private_instance_runs_and_leaves_nothing(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
-    from wf_launch.launchers.ray.private import marked_pids, private_marker
+    from wf_launch.launchers.ray.cluster import marked_pids, private_marker
 
     run = tmp_path / "run"
     proc = _cli(ray_cluster, ["launcher=ray", "engine.dp_size=2", "task=noop"], run, ray=False)

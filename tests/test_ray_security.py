@@ -24,7 +24,7 @@ import psutil
 import pytest
 from ray_fixture import RayCluster, cluster_env
 
-from wf_launch.launchers.ray.private import marked_pids, private_marker
+from wf_launch.launchers.ray.cluster import marked_pids, private_marker
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")

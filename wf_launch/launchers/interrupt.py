@@ -9,10 +9,36 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-__all__ = ["Stopped", "stop_signals"]
+from ..rundir.outcome import RunOutcome
+from ..rundir.record import RunRecord, Status
+from ..rundir.resume import resume_hint
+
+__all__ = ["Stopped", "interrupted", "say", "stop_signals"]
+
+
+def say(message: str) -> None:
+    """One line to the user's console (stderr), as every launcher writes its notices."""
+    print(f"wf_launch: {message}", file=sys.stderr, flush=True)
+
+
+def interrupted(run_dir: Path, name: str, summary: str, /, **facts: Any) -> RunOutcome:
+    """Record a run stopped by signal ``name``; its outcome, with the command that resumes it
+    (``facts``: the record's fields, its ``overrides`` among them)."""
+    record = RunRecord.finalize(
+        run_dir,
+        Status.INTERRUPTED,
+        signal_name=name,
+        **facts,
+        failure={"cause": "interrupt", "signal": name, "message": summary},
+    )
+    hint = resume_hint(run_dir, facts.get("overrides"))
+    return RunOutcome.of(record, run_dir, f"{summary}\n  {hint}" if hint else summary)
 
 
 class Stopped(Exception):

@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json
@@ -56,9 +57,11 @@ __all__ = [
     "MANIFEST",
     "SECRET_PATTERNS",
     "SnapshotError",
+    "code_dir",
     "job_setup",
     "project_root",
     "take",
+    "take_for",
 ]
 
 CODE_DIR = files.CODE
@@ -304,6 +307,33 @@ def _report(plan: _Plan) -> None:
             f"code snapshot: submodule(s) not checked out, not in the snapshot: "
             f"{', '.join(plan.missing_submodules)}"
         )
+
+
+def code_dir(lc: Any, base: Path) -> Path | None:
+    """Where a submission's job runs its code from: ``base/code`` (``base``: the run's or the
+    sweep's directory), or None (``launcher.snapshot=false``, or an installed ``wf_launch``)."""
+    if not lc.snapshot or project_root() is None:
+        return None
+    return Path(base).absolute() / CODE_DIR
+
+
+def take_for(lc: Any, base: Path) -> dict[str, object] | None:
+    """Copy the project's code for a submission as the launcher config ``lc`` asks (its
+    ``snapshot*`` fields) into :func:`code_dir`; its manifest, or None."""
+    from loguru import logger
+
+    code, root = code_dir(lc, base), project_root()
+    if code is None or root is None:
+        if lc.snapshot:
+            logger.warning(
+                "launcher.snapshot: wf_launch is an installed package, not a git checkout: "
+                "nothing to copy, the job runs the installed code"
+            )
+        return None
+    max_bytes = int(lc.snapshot_max_mb * 2**20)
+    manifest = take(code, root, untracked=lc.snapshot_untracked, max_bytes=max_bytes)
+    logger.info(f"code snapshot: {manifest['files']} file(s) of {root} in {code}")
+    return manifest
 
 
 def job_setup(code: Path, root: Path, pythonpath: str | None = None) -> list[str]:

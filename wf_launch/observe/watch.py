@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
-from .stacks import Frame, collect_dumps, rank_ranges, stack_offsets, trigger
+from .stacks import (
+    DUMP_SIGNAL,
+    Frame,
+    collect_dumps,
+    describe_groups,
+    group_spots,
+    rank_ranges,
+    spot_of,
+    stack_offsets,
+    trigger,
+)
 
 __all__ = ["RankWatch", "StartupTimeout"]
 
@@ -44,6 +54,33 @@ class StartupTimeout(Exception):
         self.missing = missing
         self.dumps = dumps
 
+    def failure(
+        self, run_dir: Path, label: Callable[[int], str], coords: Callable[[int], Any]
+    ) -> tuple[dict[str, Any], str]:
+        """The run's failure record and summary: the ranks that never joined, where each stood."""
+        spots = {r: spot_of(frames) for r, frames in self.dumps.items()}
+        logs = ", ".join(str(files.rank_log(run_dir, r)) for r in self.missing[:8])
+        lines = [str(self), *describe_groups(group_spots(spots), label)]
+        lines.append(f"  logs: {logs}" + (" ..." if len(self.missing) > 8 else ""))
+        stuck = {
+            str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(run_dir, r))}
+            if r in spots
+            else {"frame": None, "note": "no stack dump"}
+            for r in self.missing
+        }
+        first = self.missing[0]
+        cause = {
+            "rank": first,
+            "cause": "init_timeout",
+            "type": "StartupTimeout",
+            "message": str(self),
+            "missing_ranks": self.missing,
+            "stuck": stuck,
+            "coords": coords(first),
+            "log": str(files.rank_log(run_dir, first)),
+        }
+        return cause, "\n".join(lines)
+
 
 class RankWatch:
     """Start-up heartbeat and bound, and stack autopsies, for the ranks of one launch."""
@@ -58,6 +95,7 @@ class RankWatch:
         heartbeat_after_s: float = 5.0,
         heartbeat_every_s: float = 5.0,
         progress: Any = None,
+        send: Callable[[dict[int, int], int], set[int]] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.world_size = world_size
@@ -66,6 +104,7 @@ class RankWatch:
         self.write = write
         self.heartbeat_after_s = heartbeat_after_s
         self.heartbeat_every_s = heartbeat_every_s
+        self.send = send  # (rank -> pid, signal) -> the ranks reached; Ray's reaches every node
         self.progress = (
             progress  # a ProgressMonitor ticked from here: no thread in the forking launcher
         )
@@ -135,5 +174,5 @@ class RankWatch:
         if not pids:
             return {}
         offsets = stack_offsets(self.run_dir, pids)
-        sent = trigger(pids)
+        sent = trigger(pids) if self.send is None else self.send(pids, int(DUMP_SIGNAL))
         return collect_dumps(self.run_dir, sent, offsets, wait_s=wait_s, alive=alive)

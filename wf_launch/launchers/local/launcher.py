@@ -37,7 +37,6 @@ from ...config.fields import (
 )
 from ...observe.live import progress_monitor
 from ...observe.rootcause import explain_failure
-from ...observe.stacks import describe_groups, group_spots, spot_of
 from ...observe.watch import RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
 from ...rank.task_registry import task_preload
@@ -46,8 +45,8 @@ from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
-from ...rundir.resume import resume_hint
 from ..base import LauncherConfig, LauncherHooks
+from ..interrupt import interrupted
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
 
@@ -416,43 +415,12 @@ def _interrupted(
     )
     logger.debug(summary)
     info["attempts"] = tracker.close(name, ctrl_c=name == "SIGINT")
-    record = RunRecord.finalize(
-        plan.run_dir,
-        Status.INTERRUPTED,
-        signal_name=name,
-        **info,
-        failure={"cause": "interrupt", "signal": name, "message": summary},
-        timings={"wall_s": round(time.time() - t0, 4)},
-    )
-    hint = resume_hint(plan.run_dir, plan.overrides)
-    return RunOutcome.of(record, plan.run_dir, f"{summary}\n  {hint}" if hint else summary)
+    timings = {"wall_s": round(time.time() - t0, 4)}
+    return interrupted(plan.run_dir, name, summary, **info, timings=timings)
 
 
 def _startup_timeout(plan: LaunchPlan, info: dict[str, Any], exc: Any, wall: float) -> RunOutcome:
-
-    spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
-    lines = [str(exc), *describe_groups(group_spots(spots), plan.label)]
-    lines.append(
-        f"  logs: {', '.join(str(files.rank_log(plan.run_dir, r)) for r in exc.missing[:8])}"
-        + (" ..." if len(exc.missing) > 8 else "")
-    )
-    stuck = {
-        str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(plan.run_dir, r))}
-        if r in spots
-        else {"frame": None, "note": "no stack dump"}
-        for r in exc.missing
-    }
-    summary = "\n".join(lines)
-    failure = {
-        "rank": exc.missing[0],
-        "cause": "init_timeout",
-        "type": "StartupTimeout",
-        "message": str(exc),
-        "missing_ranks": exc.missing,
-        "stuck": stuck,
-        "coords": plan.layout.coords(exc.missing[0]),
-        "log": str(files.rank_log(plan.run_dir, exc.missing[0])),
-    }
+    failure, summary = exc.failure(plan.run_dir, plan.label, plan.layout.coords)
     record = RunRecord.finalize(
         plan.run_dir, Status.FAILED, **info, failure=failure, timings={"wall_s": round(wall, 4)}
     )

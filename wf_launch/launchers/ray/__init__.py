@@ -1,15 +1,11 @@
 """``launcher=ray``: one Ray actor per rank in one placement group per attempt (docs/ray.md).
 
-``python -m wf_launch launcher=ray launcher.address=HEAD:6379 launcher.nodes=2 engine.cp_size=4``
-
-By role: :mod:`.cluster` (the address, connecting, whether the run fits), :mod:`.placement`
-(bundles, each rank's node and environment), :mod:`.rank_entry` (the rank actor, inside the
-rank), :mod:`.attempt` (one attempt: place, start, watch, teardown), :mod:`.failure` (the root
-cause), :mod:`.monitor` (attempts, restarts, the record), :mod:`.supervisor` (the run inside
-the cluster: ``wait=false``, sweeps), :mod:`.submit` (the launching command, a sweep's batch),
-:mod:`.poll` (what ``status`` / ``runs`` / the drill ask), :mod:`.reach` (signals to ranks on
-any node), :mod:`.state` (``ray_run.json``), :mod:`.ray_adapter` (every Ray name we use).
-This module holds the config and the launcher class; it never imports Ray itself.
+By role: :mod:`.cluster` (address, connecting, a private instance, fit), :mod:`.placement`
+(bundles, each rank's node and environment), :mod:`.rank_entry` (on the nodes: the rank,
+signals), :mod:`.attempt` (place, start, watch, teardown), :mod:`.failure` (the root cause),
+:mod:`.monitor` (attempts, restarts, the record; the supervisor actor), :mod:`.submit` (the
+launching command, a sweep), :mod:`.poll` (what the tools ask), :mod:`.state`
+(``ray_run.json``), :mod:`.ray_adapter` (every Ray name). This module never imports Ray.
 """
 
 from __future__ import annotations
@@ -21,20 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...config.engine import NCCL_BACKENDS
-from ...config.fields import (
-    check_fields,
-    config_error,
-    flag,
-    integer,
-    number,
-)
+from ...config.fields import check_fields, config_error, flag, integer, number
 from ...observe.stacks import rank_ranges
-from ..base import LauncherConfig, LauncherHooks
+from ..base import WEEK_S, LauncherConfig, LauncherHooks
 from ..registry import register_launcher
 from . import state
 from .cluster import parse_address
 from .placement import LAUNCHER_VARS, shape
-from .poll import cancel, kill_node, live_state, monitor_alive, signal_rank, signal_ranks, status
+from .poll import cancel, kill_node, live_state, monitor_alive, signal_ranks, status
 from .ray_adapter import INSTALL_HINT
 from .submit import launch
 
@@ -42,7 +32,6 @@ if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
 
     from ...config.engine import EngineConfig
-    from ...rundir.outcome import RunOutcome
     from ...rundir.record import RunRecord
     from ..launch_plan import LaunchPlan
 
@@ -50,7 +39,6 @@ __all__ = ["RUNTIME_ENV_KEYS", "RayLauncher", "RayLauncherConfig", "validate_ray
 
 RUNTIME_ENV_KEYS = ("env_vars", "pip", "working_dir", "excludes")
 """What ``launcher.runtime_env`` may hold (Ray's runtime environment fields of those names)."""
-WEEK_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -71,13 +59,15 @@ class RayLauncherConfig(LauncherConfig):
     shutdown_timeout_s: float = number(10.0, 0, 3600, unit="seconds")
 
 
-def _check_env_vars(env_vars: Any) -> None:
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _check_env_vars(env_vars: Any) -> str | None:
     if not isinstance(env_vars, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
     ):
-        raise config_error(
-            "launcher.runtime_env.env_vars", env_vars, "a mapping of names to strings"
-        )
+        return "a mapping of names to strings"
     owned = sorted(k for k in env_vars if k in LAUNCHER_VARS)
     if owned:
         raise config_error(
@@ -85,37 +75,25 @@ def _check_env_vars(env_vars: Any) -> None:
             env_vars[owned[0]],
             f"set by the launcher for every rank ({', '.join(LAUNCHER_VARS)})",
         )
+    return None
 
 
-def _check_pip(pip: Any) -> None:
-    if isinstance(pip, str) or (isinstance(pip, list) and all(isinstance(p, str) for p in pip)):
-        return
-    raise config_error(
-        "launcher.runtime_env.pip", pip, "a list of requirements, or a requirements file's path"
-    )
-
-
-def _check_working_dir(path: Any) -> None:
+def _check_working_dir(path: Any) -> str | None:
     """A URI (Ray fetches it), or a directory that exists here (Ray uploads it)."""
-    allowed = "a directory that exists on this machine, or a URI (s3://..., https://...zip)"
-    if not isinstance(path, str):
-        raise config_error("launcher.runtime_env.working_dir", path, allowed)
-    if "://" not in path and not Path(path).expanduser().is_dir():
-        raise config_error("launcher.runtime_env.working_dir", path, allowed)
+    if isinstance(path, str) and ("://" in path or Path(path).expanduser().is_dir()):
+        return None
+    return "a directory that exists on this machine, or a URI (s3://..., https://...zip)"
 
 
-def _check_excludes(excludes: Any) -> None:
-    if not isinstance(excludes, list) or not all(isinstance(e, str) for e in excludes):
-        raise config_error(
-            "launcher.runtime_env.excludes", excludes, "a list of paths or patterns to leave out"
-        )
-
-
-_RUNTIME_ENV_CHECKS = {
+_RUNTIME_ENV_CHECKS = {  # field -> what is wrong with its value (None: nothing)
     "env_vars": _check_env_vars,
-    "pip": _check_pip,
+    "pip": lambda pip: (
+        None
+        if isinstance(pip, str) or _strings(pip)
+        else "a list of requirements, or a requirements file's path"
+    ),
     "working_dir": _check_working_dir,
-    "excludes": _check_excludes,
+    "excludes": lambda ex: None if _strings(ex) else "a list of paths or patterns to leave out",
 }
 
 
@@ -128,15 +106,13 @@ def _validate_runtime_env(env: Any) -> None:
     if unknown:
         raise config_error(f"launcher.runtime_env.{unknown[0]}", env[unknown[0]], allowed)
     for key, check in _RUNTIME_ENV_CHECKS.items():
-        if env.get(key) is not None:
-            check(env[key])
+        wrong = check(env[key]) if env.get(key) is not None else None
+        if wrong:
+            raise config_error(f"launcher.runtime_env.{key}", env[key], wrong)
 
 
 def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_size: int) -> None:
-    """The Ray launcher's own fields, before the cluster is asked.
-
-    :func:`~.cluster.check_fits` asks the cluster whether the run fits.
-    """
+    """The Ray launcher's own fields, before the cluster is asked (:func:`~.cluster.check_fits`)."""
     if importlib.util.find_spec("ray") is None:
         raise config_error(
             "launcher",
@@ -145,8 +121,20 @@ def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_siz
         )
     parse_address(lc.address)
     check_fields(lc, "launcher")
-    if lc.nodes is not None:
-        _check_nodes(lc.nodes, lc.address, world_size)
+    if lc.nodes is not None and world_size % lc.nodes:
+        raise config_error(
+            "launcher.nodes",
+            lc.nodes,
+            f"the layout's {world_size} rank(s) must split evenly "
+            "over the nodes (consecutive ranks on one node); or null (anywhere)",
+        )
+    if lc.nodes is not None and lc.nodes > 1 and lc.address is None:
+        raise config_error(
+            "launcher.nodes",
+            lc.nodes,
+            "launcher.address=null runs a private Ray instance on this one machine; "
+            "join a cluster of that many nodes with launcher.address=HOST:PORT",
+        )
     if engine.backend in NCCL_BACKENDS and lc.gpus_per_rank < 1:
         raise config_error(
             "launcher.gpus_per_rank",
@@ -164,27 +152,8 @@ def validate_ray_launcher(lc: RayLauncherConfig, engine: EngineConfig, world_siz
     _validate_runtime_env(lc.runtime_env)
 
 
-def _check_nodes(nodes: int, address: str | None, world_size: int) -> None:
-    """``launcher.nodes`` splits the layout evenly, and more than one node needs a cluster."""
-    if world_size % nodes:
-        raise config_error(
-            "launcher.nodes",
-            nodes,
-            f"the layout's {world_size} rank(s) must split evenly "
-            "over the nodes (consecutive ranks on one node); or null (anywhere)",
-        )
-    if nodes > 1 and address is None:
-        raise config_error(
-            "launcher.nodes",
-            nodes,
-            "launcher.address=null runs a private Ray instance on this one machine; "
-            "join a cluster of that many nodes with launcher.address=HOST:PORT",
-        )
-
-
 def describe(plan: LaunchPlan) -> str:
-    """The launch plan as text (``launcher.dry_run``): where, the placement group, what each rank
-    gets."""
+    """The launch plan as text (``launcher.dry_run``): where, the placement group, each rank."""
     lc: RayLauncherConfig = plan.launcher_config
     where = (
         "a private Ray instance on this machine (started for the run, stopped after)"
@@ -216,8 +185,7 @@ def describe(plan: LaunchPlan) -> str:
 
 @register_launcher
 class RayLauncher(LauncherHooks):
-    """Ranks as Ray actors in a placement group (``launcher=ray``); a detached launcher
-    (``wait=false``)."""
+    """Ranks as Ray actors in a placement group (``launcher=ray``); detached with ``wait=false``."""
 
     name: ClassVar[str] = "ray"
     config_class: ClassVar[type[LauncherConfig]] = RayLauncherConfig
@@ -226,30 +194,19 @@ class RayLauncher(LauncherHooks):
     def validate(self, cfg: RayLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_ray_launcher(cfg, engine, layout.world_size)
 
-    def describe(self, plan: LaunchPlan) -> str:
-        return describe(plan)
-
-    def launch(self, plan: LaunchPlan) -> RunOutcome:
-
-        return launch(plan)
-
-    def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
-
-        return status(Path(run_dir))
-
-    def cancel(self, run_dir: Path) -> str | None:
-
-        return cancel(Path(run_dir))
+    describe = staticmethod(describe)
+    launch = staticmethod(launch)
+    status = staticmethod(status)
+    cancel = staticmethod(cancel)
+    kill_node = staticmethod(kill_node)
+    live_state = staticmethod(live_state)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """Every rank of the current attempt, on whichever node, through one small Ray task per
-        node."""
-
+        """Every rank of the current attempt, on whichever node, through a Ray task per node."""
         return signal_ranks(Path(run_dir), signum)
 
     def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
-
-        return signal_rank(Path(run_dir), rank, signum)
+        return rank in signal_ranks(Path(run_dir), signum, only=rank)
 
     def kill_rank(self, run_dir: Path, rank: int, progress: dict[int, dict[str, Any]]) -> str:
         """SIGKILL one rank on whichever node it runs."""
@@ -257,39 +214,23 @@ class RayLauncher(LauncherHooks):
             raise ValueError(f"kill9:{rank}: rank {rank} of {run_dir} could not be reached")
         return f"pid {progress.get(rank, {}).get('pid')} (rank {rank})"
 
-    def kill_node(self, run_dir: Path, rank: int) -> str:
-
-        return kill_node(Path(run_dir), rank)
-
-    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-
-        return live_state(Path(run_dir))
-
     def status_label(self, run_dir: Path) -> str:
-
         info = state.read(run_dir) or {}
-        return f"Ray run {info.get('supervisor') or Path(run_dir).name}" + (
-            f" on {info['address']}" if info.get("address") and not info.get("private") else ""
-        )
+        on = f" on {info['address']}" if info.get("address") and not info.get("private") else ""
+        return f"Ray run {info.get('supervisor') or Path(run_dir).name}{on}"
 
     def status_details(self, run_dir: Path) -> list[str]:
         """Where each node's ranks ran (the current or last attempt)."""
-
         by_node: dict[str, list[int]] = {}
-        placement = state.placement_of(run_dir)
-        for rank, p in sorted(placement.items()):
-            by_node.setdefault(f"node {str(p.get('node'))[:12]} (host {p.get('host')})", []).append(
-                rank
-            )
-
+        for rank, p in sorted(state.placement_of(run_dir).items()):
+            where = f"node {str(p.get('node'))[:12]} (host {p.get('host')})"
+            by_node.setdefault(where, []).append(rank)
         return [f"ranks {rank_ranges(r)} on {where}" for where, r in by_node.items()]
 
     def run_label(self, run_dir: Path, record: RunRecord | None) -> str:
-
         info = state.read(run_dir) or {}
         where = "private" if info.get("private") else info.get("address") or ""
         return f"ray {where}".strip() + (" detached" if info.get("detached") else "")
 
     def is_live(self, run_dir: Path) -> bool:
-
         return bool(state.read(run_dir)) and monitor_alive(Path(run_dir))

@@ -1,37 +1,23 @@
-"""One attempt of a Ray run: place it, start one actor per rank, watch them, and take everything
-down.
+"""One attempt of a Ray run: place it, start one actor per rank, watch them, take it all down.
 
-1. A placement group for the run (:mod:`.placement`), waited for up to
-   ``launcher.placement_timeout_s`` (in a sweep, longer while another point of the sweep runs:
-   the points queue for room).
-2. One :class:`~.rank_entry.WfRayRank` actor per rank in its bundle; each says where it is
-   (within ``engine.init_timeout_s``), rank 0 gives a free port on its node; a node that does not
-   see the run directory ends the run (exit 2: it must be on storage every node sees).
-3. Every rank's ``run``, watched: the live view, the start-up heartbeat and bound, and on the
-   first failure the stacks of the ranks still running (through :mod:`.reach`, on any node),
-   then the root cause (:mod:`.failure`).
-4. Always: every actor killed and the placement group removed.
+A placement group (waited for up to ``launcher.placement_timeout_s``; longer while another
+point of the sweep runs), one :class:`~.rank_entry.WfRayRank` per rank (a node that does not
+see the run directory ends the run, exit 2), every rank's ``run`` watched, then always every
+actor killed and the placement group removed.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...observe.stacks import (
-    collect_dumps,
-    describe_groups,
-    group_spots,
-    rank_ranges,
-    spot_of,
-    stack_offsets,
-)
+from ...observe.stacks import rank_ranges
 from ...observe.watch import RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
-from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import attempts, files
 from ...rundir.record import Status
 from ..interrupt import Stopped
@@ -40,10 +26,7 @@ from . import state
 from .cluster import alive_nodes, describe_nodes
 from .failure import FailureContext, Outcome, Verdict, explain, node_text
 from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
-from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank
-from .reach import signal_ranks
-
-__all__ = ["Attempt", "Ended", "Stopped"]
+from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank, signal_ranks
 
 POLL_S = 0.2
 _RANK_ACTOR: dict[str, Any] = {}
@@ -51,8 +34,7 @@ _RANK_ACTOR: dict[str, Any] = {}
 
 @dataclass
 class Ended:
-    """How an attempt ended: ``ok``, ``failed``, ``invalid``, ``preempted``, ``interrupted`` or
-    ``cancelled``."""
+    """How an attempt ended: ok, failed, invalid, preempted, interrupted or cancelled."""
 
     kind: str
     verdict: Verdict | None = None
@@ -60,16 +42,9 @@ class Ended:
     ended_by: str = ""
 
 
-def _rank_class() -> Any:
-    if "cls" not in _RANK_ACTOR:
-        _RANK_ACTOR["cls"] = rt.remote(WfRayRank)
-    return _RANK_ACTOR["cls"]
-
-
 @dataclass
 class Attempt:
-    """One attempt: its placement group, actors, where each rank is, and how each rank's run
-    ended."""
+    """One attempt: its placement group, actors, where each rank is, how each rank's run ended."""
 
     run: Any  # the RayRun this attempt belongs to (plan, options, cancel flag, live view)
     number: int
@@ -91,7 +66,6 @@ class Attempt:
     def world(self) -> int:
         return int(self.run.plan.world_size)
 
-    # ------------------------------------------------------------ 1. placement
     def place(self) -> Ended | None:
         """Create the placement group and wait for it; an :class:`Ended` when it was not placed."""
         lc = self.run.lc
@@ -107,28 +81,22 @@ class Attempt:
                 message = (
                     f"the placement group ({plan_shape.describe()}) was not placed within "
                     f"{float(lc.placement_timeout_s):g} s (launcher.placement_timeout_s): the "
-                    "cluster is busy; "
-                    f"its nodes: {describe_nodes(alive_nodes())}"
+                    f"cluster is busy; its nodes: {describe_nodes(alive_nodes())}"
                 )
-                cause = {
-                    "rank": -1,
-                    "cause": "placement_timeout",
-                    "type": "PlacementTimeout",
-                    "message": message,
-                }
-                return Ended("failed", Verdict(cause, message, "placement timed out"))
+                cause = {"rank": -1, "cause": "placement_timeout", "type": "PlacementTimeout"}
+                return Ended(
+                    "failed", Verdict({**cause, "message": message}, message, "placement timed out")
+                )
         self.slots = assign(self.world, plan_shape, rt.bundle_nodes(self.pg))
         return None
 
-    # ------------------------------------------------------------ 2. the actors
     def start_actors(self) -> Ended | None:
-        """One actor per rank in its bundle, each asked where it is. The ranks start as soon as rank
-        0 has
-        answered (its address and port are everyone's rendezvous; with GPUs, once every rank has:
-        their
-        order on a node needs them all), so ranks start while later actors still come up."""
+        """One actor per rank in its bundle, each asked where it is. The ranks start once rank 0
+        answered (its address is the rendezvous; with GPUs once every rank has: their order on a
+        node needs them all), while later actors still come up."""
         lc = self.run.lc
-        cls = _rank_class()
+        if "cls" not in _RANK_ACTOR:
+            _RANK_ACTOR["cls"] = rt.remote(WfRayRank)
         options: dict[str, Any] = {
             "num_cpus": float(lc.cpus_per_rank),
             "num_gpus": float(lc.gpus_per_rank),
@@ -138,13 +106,12 @@ class Attempt:
         if lc.runtime_env:
             options["runtime_env"] = dict(lc.runtime_env)
         for slot in self.slots:
-            self.actors[slot.rank] = cls.options(
-                scheduling_strategy=rt.in_bundle(self.pg, slot.bundle), **options
-            ).remote()
+            where = rt.in_bundle(self.pg, slot.bundle)
+            self.actors[slot.rank] = (
+                _RANK_ACTOR["cls"].options(scheduling_strategy=where, **options).remote()
+            )
         state.update(self.run_dir, state="starting")
-        self.asked = {
-            self.actors[r].where.remote(str(self.run_dir), r == 0): r for r in self.actors
-        }
+        self.asked = {a.where.remote(str(self.run_dir), r == 0): r for r, a in self.actors.items()}
         needed = [ref for ref, r in self.asked.items() if r == 0 or lc.gpus_per_rank]
         timeout = float(self.run.plan.config["engine"]["init_timeout_s"])
         ready, pending = rt.wait_all(needed, timeout)
@@ -158,16 +125,13 @@ class Attempt:
                 "(engine.init_timeout_s): "
                 "the cluster could not start their processes (see Ray's logs on their nodes)"
             )
-            cause = {
-                "rank": late[0],
-                "cause": "init_timeout",
-                "type": "ActorStartTimeout",
-                "message": message,
-                "missing_ranks": late,
-                "coords": self.run.plan.layout.coords(late[0]),
-            }
+            cause = {"rank": late[0], "cause": "init_timeout", "type": "ActorStartTimeout"}
+            cause.update(message=message, missing_ranks=late, coords=self._coords(late[0]))
             return Ended("failed", Verdict(cause, message, "rank actors did not start"))
         return self._check_run_dir()
+
+    def _coords(self, rank: int) -> Any:
+        return self.run.plan.layout.coords(rank)
 
     def _answers(self, refs: list[Any]) -> None:
         """Take the actors' answers to ``where`` (a failed one is that rank's outcome)."""
@@ -181,48 +145,37 @@ class Attempt:
             state.update(self.run_dir, placement=state.record_placement(self.where))
 
     def _check_run_dir(self) -> Ended | None:
-        blind = sorted(
-            {
-                *(r for r, w in self.where.items() if not w.get("sees_run_dir")),
-                *(r for r, o in self.outcomes.items() if o.kind == "unshared"),
-            }
-        )
+        blind = {r for r, w in self.where.items() if not w.get("sees_run_dir")}
+        blind = sorted(blind | {r for r, o in self.outcomes.items() if o.kind == "unshared"})
         if not blind:
             return None
-
         w = self.where.get(blind[0]) or {"node": self.slots[blind[0]].node}
         message = (
             f"hydra.run.dir={str(self.run_dir)!r} is not allowed: rank(s) {rank_ranges(blind)} on "
             f"{node_text(w)} do not see it (no {files.CONFIG} there); launcher=ray needs the run "
             "directory on storage every node sees (a shared file system; a single host is fine)"
         )
-        cause = {
-            "rank": blind[0],
-            "cause": "invalid_config",
-            "type": "RunDirNotShared",
-            "message": message,
-            "node": w.get("node"),
-            "host": w.get("host"),
-        }
-        return Ended(
-            "invalid",
-            Verdict(
-                cause,
-                f"wf_launch: config error: {message}",
-                "run directory not shared",
-                Status.INVALID,
-            ),
-        )
+        cause = {"rank": blind[0], "cause": "invalid_config", "type": "RunDirNotShared"}
+        cause.update(message=message, node=w.get("node"), host=w.get("host"))
+        summary = f"wf_launch: config error: {message}"
+        return Ended("invalid", Verdict(cause, summary, "run directory not shared", Status.INVALID))
 
-    # ------------------------------------------------------------ 3. the ranks
-    def spec(self) -> RankSpec:
-        """What every rank of this attempt gets: the run, its hang hook (reaching every rank) and
-        preemption policy."""
-        lc = self.run.lc
-        return RankSpec(
-            config=self.run.plan.config,
+    def start_ranks(self, write: Callable[[str], None]) -> None:
+        """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch first."""
+        lc, plan, opts = self.run.lc, self.run.plan, self.run.opts
+        threads = max(1, int(float(lc.cpus_per_rank)))
+        self.startup = RankWatch(  # forgets earlier attempts' start-up markers
+            self.run_dir,
+            self.world,
+            plan.label,
+            float(plan.config["engine"]["init_timeout_s"]),
+            write=write,
+            send=lambda pids, signum: self.reach(set(pids), signum),
+        )
+        spec = RankSpec(
+            config=plan.config,
             run_dir=str(self.run_dir),
-            threads_per_rank=max(1, int(float(lc.cpus_per_rank))),
+            threads_per_rank=threads,
             console_ranks=lc.console_ranks,
             launch_time=self.run.launch_time,
             max_log_mb=float(lc.max_log_mb or 0),
@@ -230,36 +183,20 @@ class Attempt:
             attempt_base=self.number,
             preempt=RayPreempt("TERM", 20.0, self.restart, int(lc.max_restarts)),
         )
-
-    def start_ranks(self, write: Callable[[str], None]) -> None:
-        """Every rank's environment, then its ``run`` (``rank_main``); the start-up watch begins
-        first."""
-        self.startup = _RayRankWatch(self, write)  # forgets earlier attempts' start-up markers
         master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
         local = local_ranks(self.slots)
-        cuda = cuda_orders(
-            self.slots, {r: list(w.get("gpus") or []) for r, w in self.where.items()}
-        )
-        spec = self.spec()
-        forward, path = self.run.forward_env()
-        for slot in self.slots:
-            env = {
-                **forward,
-                **rank_env(
-                    slot, self.world, local[slot.rank], master, self.number, cuda.get(slot.rank)
-                ),
-            }
-            self.refs[self.actors[slot.rank].run.remote(spec, env, path)] = slot.rank
+        cuda = cuda_orders(self.slots, {r: w.get("gpus") or [] for r, w in self.where.items()})
+        forward = {"OMP_NUM_THREADS": str(threads), **opts.forward}
+        for s in self.slots:
+            env = rank_env(s, self.world, local[s.rank], master, self.number, cuda.get(s.rank))
+            ref = self.actors[s.rank].run.remote(spec, {**forward, **env}, list(opts.path))
+            self.refs[ref] = s.rank
         state.update(self.run_dir, state="running", placement=state.record_placement(self.where))
 
     def watch(self) -> Ended:
-        """Poll the ranks until all ended or one failed (then :meth:`failed`); take the later
-        actors' answers."""
-        watch = self.startup
+        """Poll the ranks until all ended or one failed; take the later actors' answers."""
         while self.refs:
-            ready, _ = rt.wait(list(self.refs), POLL_S)
-            for ref in ready:
-                self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+            self._collect(rt.wait(list(self.refs), POLL_S)[0])
             if self.asked:
                 self._answers(rt.wait_all(list(self.asked), 0)[0])
                 blind = self._check_run_dir()
@@ -267,34 +204,19 @@ class Attempt:
                     return blind
             self.run.tick()
             try:
-                watch.tick(self.pids(self.refs.values()))
+                self.startup.tick(self.pids(self.refs.values()))
             except StartupTimeout as exc:
-                return self._startup_timeout(exc)
+                cause, summary = exc.failure(self.run_dir, self.run.plan.label, self._coords)
+                cause["node"] = (self.where.get(cause["rank"]) or {}).get("node")
+                verdict = Verdict(cause, summary, "start-up timeout")
+                return Ended("failed", verdict, ended_by="start-up timeout")
             self.run.check_cancel()
             if any(o.kind not in ("ok", "preempted") for o in self.outcomes.values()):
                 return self._check_run_dir() or self.failed(sorted(self.refs.values()))
             if any(o.kind == "preempted" for o in self.outcomes.values()):
-                return self._preempted()
-        return self._all_returned()
-
-    def pids(self, ranks: Any) -> dict[int, int]:
-        """rank -> pid of ``ranks`` (as their actors reported)."""
-        return {r: int(self.where[r]["pid"]) for r in ranks if r in self.where}
-
-    def reach(self, ranks: Any, signum: int, timeout_s: float = 10.0) -> set[int]:
-        """Signal ``ranks`` wherever they run (nodes whose raylet does not answer are skipped)."""
-
-        alive = self.run.node_alive
-        where = {
-            r: (str(self.where[r]["node"]), int(self.where[r]["pid"]))
-            for r in ranks
-            if r in self.where and alive(str(self.where[r]["node"]))
-        }
-        return signal_ranks(self.run_dir, where, signum, timeout_s) if where else set()
-
-    def _all_returned(self) -> Ended:
-        marker = attempts.read(self.run_dir, self.number) or {}
-        ended_by = str(marker.get("ended_by") or "completed")
+                self._collect(rt.wait_all(list(self.refs), self.run.lc.shutdown_timeout_s)[0])
+                return Ended("preempted", ended_by=self._ended_by("preempted: SIGTERM"))
+        ended_by = self._ended_by("completed")
         if ended_by.startswith("stop flag"):
             name = ended_by.partition(":")[2].strip()
             return Ended(
@@ -302,92 +224,61 @@ class Attempt:
             )
         return Ended("ok", ended_by="completed")
 
-    def _preempted(self) -> Ended:
-        grace = float(self.run.lc.shutdown_timeout_s)
-        ready, _ = rt.wait_all(list(self.refs), grace)
+    def _ended_by(self, default: str) -> str:
+        """How rank 0 recorded the attempt's end."""
+        return str((attempts.read(self.run_dir, self.number) or {}).get("ended_by") or default)
+
+    def _collect(self, ready: list[Any]) -> None:
         for ref in ready:
             self.outcomes[self.refs.pop(ref)] = _outcome(ref)
-        marker = attempts.read(self.run_dir, self.number) or {}
-        return Ended("preempted", ended_by=str(marker.get("ended_by") or "preempted: SIGTERM"))
+
+    def pids(self, ranks: Any) -> dict[int, int]:
+        """rank -> pid of ``ranks`` (as their actors reported)."""
+        return {r: int(self.where[r]["pid"]) for r in ranks if r in self.where}
+
+    def reach(self, ranks: Any, signum: int, timeout_s: float = 10.0) -> set[int]:
+        """Signal ``ranks`` wherever they run (nodes whose raylet does not answer are skipped)."""
+        where = {
+            r: (str(self.where[r]["node"]), int(self.where[r]["pid"]))
+            for r in ranks
+            if r in self.where and self.run.node_alive(str(self.where[r]["node"]))
+        }
+        return signal_ranks(self.run_dir, where, signum, timeout_s) if where else set()
 
     def failed(self, pending: list[int]) -> Ended:
-        """The first failure: the stacks of the ranks still running, late outcomes, then the root
-        cause."""
+        """The first failure: the stacks of the ranks still running, late outcomes, the cause."""
         dumps = None
         if pending:
-            offsets = stack_offsets(self.run_dir, pending)
-            # Through Ray, to ranks on any node: on a loaded cluster the signal and the dump take
-            # seconds.
-            sent = self.reach(pending, int(DUMP_SIGNAL), timeout_s=10.0)
-            dumps = collect_dumps(self.run_dir, sent, offsets, wait_s=6.0)
-            ready, _ = rt.wait_all(list(self.refs), 0.5)
-            for ref in ready:
-                self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+            # Through Ray, to ranks on any node: on a loaded cluster signal and dump take seconds.
+            dumps = self.startup.autopsy(self.pids(pending), wait_s=6.0)
+            self._collect(rt.wait_all(list(self.refs), 0.5)[0])
+        plan = self.run.plan
         ctx = FailureContext(
             self.run_dir,
             self.world,
-            self.run.plan.label,
-            self.run.plan.layout.coords,
+            plan.label,
+            plan.layout.coords,
             self.where,
             self.run.node_alive,
             self.number,
         )
         verdict = explain(ctx, self.outcomes, sorted(self.refs.values()), dumps)
-        return Ended(
-            "invalid" if verdict.status is Status.INVALID else "failed",
-            verdict,
-            ended_by=verdict.ended_by,
-        )
-
-    def _startup_timeout(self, exc: StartupTimeout) -> Ended:
-
-        spots = {r: spot_of(frames) for r, frames in exc.dumps.items()}
-        lines = [str(exc), *describe_groups(group_spots(spots), self.run.plan.label)]
-        stuck = {
-            str(r): {**spots[r].as_record(), "dump": str(files.rank_stacks(self.run_dir, r))}
-            if r in spots
-            else {"frame": None, "note": "no stack dump"}
-            for r in exc.missing
-        }
-        first = exc.missing[0]
-        cause = {
-            "rank": first,
-            "cause": "init_timeout",
-            "type": "StartupTimeout",
-            "message": str(exc),
-            "missing_ranks": exc.missing,
-            "stuck": stuck,
-            "coords": self.run.plan.layout.coords(first),
-            "node": (self.where.get(first) or {}).get("node"),
-            "log": str(files.rank_log(self.run_dir, first)),
-        }
-        return Ended(
-            "failed",
-            Verdict(cause, "\n".join(lines), "start-up timeout"),
-            ended_by="start-up timeout",
-        )
+        kind = "invalid" if verdict.status is Status.INVALID else "failed"
+        return Ended(kind, verdict, ended_by=verdict.ended_by)
 
     def stop(self, kind: str, name: str) -> Ended:
-        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait,
-        then end."""
-        import signal as _signal
-
+        """Interrupted or cancelled: SIGTERM every rank (the task saves at its next step), wait."""
         state.update(self.run_dir, state="stopping")
-        pending = sorted(self.refs.values())
-        if pending:
-            self.reach(pending, int(_signal.SIGTERM))
+        if self.refs:
+            self.reach(sorted(self.refs.values()), int(signal.SIGTERM))
             try:
-                ready, _ = rt.wait_all(list(self.refs), float(self.run.lc.shutdown_timeout_s))
-                for ref in ready:
-                    self.outcomes[self.refs.pop(ref)] = _outcome(ref)
+                self._collect(rt.wait_all(list(self.refs), self.run.lc.shutdown_timeout_s)[0])
             except (KeyboardInterrupt, Stopped):
                 pass  # asked again: stop waiting
         return Ended(kind, signal=name, ended_by=name)
 
-    # ------------------------------------------------------------ 4. teardown
     def teardown(self) -> None:
-        """Kill every actor of the attempt and remove its placement group (nothing of it stays in
-        the cluster)."""
+        """Kill every actor of the attempt and remove its placement group."""
         for actor in self.actors.values():
             rt.kill(actor)
         if self.pg is not None:
@@ -408,28 +299,3 @@ def _outcome(ref: Any) -> Outcome:
     except Exception as exc:
         return _outcome_of_error(exc)
     return Outcome("preempted" if isinstance(value, dict) and value.get("preempted") else "ok")
-
-
-class _RayRankWatch(RankWatch):
-    """The start-up heartbeat and bound, with stack dumps requested through Ray (ranks on any
-    node)."""
-
-    def __init__(self, attempt: Attempt, write: Callable[[str], None]) -> None:
-        plan = attempt.run.plan
-        super().__init__(
-            attempt.run_dir,
-            attempt.world,
-            plan.label,
-            float(plan.config["engine"]["init_timeout_s"]),
-            write=write,
-        )
-        self.attempt = attempt
-
-    def autopsy(
-        self, pids: dict[int, int], wait_s: float = 2.0, alive: Callable[[int], bool] | None = None
-    ) -> dict[int, Any]:
-        if not pids:
-            return {}
-        offsets = stack_offsets(self.run_dir, pids)
-        sent = self.attempt.reach(set(pids), int(DUMP_SIGNAL))
-        return collect_dumps(self.run_dir, sent, offsets, wait_s=wait_s, alive=alive)

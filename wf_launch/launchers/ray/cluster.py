@@ -1,42 +1,37 @@
-"""The cluster a run goes to: its address, connecting to it (bounded), and whether the run can fit.
+"""The cluster a run goes to: its address, connecting (bounded), and whether the run can fit.
 
-``launcher.address`` null starts a private Ray instance on this machine for the run (sized to
-hold it, stopped after: every process it started is gone when :class:`Connection` closes);
-``auto`` or ``HOST:PORT`` joins an existing cluster. Joining is bounded by
-``launcher.placement_timeout_s``: nothing listening is refused at once, a server that is not a
-Ray GCS after the bound, each with exit code 2 and nothing started.
+``auto`` or ``HOST:PORT`` joins a cluster, within ``launcher.placement_timeout_s``.
+:func:`check_fits` refuses (exit 2, before any actor starts) a run the cluster's nodes can
+never hold; one that fits but finds the cluster busy waits for its placement group.
 
-:func:`check_fits` asks the cluster's nodes (their total resources) whether the run can ever
-be placed: ``launcher.nodes`` larger than the cluster, ``cpus_per_rank`` / ``gpus_per_rank``
-that no node has, a layout larger than the cluster: a :class:`ConfigError` naming the field and
-what the cluster has, before any actor starts. A cluster that could hold the run but is busy
-makes the placement wait (up to ``placement_timeout_s``).
+``launcher.address`` null starts a :class:`PrivateInstance` sized for the run. Ray's defaults
+open a local instance to every user of the machine (servers on every interface, a 0644 token
+in ``~/.ray``): another user could join as a node and run code as ours. A private instance
+binds loopback only, keeps its token (0600) and temp dir in a 0700 dir made for the run, and
+on close kills every process carrying its marker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import secrets
+import shutil
+import signal
 import socket
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from loguru import logger
 
 from ...config.fields import config_error
 from . import ray_adapter as rt
-from .private import PrivateInstance
-
-__all__ = [
-    "Connection",
-    "Node",
-    "alive_nodes",
-    "check_fits",
-    "connect",
-    "describe_nodes",
-    "node_reachable",
-    "parse_address",
-]
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})")
 ADDRESS_ALLOWED = (
@@ -45,6 +40,83 @@ ADDRESS_ALLOWED = (
     "HOST:PORT (e.g. 10.0.0.5:6379; on Kubernetes the KubeRay head service, "
     "raycluster-head-svc:6379)"
 )
+
+
+MARKER_ENV = "WF_RAY_PRIVATE"
+"""Set (to the run directory) in the environment of every process of a private instance."""
+
+
+def private_marker(run_dir: str) -> str:
+    return f"{MARKER_ENV}={run_dir}"
+
+
+class PrivateInstance:
+    """The run's own Ray instance on this machine: its temp dir, its token, its processes."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.marker = private_marker(run_dir)
+        self.home = Path(tempfile.mkdtemp(prefix="wfray-", dir="/tmp"))  # short: socket paths
+        self.token_file = self.home / "auth_token"
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        self._saved: dict[str, str | None] = {}
+
+    def start(self, cpus: float) -> str:
+        """Start the instance and connect this process to it; its GCS address."""
+        auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": None}
+        self._saved = rt.set_env({**auth, "RAY_AUTH_TOKEN_PATH": str(self.token_file)})
+        rt.reset_auth_token()
+        os.environ[MARKER_ENV] = self.marker.partition("=")[2]  # inherited by its processes
+        try:
+            # In this (the main) thread: its processes die with the thread that started them.
+            with rt.loopback():
+                rt.start_private(cpus, str(self.home / "ray"))
+        finally:
+            os.environ.pop(MARKER_ENV, None)
+        return rt.gcs_address()
+
+    def close(self) -> None:
+        """Stop the instance: every process of it left is killed, its temp dir removed."""
+        rt.shutdown()
+        reap(self.marker)
+        shutil.rmtree(self.home, ignore_errors=True)
+        rt.set_env(self._saved)
+        self._saved = {}
+        rt.reset_auth_token()
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker`` ('NAME=VALUE')."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                zombie = f.read().rpartition(b")")[2].split()[0] == b"Z"
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in env and not zombie:
+            found.append(int(entry.name))
+    return found
+
+
+def reap(marker: str, grace_s: float = 5.0) -> None:
+    """Kill (TERM, then KILL) every process still carrying ``marker`` (``ray.shutdown`` left)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        pids = marked_pids(marker)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = marked_pids(marker)
+        if not pids:
+            return
 
 
 def parse_address(address: Any) -> tuple[str, int] | str | None:
@@ -83,35 +155,53 @@ class Node:
     name: str = ""
     host: str = ""
 
-    @property
-    def short(self) -> str:
-        return self.node_id[:12]
-
     def describe(self) -> str:
         gpus = f", {self.gpus:g} GPU" if self.gpus else ""
         name = f" [{self.name}]" if self.name else ""
         head = ", head" if self.head else ""
-        return f"node {self.short}{name} ({self.ip}: {self.cpus:g} CPU{gpus}{head})"
+        return f"node {self.node_id[:12]}{name} ({self.ip}: {self.cpus:g} CPU{gpus}{head})"
+
+    def fits(self, cpus: float, gpus: float) -> int:
+        """How many ranks of ``cpus`` CPUs and ``gpus`` GPUs the node holds."""
+        by_cpu = math.floor(self.cpus / cpus + 1e-9) if cpus else 1 << 30
+        by_gpu = math.floor(self.gpus / gpus + 1e-9) if gpus else 1 << 30
+        return min(by_cpu, by_gpu)
+
+    def reachable(self, timeout_s: float = 1.0) -> bool:
+        """Whether its raylet still answers a TCP connect (refused at once when it died)."""
+        if not self.ip or not self.manager_port:
+            return True
+        try:
+            _probe(self.ip, self.manager_port, timeout_s)
+        except OSError:
+            return False
+        return True
 
 
-def _node(info: dict[str, Any]) -> Node:
-    res = info.get("Resources") or {}
-    names = sorted(k for k in res if k.startswith("wf_node_"))
-    return Node(
-        str(info["NodeID"]),
-        str(info.get("NodeManagerAddress") or ""),
-        int(info.get("NodeManagerPort") or 0),
-        float(res.get("CPU", 0)),
-        float(res.get("GPU", 0)),
-        "node:__internal_head__" in res,
-        names[0] if names else "",
-        str(info.get("NodeManagerHostname") or ""),
-    )
+def _probe(host: str, port: int, timeout_s: float) -> None:
+    """OSError unless something accepts a TCP connection at ``host:port``."""
+    with socket.create_connection((host, port), timeout=timeout_s):
+        return
 
 
 def alive_nodes() -> list[Node]:
     """The cluster's alive nodes (head first)."""
-    nodes = [_node(n) for n in rt.list_nodes() if n.get("Alive")]
+    nodes = []
+    for info in (n for n in rt.list_nodes() if n.get("Alive")):
+        res = info.get("Resources") or {}
+        names = sorted(k for k in res if k.startswith("wf_node_"))
+        nodes.append(
+            Node(
+                str(info["NodeID"]),
+                str(info.get("NodeManagerAddress") or ""),
+                int(info.get("NodeManagerPort") or 0),
+                float(res.get("CPU", 0)),
+                float(res.get("GPU", 0)),
+                "node:__internal_head__" in res,
+                names[0] if names else "",
+                str(info.get("NodeManagerHostname") or ""),
+            )
+        )
     return sorted(nodes, key=lambda n: (not n.head, n.node_id))
 
 
@@ -119,103 +209,45 @@ def describe_nodes(nodes: list[Node]) -> str:
     return "; ".join(n.describe() for n in nodes) or "no alive node"
 
 
-def _fit(node: Node, cpus: float, gpus: float) -> int:
-    """How many ranks of ``cpus`` CPUs and ``gpus`` GPUs the node holds."""
-    by_cpu = math.floor(node.cpus / cpus + 1e-9) if cpus else 1 << 30
-    by_gpu = math.floor(node.gpus / gpus + 1e-9) if gpus else 1 << 30
-    return min(by_cpu, by_gpu)
-
-
-def _one_rank_fits(nodes: list[Node], lc: Any, have: str) -> None:
-    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
-    if any(_fit(n, cpus, gpus) for n in nodes):
-        return
-    field, value, unit = (
-        ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
-        if gpus and not any(n.gpus >= gpus for n in nodes)
-        else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
-    )
-    raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
-
-
-def _nodes_fit(nodes: list[Node], lc: Any, world_size: int, have: str) -> None:
-    """``launcher.nodes`` set: that many nodes must each hold their share of the ranks."""
-    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
-    per = world_size // lc.nodes
-    able = [n for n in nodes if _fit(n, cpus, gpus) >= per]
-    if len(able) >= lc.nodes:
-        return
-    raise config_error(
-        "launcher.nodes",
-        lc.nodes,
-        f"{lc.nodes} node(s) of {per} rank(s) each need "
-        f"{per * cpus:g} CPU(s){f' and {per * gpus:g} GPU(s)' if gpus else ''} per node "
-        f"(launcher.cpus_per_rank={cpus:g}, gpus_per_rank={gpus:g}); only {len(able)} "
-        f"node(s) have that: {have}",
-    )
-
-
-def _world_fits(nodes: list[Node], lc: Any, world_size: int, have: str) -> None:
-    """``launcher.nodes`` null: the whole cluster must hold every rank."""
-    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
-    room = sum(_fit(n, cpus, gpus) for n in nodes)
-    if room >= world_size:
-        return
-    raise config_error(
-        "launcher.cpus_per_rank",
-        lc.cpus_per_rank,
-        f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
-        f"{cpus:g} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each; {have}",
-    )
-
-
 def check_fits(nodes: list[Node], lc: Any, world_size: int, where: str) -> None:
     """ConfigError when the run can never be placed on these nodes (their total resources)."""
     have = f"the cluster at {where} has {len(nodes)} alive node(s): {describe_nodes(nodes)}"
+    cpus, gpus = float(lc.cpus_per_rank), float(lc.gpus_per_rank)
     if lc.nodes is not None and lc.nodes > len(nodes):
         raise config_error(
             "launcher.nodes", lc.nodes, f"{have}; choose at most {len(nodes)}, or null (anywhere)"
         )
-    _one_rank_fits(nodes, lc, have)
+    if not any(n.fits(cpus, gpus) for n in nodes):
+        field, value, unit = (
+            ("launcher.gpus_per_rank", lc.gpus_per_rank, "GPU")
+            if gpus and not any(n.gpus >= gpus for n in nodes)
+            else ("launcher.cpus_per_rank", lc.cpus_per_rank, "CPU")
+        )
+        raise config_error(field, value, f"no node has {value:g} {unit}(s) for one rank; {have}")
+    and_gpus = lambda n: f" and {n * gpus:g} GPU(s)" if gpus else ""  # noqa: E731
     if lc.nodes is not None:
-        _nodes_fit(nodes, lc, world_size, have)
-    else:
-        _world_fits(nodes, lc, world_size, have)
-
-
-def node_reachable(node: Node, timeout_s: float = 1.0) -> bool:
-    """Whether the node's raylet still answers a TCP connect (it refuses at once when the raylet
-    died)."""
-    if not node.ip or not node.manager_port:
-        return True
-    try:
-        with socket.create_connection((node.ip, node.manager_port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def _tcp_probe(host: str, port: int, timeout_s: float) -> None:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
+        per = world_size // lc.nodes
+        able = [n for n in nodes if n.fits(cpus, gpus) >= per]
+        if len(able) < lc.nodes:
+            raise config_error(
+                "launcher.nodes",
+                lc.nodes,
+                f"{lc.nodes} node(s) of {per} rank(s) each need {per * cpus:g} CPU(s)"
+                f"{and_gpus(per)} per node (launcher.cpus_per_rank={cpus:g}, gpus_per_rank="
+                f"{gpus:g}); only {len(able)} node(s) have that: {have}",
+            )
+    elif (room := sum(n.fits(cpus, gpus) for n in nodes)) < world_size:
         raise config_error(
-            "launcher.address",
-            f"{host}:{port}",
-            f"nothing answers there ({why}); start a "
-            f"cluster (scripts/ray_cluster.sh start) or give its GCS address; "
-            f"{ADDRESS_ALLOWED}",
-        ) from None
+            "launcher.cpus_per_rank",
+            lc.cpus_per_rank,
+            f"the layout has {world_size} rank(s) but the cluster holds at most {room} of "
+            f"{cpus:g} CPU(s){and_gpus(1)} each; {have}",
+        )
 
 
 def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
-    """Run ``fn()`` in a helper thread, at most ``timeout_s``: Ray's own connect retries for
-    minutes.
-
-    Only for joining a cluster: a private instance must start in a thread that outlives it.
-    """
+    """``fn()`` in a daemon thread, at most ``timeout_s``: Ray's own connect retries for minutes
+    (a private instance must start in a thread that outlives it instead)."""
     box: dict[str, Any] = {}
 
     def call() -> None:
@@ -238,69 +270,57 @@ def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
 
 @dataclass
 class Connection:
-    """This process's connection to the run's cluster (a private instance is stopped on
-    :meth:`close`)."""
+    """This process's connection to the run's cluster (a private instance ends on close)."""
 
     address: str
     instance: PrivateInstance | None = None
 
-    @property
-    def private(self) -> bool:
-        return self.instance is not None
-
-    @property
-    def token_file(self) -> str:
-        """A private instance's token (for this user's tools that join it: ``status --stacks``)."""
-        return str(self.instance.token_file) if self.instance is not None else ""
-
     def close(self) -> None:
-        """Leave the cluster; a private instance is stopped and any process of it left is killed."""
+        """Leave the cluster; a private instance is stopped and any process of it left killed."""
         if self.instance is not None:
             self.instance.close()
         else:
             rt.shutdown()
 
 
-def connect(
-    lc: Any, run_dir: str, world_size: int, namespace: str | None = None, cpus: float | None = None
-) -> Connection:
-    """Join ``launcher.address`` or start a private instance sized for the run (or ``cpus``, a
-    sweep's points
-    side by side); ConfigError when the cluster does not answer."""
+def connect(lc: Any, run_dir: str, world_size: int, cpus: float | None = None) -> Connection:
+    """Join ``launcher.address``, or start a private instance sized for the run (or ``cpus``: a
+    sweep's points side by side); ConfigError when the cluster does not answer."""
     target = parse_address(lc.address)
     timeout = float(lc.placement_timeout_s)
+    instance = None
     if target is None:
-        cpus = max(float(os.cpu_count() or 1), cpus or world_size * float(lc.cpus_per_rank))
         instance = PrivateInstance(run_dir)
         try:
-            address = instance.start(cpus, namespace)
+            cpus = cpus or world_size * float(lc.cpus_per_rank)
+            address = instance.start(max(float(os.cpu_count() or 1), cpus))
         except BaseException:
             instance.close()
             raise
-        _route_messages()
-        return Connection(address, instance)
-    if isinstance(target, tuple):
-        _tcp_probe(target[0], target[1], min(timeout, 10.0))
-        address = f"{target[0]}:{target[1]}"
     else:
-        address = "auto"
-    try:
-        _bounded(
-            lambda: rt.join_cluster(address, namespace), timeout, f"the Ray cluster at {lc.address}"
-        )
-    except (TimeoutError, ConnectionError) as exc:
-        raise config_error(
-            "launcher.address",
-            lc.address,
-            f"{exc} (a cluster with token authentication also needs "
-            "its token here: ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
-            f"{ADDRESS_ALLOWED}",
-        ) from None
-    _route_messages()
-    return Connection(rt.gcs_address())
-
-
-def _route_messages() -> None:
-    from loguru import logger
-
-    rt.route_cluster_messages(lambda line: logger.debug(line))
+        address = "auto" if target == "auto" else f"{target[0]}:{target[1]}"
+        if isinstance(target, tuple):
+            try:
+                _probe(*target, min(timeout, 10.0))
+            except OSError as exc:
+                raise config_error(
+                    "launcher.address",
+                    address,
+                    f"nothing answers there ({exc.strerror or type(exc).__name__}); start a "
+                    f"cluster (scripts/ray_cluster.sh start) or give its GCS address; "
+                    f"{ADDRESS_ALLOWED}",
+                ) from None
+        try:
+            what = f"the Ray cluster at {lc.address}"
+            _bounded(lambda: rt.join_cluster(address), timeout, what)
+        except (TimeoutError, ConnectionError) as exc:
+            raise config_error(
+                "launcher.address",
+                lc.address,
+                f"{exc} (a cluster with token authentication also needs "
+                "its token here: ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
+                f"{ADDRESS_ALLOWED}",
+            ) from None
+        address = rt.gcs_address()
+    rt.route_cluster_messages(logger.debug)
+    return Connection(address, instance)

@@ -1,18 +1,12 @@
-"""How an attempt of a Ray run ended: each rank's outcome, and the root cause of a failure.
+"""How an attempt of a Ray run ended: each rank's :class:`Outcome`, and the root cause.
 
-A rank's ``run`` ends ``ok``, ``preempted`` (it left for the next attempt), ``raised`` (the
-rank raised; it recorded its failure), ``died`` (its process ended without a word: ``kill -9``,
-the OOM killer, a crash), ``unavailable`` (its process cannot be reached: its node may be
-gone) or ``runtime_env`` (``launcher.runtime_env`` could not be set up). The root cause, in
-order: a node that died (its raylet stopped answering; every rank on it is named), a rank
-whose process died, then what the ranks recorded
-(:func:`~wf_launch.observe.rootcause.explain_failure`:
-the first rank that raised, or the ranks that never reached a collective, with their stacks).
-Every cause names the rank, its coordinates and its node.
+In order: a dead node (every rank on it named), a rank that died without a record (``kill -9``,
+the OOM killer, a crash), then what the ranks recorded (``explain_failure``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +20,6 @@ from ...rundir.failures import load_failure_records
 from ...rundir.io import open_regular
 from ...rundir.record import Status
 
-__all__ = ["FailureContext", "Outcome", "Verdict", "explain", "node_text"]
-
-LOST = ("died", "unavailable")
 _FATAL = re.compile(r"Fatal Python error: ([^\n]+)")
 
 
@@ -42,8 +33,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A failed attempt: the root cause (for ``result.json``), its summary, and how the attempt
-    ended."""
+    """A failed attempt: its root cause (``result.json``), summary, and how the attempt ended."""
 
     cause: dict[str, Any]
     summary: str
@@ -54,8 +44,7 @@ class Verdict:
 def node_text(where: dict[str, Any] | None) -> str:
     """'node 5bc47700df44, host vm' for messages."""
     where = where or {}
-    node = str(where.get("node") or "?")[:12]
-    return f"node {node}, host {where.get('host') or '?'}"
+    return f"node {str(where.get('node') or '?')[:12]}, host {where.get('host') or '?'}"
 
 
 @dataclass
@@ -73,15 +62,18 @@ class FailureContext:
     def label_at(self, rank: int) -> str:
         return f"{self.label(rank)} on {node_text(self.where.get(rank))}"
 
-    def base(self, rank: int) -> dict[str, Any]:
+    def cause(self, rank: int, cause: str, kind: str, message: str) -> dict[str, Any]:
+        """A failure record of ``rank``: its coordinates, node, host, pid and log."""
         w = self.where.get(rank) or {}
+        log = str(files.rank_log(self.run_dir, rank))
+        where = {"node": w.get("node"), "host": w.get("host"), "pid": w.get("pid"), "log": log}
         return {
             "rank": rank,
             "coords": self.coords(rank),
-            "node": w.get("node"),
-            "host": w.get("host"),
-            "pid": w.get("pid"),
-            "log": str(files.rank_log(self.run_dir, rank)),
+            **where,
+            "cause": cause,
+            "type": kind,
+            "message": message,
         }
 
 
@@ -91,8 +83,7 @@ def _first_line(text: str) -> str:
 
 
 def _error_line(text: str) -> str:
-    """The exception line of Ray's error text ('ValueError: ...'), its first line when it has no
-    traceback."""
+    """The exception line of Ray's error text ('ValueError: ...'), else its first line."""
     lines = [ln.rstrip() for ln in (text or "").splitlines() if ln.strip()]
     plain = [
         ln for ln in lines if not ln[:1].isspace() and not ln.startswith(("Traceback", "\x1b["))
@@ -100,68 +91,46 @@ def _error_line(text: str) -> str:
     return (plain[-1] if plain else _first_line(text))[:500]
 
 
-def _dead_nodes(ctx: FailureContext, ranks: list[int]) -> list[str]:
-    nodes = list(
-        dict.fromkeys(str((ctx.where.get(r) or {}).get("node")) for r in ranks if ctx.where.get(r))
-    )
-    return [n for n in nodes if not ctx.node_alive(n)]
+def _nodes_of(ctx: FailureContext, ranks: list[int]) -> list[str]:
+    return list(dict.fromkeys(str(ctx.where[r].get("node")) for r in ranks if ctx.where.get(r)))
 
 
 def _node_died(ctx: FailureContext, node: str) -> Verdict:
     ranks = sorted(r for r, w in ctx.where.items() if w.get("node") == node)
-    first = ranks[0]
-    where = ctx.where[first]
+    w = ctx.where[ranks[0]]
     message = (
-        f"node {node[:12]} (host {where.get('host')}, {where.get('ip')}) died: its raylet stopped "
+        f"node {node[:12]} (host {w.get('host')}, {w.get('ip')}) died: its raylet stopped "
         f"answering; rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} ran on it"
     )
-    who = ", ".join(f"rank {r} ({ctx.label(r)})" for r in ranks[:8]) + (
-        " ..." if len(ranks) > 8 else ""
+    who = ", ".join(f"rank {r} ({ctx.label(r)})" for r in ranks[:8])
+    summary = (
+        f"{message}\n  {who}{' ...' if len(ranks) > 8 else ''}\n"
+        f"  log: {files.rank_log(ctx.run_dir, ranks[0])}"
     )
-    summary = f"{message}\n  {who}\n  log: {files.rank_log(ctx.run_dir, first)}"
-    cause = {
-        **ctx.base(first),
-        "cause": "node_died",
-        "type": "NodeDied",
-        "message": message,
-        "ranks": ranks,
-        "ip": where.get("ip"),
-    }
+    cause = ctx.cause(ranks[0], "node_died", "NodeDied", message)
+    cause.update(ranks=ranks, ip=w.get("ip"))
     return Verdict(cause, summary, f"node {node[:12]} died")
 
 
-def _fatal_error(log: Path) -> str | None:
-    """What faulthandler wrote in the rank's log when the process crashed ('Segmentation fault'), if
-    anything."""
-    try:
-        with open(open_regular(log), "rb") as f:
+def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
+    found = []  # what faulthandler wrote in the rank's log if it crashed ('Segmentation fault')
+    with contextlib.suppress(OSError, ValueError):
+        with open(open_regular(files.rank_log(ctx.run_dir, rank)), "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 16384))
             found = _FATAL.findall(f.read().decode(errors="replace"))
-    except (OSError, ValueError):
-        return None
-    return found[-1].strip() if found else None
-
-
-def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
-    fatal = _fatal_error(files.rank_log(ctx.run_dir, rank))
+    fatal = found[-1].strip() if found else None
     how = (
         f"it crashed ({fatal})"
         if fatal
         else "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a "
         "crash)"
     )
-    message = f"died: {how}"
     summary = (
-        f"rank {rank} ({ctx.label_at(rank)}) {message}\n"
+        f"rank {rank} ({ctx.label_at(rank)}) died: {how}\n"
         f"  Ray: {_first_line(ray_message)}\n  log: {files.rank_log(ctx.run_dir, rank)}"
     )
-    cause = {
-        **ctx.base(rank),
-        "cause": "died",
-        "type": "RankDied",
-        "message": f"rank {rank} {message}",
-        "ray": _first_line(ray_message),
-    }
+    cause = ctx.cause(rank, "died", "RankDied", f"rank {rank} died: {how}")
+    cause["ray"] = _first_line(ray_message)
     return Verdict(cause, summary, f"rank {rank} died on {node_text(ctx.where.get(rank))}")
 
 
@@ -170,20 +139,14 @@ def _recorded(
 ) -> Verdict:
     explained = explain_failure(ctx.run_dir, {}, ctx.label_at, ctx.coords, ctx.world_size, dumps)
     if explained is None:
-        rank, outcome = min(
-            ((r, o) for r, o in outcomes.items() if o.kind not in ("ok", "preempted")),
-            key=lambda item: item[0],
-        )
-        message = _error_line(outcome.message) or "no rank left a failure record"
-        cause = {**ctx.base(rank), "cause": "unknown", "type": "Unknown", "message": message}
-        return Verdict(
-            cause, f"rank {rank} ({ctx.label_at(rank)}) failed: {message}", f"rank {rank} failed"
-        )
+        rank = min(r for r, o in outcomes.items() if o.kind not in ("ok", "preempted"))
+        message = _error_line(outcomes[rank].message) or "no rank left a failure record"
+        cause = ctx.cause(rank, "unknown", "Unknown", message)
+        summary = f"rank {rank} ({ctx.label_at(rank)}) failed: {message}"
+        return Verdict(cause, summary, f"rank {rank} failed")
     cause, summary = explained
     w = ctx.where.get(int(cause["rank"])) or {}
-    cause.update(
-        {"node": w.get("node"), "host": w.get("host"), "pid": w.get("pid", cause.get("pid"))}
-    )
+    cause.update(node=w.get("node"), host=w.get("host"), pid=w.get("pid", cause.get("pid")))
     what = (
         "collective timed out"
         if cause.get("cause") == "stuck"
@@ -198,20 +161,15 @@ def explain(
     pending: list[int],
     dumps: dict[int, list[Frame]] | None = None,
 ) -> Verdict:
-    """The root cause of a failed attempt (``outcomes`` of the ranks that ended, ``pending`` the
-    others)."""
+    """The root cause of a failed attempt (``pending``: the ranks that did not end)."""
     setup = [r for r, o in sorted(outcomes.items()) if o.kind == "runtime_env"]
     if setup:
-        message = _first_line(outcomes[setup[0]].message)
-        cause = {
-            **ctx.base(setup[0]),
-            "cause": "invalid_config",
-            "type": "RuntimeEnvSetupError",
-            "message": f"launcher.runtime_env could not be set up: {message}",
-        }
+        message = "launcher.runtime_env could not be set up: "
+        message += _first_line(outcomes[setup[0]].message)
+        cause = ctx.cause(setup[0], "invalid_config", "RuntimeEnvSetupError", message)
         return Verdict(cause, cause["message"], "launcher.runtime_env failed", Status.INVALID)
-    lost = [r for r, o in sorted(outcomes.items()) if o.kind in LOST]
-    dead = _dead_nodes(ctx, lost + list(pending))
+    lost = [r for r, o in sorted(outcomes.items()) if o.kind in ("died", "unavailable")]
+    dead = [n for n in _nodes_of(ctx, lost + pending) if not ctx.node_alive(n)]
     if dead:
         return _node_died(ctx, dead[0])
     recorded = {

@@ -1,16 +1,8 @@
-"""Where ranks go: the placement group's bundles, each rank's bundle and node, and its environment.
+"""Where ranks go: the placement group's bundles, each rank's node, and its environment.
 
-Pure functions of the plan and what the cluster answered, so they are tested without a cluster.
-
-* ``launcher.nodes`` null: one bundle per rank (``cpus_per_rank`` CPUs, ``gpus_per_rank`` GPUs),
-  strategy PACK (as few nodes as Ray can). Ranks are then numbered node by node: the node of
-  bundle 0 first, so rank 0 is on the first node and consecutive ranks share a node.
-* ``launcher.nodes`` N: N bundles of ``world / N`` ranks each, STRICT_SPREAD (exactly N distinct
-  nodes; STRICT_PACK for one), rank ``r`` in bundle ``r // (world / N)``.
-
-A rank's ``LOCAL_RANK`` is its place among the ranks on its node. With GPUs, every rank on a node
-sees the node's granted GPUs in one order in which its own first GPU sits at ``LOCAL_RANK``
-(``dist_init`` binds ``cuda:LOCAL_RANK``); NCCL tells devices apart by bus id, not by index.
+``launcher.nodes`` null: one bundle per rank, PACK, ranks numbered node by node from the node
+of bundle 0; N: N bundles of ``world / N`` ranks, STRICT_SPREAD. With GPUs every rank on a node
+sees its GPUs in one order, its own first at its ``LOCAL_RANK`` (``dist_init`` binds it).
 """
 
 from __future__ import annotations
@@ -21,30 +13,9 @@ from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
 from ...observe.stacks import rank_ranges
 
-__all__ = [
-    "LAUNCHER_VARS",
-    "Shape",
-    "Slot",
-    "assign",
-    "cuda_orders",
-    "local_ranks",
-    "rank_env",
-    "shape",
-]
-
-LAUNCHER_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    ATTEMPT_ENV,
-    "CUDA_VISIBLE_DEVICES",
-    "WF_NODE",
-)
-"""Variables the launcher sets in every rank (``launcher.runtime_env.env_vars`` may not set
-them)."""
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+LAUNCHER_VARS += ("MASTER_PORT", ATTEMPT_ENV, "CUDA_VISIBLE_DEVICES", "WF_NODE")
+"""What the launcher sets in every rank (``launcher.runtime_env.env_vars`` may not)."""
 
 
 @dataclass(frozen=True)
@@ -72,24 +43,15 @@ class Slot:
     node: str
 
 
-def _bundle(cpus: float, gpus: float, ranks: int) -> dict[str, float]:
-    bundle = {"CPU": float(cpus) * ranks}
-    if gpus:
-        bundle["GPU"] = float(gpus) * ranks
-    return bundle
-
-
 def shape(world_size: int, nodes: int | None, cpus_per_rank: float, gpus_per_rank: float) -> Shape:
-    """The placement group for ``world_size`` ranks (``nodes``: exactly that many nodes, or None:
-    anywhere)."""
+    """The placement group for ``world_size`` ranks (``nodes``: exactly that many, None: any)."""
+    per = 1 if nodes is None else world_size // nodes
+    bundle = {"CPU": float(cpus_per_rank) * per}
+    if gpus_per_rank:
+        bundle["GPU"] = float(gpus_per_rank) * per
     if nodes is None:
-        return Shape([_bundle(cpus_per_rank, gpus_per_rank, 1)] * world_size, "PACK", 1)
-    per = world_size // nodes
-    return Shape(
-        [_bundle(cpus_per_rank, gpus_per_rank, per)] * nodes,
-        "STRICT_PACK" if nodes == 1 else "STRICT_SPREAD",
-        per,
-    )
+        return Shape([bundle] * world_size, "PACK", 1)
+    return Shape([bundle] * nodes, "STRICT_PACK" if nodes == 1 else "STRICT_SPREAD", per)
 
 
 def assign(world_size: int, plan_shape: Shape, bundle_nodes: dict[int, str]) -> list[Slot]:
@@ -97,39 +59,34 @@ def assign(world_size: int, plan_shape: Shape, bundle_nodes: dict[int, str]) -> 
     if plan_shape.ranks_per_bundle > 1 or len(plan_shape.bundles) != world_size:
         per = plan_shape.ranks_per_bundle
         return [Slot(r, r // per, bundle_nodes[r // per]) for r in range(world_size)]
-    order: list[str] = []
-    for index in sorted(bundle_nodes):
-        if bundle_nodes[index] not in order:
-            order.append(bundle_nodes[index])
+    order = list(dict.fromkeys(bundle_nodes[i] for i in sorted(bundle_nodes)))
     bundles = sorted(bundle_nodes, key=lambda i: (order.index(bundle_nodes[i]), i))
     return [Slot(r, b, bundle_nodes[b]) for r, b in enumerate(bundles)]
 
 
+def by_node(slots: list[Slot]) -> dict[str, list[int]]:
+    """node -> its ranks, in rank order, nodes in the order of their first rank."""
+    out: dict[str, list[int]] = {}
+    for slot in sorted(slots, key=lambda s: s.rank):
+        out.setdefault(slot.node, []).append(slot.rank)
+    return out
+
+
 def local_ranks(slots: list[Slot]) -> dict[int, tuple[int, int]]:
     """rank -> (LOCAL_RANK, LOCAL_WORLD_SIZE) among the ranks on its node."""
-    on_node: dict[str, list[int]] = {}
-    for slot in slots:
-        on_node.setdefault(slot.node, []).append(slot.rank)
-    return {rank: (ranks.index(rank), len(ranks)) for ranks in on_node.values() for rank in ranks}
+    return {r: (i, len(rs)) for rs in by_node(slots).values() for i, r in enumerate(rs)}
 
 
 def cuda_orders(slots: list[Slot], granted: dict[int, list[str]]) -> dict[int, str]:
-    """rank -> CUDA_VISIBLE_DEVICES for the ranks granted GPUs: on each node the same list, each
-    rank's
-    first GPU at its LOCAL_RANK (the rest of the node's GPUs after them); empty without GPUs."""
+    """rank -> CUDA_VISIBLE_DEVICES: on each node one list, each rank's first GPU at its
+    LOCAL_RANK (the node's other GPUs after them); empty without GPUs."""
     if not any(granted.values()):
         return {}
-    local = local_ranks(slots)
     out: dict[int, str] = {}
-    by_node: dict[str, list[int]] = {}
-    for slot in slots:
-        by_node.setdefault(slot.node, []).append(slot.rank)
-    for ranks in by_node.values():
-        ranks = sorted(ranks, key=lambda r: local[r][0])
+    for ranks in by_node(slots).values():
         firsts = [granted[r][0] for r in ranks if granted.get(r)]
         rest = [g for r in ranks for g in granted.get(r, [])[1:]]
-        order = ",".join(dict.fromkeys([*firsts, *rest]))
-        out.update({r: order for r in ranks})
+        out.update(dict.fromkeys(ranks, ",".join(dict.fromkeys([*firsts, *rest]))))
     return out
 
 
@@ -141,33 +98,15 @@ def rank_env(
     attempt: int,
     cuda: str | None = None,
 ) -> dict[str, str]:
-    """The environment the launcher gives rank ``slot.rank`` (set in the rank before
-    ``rank_main``)."""
-    env = {
-        "RANK": str(slot.rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(local[0]),
-        "LOCAL_WORLD_SIZE": str(local[1]),
-        "MASTER_ADDR": master[0],
-        "MASTER_PORT": str(master[1]),
-        ATTEMPT_ENV: str(attempt),
-        "WF_NODE": slot.node,
-    }
-    if cuda:
-        env["CUDA_VISIBLE_DEVICES"] = cuda
-    return env
+    """The environment rank ``slot.rank`` gets (set in the rank before ``rank_main``)."""
+    values = (slot.rank, world_size, *local, *master, attempt, cuda, slot.node)
+    return {k: str(v) for k, v in zip(LAUNCHER_VARS, values) if v or k != "CUDA_VISIBLE_DEVICES"}
 
 
 def describe_slots(slots: list[Slot], hosts: dict[str, str]) -> list[str]:
-    """'ranks 0-3 on node 5bc47700 (host vm)' lines, one per node, in rank order (``hosts``: the
-    nodes' host names, by node id)."""
-
-    lines: list[str] = []
-    by_node: dict[str, list[int]] = {}
-    for slot in slots:
-        by_node.setdefault(slot.node, []).append(slot.rank)
-    for node, ranks in by_node.items():
-        host = hosts.get(node)
-        where = f"node {node[:12]}" + (f" (host {host})" if host else "")
+    """'ranks 0-3 on node 5bc47700 (host vm)', one per node (``hosts``: by node id)."""
+    lines = []
+    for node, ranks in by_node(slots).items():
+        where = f"node {node[:12]}" + (f" (host {hosts[node]})" if hosts.get(node) else "")
         lines.append(f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} on {where}")
     return lines

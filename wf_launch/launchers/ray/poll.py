@@ -1,11 +1,7 @@
 """What the tools ask about a Ray run: its state, its end, cancelling it, reaching its ranks.
 
-``ray_run.json`` (:mod:`.state`) says where the run is and who monitors it. A run whose launching
-command monitors it (``launcher.wait=true``) is running while that command holds the run
-directory's lock; one whose supervisor monitors it (``wait=false``, sweeps) while the
-supervisor actor lives in the cluster (asked by name). A run whose monitor is gone without a
-final record has ended ``unknown``: nothing of it is left in the cluster (its actors and
-placement group die with their owner).
+A run lives while its monitor does (the launching command holding the run directory's lock, or
+the supervisor actor); one whose monitor is gone without a final record ended ``unknown``.
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,20 +21,8 @@ from ...rundir.record import RecordError, RunRecord, Status
 from . import ray_adapter as rt
 from . import state
 from .cluster import alive_nodes
-from .reach import kill_raylet
-from .reach import signal_ranks as reach
-
-__all__ = [
-    "cancel",
-    "kill_node",
-    "live_state",
-    "monitor_alive",
-    "run_state",
-    "signal_rank",
-    "signal_ranks",
-    "status",
-    "supervisor",
-]
+from .rank_entry import kill_raylet
+from .rank_entry import signal_ranks as reach
 
 
 def _final(run_dir: Path) -> RunOutcome | None:
@@ -49,20 +34,18 @@ def _final(run_dir: Path) -> RunOutcome | None:
 
 
 def _join(info: dict[str, Any]) -> None:
-    """Connect this process to the run's cluster (once; it stays connected, e.g. for ``status
-    --follow``)."""
+    """Connect this process to the run's cluster (once; it stays, e.g. for ``status --follow``)."""
     if not rt.is_connected():
         if info.get("token_file"):  # a private instance: its own token, in its owner-only dir
-            os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(info["token_file"]))
-            os.environ.pop("RAY_AUTH_TOKEN", None)
+            token = {"RAY_AUTH_TOKEN_PATH": str(info["token_file"]), "RAY_AUTH_TOKEN": None}
+            rt.set_env({"RAY_AUTH_MODE": "token", **token})
         rt.join_cluster(str(info["address"]))
         rt.route_cluster_messages(lambda line: None)
 
 
 @contextlib.contextmanager
 def _joined(info: dict[str, Any]) -> Iterator[None]:
-    """Connected to the run's cluster for one action (left again if this connected: a tool's one-off
-    act)."""
+    """Connected to the run's cluster for one action (left again if this connected)."""
     connected = rt.is_connected()
     _join(info)
     try:
@@ -82,10 +65,8 @@ def supervisor(run_dir: Path) -> Any | None:
 
 
 def monitor_alive(run_dir: Path) -> bool:
-    """Whether whatever monitors the run (the launching command, or the supervisor actor) still
-    lives."""
-    info = state.read(run_dir) or {}
-    if info.get("supervisor"):
+    """Whether what monitors the run (the launching command, or the supervisor) still lives."""
+    if (state.read(run_dir) or {}).get("supervisor"):
         try:
             return supervisor(run_dir) is not None
         except Exception:
@@ -93,32 +74,21 @@ def monitor_alive(run_dir: Path) -> bool:
     return launch_alive(run_dir)
 
 
-def run_state(run_dir: Path) -> str:
-    """'RUNNING attempt 0 on 2 node(s)' from ``ray_run.json``."""
-    info = state.read(run_dir) or {}
-    word = str(info.get("state") or "not started").upper()
-    nodes = {p.get("node") for p in (info.get("placement") or {}).values() if isinstance(p, dict)}
-    where = f" on {len(nodes)} node(s)" if nodes and word == "RUNNING" else ""
-    attempt = (
-        f" attempt {info['attempt']}"
-        if info.get("attempt") is not None and word != "SUBMITTED"
-        else ""
-    )
-    return f"{word}{attempt}{where}"
-
-
 def live_state(run_dir: Path) -> tuple[str, str] | None:
-    """('Ray run wf_launch.x.3f2a', 'RUNNING attempt 0 on 2 node(s)') for the live view; None
-    without a record."""
+    """('Ray run wf_launch.x.3f2a', 'RUNNING attempt 0 on 2 node(s)'); None without a record."""
     info = state.read(run_dir)
     if not info:
         return None
-    return f"Ray run {info.get('supervisor') or Path(run_dir).name}", run_state(run_dir)
+    word = str(info.get("state") or "not started").upper()
+    nodes = {p.get("node") for p in (info.get("placement") or {}).values() if isinstance(p, dict)}
+    attempt = info.get("attempt") is not None and word != "SUBMITTED"
+    text = word + (f" attempt {info['attempt']}" if attempt else "")
+    text += f" on {len(nodes)} node(s)" if nodes and word == "RUNNING" else ""
+    return f"Ray run {info.get('supervisor') or Path(run_dir).name}", text
 
 
 def status(run_dir: Path) -> tuple[str, RunOutcome | None]:
-    """The run's state, and its final outcome once it ended (a run whose monitor vanished: recorded
-    'unknown')."""
+    """The run's state, and its final outcome once it ended ('unknown': its monitor vanished)."""
     run_dir = Path(run_dir)
     final = _final(run_dir)
     if final is not None:
@@ -131,31 +101,25 @@ def status(run_dir: Path) -> tuple[str, RunOutcome | None]:
     except Exception as exc:
         return f"UNREACHABLE ({type(exc).__name__}: {exc})", None
     if alive:
-        return run_state(run_dir), None
+        return (live_state(run_dir) or ("", ""))[1], None
     final = _final(run_dir)  # it may have ended while we asked
     if final is not None:
         return "ENDED", final
-    who = (
-        f"supervisor actor {info['supervisor']}" if info.get("supervisor") else "launching command"
-    )
+    who = f"supervisor actor {info['supervisor']}" if info.get("supervisor") else None
     summary = (
-        f"the run's {who} is gone and left no final record; its outcome is unknown "
-        "(its ranks and placement group went with it)"
+        f"the run's {who or 'launching command'} is gone and left no final record; its outcome "
+        "is unknown (its ranks and placement group went with it)"
     )
-    if not info.get("supervisor"):
+    if who is None:
         return "GONE", RunOutcome(Status.UNKNOWN, run_dir, summary)
-    record = RunRecord.finalize(
-        run_dir, Status.UNKNOWN, launcher="ray", failure={"cause": "unknown", "message": summary}
-    )
+    failure = {"cause": "unknown", "message": summary}
+    record = RunRecord.finalize(run_dir, Status.UNKNOWN, launcher="ray", failure=failure)
     return "GONE", RunOutcome.of(record, run_dir, summary)
 
 
 def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
     """Stop the run: its supervisor cancels it (SIGTERM to the ranks, then 'cancelled'); the
-    launching command of a
-    watched run gets SIGTERM. Returns what was cancelled (None: nothing runs)."""
-    import time
-
+    launching command of a watched run gets SIGTERM. What was cancelled (None: nothing runs)."""
     run_dir = Path(run_dir)
     info = state.read(run_dir) or {}
     if _final(run_dir) is not None:
@@ -178,62 +142,37 @@ def cancel(run_dir: Path, wait_s: float = 60.0) -> str | None:
         time.sleep(0.3)
     if _final(run_dir) is None:
         rt.kill(actor)  # it did not finish in time: its ranks and placement group go with it
-        RunRecord.finalize(
-            run_dir,
-            Status.CANCELLED,
-            launcher="ray",
-            failure={
-                "cause": "cancelled",
-                "message": f"cancelled; the supervisor did not finish "
-                f"within {wait_s:g} s and was killed",
-            },
-        )
+        message = f"cancelled; the supervisor did not finish within {wait_s:g} s and was killed"
+        failure = {"cause": "cancelled", "message": message}
+        RunRecord.finalize(run_dir, Status.CANCELLED, launcher="ray", failure=failure)
     return str(info["supervisor"])
 
 
-def signal_ranks(run_dir: Path, signum: int) -> set[int]:
-    """Send ``signum`` to every rank of the run's current attempt, on whichever node it runs; the
-    ranks reached."""
-
+def signal_ranks(run_dir: Path, signum: int, only: int | None = None) -> set[int]:
+    """Send ``signum`` to every rank (``only``: that one) of the current attempt; those reached."""
     info = state.read(run_dir) or {}
     where = state.where_of(run_dir)
-    if not where or _final(run_dir) is not None or not info.get("address"):
+    if only is not None:
+        where = {only: where[only]} if only in where else {}
+    if not where or not info.get("address") or (only is None and _final(run_dir) is not None):
         return set()
     with _joined(info):
         return reach(run_dir, where, signum)
 
 
-def signal_rank(run_dir: Path, rank: int, signum: int) -> bool:
-    """Send ``signum`` to one rank (the drill's kill9); whether it was reached."""
-
-    info = state.read(run_dir) or {}
-    where = state.where_of(run_dir)
-    if rank not in where or not info.get("address"):
-        return False
-    with _joined(info):
-        return rank in reach(run_dir, {rank: where[rank]}, signum)
-
-
 def kill_node(run_dir: Path, rank: int) -> str:
-    """Kill the raylet of the node that runs ``rank`` (the drill's nodekill); a description of what
-    was killed.
-
-    Refuses the node of the GCS (the head) and the node of the process asking: they are not a node
-    that dies.
-    """
-
+    """Kill the raylet of the node that runs ``rank`` (the drill's nodekill; not the head's or
+    this process's node); what was killed."""
     info = state.read(run_dir) or {}
     placement = state.placement_of(run_dir)
     if rank not in placement or not info.get("address"):
         raise ValueError(f"rank {rank} has no recorded placement in {run_dir}")
     node = str(placement[rank]["node"])
     with _joined(info):
-        head = {n.node_id for n in alive_nodes() if n.head}
-        if node in head or node == rt.current_node_id():
+        if node in {n.node_id for n in alive_nodes() if n.head} or node == rt.current_node_id():
             raise ValueError(
                 f"rank {rank} runs on node {node[:12]}, the cluster's head (or this process's "
-                "node): "
-                "nodekill needs a rank on another node"
+                "node): nodekill needs a rank on another node"
             )
         pid = kill_raylet(run_dir, rank, node)
     return f"raylet pid {pid} of node {node[:12]} (rank {rank}'s)"

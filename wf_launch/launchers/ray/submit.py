@@ -1,21 +1,13 @@
-"""The launching command's side: one run (watched here, or handed to a detached supervisor), or a
-sweep's batch.
+"""The launching command's side: one run (watched here, or handed to a detached supervisor),
+or a sweep's batch (:class:`RayBatch`: points checked as prepared, then started side by side).
 
-Before anything starts in the cluster: the run directory must be an absolute path, Ray must be
-importable, the cluster must answer (:func:`~.cluster.connect`, bounded by
-``launcher.placement_timeout_s``) and be able to hold the run (:func:`~.cluster.check_fits`);
-each failure is a config error (exit code 2) recorded as ``invalid``.
-
-Inside :meth:`RayBatch.collecting` (what the ``wf_ray`` Hydra launcher opens around a ``-m``
-sweep) :func:`launch` only checks and *prepares* a point; :meth:`RayBatch.run` then starts every
-prepared point at once, one supervisor each, and they run side by side while the cluster has
-room (a point whose placement group waits keeps waiting while another point of the sweep runs).
+A relative run directory, a missing Ray, a cluster that does not answer or cannot hold the run
+are config errors before anything starts (exit 2, recorded ``invalid``).
 """
 
 from __future__ import annotations
 
 import contextvars
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,53 +21,34 @@ from ...config.fields import ConfigError, config_error
 from ...observe.live import LiveView
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
+from ..interrupt import Stopped, say, stop_signals
 from ..launch_plan import LaunchPlan
 from . import ray_adapter as rt
 from . import state
-from .attempt import Stopped
 from .cluster import Connection, alive_nodes, check_fits, connect
-from .monitor import RayRun, RunOptions, forwarded_env, stop_signals
+from .monitor import NAMESPACE, RayRun, RunOptions, forwarded_env, start_supervisor, supervisor_name
 from .poll import live_state
-from .supervisor import NAMESPACE, start_supervisor, supervisor_name
-
-__all__ = ["RayBatch", "current_batch", "launch"]
 
 START_WAIT_S = 60.0
 """How long the launching command waits for a supervisor to take its run over."""
 
 
 def _invalid(plan: LaunchPlan, message: str) -> RunOutcome:
-    print(f"wf_launch: config error: {message}", file=sys.stderr, flush=True)
-    record = RunRecord.finalize(
-        plan.run_dir,
-        Status.INVALID,
-        launcher="ray",
-        task=plan.task,
-        overrides=plan.overrides,
-        run_dir=str(plan.run_dir),
-        failure={"cause": "invalid_config", "message": message},
-    )
+    say(f"config error: {message}")
+    failure = {"cause": "invalid_config", "message": message}
+    record = RunRecord.finalize(plan.run_dir, Status.INVALID, **plan.run_info(), failure=failure)
     return RunOutcome.of(record, plan.run_dir, "")
 
 
-def _precheck(plan: LaunchPlan) -> None:
-    """What can be refused before the cluster is asked: a relative run directory, Ray missing."""
-    if not Path(plan.run_dir).is_absolute():
-        raise config_error(
-            "hydra.run.dir",
-            str(plan.run_dir),
-            "an absolute path on storage every node of the "
-            "cluster sees (ranks on other nodes write their logs and records there)",
-        )
-    rt.is_connected()  # imports Ray: RayMissing names the install command
-
-
-def _options(conn: Connection, **extra: Any) -> RunOptions:
+def _options(conn: Connection, plan: LaunchPlan | None = None, **extra: Any) -> RunOptions:
+    """The run's options; with ``plan``, those of a run its own supervisor monitors."""
+    if plan is not None:
+        extra.update(show=False, namespace=NAMESPACE, supervisor=supervisor_name(plan.run_dir))
     forward, path = forwarded_env()
     return RunOptions(
         address=conn.address,
-        private=conn.private,
-        token_file=conn.token_file,
+        private=conn.instance is not None,
+        token_file=str(conn.instance.token_file) if conn.instance else "",  # for this user's tools
         forward=forward,
         path=path,
         **extra,
@@ -83,12 +56,18 @@ def _options(conn: Connection, **extra: Any) -> RunOptions:
 
 
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Check the run against the cluster, then run it here (``wait=true``) or hand it to a detached
-    supervisor."""
+    """Check the run against the cluster, then run it here or hand it to a detached supervisor."""
     lc = plan.launcher_config
-    batch = current_batch()
+    batch = _CURRENT.get()
     try:
-        _precheck(plan)
+        if not Path(plan.run_dir).is_absolute():
+            raise config_error(
+                "hydra.run.dir",
+                str(plan.run_dir),
+                "an absolute path on storage every node of the "
+                "cluster sees (ranks on other nodes write their logs and records there)",
+            )
+        rt.is_connected()  # imports Ray: RayMissing names the install command
         if batch is not None:
             return batch.add(plan)
         conn = connect(lc, str(plan.run_dir), plan.world_size)
@@ -96,40 +75,25 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         return _invalid(plan, str(exc))
     # Ctrl-C before any rank started goes on up: the app records it as for every launcher.
     try:
+        where = lc.address or "this machine (a private instance)"
         try:
-            check_fits(
-                alive_nodes(),
-                lc,
-                plan.world_size,
-                lc.address or "this machine (a private instance)",
-            )
+            check_fits(alive_nodes(), lc, plan.world_size, where)
         except ConfigError as exc:
             return _invalid(plan, str(exc))
-        where = "a private Ray instance" if conn.private else f"the Ray cluster at {conn.address}"
+        where = "a private Ray instance" if conn.instance else f"the Ray cluster at {conn.address}"
         logger.info(
             f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, "
-            f"task={plan.task}, "
-            f"run dir {plan.run_dir}"
+            f"task={plan.task}, run dir {plan.run_dir}"
         )
         if lc.wait:
             return RayRun(plan, _options(conn)).run()
-        return _detach(
-            plan,
-            _options(
-                conn,
-                detached=True,
-                show=False,
-                namespace=NAMESPACE,
-                supervisor=supervisor_name(plan.run_dir),
-            ),
-        )
+        return _detach(plan, _options(conn, plan, detached=True))
     finally:
         conn.close()
 
 
 def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> list[Path]:
-    """Wait until each run's supervisor has taken it over (its state moved on from 'submitted');
-    those that did not."""
+    """Wait until each run's supervisor took it over (left 'submitted'); those that did not."""
     deadline = time.monotonic() + timeout_s
     waiting = list(run_dirs)
     while waiting and time.monotonic() < deadline:
@@ -143,33 +107,32 @@ def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> l
     return waiting
 
 
-def _detach(plan: LaunchPlan, opts: RunOptions) -> RunOutcome:
+def _submitted(plan: LaunchPlan, **fields: Any) -> None:
+    """``ray_run.json`` of a run handed to a supervisor that has not taken it over yet."""
+    command = f"python -m wf_launch.status {plan.run_dir}"
     state.update(
         plan.run_dir,
-        address=opts.address,
-        namespace=opts.namespace,
-        supervisor=opts.supervisor,
-        detached=True,
-        private=False,
         state="submitted",
         world_size=plan.world_size,
-        status_command=f"python -m wf_launch.status {plan.run_dir}",
+        status_command=command,
+        **fields,
     )
+
+
+def _detach(plan: LaunchPlan, opts: RunOptions) -> RunOutcome:
+    where = {"address": opts.address, "namespace": opts.namespace, "supervisor": opts.supervisor}
+    _submitted(plan, **where, detached=True, private=False)
     start_supervisor(plan, opts, detached=True)
     if _wait_taken_over([plan.run_dir]):
         message = f"the run's supervisor {opts.supervisor} did not start within {START_WAIT_S:g} s"
+        failure = {"cause": "launcher_error", "message": message}
         record = RunRecord.finalize(
-            plan.run_dir,
-            Status.FAILED,
-            launcher="ray",
-            task=plan.task,
-            failure={"cause": "launcher_error", "message": message},
+            plan.run_dir, Status.FAILED, launcher="ray", task=plan.task, failure=failure
         )
         return RunOutcome.of(record, plan.run_dir, message)
     logger.info(
         f"started Ray run {opts.supervisor} (detached) on {opts.address}: {plan.world_size} "
-        "rank(s), "
-        f"task={plan.task}, run dir {plan.run_dir}"
+        f"rank(s), task={plan.task}, run dir {plan.run_dir}"
     )
     return RunOutcome(
         Status.SUBMITTED,
@@ -182,11 +145,7 @@ def _detach(plan: LaunchPlan, opts: RunOptions) -> RunOutcome:
 _CURRENT: contextvars.ContextVar[RayBatch | None] = contextvars.ContextVar(
     "wf_launch_ray_batch", default=None
 )
-
-
-def current_batch() -> RayBatch | None:
-    """The batch :func:`launch` prepares into now (None: run each launch at once)."""
-    return _CURRENT.get()
+"""The batch :func:`launch` prepares into now (None: run each launch at once)."""
 
 
 @dataclass
@@ -198,13 +157,9 @@ class _Point:
 
 
 class RayBatch:
-    """A sweep's Ray points: checked as they are prepared, then started together (one supervisor
-    each).
-
-    Points that join a cluster are checked against it as they are prepared; a sweep with
-    ``launcher.address=null`` starts one private instance when it runs, sized to hold every
-    point side by side.
-    """
+    """A sweep's Ray points: checked as they are prepared (against the cluster they join), then
+    started together, one supervisor each. A sweep with ``launcher.address=null`` starts one
+    private instance sized to hold every point side by side."""
 
     def __init__(self, sweep_dir: Path) -> None:
         self.sweep_dir = Path(sweep_dir).absolute()
@@ -241,7 +196,7 @@ class RayBatch:
                 raise config_error(
                     "launcher.address",
                     lc.address,
-                    f"every point of a sweep goes to one cluster "
+                    "every point of a sweep goes to one cluster "
                     f"(the first point's: {self.address!r})",
                 )
             self.address = lc.address
@@ -251,49 +206,30 @@ class RayBatch:
                 check_fits(alive_nodes(), lc, plan.world_size, lc.address)
         except (ConfigError, rt.RayMissing) as exc:
             return _invalid(plan, str(exc))
-        state.update(
-            plan.run_dir,
-            state="submitted",
-            world_size=plan.world_size,
-            detached=not lc.wait,
-            status_command=f"python -m wf_launch.status {plan.run_dir}",
-        )
+        _submitted(plan, detached=not lc.wait)
         self.points.append(_Point(plan))
         return RunOutcome(Status.SUBMITTED, plan.run_dir)
 
-    def _connect_private(self) -> Connection:
-        lc = self.points[0].plan.launcher_config
-        side_by_side = sum(
-            p.plan.world_size * float(p.plan.launcher_config.cpus_per_rank) for p in self.points
-        )
-        return connect(lc, str(self.sweep_dir), 1, cpus=side_by_side)
-
     def run(self) -> dict[Path, RunOutcome]:
-        """Start every point, then (points with ``wait=true``) wait for them all; the outcome of
-        each waited point."""
+        """Start every point, then wait for those with ``wait=true``; the outcome of each."""
         try:
             if self.conn is None:
-                self.conn = self._connect_private()
+                lc = self.points[0].plan.launcher_config
+                cpus = sum(p.plan.world_size * float(lc.cpus_per_rank) for p in self.points)
+                self.conn = connect(lc, str(self.sweep_dir), 1, cpus=cpus)
             for point in self.points:
                 lc = point.plan.launcher_config
-                point.opts = _options(
-                    self.conn,
-                    detached=not lc.wait,
-                    show=False,
-                    namespace=NAMESPACE,
-                    supervisor=supervisor_name(point.plan.run_dir),
-                    queue_dir=str(self.sweep_dir),
+                point.opts = opts = _options(
+                    self.conn, point.plan, detached=not lc.wait, queue_dir=str(self.sweep_dir)
                 )
                 state.update(
                     point.plan.run_dir,
-                    address=point.opts.address,
+                    address=opts.address,
                     namespace=NAMESPACE,
-                    supervisor=point.opts.supervisor,
-                    private=point.opts.private,
+                    supervisor=opts.supervisor,
+                    private=opts.private,
                 )
-                point.actor, point.ref = start_supervisor(
-                    point.plan, point.opts, point.opts.detached
-                )
+                point.actor, point.ref = start_supervisor(point.plan, opts, opts.detached)
             logger.info(
                 f"started {len(self.points)} Ray run(s) side by side on {self.conn.address}"
             )
@@ -305,29 +241,22 @@ class RayBatch:
 
 
 def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
-    """Wait for the points' supervisors, showing their states; Ctrl-C, SIGTERM or SIGHUP cancel them
-    all."""
-
+    """Wait for the points' supervisors, showing their states; a stop signal cancels them all."""
     pending = {p.ref: p for p in points}
-    live = LiveView(
-        [p.plan.run_dir for p in points],
-        write=logger.info,
-        state_of=live_state,
-        warn=logger.warning,
-    )
+    dirs = [p.plan.run_dir for p in points]
+    live = LiveView(dirs, write=logger.info, state_of=live_state, warn=logger.warning)
     try:
         with stop_signals(True):
             while pending:
                 live.tick()
-                ready, _ = rt.wait(list(pending), 0.5)
-                for ref in ready:
-                    _report(pending.pop(ref))
+                for ref in rt.wait(list(pending), 0.5)[0]:
+                    run_dir = pending.pop(ref).plan.run_dir
+                    outcome = _outcome_of(run_dir)
+                    if outcome.exit_code:
+                        say(f"{run_dir} {outcome.status}: {outcome.summary}")
             live.tick()  # the last states
     except (KeyboardInterrupt, Stopped) as exc:
-        why = str(exc) or "interrupted"
-        print(
-            f"wf_launch: {why}: cancelling {len(pending)} Ray run(s)", file=sys.stderr, flush=True
-        )
+        say(f"{str(exc) or 'interrupted'}: cancelling {len(pending)} Ray run(s)")
         for point in pending.values():
             point.actor.cancel.remote()
         rt.wait_all(list(pending), 120.0)
@@ -335,17 +264,7 @@ def _wait_points(points: list[_Point]) -> dict[Path, RunOutcome]:
         live.close()
         for point in points:
             rt.kill(point.actor)
-    return {p.plan.run_dir: _outcome_of(p.plan.run_dir) for p in points}
-
-
-def _report(point: _Point) -> None:
-    outcome = _outcome_of(point.plan.run_dir)
-    if outcome.exit_code:
-        print(
-            f"wf_launch: {point.plan.run_dir} {outcome.status}: {outcome.summary}",
-            file=sys.stderr,
-            flush=True,
-        )
+    return {d: _outcome_of(d) for d in dirs}
 
 
 def _outcome_of(run_dir: Path) -> RunOutcome:
@@ -354,7 +273,5 @@ def _outcome_of(run_dir: Path) -> RunOutcome:
         return RunOutcome(
             Status.UNKNOWN, run_dir, "the run's supervisor ended without a final record"
         )
-    failure = record.failure or {}
-    return RunOutcome.of(
-        record, run_dir, str(failure.get("message") or "") if record.exit_code else None
-    )
+    message = str((record.failure or {}).get("message") or "")
+    return RunOutcome.of(record, run_dir, message if record.exit_code else None)

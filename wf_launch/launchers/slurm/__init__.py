@@ -1,22 +1,12 @@
-"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``.
-
-See docs/slurm.md.
-
-The launcher renders the sbatch script with submitit (``launcher.dry_run`` prints it),
-submits one job (or, for a ``-m`` sweep through the ``wf_slurm`` Hydra launcher, every
-point at once as job arrays, see :class:`SlurmBatch`), records ``slurm_job.json`` in
-the run directory, and either returns (``launcher.wait=false``) or watches the job with
-submitit's ``sacct`` watcher until it ends and finalizes ``result.json``.
-
-By role: :mod:`.rank_entry` (inside a SLURM task), :mod:`.submit` (sbatch parameters, one
-job, a sweep's batch), :mod:`.poll` (job and queue state, waiting with the live view,
-cancel), :mod:`.finalize` (``result.json`` of an ended job, each rank's outcome),
-:mod:`.submitit_adapter` (every submitit name we use). This module holds the config and
-the launcher class.
+"""SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``
+(docs/slurm.md). By role: :mod:`.rank_entry` (inside a task), :mod:`.submit` (sbatch, jobs,
+job arrays), :mod:`.poll` (the job's state, waiting, cancel, its ``result.json``),
+:mod:`.submitit_adapter` (every submitit name we use).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from dataclasses import dataclass, field
@@ -37,10 +27,9 @@ from ...rundir.claim import launch_alive
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
-from ..launch_plan import LaunchPlan
 from ..registry import register_launcher
 from . import poll
-from .finalize import finalize, rank_outcomes, read_job
+from .poll import finalize, rank_outcomes, read_job
 from .submit import SlurmBatch, current_batch, describe, launch, slurm_tasks_per_node
 
 if TYPE_CHECKING:
@@ -60,6 +49,8 @@ __all__ = [
 MAX_POLL_S = 600.0
 MAX_MEM_GB = 1 << 20
 _NEWLINE = "a newline would end the #SBATCH block and run the rest as shell"
+_MEM_NOTE = "per node, or null for the partition's default"
+_SNAPSHOT_NOTE = "the largest code snapshot a submission copies"
 
 
 @dataclass
@@ -72,13 +63,7 @@ class SlurmLauncherConfig(LauncherConfig):
     gpus_per_node: int = integer(0, low=0)
     cpus_per_task: int = integer(1, low=1)
     mem_gb: float | None = number(
-        None,
-        0,
-        MAX_MEM_GB,
-        low_open=True,
-        unit="GB",
-        note="per node, or null for the partition's default",
-        optional=True,
+        None, 0, MAX_MEM_GB, low_open=True, unit="GB", note=_MEM_NOTE, optional=True
     )
     partition: str | None = line(None, why=_NEWLINE)
     account: str | None = line(None, why=_NEWLINE)
@@ -99,49 +84,26 @@ class SlurmLauncherConfig(LauncherConfig):
     snapshot: bool = flag(True)
     snapshot_untracked: bool = flag(False)
     snapshot_max_mb: float = number(
-        256.0,
-        0,
-        MAX_MEM_GB * 1024,
-        low_open=True,
-        unit="MB",
-        note="the largest code snapshot a submission copies",
+        256.0, 0, MAX_MEM_GB * 1024, low_open=True, unit="MB", note=_SNAPSHOT_NOTE
     )
 
 
 _SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-OWNED_SRUN_OPTIONS = (
-    "--ntasks",
-    "-n",
-    "--nodes",
-    "-N",
-    "--ntasks-per-node",
-    "--kill-on-bad-exit",
-    "-K",
-    "--cpus-per-task",
-    "-c",
-    "--gpus-per-node",
-    "--gres",
-    "--output",
-    "-o",
-    "--error",
-    "-e",
-    "--unbuffered",
-    "-u",
-    "--jobid",
-    "--het-group",
-    "--pack-group",
+_OWNED = "--ntasks -n --nodes -N --ntasks-per-node --kill-on-bad-exit -K --cpus-per-task -c "
+OWNED_SRUN_OPTIONS = tuple(
+    (
+        _OWNED
+        + "--gpus-per-node --gres --output -o --error -e --unbuffered -u --jobid --het-group "
+        "--pack-group"
+    ).split()
 )
 """srun options the launcher sets itself: the layout (one task per rank) and "one failing rank
 ends the step"."""
 
 
 def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int) -> None:
-    """SLURM launcher values, and that one SLURM task per rank covers the layout exactly.
-
-    Every value that reaches the sbatch script is a single line: a newline in a
-    partition or an ``sbatch_extra`` value would end the ``#SBATCH`` block, run
-    what follows as shell, and silently drop every later ``#SBATCH`` line.
-    """
+    """SLURM launcher values (each a single line: a newline would end the ``#SBATCH`` block),
+    and that one SLURM task per rank covers the layout exactly."""
     check_fields(lc, "launcher")
     if lc.signal_delay_s >= lc.time_min * 60:
         raise config_error(
@@ -178,23 +140,15 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
                 {key: value},
                 "keys are sbatch option names (letters, digits, '-' and '_', e.g. mail-type)",
             )
-        check_single_line(
-            f"launcher.sbatch_extra.{key}",
-            value if isinstance(value, str) else str(value),
-            why=_NEWLINE,
-        )
+        check_single_line(f"launcher.sbatch_extra.{key}", str(value), why=_NEWLINE)
     for i, text in enumerate(lc.setup or []):
-        check_single_line(
-            f"launcher.setup[{i}]", text, "one shell line per list item", why=_NEWLINE
-        )
+        what = "one shell line per list item"
+        check_single_line(f"launcher.setup[{i}]", text, what, why=_NEWLINE)
     for i, arg in enumerate(lc.srun_args or []):
         check_single_line(f"launcher.srun_args[{i}]", arg, "one argument", why=_NEWLINE)
         option = str(arg).split("=", 1)[0]
-        if option in OWNED_SRUN_OPTIONS or (
-            option.startswith("-")
-            and not option.startswith("--")
-            and option[:2] in OWNED_SRUN_OPTIONS
-        ):
+        short = option[:2] if option.startswith("-") and not option.startswith("--") else ""
+        if option in OWNED_SRUN_OPTIONS or short in OWNED_SRUN_OPTIONS:
             raise config_error(
                 f"launcher.srun_args[{i}]",
                 arg,
@@ -204,19 +158,10 @@ def _validate_script_lines(lc: SlurmLauncherConfig) -> None:
 
 
 def _validate_folder(folder: Any) -> None:
-    """submitit's folder: a relative path inside the run (or sweep) directory.
-
-    submitit runs the pickles it finds there.
-    """
-    text = str(folder or "")
-    parts = Path(text).parts
-    if (
-        not text.strip()
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
-        or Path(text).is_absolute()
-        or ".." in parts
-        or text.startswith("~")
-    ):
+    """submitit's folder (it runs the pickles there): a relative path inside the run dir."""
+    text, path = str(folder or ""), Path(str(folder or ""))
+    control = any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+    if control or not text.strip() or path.is_absolute() or ".." in path.parts or text[:1] == "~":
         raise config_error(
             "launcher.folder",
             folder,
@@ -236,11 +181,8 @@ class SlurmLauncher(LauncherHooks):
     def validate(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_slurm_launcher(cfg, engine, layout.world_size)
 
-    def describe(self, plan: LaunchPlan) -> str:
-        return describe(plan)
-
-    def launch(self, plan: LaunchPlan) -> RunOutcome:
-        return launch(plan)
+    describe = staticmethod(describe)
+    launch = staticmethod(launch)
 
     def status(self, run_dir: Path) -> tuple[str, RunOutcome | None]:
         """sacct's state of the run's job, and its final outcome once SLURM has cleaned it up."""
@@ -255,37 +197,26 @@ class SlurmLauncher(LauncherHooks):
             return state, finalize(run_dir, state)
         return state, None
 
-    def cancel(self, run_dir: Path) -> str | None:
-        return poll.cancel(run_dir)
+    cancel = staticmethod(poll.cancel)
+    live_state = staticmethod(poll.live_state)
 
     def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """``scancel --signal`` to the run's job (its steps: every rank, on any node); every
-        rank is expected."""
+        """``scancel --signal`` to the run's job (its steps: every rank, on any node)."""
         job = read_job(run_dir)
         if not job or poll.is_terminal(poll.job_state(job["job_id"], Path(run_dir))):
             return set()
         name = signal.Signals(signum).name.removeprefix("SIG")
-        if not poll.scancel(job["job_id"], f"--signal={name}"):
-            return set()
-        return set(range(int(job.get("world_size") or 0)))
+        sent = poll.scancel(job["job_id"], f"--signal={name}")
+        return set(range(int(job.get("world_size") or 0))) if sent else set()
 
     def is_live(self, run_dir: Path) -> bool:
-        """Whether the run may still be going: its launch still holds the run directory, or
-        squeue still lists its job (pending, running, or completing: its processes may still be
-        writing). ValueError for a malformed job file.
-
-        squeue, not sacct: accounting is written behind slurmctld's back, and for some seconds
-        after a cancel sacct may still say RUNNING of a job that has left the queue (a drill's
-        relaunch was refused so)."""
+        """Whether the run may still be going: its launch holds the run directory, or squeue
+        lists its job (not sacct, which can say RUNNING for seconds after a cancel). ValueError
+        for a malformed job file."""
         if launch_alive(run_dir):
             return True
         job = read_job(run_dir)
         return bool(job) and poll.in_queue(job["job_id"])
-
-    def live_state(self, run_dir: Path) -> tuple[str, str] | None:
-        """('SLURM job 42', 'RUNNING on n[1-2]') for the live view (``status --follow``); None
-        once it left the queue."""
-        return poll.live_state(run_dir)
 
     def status_label(self, run_dir: Path) -> str:
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"
@@ -297,9 +228,6 @@ class SlurmLauncher(LauncherHooks):
         """'slurm 42': the launcher with its job id, from the record or ``slurm_job.json``."""
         slurm = record.extra.get("slurm") if record is not None else None
         job = slurm.get("job_id") if isinstance(slurm, dict) else None
-        if job is None:
-            try:
-                job = (read_job(run_dir) or {}).get("job_id")
-            except ValueError:
-                job = None
+        with contextlib.suppress(ValueError):  # a malformed job file: the launcher's name alone
+            job = job or (read_job(run_dir) or {}).get("job_id")
         return f"{self.name} {job}" if job else self.name

@@ -1,24 +1,16 @@
-"""Asking SLURM about jobs: state, queue state, still queued, cancel, and waiting for runs.
+"""A SLURM run's job: ``slurm_job.json``, its state, cancelling it, waiting for it, and its
+``result.json`` once it ended (with each rank's outcome).
 
-The state is sacct's, read by submitit's own watcher (``SlurmInfoWatcher``, through
-:mod:`.submitit_adapter`): one ``sacct`` call per poll for every job waited on, ended jobs
-cached. Where accounting is missing (no slurmdbd, or it is down) submitit answers
-``UNKNOWN``; then ``squeue`` answers while the job is queued, ``scontrol show job`` while
-the controller remembers it, then the ranks' own records in the run directory. A job that
-none of them knows stays ``UNKNOWN``; :func:`wait_all` ends such a run after
-:data:`UNKNOWN_GRACE_S` with a clear message instead of polling for ever. While it waits it
-shows the run live (:class:`~wf_launch.observe.live.LiveView`, with :func:`live_state` for
-the queue state and SLURM's reason). SIGTERM and SIGHUP to a waiting launcher are handled
-like Ctrl-C: the jobs are cancelled, waited for and finalized. Every job id is checked
-against SLURM's syntax before it reaches a command.
+The state is sacct's, read by submitit's own watcher; without accounting, squeue's, scontrol's,
+then the ranks' records (:class:`JobStates`). Job ids are checked before any command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,47 +18,183 @@ from typing import Any
 
 from loguru import logger
 
+from worldfoundry.core.validation import is_finite_number, is_int
+
+from ...config.layout import rank_label, run_layout
 from ...observe.live import LiveView
+from ...observe.rootcause import explain_failure
+from ...rundir import attempts, files
 from ...rundir.failures import load_failure_records
+from ...rundir.io import read_json
 from ...rundir.outcome import RunOutcome
+from ...rundir.placement import read_placement
 from ...rundir.record import RecordError, RunRecord, Status
-from ..interrupt import Stopped, stop_signals
-from .finalize import checked_job_id, finalize, read_job
+from ..interrupt import Stopped, say, stop_signals
 from .submitit_adapter import job_watcher, refresh
 
-__all__ = [
-    "STATES",
-    "TERMINAL_STATES",
-    "UNKNOWN_GRACE_S",
-    "JobStates",
-    "cancel",
-    "in_queue",
-    "is_terminal",
-    "job_state",
-    "live_state",
-    "queue_state",
-    "scancel",
-    "wait_all",
-    "wait_gone",
-]
+JOB_FILE = files.SLURM_JOB
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+"""SLURM's job id syntax: '123', or '123_4' for a task of job array 123."""
 
-TERMINAL_STATES = frozenset(
-    (
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "OUT_OF_MEMORY",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "UNKNOWN",
-    )
+
+def checked_job_id(job_id: Any, where: str = "job id") -> str:
+    """``job_id`` if it is a SLURM job id; ValueError otherwise (it never reaches a command)."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise ValueError(
+            f"{where}: {job_id!r} is not a SLURM job id (123, or 123_4 for an array task); "
+            "refusing to pass it to SLURM's commands"
+        )
+    return job_id
+
+
+MAX_JOB_RANKS = 1 << 20
+"""The most ranks a job file may name (status lists each rank; more is a corrupt file)."""
+
+_RANKS = f"a number of ranks (at most {MAX_JOB_RANKS})"
+_JOB_FIELDS: dict[str, tuple[Any, str]] = {
+    "world_size": (lambda v: is_int(v) and 0 <= v <= MAX_JOB_RANKS, _RANKS),
+    "nodes": (lambda v: is_int(v) and v >= 0, "a number of nodes"),
+    "tasks_per_node": (lambda v: is_int(v) and v >= 0, "a number of tasks"),
+    "submitted_at": (is_finite_number, "a time"),
+    "folder": (lambda v: isinstance(v, str), "a path"),
+    "info": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def read_job(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``slurm_job.json`` (None: not submitted); ValueError naming a malformed field."""
+    path = Path(run_dir) / JOB_FILE
+    try:
+        job = read_json(path)
+    except OSError as exc:
+        raise ValueError(f"{path}: not readable ({exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{exc}") from None
+    if job is None:
+        return None
+    if not isinstance(job, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(job).__name__}")
+    checked_job_id(job.get("job_id"), f"{path}: job_id")
+    for key, (ok, what) in _JOB_FIELDS.items():
+        if job.get(key) is not None and not ok(job[key]):
+            raise ValueError(f"{path}: {key}={job[key]!r:.60} is not {what}")
+    return job
+
+
+_FORGOTTEN = (
+    "SLURM no longer knows job {job} ({why}) and no rank left a result or a failure record; "
+    "its outcome is unknown"
 )
+_STOPPED: dict[str, tuple[Status, str, str]] = {
+    "CANCELLED": (Status.CANCELLED, "cancelled", "SLURM job {job} was cancelled ({state})"),
+    "TIMEOUT": (Status.TIMEOUT, "timeout", "SLURM job {job} hit its time limit"),
+    "UNKNOWN": (Status.UNKNOWN, "unknown", _FORGOTTEN),
+}
+"""The ends SLURM decided, by the first word of the job's state: (status, cause, summary)."""
+
+
+def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any]:
+    """The final record's job, timings, attempts and placement (the last attempt closed)."""
+    world = int(job.get("world_size") or 0)
+    last = attempts.count(run_dir) - 1
+    if last >= 0:
+        ended = "completed" if state.split()[0] == "COMPLETED" else f"SLURM {state}"
+        attempts.close(run_dir, last, world or 1, ended)
+    return {
+        **job.get("info", {}),
+        "slurm": {"job_id": job.get("job_id"), "state": state, "folder": job.get("folder")},
+        "timings": {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)},
+        "attempts": attempts.collect(run_dir),
+        "placement": read_placement(run_dir, world),
+    }
+
+
+def _failure(run_dir: Path, job: dict[str, Any], state: str) -> tuple[dict[str, Any], str]:
+    """A failed job's failure and summary: what the ranks recorded, or SLURM's word and logs."""
+    layout = run_layout(files.read_config(run_dir, strict=True))
+    label = lambda r: rank_label(r, layout.coords(r))  # noqa: E731
+    explained = explain_failure(run_dir, {}, label, layout.coords, layout.world_size)
+    if explained is not None:
+        return explained
+    job_id = job.get("job_id")
+    message = (
+        f"SLURM job {job_id} ended {state} and no rank left a failure record; "
+        f"see {job.get('folder')}/{job_id}_*_log.err"
+    )
+    cause = {"rank": -1, "cause": "slurm", "type": state.split()[0], "message": message}
+    return cause, message
+
+
+def finalize(run_dir: Path, state: str) -> RunOutcome:
+    """Write the final ``result.json`` of a run whose job ended in ``state`` (idempotent)."""
+    run_dir = Path(run_dir)
+    job = read_job(run_dir) or {}
+    record = RunRecord.read(run_dir)
+    if record is not None and record.final:
+        return RunOutcome.of(record, run_dir, "")
+    word = state.split()[0]
+    info = _final_info(run_dir, job, state)
+    if word == "COMPLETED" and record is not None and record.status is Status.OK:
+        return RunOutcome.of(RunRecord.finalize(run_dir, Status.OK, **info), run_dir)
+    if word in _STOPPED:
+        status, cause, text = _STOPPED[word]
+        why = state.partition(" ")[2] or "no accounting"
+        summary = text.format(job=job.get("job_id"), state=state, why=why)
+        failure = {"cause": cause, "message": summary}
+    else:
+        status = Status.FAILED
+        failure, summary = _failure(run_dir, job, state)
+    record = RunRecord.finalize(run_dir, status, **info, failure=failure)
+    return RunOutcome.of(record, run_dir, summary)
+
+
+def rank_outcomes(run_dir: Path) -> dict[int, str]:
+    """Each rank's outcome as far as the run directory tells (ok, its failure, stopped ...)."""
+    run_dir = Path(run_dir)
+    world = int((read_job(run_dir) or {}).get("world_size") or 0)
+    record = RunRecord.read(run_dir)
+    ok = set(record.results) if record is not None and record.status is Status.OK else set()
+    stops = (Status.CANCELLED, Status.TIMEOUT)
+    stopped = str(record.status) if record is not None and record.status in stops else None
+    errors = {r["rank"]: r for r in load_failure_records(run_dir)}
+    return {
+        rank: _rank_text(run_dir, rank, str(rank) in ok, errors.get(rank), stopped)
+        + _preempt_note(run_dir, rank)
+        for rank in range(world)
+    }
+
+
+def _rank_text(
+    run_dir: Path, rank: int, ok: bool, error: dict[str, Any] | None, stopped: str | None
+) -> str:
+    """One rank's outcome: ok, its failure, the run's stop, or how far its log tells."""
+    if ok:
+        return "ok"
+    if error is not None:
+        first = (str(error.get("message") or "").splitlines() or [""])[0]
+        return f"failed: {error.get('type')}: {first[:200]}"
+    if stopped:
+        return f"stopped ({stopped})"
+    if files.rank_log(run_dir, rank).exists():
+        return "started (no outcome recorded)"
+    return "not started"
+
+
+def _preempt_note(run_dir: Path, rank: int) -> str:
+    """'; preemption signal at restart 0 (hook: saved)' when the rank recorded one."""
+    try:
+        marker = read_json(files.rank_preempt(run_dir, rank), 1 << 20)
+    except (OSError, ValueError):
+        return "; unreadable preemption record"
+    if not isinstance(marker, dict) or "restart" not in marker:
+        return ""
+    return f"; preemption signal at restart {marker.get('restart')} (hook: {marker.get('hook')})"
+
+
+_ENDS = "COMPLETED FAILED CANCELLED TIMEOUT OUT_OF_MEMORY NODE_FAIL PREEMPTED BOOT_FAIL DEADLINE"
+TERMINAL_STATES = frozenset([*_ENDS.split(), "UNKNOWN"])
 UNKNOWN_GRACE_S = 30.0
-"""How long a job may be known to no SLURM command (and leave no record) before its wait
-ends as unknown."""
+"""How long a job known to no SLURM command (and with no record) is waited for."""
 SACCT_RETRY_S = 300.0
 """After sacct failed, how long SLURM's other commands answer alone before it is asked again."""
 CANCEL_WAIT_S = 120.0
@@ -88,10 +216,6 @@ def _squeue(job_id: str) -> list[str] | None:
     return [*out.splitlines()[0].strip().split("|"), "", ""][:3] if out else None
 
 
-def _squeue_state(job_id: str) -> str | None:
-    return (_squeue(job_id) or [None])[0]
-
-
 def _scontrol_state(job_id: str) -> str | None:
     found = re.search(r"\bJobState=(\S+)", _run(["scontrol", "-o", "show", "job", job_id]) or "")
     return found.group(1) if found else None
@@ -100,27 +224,16 @@ def _scontrol_state(job_id: str) -> str | None:
 def _records_state(run_dir: Path | None) -> str | None:
     if run_dir is None:
         return None
-    try:
-        record = RunRecord.read(run_dir)
-    except RecordError:
-        record = None
-    if record is not None and record.status is Status.OK:
-        return "COMPLETED"
-    if load_failure_records(run_dir):
-        return "FAILED"
-    return None
+    with contextlib.suppress(RecordError):
+        if (record := RunRecord.read(run_dir)) is not None and record.status is Status.OK:
+            return "COMPLETED"
+    return "FAILED" if load_failure_records(run_dir) else None
 
 
 class JobStates:
-    """The states of SLURM jobs: sacct through submitit's watcher, one call per
-    :meth:`refresh` for every job watched that has not ended; then squeue, scontrol and the
-    run's records.
-
-    One instance serves the process (:data:`STATES`), as submitit shares one watcher between
-    all its jobs. When sacct fails (no accounting) it is not asked again for
-    :data:`SACCT_RETRY_S`: its error would be printed on every poll, and the other commands
-    answer.
-    """
+    """The states of SLURM jobs: sacct through submitit's watcher (one call per :meth:`refresh`
+    for every job), then squeue, scontrol and the run's records. A sacct that failed is left
+    alone for :data:`SACCT_RETRY_S`; one instance serves the process (:data:`STATES`)."""
 
     def __init__(self) -> None:
         self._sacct_off_until = 0.0
@@ -138,17 +251,13 @@ class JobStates:
             self._sacct_off_until = time.monotonic() + SACCT_RETRY_S
 
     def state(self, job_id: str, run_dir: Path | None = None) -> str:
-        """The job's state at the last :meth:`refresh`, or from the first other source that
-        knows it; 'UNKNOWN' when none does."""
+        """The job's state at the last :meth:`refresh`, else from the others; or 'UNKNOWN'."""
         job_id = checked_job_id(job_id)
         known = self._watcher.get_state(job_id, mode="cache")
         if known != "UNKNOWN":
             return known
-        for source in (_squeue_state, _scontrol_state):
-            state = source(job_id)
-            if state:
-                return state
-        return _records_state(run_dir) or "UNKNOWN"
+        queued = (_squeue(job_id) or [None])[0]
+        return queued or _scontrol_state(job_id) or _records_state(run_dir) or "UNKNOWN"
 
 
 STATES = JobStates()
@@ -156,50 +265,35 @@ STATES = JobStates()
 
 
 def job_state(job_id: str, run_dir: Path | None = None) -> str:
-    """The job's state ('PENDING', 'RUNNING', 'CANCELLED by 0' ...), from the first source
-    that knows it.
-
-    sacct, then squeue, then scontrol, then (with ``run_dir``) the ranks' records;
-    'UNKNOWN' when none does (not listed yet, or forgotten without accounting).
-    """
+    """The job's state ('PENDING', 'CANCELLED by 0' ...) from the first source that knows it."""
     STATES.refresh([job_id])
     return STATES.state(job_id, run_dir)
 
 
-def queue_state(job_id: str) -> str | None:
-    """'PENDING (Resources)' or 'RUNNING on n[1-2]' from squeue; None once the job left the
-    queue."""
-    queued = _squeue(checked_job_id(job_id))
+def live_state(run_dir: Path) -> tuple[str, str] | None:
+    """('SLURM job 42', 'PENDING (Priority)' or 'RUNNING on n[1-2]'); None once it left."""
+    job_id = (read_job(run_dir) or {}).get("job_id")
+    queued = _squeue(checked_job_id(job_id)) if job_id else None
     if queued is None:
         return None
     state, reason, nodes = queued
     if state == "PENDING":
-        return f"PENDING ({reason})" if reason and reason != "None" else "PENDING"
-    return f"{state} on {nodes}" if nodes else state
-
-
-def live_state(run_dir: Path) -> tuple[str, str] | None:
-    """('SLURM job 42', 'PENDING (Priority)') for the live view; None without a job or once
-    it left the queue."""
-    job = read_job(run_dir) or {}
-    state = queue_state(job["job_id"]) if job.get("job_id") else None
-    return (f"SLURM job {job['job_id']}", state) if state is not None else None
+        state = f"PENDING ({reason})" if reason and reason != "None" else "PENDING"
+    elif nodes:
+        state = f"{state} on {nodes}"
+    return f"SLURM job {job_id}", state
 
 
 def in_queue(job_id: str) -> bool:
-    """Whether squeue still lists the job (pending, running, or completing: processes not
-    yet gone)."""
-    return _squeue_state(checked_job_id(job_id)) is not None
+    """Whether squeue still lists the job (pending, running, or completing)."""
+    return _squeue(checked_job_id(job_id)) is not None
 
 
-def wait_gone(job_id: str, timeout_s: float = 60) -> bool:
-    """Wait until SLURM has cleaned the job up (its processes are gone); False on timeout."""
+def wait_gone(job_id: str, timeout_s: float = 60) -> None:
+    """Wait (at most ``timeout_s``) until SLURM has cleaned the job up (its processes gone)."""
     deadline = time.monotonic() + timeout_s
-    while in_queue(job_id):
-        if time.monotonic() > deadline:
-            return False
+    while in_queue(job_id) and time.monotonic() < deadline:
         time.sleep(0.3)
-    return True
 
 
 def is_terminal(state: str) -> bool:
@@ -207,8 +301,7 @@ def is_terminal(state: str) -> bool:
 
 
 def cancel(run_dir: Path) -> str | None:
-    """``scancel`` the run's job unless it already ended; returns the job id (None if no
-    job)."""
+    """``scancel`` the run's job unless it already ended; the job id (None: no job)."""
     job = read_job(run_dir)
     if not job:
         return None
@@ -235,75 +328,49 @@ class _Wait:
             Path(d): checked_job_id((read_job(d) or {}).get("job_id")) for d in run_dirs
         }
         self.outcomes: dict[Path, RunOutcome] = {}
-        self.states = STATES
         self.unknown_since: dict[Path, float] = {}
         self.report = len(run_dirs) > 1
 
-    def poll(self) -> None:
-        """Finalize every run whose job ended (one sacct call for them all)."""
-        self.states.refresh(self.pending.values())
+    def poll(self, cancelling: bool = False) -> None:
+        """Finalize every run whose job ended (one sacct call for them all); ``cancelling``:
+        a job SLURM no longer lists ended 'CANCELLED'."""
+        STATES.refresh(self.pending.values())
         for run_dir, job_id in list(self.pending.items()):
-            state = self.states.state(job_id, run_dir)
-            if self._ended(run_dir, job_id, state):
-                self._done(run_dir, finalize(run_dir, state))
+            state = STATES.state(job_id, run_dir)
+            if cancelling and not is_terminal(state) and not in_queue(job_id):
+                state = "CANCELLED"
+            if not (is_terminal(state) if cancelling else self._ended(run_dir, job_id, state)):
+                continue
+            wait_gone(job_id)
+            outcome = self.outcomes[run_dir] = finalize(run_dir, state)
+            del self.pending[run_dir]
+            if self.report and outcome.exit_code and not cancelling:
+                say(f"{run_dir} {outcome.status}: {outcome.summary}")
 
     def _ended(self, run_dir: Path, job_id: str, state: str) -> bool:
-        """Whether the job ended and SLURM cleaned it up; an unknown job once the grace passed."""
+        """Whether the job ended; an unknown job once the grace passed."""
         if state.split()[0] == "UNKNOWN" and not in_queue(job_id):
             first = self.unknown_since.setdefault(run_dir, time.monotonic())
-            if time.monotonic() - first < UNKNOWN_GRACE_S:
-                return False
-        elif not is_terminal(state):
+            return time.monotonic() - first >= UNKNOWN_GRACE_S
+        if not is_terminal(state):
             self.unknown_since.pop(run_dir, None)
             return False
-        wait_gone(job_id)
         return True
-
-    def _done(self, run_dir: Path, outcome: RunOutcome) -> None:
-        self.outcomes[run_dir] = outcome
-        del self.pending[run_dir]
-        if self.report and outcome.exit_code:
-            print(
-                f"wf_launch: {run_dir} {outcome.status}: {outcome.summary}",
-                file=sys.stderr,
-                flush=True,
-            )
 
     def cancel(self, why: str) -> None:
         """Cancel every job still pending, and finalize each as SLURM ends it."""
-        print(
-            f"wf_launch: {why}: cancelling {len(self.pending)} SLURM job(s)",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"{why}: cancelling {len(self.pending)} SLURM job(s)")
         for run_dir in self.pending:
             cancel(run_dir)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while self.pending and time.monotonic() < deadline:
-            self.states.refresh(self.pending.values())
-            for run_dir, job_id in list(self.pending.items()):
-                state = self.states.state(job_id, run_dir)
-                if is_terminal(state) or not in_queue(job_id):
-                    wait_gone(job_id)
-                    self.outcomes[run_dir] = finalize(
-                        run_dir, state if is_terminal(state) else "CANCELLED"
-                    )
-                    del self.pending[run_dir]
+            self.poll(cancelling=True)
             time.sleep(0.5)
-
-    def outcome(self, run_dir: Path) -> RunOutcome:
-        return self.outcomes.get(run_dir) or RunOutcome(
-            Status.CANCELLED, run_dir, "not confirmed ended"
-        )
 
 
 def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
-    """Poll every run's job until all ended, finalizing (and reporting) each as it ends.
-
-    Ctrl-C, SIGTERM and SIGHUP cancel every job still running, wait for SLURM to end
-    it, and record 'cancelled'. A job no SLURM command knows any more, whose ranks
-    left no record, ends as 'unknown' after :data:`UNKNOWN_GRACE_S`.
-    """
+    """Poll every run's job until all ended, finalizing (and reporting) each as it ends; a stop
+    signal cancels every job still running and records each 'cancelled' as SLURM ends it."""
     wait = _Wait(run_dirs)
     live = LiveView(list(wait.pending), write=logger.info, state_of=live_state, warn=logger.warning)
     try:
@@ -316,4 +383,5 @@ def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
     except (KeyboardInterrupt, Stopped) as exc:
         wait.cancel(exc.name if isinstance(exc, Stopped) else "interrupted")
     live.close()
-    return [wait.outcome(Path(d)) for d in run_dirs]
+    gone = "not confirmed ended"
+    return [wait.outcomes.get(Path(d)) or RunOutcome(Status.CANCELLED, d, gone) for d in run_dirs]

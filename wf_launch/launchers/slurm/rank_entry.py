@@ -1,8 +1,7 @@
 """Inside a SLURM task: the rank's environment, what every task runs, and the requeue policy.
 
-Preemption: sbatch's ``--signal=USR2@signal_delay_s`` reaches every task of the srun
-step, and the entrypoint's handler (``RankSpec.preempt`` = :class:`SlurmRequeue`) runs
-the task's ``on_preempt(ctx)`` hook on every rank before rank 0 requeues the job.
+sbatch's ``--signal=USR2@signal_delay_s`` reaches every task; the entrypoint's handler
+(:class:`SlurmRequeue`) runs the task's ``on_preempt`` hook before rank 0 requeues the job.
 """
 
 from __future__ import annotations
@@ -22,28 +21,20 @@ from ...rank.hardexit import exit_after_cleanup, exit_status, flush_and_exit
 from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
 
-__all__ = [
-    "SlurmRank",
-    "SlurmRequeue",
-    "SlurmStackDump",
-    "export_rank_env",
-    "master_port",
-    "requeue_target",
-]
-
 _PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
 
 @dataclass(frozen=True)
 class SlurmRequeue:
-    """The entrypoint's preemption policy on SLURM (see
-    :class:`wf_launch.rank.preempt.PreemptHandler`)."""
+    """The preemption policy on SLURM (see :class:`wf_launch.rank.preempt.PreemptHandler`)."""
 
     signal: str
     wait_s: float
     max_requeues: int
 
-    def restart(self) -> int:
+    @staticmethod
+    def restart() -> int:
+        """The job's requeues so far."""
         return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
     def allowed(self) -> bool:
@@ -57,32 +48,20 @@ class SlurmRequeue:
 
 @dataclass(frozen=True)
 class SlurmStackDump:
-    """``RankSpec.on_timeout`` on SLURM: every rank of this job dumps its stacks, before srun
-    ends them.
-
-    ``scancel --signal=URG`` reaches the job's steps only (not the batch shell);
-    every rank registered faulthandler on SIGURG. The rank that timed out then
-    waits ``settle_s`` so the dumps land before its exit makes srun stop the rest.
-    """
+    """``RankSpec.on_timeout`` on SLURM: ``scancel --signal=URG`` (the job's steps, where every
+    rank dumps its stacks), then ``settle_s`` for the dumps to land before srun ends them."""
 
     settle_s: float = 1.5
 
     def __call__(self) -> None:
-        subprocess.run(
-            ["scancel", f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}", requeue_target()],
-            check=False,
-            capture_output=True,
-            timeout=10,
-        )
+        dump = f"--signal={DUMP_SIGNAL.name.removeprefix('SIG')}"
+        subprocess.run(["scancel", dump, requeue_target()], capture_output=True, timeout=10)
         time.sleep(self.settle_s)
 
 
 def requeue_target(environ: dict[str, str] | None = None) -> str:
-    """The id that requeues this job alone: ``ARRAYJOB_TASK`` for an array task, else the job id.
-
-    For the first task of a job array ``SLURM_JOB_ID`` equals the array's id, and
-    requeueing that id requeues every task of the array (every point of a sweep).
-    """
+    """The id that requeues this job alone: ``ARRAYJOB_TASK`` for an array task (the first
+    task's ``SLURM_JOB_ID`` is the array's: it would requeue every point), else the job id."""
     env = os.environ if environ is None else environ
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
     if array and task:
@@ -91,13 +70,8 @@ def requeue_target(environ: dict[str, str] | None = None) -> str:
 
 
 def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None) -> int:
-    """The rendezvous port every task of the job agrees on; a requeue gets another.
-
-    The step's own reserved ports (``SLURM_STEP_RESV_PORTS``, where the cluster
-    reserves ports for steps) come first. Otherwise the port follows the job id
-    (offset per cluster): consecutive job ids, such as the points of one sweep
-    packed onto a node, get distinct ports, and a requeue moves by a large stride.
-    """
+    """The rendezvous port every task agrees on (a requeue gets another): a reserved port of
+    the step, else one that follows the job id (a sweep's points on a node differ)."""
     env = os.environ if environ is None else environ
     reserved = env.get("SLURM_STEP_RESV_PORTS", "")
     first = reserved.split(",")[0].split("-")[0].strip()
@@ -105,10 +79,8 @@ def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None
         return int(first) + (restart % max(1, _resv_count(reserved)))
     low, high = _PORT_RANGE
     span = high - low
-    offset = (
-        zlib.crc32(f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}".encode())
-        % span
-    )
+    cluster = f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}"
+    offset = zlib.crc32(cluster.encode()) % span
     digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
     return low + (offset + int(digits) + 7919 * restart) % span
 
@@ -123,20 +95,12 @@ def _resv_count(reserved: str) -> int:
 
 
 def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
-    """RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT from SLURM's
-    task variables (as submitit's TorchDistributedEnvironment, with a port unique per cluster), and
-    the rest of torchrun's contract (GROUP_RANK: the node, ROLE_*, TORCHELASTIC_*: the job id, its
-    requeues so far and ``max_restarts``, the requeues allowed) for code written for torchrun, and
-    ``WF_NODE``: the task's SLURM node name (``result.json``'s ``placement``).
-
-    A job on one node needs no network: its store listens on 127.0.0.1 only (MASTER_ADDR) and
-    gloo on the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set); a job across nodes
-    listens on the first node's address, for the other nodes.
-    """
+    """torchrun's environment (RANK ... TORCHELASTIC_*) and ``WF_NODE`` from SLURM's task
+    variables; a job on one node listens on loopback only, one across nodes on the first's."""
     job = job_environment()
     one_node = job.num_nodes == 1
     job_id = os.environ.get("SLURM_JOB_ID", job.job_id)
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    restart = SlurmRequeue.restart()
     env = {
         "RANK": str(job.global_rank),
         "WORLD_SIZE": str(job.num_tasks),
@@ -162,16 +126,13 @@ def export_rank_env(max_restarts: int = 0) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SlurmRank:
-    """What every SLURM task runs (submitit pickles it): the rank's environment, then
-    ``rank_main``."""
+    """What every SLURM task runs (submitit pickles it): the environment, then ``rank_main``."""
 
     spec: RankSpec
 
     def __call__(self) -> dict[str, Any]:
         export_rank_env(int(getattr(self.spec.preempt, "max_requeues", 0) or 0))
-        os.environ[ATTEMPT_ENV] = str(
-            self.spec.attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        )
+        os.environ[ATTEMPT_ENV] = str(self.spec.attempt_base + SlurmRequeue.restart())
         try:
             value = rank_main(self.spec)
         except Preempted:

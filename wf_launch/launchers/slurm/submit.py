@@ -1,11 +1,5 @@
-"""Submission: the sbatch parameters and script of a plan, one job, or a sweep's batch of jobs.
-
-A run submits one job (and waits for it unless ``launcher.wait=false``). Inside
-:meth:`SlurmBatch.collecting` (what the ``wf_slurm`` Hydra launcher opens around a
-``-m`` sweep) :func:`launch` only *prepares* the run into that batch;
-:meth:`SlurmBatch.submit` then submits every prepared run at once, one job array per
-distinct sbatch shape. The batch in force is a context variable, set and reset by
-``collecting``: there is no module-level switch.
+"""Submission: the sbatch parameters and script of a plan, one job, or a sweep's job arrays
+(:class:`SlurmBatch`, one array per distinct sbatch shape).
 """
 
 from __future__ import annotations
@@ -13,7 +7,6 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,29 +24,16 @@ from ...rundir.environment import record_environment
 from ...rundir.io import atomic_write_json
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
+from ..interrupt import say
 from ..launch_plan import LaunchPlan
-from ..snapshot import CODE_DIR, SnapshotError, job_setup, project_root, take
-from .finalize import JOB_FILE
-from .poll import wait_all
+from ..snapshot import SnapshotError, code_dir, job_setup, project_root, take_for
+from .poll import JOB_FILE, wait_all
 from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
 
-__all__ = [
-    "Pending",
-    "SlurmBatch",
-    "current_batch",
-    "describe",
-    "launch",
-    "sbatch_parameters",
-    "sbatch_script",
-    "slurm_tasks_per_node",
-    "submitit_folder",
-]
-
 
 def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
-    """``launcher.tasks_per_node``, or world size / nodes when it is null (``launcher``: the
-    typed config)."""
+    """``launcher.tasks_per_node``, or world size / nodes when it is null."""
     nodes = launcher.nodes
     if launcher.tasks_per_node is not None:
         return int(launcher.tasks_per_node)
@@ -72,37 +52,10 @@ def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
     return ((shared or plan.run_dir) / plan.launcher_config.folder).absolute()
 
 
-def code_dir(plan: LaunchPlan, shared: Path | None = None) -> Path | None:
-    """Where the job runs its code from: the snapshot (``RUN_DIR/code``, a sweep's
-    ``SWEEP_DIR/code``), or None (``launcher.snapshot=false``, or ``wf_launch`` is an installed
-    package, not a git checkout)."""
-    if not plan.launcher_config.snapshot or project_root() is None:
-        return None
-    return (shared or plan.run_dir).absolute() / CODE_DIR
-
-
-def take_snapshot(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any] | None:
-    """Copy the project's code for this submission (see :mod:`wf_launch.launchers.snapshot`);
-    its manifest, or None."""
-    code, root = code_dir(plan, shared), project_root()
-    if code is None or root is None:
-        if plan.launcher_config.snapshot:
-            logger.warning(
-                "launcher.snapshot: wf_launch is an installed package, not a git checkout: "
-                "nothing to copy, the job runs the installed code"
-            )
-        return None
-    lc = plan.launcher_config
-    manifest = take(
-        code, root, untracked=lc.snapshot_untracked, max_bytes=int(lc.snapshot_max_mb * 2**20)
-    )
-    logger.info(f"code snapshot: {manifest['files']} file(s) of {root} in {code}")
-    return manifest
-
-
 def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str, Any]:
     """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
     lc = plan.launcher_config
+    extra = {k: True if v == "" else v for k, v in dict(lc.sbatch_extra or {}).items()}
     params: dict[str, Any] = {
         "job_name": lc.job_name,
         "nodes": lc.nodes,
@@ -111,22 +64,14 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
         "time": lc.time_min,
         "signal_delay_s": lc.signal_delay_s,
         "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
-        "additional_parameters": {
-            "requeue": True,
-            **{
-                k: True if v == "" else v  # '': a bare flag (--exclusive)
-                for k, v in dict(lc.sbatch_extra or {}).items()
-            },
-        },
+        "additional_parameters": {"requeue": True, **extra},  # '': a bare flag (--exclusive)
     }
-    if lc.gpus_per_node:
-        params["gpus_per_node"] = lc.gpus_per_node
     if lc.mem_gb is not None:
         params["mem"] = convert_mem(float(lc.mem_gb))
-    for key in ("partition", "account", "qos", "constraint", "exclude"):
+    for key in ("gpus_per_node", "partition", "account", "qos", "constraint", "exclude"):
         if getattr(lc, key):
             params[key] = getattr(lc, key)
-    code, root = code_dir(plan, shared), project_root()
+    code, root = code_dir(lc, shared or plan.run_dir), project_root()
     setup = [*(job_setup(code, root) if code is not None and root is not None else []), *lc.setup]
     if setup:
         params["setup"] = setup
@@ -135,12 +80,9 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
 
 def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | None = None) -> str:
     """The exact sbatch script submitit submits for this plan (``array``: the job array's size)."""
-    folder = submitit_folder(plan, shared)
+    folder, params = submitit_folder(plan, shared), sbatch_parameters(plan, shared)
     return make_sbatch_string(
-        command=submit_command(folder),
-        folder=folder,
-        map_count=array,
-        **sbatch_parameters(plan, shared),
+        command=submit_command(folder), folder=folder, map_count=array, **params
     )
 
 
@@ -148,19 +90,18 @@ def describe(plan: LaunchPlan) -> str:
     """The submission as text, then the sbatch script (``launcher.dry_run``)."""
     lc = plan.launcher_config
     tpn = slurm_tasks_per_node(lc, plan.world_size)
+    code = code_dir(lc, plan.run_dir)
     return "\n".join(
         [
             f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = "
             f"{plan.world_size} rank(s)",
             f"task          {plan.task}",
-            (
-                f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
-                f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))"
-            ),
+            f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
+            f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))",
             f"wait          {lc.wait}",
             f"run dir       {plan.run_dir}",
             f"submitit      {submitit_folder(plan)}",
-            f"code          {code_dir(plan) or 'the checkout / installed package (no snapshot)'}",
+            f"code          {code or 'the checkout / installed package (no snapshot)'}",
             "",
             "sbatch script:",
             sbatch_script(plan),
@@ -168,51 +109,40 @@ def describe(plan: LaunchPlan) -> str:
     )
 
 
-def _rank_spec(plan: LaunchPlan, launch_time: float) -> RankSpec:
-    lc = plan.launcher_config
-    return RankSpec(
-        config=plan.config,
-        run_dir=str(plan.run_dir.absolute()),
-        threads_per_rank=lc.cpus_per_task,
-        console_ranks=lc.console_ranks,
-        launch_time=launch_time,
-        max_log_mb=float(lc.max_log_mb or 0),
-        on_timeout=SlurmStackDump(),
-        attempt_base=attempts.count(plan.run_dir),
-        preempt=SlurmRequeue(
-            os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
-            float(lc.preempt_wait_s),
-            lc.max_requeues,
-        ),
-    )
-
-
 def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
-    """submitit's executor, its folder made owner-only first: submitit runs the pickles it
-    finds there."""
+    """submitit's executor, its folder owner-only first (submitit runs the pickles there)."""
     folder = submitit_folder(plan, shared)
     make_private(folder)
-    return slurm_executor(
-        folder, plan.launcher_config.max_requeues, **sbatch_parameters(plan, shared)
-    )
+    lc = plan.launcher_config
+    return slurm_executor(folder, lc.max_requeues, **sbatch_parameters(plan, shared))
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
     return {**plan.run_info(), "environment": record_environment(plan.run_dir)}
 
 
-def _record_job(
-    plan: LaunchPlan,
-    job_id: str,
-    folder: Path,
-    submitted_at: float,
-    snapshot: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def _refused(plan: LaunchPlan, exc: Exception) -> str:
+    """Record a run whose submission was refused: a snapshot that cannot be taken (exit 2), or
+    sbatch refusing it (exit 1); the message, also printed."""
+    kind = type(exc).__name__
+    failure = {"cause": "launcher_error", "type": kind, "message": str(exc)}
+    message = f"sbatch refused the job array: {kind}: {exc}"
+    if isinstance(exc, SnapshotError):
+        failure.update(cause="invalid_config", type="SnapshotError")
+        message = str(exc)
+    say(f"{plan.run_dir}: {message}")
+    status = Status.INVALID if isinstance(exc, SnapshotError) else Status.FAILED
+    RunRecord.finalize(plan.run_dir, status, **_plan_info(plan), failure=failure)
+    return message
+
+
+def _record_job(plan: LaunchPlan, job_id: str, folder: Path, at: float, snapshot: Any) -> None:
+    """The run's ``slurm_job.json``: its job, and what the final record will hold."""
     lc = plan.launcher_config
     record = {
         "job_id": job_id,
         "folder": str(folder),
-        "submitted_at": submitted_at,
+        "submitted_at": at,
         "snapshot": snapshot,
         "nodes": lc.nodes,
         "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
@@ -221,7 +151,6 @@ def _record_job(
         "status_command": f"python -m wf_launch.status {plan.run_dir}",
     }
     atomic_write_json(plan.run_dir / JOB_FILE, record)
-    return record
 
 
 @dataclass
@@ -230,7 +159,6 @@ class Pending:
 
     plan: LaunchPlan
     fn: SlurmRank
-    launch_time: float
 
 
 _CURRENT: contextvars.ContextVar[SlurmBatch | None] = contextvars.ContextVar(
@@ -244,10 +172,8 @@ def current_batch() -> SlurmBatch | None:
 
 
 class SlurmBatch:
-    """SLURM runs prepared during a sweep, submitted together (one job array per sbatch shape).
-
-    ``shared`` is the sweep directory: the job arrays' submitit folder lives there.
-    """
+    """SLURM runs prepared during a sweep, submitted together (one job array per sbatch shape,
+    its submitit folder in the sweep directory ``shared``)."""
 
     def __init__(self, shared: Path) -> None:
         self.shared = Path(shared).absolute()
@@ -261,8 +187,7 @@ class SlurmBatch:
 
     @contextmanager
     def collecting(self) -> Iterator[SlurmBatch]:
-        """While open, :func:`launch` prepares runs into this batch; an exception drops what
-        was prepared."""
+        """While open, :func:`launch` prepares runs into this batch; an exception drops them."""
         token = _CURRENT.set(self)
         try:
             yield self
@@ -273,22 +198,18 @@ class SlurmBatch:
             _CURRENT.reset(token)
 
     def submit(self) -> list[tuple[Pending, str | None, str]]:
-        """Submit every prepared run: one job array per distinct sbatch shape, all at once.
-
-        Returns (run, job id or None, error) per run; a refused group is recorded as failed.
-        """
+        """Submit every prepared run, one job array per sbatch shape; (run, job id or None,
+        error) each (a refused run is recorded)."""
         runs, self.pending = self.pending, []
+        snapshots = (
+            take_for(r.plan.launcher_config, self.shared)
+            for r in runs
+            if r.plan.launcher_config.snapshot
+        )
         try:
-            snapshot = next(
-                (
-                    take_snapshot(r.plan, self.shared)
-                    for r in runs
-                    if r.plan.launcher_config.snapshot
-                ),
-                None,
-            )
+            snapshot = next(snapshots, None)
         except SnapshotError as exc:
-            return [(run, None, _refused_snapshot(run.plan, exc)) for run in runs]
+            return [(run, None, _refused(run.plan, exc)) for run in runs]
         groups: dict[str, list[Pending]] = {}
         for run in runs:
             shape = [sbatch_parameters(run.plan, self.shared), run.plan.launcher_config.folder]
@@ -298,14 +219,13 @@ class SlurmBatch:
     def _submit_array(
         self, group: list[Pending], snapshot: dict[str, Any] | None
     ) -> list[tuple[Pending, str | None, str]]:
-        """Submit runs of one sbatch shape as one job array; a refusal is recorded per run."""
         ex = _executor(group[0].plan, self.shared)
         submitted_at = time.time()
         try:
             with ex.batch():
                 jobs = [ex.submit(run.fn) for run in group]
         except Exception as exc:
-            return [(run, None, _refused_array(run.plan, exc)) for run in group]
+            return [(run, None, _refused(run.plan, exc)) for run in group]
         for run, job in zip(group, jobs):
             kept = snapshot if run.plan.launcher_config.snapshot else None
             _record_job(run.plan, job.job_id, ex.folder, submitted_at, kept)
@@ -313,31 +233,23 @@ class SlurmBatch:
         return [(run, job.job_id, "") for run, job in zip(group, jobs)]
 
     def submit_and_wait(self) -> dict[Path, RunOutcome]:
-        """Submit, then wait for every run with ``launcher.wait=true``; the new outcome of each run.
-
-        Runs submitted with ``launcher.wait=false`` keep their 'submitted' outcome (not listed).
-        """
+        """Submit, then wait for every run with ``launcher.wait=true``; each one's new outcome
+        (runs with ``wait=false`` keep their 'submitted' one)."""
         submitted = self.submit()
         outcomes = {
-            p.plan.run_dir: _not_submitted(p.plan.run_dir, err)
-            for p, job_id, err in submitted
-            if not job_id
+            p.plan.run_dir: _not_submitted(p.plan.run_dir, e) for p, j, e in submitted if not j
         }
-        waiting = [
-            p.plan.run_dir for p, job_id, _ in submitted if job_id and p.plan.launcher_config.wait
-        ]
+        waiting = [p.plan.run_dir for p, j, _ in submitted if j and p.plan.launcher_config.wait]
         if waiting:
             poll = min(p.plan.launcher_config.poll_interval_s for p, _, _ in submitted)
             print(f"wf_launch: waiting for {len(waiting)} SLURM job(s)", flush=True)
             for outcome in wait_all(waiting, poll):
-                if outcome.run_dir is not None:
-                    outcomes[Path(outcome.run_dir)] = outcome
+                outcomes[Path(outcome.run_dir)] = outcome
         return outcomes
 
 
 def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
-    """The outcome of a prepared run that was never submitted: as recorded (invalid, failed),
-    with why."""
+    """A prepared run never submitted: its recorded status (invalid, failed), with why."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
@@ -345,44 +257,36 @@ def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
     return RunOutcome(record.status if record is not None else Status.FAILED, run_dir, why)
 
 
-def _refused_array(plan: LaunchPlan, exc: Exception) -> str:
-    """Record a run of a job array sbatch refused (failed, exit 1); the message."""
-    message = f"sbatch refused the job array: {type(exc).__name__}: {exc}"
-    failure = {"cause": "launcher_error", "type": type(exc).__name__, "message": str(exc)}
-    RunRecord.finalize(plan.run_dir, Status.FAILED, **_plan_info(plan), failure=failure)
-    print(f"wf_launch: {plan.run_dir}: {message}", file=sys.stderr, flush=True)
-    return message
-
-
-def _refused_snapshot(plan: LaunchPlan, exc: SnapshotError) -> str:
-    """Record a submission refused because its code snapshot cannot be taken (exit 2); the
-    message."""
-    print(f"wf_launch: {plan.run_dir}: {exc}", file=sys.stderr, flush=True)
-    RunRecord.finalize(
-        plan.run_dir,
-        Status.INVALID,
-        **_plan_info(plan),
-        failure={"cause": "invalid_config", "type": "SnapshotError", "message": str(exc)},
-    )
-    return str(exc)
-
-
 def launch(plan: LaunchPlan) -> RunOutcome:
-    """Submit the run (or prepare it into the current batch); wait for it unless
-    ``launcher.wait=false``."""
+    """Submit the run (or prepare it into the current batch); wait for it unless told not to."""
     lc = plan.launcher_config
     launch_time = time.time()
-    fn = SlurmRank(_rank_spec(plan, launch_time))
+    fn = SlurmRank(
+        RankSpec(
+            config=plan.config,
+            run_dir=str(plan.run_dir.absolute()),
+            threads_per_rank=lc.cpus_per_task,
+            console_ranks=lc.console_ranks,
+            launch_time=launch_time,
+            max_log_mb=float(lc.max_log_mb or 0),
+            on_timeout=SlurmStackDump(),
+            attempt_base=attempts.count(plan.run_dir),
+            preempt=SlurmRequeue(
+                os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"),
+                float(lc.preempt_wait_s),
+                lc.max_requeues,
+            ),
+        )
+    )
     batch = current_batch()
     if batch is not None:
-        batch.add(Pending(plan, fn, launch_time))
+        batch.add(Pending(plan, fn))
         return RunOutcome(Status.SUBMITTED, plan.run_dir)
     try:
-        snapshot = take_snapshot(plan)
+        snapshot = take_for(lc, plan.run_dir)
     except SnapshotError as exc:
-        _refused_snapshot(plan, exc)
-        record = RunRecord.read(plan.run_dir)
-        return RunOutcome.of(record, plan.run_dir, "")  # type: ignore[arg-type]
+        _refused(plan, exc)
+        return RunOutcome.of(RunRecord.read(plan.run_dir), plan.run_dir, "")  # type: ignore[arg-type]
     ex = _executor(plan)
     job = ex.submit(fn)
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)
@@ -391,9 +295,8 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         f"run dir {plan.run_dir}"
     )
     if not lc.wait:
+        status = f"status: python -m wf_launch.status {plan.run_dir}"
         return RunOutcome(
-            Status.SUBMITTED,
-            plan.run_dir,
-            f"submitted SLURM job {job.job_id}; status: python -m wf_launch.status {plan.run_dir}",
+            Status.SUBMITTED, plan.run_dir, f"submitted SLURM job {job.job_id}; {status}"
         )
     return wait_all([plan.run_dir], lc.poll_interval_s)[0]
