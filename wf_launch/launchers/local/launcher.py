@@ -44,6 +44,7 @@ from ...rundir.outcome import RunOutcome
 from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
 from ...rundir.resume import resume_hint
+from ...rundir.space import disk_full, full_disk_error
 from ..base import LauncherConfig, LauncherHooks
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
@@ -365,10 +366,18 @@ class _AttemptTracker:
         ``exit_codes``).
         """
         if self.current is not None:
-            attempts.close(
-                self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes)
-            )
+            cause = attempts.cause_of_exits(exit_codes)
+            self._write(lambda: attempts.close(self.run_dir, self.current, self.world_size, cause))
         self.current = self.base + n
+
+    def _write(self, write: Any) -> Any:
+        """``write()``; None when the marker cannot be written (a full disk): the attempt records
+        are the launcher's notes, never a reason to lose the run's final record."""
+        try:
+            return write()
+        except OSError as exc:
+            logger.warning(f"could not write an attempt marker in {self.run_dir} ({exc})")
+            return None
 
     def close(self, ended_by: str, ctrl_c: bool = False) -> list[dict[str, Any]]:
         """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry.
@@ -376,10 +385,13 @@ class _AttemptTracker:
         ``ctrl_c``: the agent passed a Ctrl-C on to the ranks as SIGTERM (the stop flag's
         signal); the record calls the stop by its name.
         """
-        if self.current is not None:
-            marker = attempts.close(self.run_dir, self.current, self.world_size, ended_by)
-            if ctrl_c and marker.get("ended_by") == FORWARDED_CTRL_C:
-                attempts.update(self.run_dir, self.current, ended_by=CTRL_C_STOP)
+        current = self.current
+        if current is not None:
+            marker = self._write(
+                lambda: attempts.close(self.run_dir, current, self.world_size, ended_by)
+            )
+            if ctrl_c and marker is not None and marker.get("ended_by") == FORWARDED_CTRL_C:
+                self._write(lambda: attempts.update(self.run_dir, current, ended_by=CTRL_C_STOP))
         return attempts.collect(self.run_dir)
 
 
@@ -459,7 +471,11 @@ def _failed(
     explained = explain_failure(
         plan.run_dir, exits, plan.label, plan.layout.coords, plan.world_size, dumps
     )
-    if explained is None:
+    if explained is None and disk_full(plan.run_dir):
+        full = full_disk_error(plan.run_dir, "no rank could leave a failure record")
+        cause = {"rank": -1, "cause": "disk_full", "type": "OSError", "message": str(full)}
+        summary = f"run failed on a full disk: {full}"
+    elif explained is None:
         cause = {
             "rank": -1,
             "cause": "unknown",
