@@ -16,6 +16,7 @@ from worldfoundry.core.distributed.topology import Layout
 
 from .config.engine import EngineConfig
 from .config.fields import ConfigError, config_error
+from .config.redact import redact_overrides, redact_text
 from .config.tracking import TrackingConfig
 from .launchers import get_launcher
 from .launchers.base import run_dir_mode
@@ -217,10 +218,11 @@ def _validate_and_launch(
         config = _resolved(cfg)
         layout = validate_run_config(config)
     except (ConfigError, ValueError) as exc:
-        print(printable(f"wf_launch: config error: {exc}", multiline=True), file=sys.stderr)
+        message = redact_text(str(exc))  # a refused value may be a secret
+        print(printable(f"wf_launch: config error: {message}", multiline=True), file=sys.stderr)
         if not dry_run:
-            _record_invalid(run_dir, overrides, str(exc), cfg)
-        return RunOutcome(Status.INVALID, run_dir, str(exc))
+            _record_invalid(run_dir, redact_overrides(overrides), message, cfg)
+        return RunOutcome(Status.INVALID, run_dir, message)
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
     if dry_run:

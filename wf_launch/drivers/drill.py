@@ -67,7 +67,7 @@ from ..rank.task_registry import load_task_modules
 from ..readers.plot import metric_lines
 from ..rundir import attempts, files
 from ..rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask
-from ..rundir.io import atomic_write_json
+from ..rundir.io import atomic_write_json, open_log
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
@@ -268,7 +268,7 @@ def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[byt
     """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``);
     every rank publishes its progress at every step, so interruptions land at the step asked for."""
     env = {**os.environ, PUBLISH_ENV: "0"}
-    with open(log, "ab") as out:
+    with os.fdopen(open_log(log), "ab") as out:  # owner-only: the run's console output
         return subprocess.Popen(
             [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
             stdout=out,

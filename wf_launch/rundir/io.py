@@ -32,6 +32,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "check_output_path",
+    "open_log",
     "open_regular",
     "read_bytes",
     "read_json",
@@ -94,6 +95,19 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 def atomic_write_json(path: Path | str, data: Any) -> None:
     """JSON-encode ``data`` (indent 2, keys in order given) and write it atomically."""
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def open_log(path: Path | str) -> int:
+    """An fd appending to the log ``path``: owner-only (``0600``, whatever the umask or an older
+    mode), never through a link, for a child's output (a tune round's, a drill run's)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_regular(path: Path | str) -> int:
