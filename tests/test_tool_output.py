@@ -92,6 +92,22 @@ def test_a_link_in_place_of_a_runs_own_folder_is_never_followed(tmp_path: Path) 
         read_json(run / "checkpoints" / "step_00000003" / "COMMIT")
 
 
+def test_a_sweep_point_that_is_a_link_is_never_read(tmp_path: Path) -> None:
+    """``SWEEP/1`` swapped for a link to another run: ``status SWEEP``, the report and ``runs``
+    leave it out."""
+    runs = fuzz.build(tmp_path)
+    sweep, elsewhere = runs["sweep"], tmp_path / "elsewhere"
+    shutil.copytree(runs["failed"], elsewhere)
+    shutil.rmtree(sweep / "1")
+    (sweep / "1").symlink_to(elsewhere)
+    for name, args in (("status", [str(sweep)]), ("runs", [str(sweep.parent)])):
+        proc = _tool(name, args)
+        _no_traceback(proc)
+        assert b"failed" not in proc.stdout, (name, proc.stdout)
+        assert str(sweep / "0").encode() in proc.stdout, (name, proc.stdout)
+    assert "elsewhere" not in (sweep / "sweep_summary.md").read_text()
+
+
 def test_non_utf8_run_names_are_shown_escaped(tmp_path: Path) -> None:
     root = tmp_path / "outputs"
     odd = os.fsdecode(b"run\x9b31m\xff")

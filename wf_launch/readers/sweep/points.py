@@ -219,6 +219,7 @@ def collect_points(sweep_dir: Path | str) -> list[dict[str, Any]]:
         _point(d)
         for d in sorted(sweep_dir.iterdir())
         if d.is_dir()
+        and not d.is_symlink()  # a point is the sweep's own folder, never a link out of it
         and not d.name.startswith(".")
         and ((d / files.HYDRA).is_dir() or RunRecord.path(d).is_file())
     ]
