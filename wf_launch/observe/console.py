@@ -55,7 +55,9 @@ class _LogFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        self._file = os.fdopen(os.open(path, flags, 0o600), "a", buffering=1, errors="replace")
+        self._file = os.fdopen(
+            os.open(path, flags, 0o600), "a", buffering=1, encoding="utf-8", errors="replace"
+        )
         self.failed = False
 
     def write(self, message: str) -> None:
