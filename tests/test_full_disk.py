@@ -90,6 +90,7 @@ def test_a_launcher_that_cannot_write_its_record_ends_in_one_line(small_disk: Pa
     assert "Logging error in Loguru" not in proc.stderr
     assert "During handling of the above exception" not in proc.stderr
     assert "rank 0 failed: ValueError: rank 0 refuses: bad batch 17" in proc.stderr
+    assert "the disk is full: [Errno 28] No space left on device" in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"wf_launch: could not write {run_dir / 'result.json'}"), last
     assert "[Errno 28]" in last

@@ -471,11 +471,7 @@ def _failed(
     explained = explain_failure(
         plan.run_dir, exits, plan.label, plan.layout.coords, plan.world_size, dumps
     )
-    if explained is None and disk_full(plan.run_dir):
-        full = full_disk_error(plan.run_dir, "no rank could leave a failure record")
-        cause = {"rank": -1, "cause": "disk_full", "type": "OSError", "message": str(full)}
-        summary = f"run failed on a full disk: {full}"
-    elif explained is None:
+    if explained is None:
         cause = {
             "rank": -1,
             "cause": "unknown",
@@ -485,6 +481,7 @@ def _failed(
         summary = "run failed, but no rank left a failure record"
     else:
         cause, summary = explained
+    cause, summary = _note_full_disk(plan.run_dir, cause, summary)
     logger.debug(f"run failed: {summary}")
     record = RunRecord.finalize(
         plan.run_dir,
@@ -495,6 +492,19 @@ def _failed(
         timings={"wall_s": round(wall, 4)},
     )
     return RunOutcome.of(record, plan.run_dir, summary)
+
+
+def _note_full_disk(
+    run_dir: Any, cause: dict[str, Any], summary: str
+) -> tuple[dict[str, Any], str]:
+    """The cause and summary, saying the disk is full when it is and they do not already: a
+    rank on a full disk may have left no record, only its exit code."""
+    if "[Errno 28]" in str(cause.get("message")) or not disk_full(run_dir):
+        return cause, summary
+    full = str(full_disk_error(run_dir, "a rank may have failed for want of space"))
+    if cause.get("cause") == "unknown":
+        return {**cause, "cause": "disk_full", "type": "OSError", "message": full}, full
+    return {**cause, "disk_full": full}, f"{summary}\n  the disk is full: {full}"
 
 
 @register_launcher
