@@ -59,15 +59,18 @@ def _status(run_dir: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_a_save_on_a_full_disk_names_it_and_a_resume_there_is_one_line(small_disk: Path) -> None:
     run_dir = small_disk / "run"
-    _fill(small_disk / "filler", leave=700 << 10)  # the run's files fit, its checkpoint does not
-    args = ["task=train", "task.checkpoint_every=2", "task.steps=4"]
+    _fill(small_disk / "filler", leave=2 << 20)  # room for one checkpoint (1.3 MB), not two
+    args = ["task=train", "task.checkpoint_every=1", "task.steps=4"]
     proc = run_cli(args, run_dir)
     assert proc.returncode == 1, proc.stderr[-3000:]
     failure = result(run_dir)["failure"]
     assert failure["type"] == "OSError", failure
     assert "[Errno 28] No space left on device" in failure["message"], failure
     assert str(run_dir / "checkpoints") in failure["message"], failure
-    assert not list((run_dir / "checkpoints").iterdir())  # the partial one is gone, none was lost
+    assert "checkpoint step 2 not saved" in failure["message"], failure
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert kept == ["step_00000001"], kept  # the partial one is gone, the complete one kept
+    assert (run_dir / "checkpoints" / "step_00000001" / "COMMIT").is_file()
     shown = _status(run_dir)
     assert shown.returncode == 1 and "[Errno 28] No space left on device" in shown.stdout, shown
 
