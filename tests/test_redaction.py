@@ -5,6 +5,7 @@ default MLflow store beside a run is owner-only."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -147,3 +148,22 @@ def test_a_tool_log_is_owner_only_and_never_written_through_a_link(tmp_path: Pat
     with pytest.raises(OSError) as caught:
         open_log(tmp_path / "linked.log")
     assert caught.value.errno == errno.ELOOP and target.read_text() == "keep"
+
+
+def test_the_sweep_report_never_shows_a_secret(tmp_path: Path) -> None:
+    """Each point's overrides appear in the report's tables and charts: a secret as ``***``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import fuzz_rundirs as fuzz
+
+    from wf_launch.readers.sweep.points import collect_points
+    from wf_launch.readers.sweep.tables import render_csv, render_markdown
+
+    sweep = fuzz.build(tmp_path)["sweep"]
+    for n in range(2):
+        path = sweep / str(n) / "result.json"
+        record = json.loads(path.read_text())
+        record["overrides"] = [f"engine.dp_size={n + 1}", "+task.kwargs.api_token=s3cr3t"]
+        path.write_text(json.dumps(record))
+    points = collect_points(sweep)
+    shown = render_csv(points, "tokens_per_s") + render_markdown(points, "tokens_per_s", sweep)
+    assert "api_token=***" in shown and "s3cr3t" not in shown

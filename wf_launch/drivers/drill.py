@@ -61,6 +61,7 @@ from worldfoundry.core.validation import is_int
 from ..cli import register_configs
 from ..config.layout import layout_of
 from ..config.overrides import hydra_config_error, refuse_schemas, task_modules
+from ..config.redact import redact_overrides
 from ..launchers.registry import get_launcher, registered_launchers
 from ..rank.progress import PUBLISH_ENV
 from ..rank.task_registry import load_task_modules
@@ -611,7 +612,7 @@ def verdict(
 
     summary = {
         "backend": drill.backend,
-        "overrides": drill.overrides,
+        "overrides": redact_overrides(drill.overrides),
         "identical": identical,
         "compared": list(COMPARED),
         "missing": missing,
@@ -851,7 +852,8 @@ def _dry_run_text(
     )
     relaunch = f"; relaunches add {' '.join(resume_with)}" if resume_with else ""
     return (
-        f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={backend}, twice; "
+        f"drill (dry run): python -m wf_launch {' '.join(redact_overrides(overrides))} "
+        f"launcher={backend}, twice; "
         f"interruptions: {planned}{relaunch}"
     )
 
