@@ -89,14 +89,17 @@ def test_trackers_get_the_config_redacted_and_mlflows_store_is_owner_only(
         ("#0 : task=call +task.kwargs.api_token=s3cr3t e=1", "+task.kwargs.api_token=*** e=1"),
         ("task.kwargs={'api_token': 's3cr3t'} is not allowed", "{'api_token': ***} is not"),
         ("['task.kwargs.db_password=\"s3cr3t\"', 'x=1']", "db_password=***', 'x=1']"),
-        ("WANDB_API_KEY: s3cr3t", "WANDB_API_KEY: ***"),
+        ('{"WANDB_API_KEY": "s3cr3t"}', '{"WANDB_API_KEY": ***}'),
     ],
 )
 def test_secret_assignments_in_text_are_redacted(text: str, shown: str) -> None:
     assert "s3cr3t" not in redact_text(text) and shown in redact_text(text)
-    assert redact_text("tracking.wandb.entity=me engine.dp_size=2") == (
-        "tracking.wandb.entity=me engine.dp_size=2"
-    )
+    for kept in (
+        "tracking.wandb.entity=me engine.dp_size=2",
+        "KeyError: 'api_token'",
+        "KeyboardInterrupt: stopped; token bucket: 3",
+    ):
+        assert redact_text(kept) == kept
 
 
 def test_hydras_sweep_lines_and_config_errors_never_show_a_secret(tmp_path: Path) -> None:

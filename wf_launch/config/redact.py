@@ -26,8 +26,9 @@ __all__ = [
 SECRET_WORDS = ("token", "secret", "password", "key", "credential")
 REDACTED = "***"
 _ASSIGNMENT = re.compile(
+    r"(?P<q>['\"])?"  # a quoted key ('api_token': ...) takes a colon, a bare one (KEY=...) "="
     r"(?P<key>[\w.+~/-]*(?:" + "|".join(SECRET_WORDS) + r")\w*)"
-    r"(?P<eq>['\"]?\s*[=:]\s*)"
+    r"(?P<eq>(?(q)['\"]\s*:\s*|\s*=\s*))"
     r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s,;'\"\])}]+)",
     re.IGNORECASE,
 )
@@ -60,11 +61,12 @@ def redact_overrides(overrides: list[str]) -> list[str]:
 
 
 def redact_text(text: str) -> str:
-    """``text`` with the value of every secret-looking ``KEY=VALUE`` (or ``KEY: VALUE``) in it
-    redacted: a line Hydra prints (``#0 : task.kwargs.api_token=s3cr3t``) shows ``***``."""
+    """``text`` with the value of every secret-looking ``KEY=VALUE`` (or quoted ``'KEY': VALUE``)
+    in it redacted: a line Hydra prints (``#0 : task.kwargs.api_token=s3cr3t``) shows ``***``;
+    ``KeyError: 'x'`` is left as it is."""
     if not any(word in text.lower() for word in SECRET_WORDS):
         return text
-    return _ASSIGNMENT.sub(lambda m: f"{m['key']}{m['eq']}{REDACTED}", text)
+    return _ASSIGNMENT.sub(lambda m: f"{m['q'] or ''}{m['key']}{m['eq']}{REDACTED}", text)
 
 
 def redact_log_records() -> None:
