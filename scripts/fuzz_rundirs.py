@@ -16,11 +16,18 @@ or a rank file of rank 10**8. Then the tools run in this process on the damaged 
 * ``python -m wf_launch.checkpoint list`` (``--json`` too) and ``export`` of a run's
   checkpoint (its ``COMMIT`` and ``.metadata`` damaged like any file);
 * a tune's ``tune.json`` read as ``tune --resume`` reads it, the run's ``run_id``, its
-  ``overrides.yaml`` (the printed resume command) and the sweep's ``multirun.yaml``.
+  ``overrides.yaml`` (the printed resume command) and the sweep's ``multirun.yaml``;
+* a drill directory's verdict (both runs' records, attempts, metrics and, with a tolerance,
+  checkpoints) and its text.
 
-Each must end (any exit code) within :data:`HANG_S`: an exception escaping a command is a
-crash, a command still running at the limit a hang, and a control character a run wrote that
-reaches the output raw (ESC, BEL, C1) an escape. SLURM's commands are shims that fail at once
+Besides damaging a file, an example may swap the run's own folder holding it (``logs/``,
+``checkpoints/``, ``step_N/``, ``.hydra/``...) for a link to a copy outside the tree whose
+files hold :data:`OUTSIDE_MARKER`.
+
+Each must end (any exit code) within :data:`HANG_CPU_S` of CPU time and :data:`HANG_S` of wall
+time: an exception escaping a command is a crash, a command still running at a limit a hang,
+and an escape is a control character a run wrote that reaches the output raw (ESC, BEL, C1),
+or a file outside the tree read (its marker printed) or written through a link. SLURM's commands are shims that fail at once
 (the scheduler knows nothing), so a detached run is judged from its files.
 
     python scripts/fuzz_rundirs.py --examples 500 [--seed 0]
@@ -50,8 +57,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-HANG_S = 10.0
-"""A command that runs longer than this on one damaged tree is a hang."""
+HANG_CPU_S = 10.0
+"""A command that spends more CPU time than this on one damaged tree is a hang (runaway work).
+CPU time, not wall time: on a loaded machine the sweep report's charts alone took over 10 s of
+wall time (about 3 s of CPU), which a wall-clock limit called a hang."""
+HANG_S = 120.0
+"""A command still running after this much wall time is a hang (blocked: a FIFO, a lock)."""
+OUTSIDE_MARKER = "OUTSIDE-THE-RUN-DIRECTORY"
+"""What the files a link points to outside the tree hold: a tool that prints it read out."""
 
 HOSTILE = [
     None,
@@ -284,7 +297,21 @@ def build(root: Path) -> dict[str, Path]:
     _checkpoint(runs["ok"])
     runs["tune"] = root / "tunes" / "t"
     _tune(runs["tune"])
+    runs["drill"] = root / "drills" / "d"
+    _drill(runs["drill"])
     return runs
+
+
+def _drill(drill_dir: Path) -> None:
+    """A drill that ended: its two runs (one restarted once), their logs, its verdict."""
+    from wf_launch.rundir import files
+
+    _run(drill_dir / "reference", "local", 1, "ok", True, None)
+    _run(drill_dir / "interrupted", "local", 1, "ok", True, None)
+    _write(files.attempt_file(drill_dir / "interrupted", 1), {"attempt": 1, "resumed_from": 2})
+    for name in ("reference", "interrupted"):
+        _write(drill_dir / f"{name}.log", "drill: run\n")
+    _write(drill_dir / "drill.json", {"identical": True, "compared": ["loss_hash"]})
 
 
 # --------------------------------------------------------------------------- damage
@@ -393,6 +420,30 @@ def damage(path: Path, rng: random.Random) -> str:
     return kind
 
 
+def link_folder(path: Path, outside: Path) -> str:
+    """Swap the run's own folder holding ``path`` (``logs/``, ``checkpoints/``...) for a link to
+    a copy of it outside the tree, every file there holding :data:`OUTSIDE_MARKER`."""
+    from wf_launch.rundir.files import is_own_folder
+
+    folder = path.parent
+    while folder.name and not is_own_folder(folder.name):
+        folder = folder.parent
+    if not folder.name:
+        return damage(path, random.Random(0))
+    target = outside / f"{folder.name}-{len(list(outside.iterdir()))}"
+    shutil.copytree(folder, target, symlinks=True)
+    for f in target.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            f.write_text(f"{OUTSIDE_MARKER}\n")
+    shutil.rmtree(folder)
+    folder.symlink_to(target)
+    return f"folder {folder.name}/ linked out of the tree"
+
+
+def _outside_state(outside: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(outside.rglob("*")) if p.is_file()}
+
+
 def _candidates(runs: dict[str, Path]) -> list[Path]:
     found = [p for d in runs.values() for p in d.rglob("*") if p.is_file() or p.is_fifo()]
     return sorted(set(found))
@@ -425,17 +476,23 @@ class _Hang(Exception):
 
 
 @contextlib.contextmanager
-def _limit(seconds: float) -> Iterator[None]:
-    def fire(signum: int, frame: object) -> None:
-        raise _Hang
+def _limit(cpu_s: float, wall_s: float) -> Iterator[None]:
+    """Raise :class:`_Hang` after ``cpu_s`` of this process's CPU time or ``wall_s`` of wall
+    time, whichever comes first."""
 
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    def fire(signum: int, frame: object) -> None:
+        raise _Hang("CPU" if signum == signal.SIGPROF else "wall")
+
+    old = {sig: signal.signal(sig, fire) for sig in (signal.SIGALRM, signal.SIGPROF)}
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)
+    signal.setitimer(signal.ITIMER_REAL, wall_s)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Callable[[], Any]]]:
@@ -511,6 +568,7 @@ def _record_commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Calla
         ),
         ("tune --resume reader", _refused(lambda: TuneState.load(runs["tune"]), TuneError)),
         ("run_id", _refused(lambda: print(read_run_id(ok)), RunIdError)),
+        ("drill verdict", lambda: _drill_verdict(runs["drill"])),
         ("resume command", lambda: print(resume_command(ok))),
         (
             "multirun.yaml",
@@ -519,17 +577,41 @@ def _record_commands(runs: dict[str, Path], root: Path) -> list[tuple[str, Calla
     ]
 
 
+def _drill_verdict(drill_dir: Path) -> None:
+    """What the drill reads of its directory once both runs ended: the verdict (the records, the
+    attempts, rank 0's metrics, with a tolerance both runs' checkpoints) and its text."""
+    from types import SimpleNamespace
+
+    from wf_launch.drivers.drill import Drill, Injection, render, verdict
+
+    injections = [Injection("kill9", 2)]
+    for atol in (None, 1e-3):
+        drill = Drill([], "local", drill_dir, 10.0, atol=atol)
+        runs = [
+            SimpleNamespace(
+                run_dir=drill_dir / name, overrides=[], launches=1, wall_s=1.0, exit_codes=[0]
+            )
+            for name in ("reference", "interrupted")
+        ]
+        print(render(verdict(drill, runs[0], runs[1], injections)))
+
+
 def _run_one(name: str, fn: Callable[[], Any]) -> tuple[str, str, str]:
     """Run one command: ('ok' | 'crash' | 'hang', detail, what it printed)."""
     out = io.StringIO()
     try:
-        with _limit(HANG_S), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        with (
+            _limit(HANG_CPU_S, HANG_S),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(out),
+        ):
             try:
                 fn()
             except SystemExit:
                 pass
-    except _Hang:
-        return "hang", f"{name}: still running after {HANG_S:g} s", out.getvalue()
+    except _Hang as hang:
+        limit = f"{HANG_CPU_S:g} s of CPU" if str(hang) == "CPU" else f"{HANG_S:g} s"
+        return "hang", f"{name}: still running after {limit}", out.getvalue()
     except Exception:
         return "crash", f"{name}:\n{traceback.format_exc()}", out.getvalue()
     finally:
@@ -558,28 +640,49 @@ def _slurm_shims(where: Path) -> Iterator[Path]:
 def example(rng: random.Random, workdir: Path, report: Callable[[str], None]) -> Counter:
     """Build the templates, damage 1-3 files, run every command; the counts of this example."""
     counts: Counter = Counter()
-    runs = build(workdir)
-    files_ = _candidates(runs)
+    runs = build(workdir / "tree")
+    outside = workdir / "outside"
+    outside.mkdir()
     damaged = []
     for _ in range(rng.randrange(1, 4)):
-        if rng.random() < 0.15:
+        files_ = [p for p in _candidates(runs) if p.exists() or p.is_symlink()]
+        if not files_:
+            break
+        choice = rng.random()
+        if choice < 0.15:
             path, what = _extra(rng.choice(list(runs.values())), rng)
+        elif choice < 0.25:
+            path = rng.choice(files_)
+            what = link_folder(path, outside)
         else:
             path = rng.choice(files_)
             what = damage(path, rng)
         damaged.append(f"{path.relative_to(workdir)}: {what}")
         counts["files"] += 1
-    for name, fn in _commands(runs, workdir):
+    before = _outside_state(outside)
+    for name, fn in _commands(runs, workdir / "tree"):
         outcome, detail, printed = _run_one(name, fn)
         counts[outcome] += 1
-        raw = _RAW_CONTROL.search(printed)
-        if outcome == "ok" and raw:
-            outcome = "escape"
-            counts["escape"] += 1
-            detail = f"{name} printed {raw.group()!r} raw: ...{printed[max(0, raw.start() - 80) : raw.end() + 20]!r}"
+        if outcome == "ok":
+            outcome, detail = _escaped(name, printed, before, outside)
+            counts[outcome] += outcome == "escape"
         if outcome != "ok":
             report(f"--- {outcome} after {'; '.join(damaged)}\n{detail}")
     return counts
+
+
+def _escaped(name: str, printed: str, before: dict[str, bytes], outside: Path) -> tuple[str, str]:
+    """('escape', what) if ``name`` printed a raw control character, read a file out of the
+    tree through a link (printed :data:`OUTSIDE_MARKER`) or wrote one; else ('ok', '')."""
+    raw = _RAW_CONTROL.search(printed)
+    if raw:
+        where = printed[max(0, raw.start() - 80) : raw.end() + 20]
+        return "escape", f"{name} printed {raw.group()!r} raw: ...{where!r}"
+    if OUTSIDE_MARKER in printed:
+        return "escape", f"{name} printed a file out of the tree (read through a link)"
+    if _outside_state(outside) != before:
+        return "escape", f"{name} wrote out of the tree (through a link)"
+    return "ok", ""
 
 
 def run(examples: int, seed: int = 0, report: Callable[[str], None] = print) -> Counter:
@@ -608,7 +711,8 @@ def run(examples: int, seed: int = 0, report: Callable[[str], None] = print) -> 
         f"{total['ok'] + total['crash'] + total['hang']} "
         f"command runs): {total['crash']} crashes, {total['hang']} hangs, {total['escape']} "
         "escapes "
-        f"(raw control characters printed), {total['scancel']} scancel calls"
+        f"(raw control characters printed, files read or written through a link out of the "
+        f"tree), {total['scancel']} scancel calls"
     )
     return total
 

@@ -4,12 +4,19 @@ default MLflow store beside a run is owner-only."""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli_env
 
-from wf_launch.config.redact import is_secret, redact_config, redact_overrides
+from wf_launch.config.redact import is_secret, redact_config, redact_overrides, redact_text
 from wf_launch.rank.trackers import open_trackers
+from wf_launch.rundir.io import open_log
 from wf_launch.rundir.resume import resume_command
 
 
@@ -74,3 +81,92 @@ def test_trackers_get_the_config_redacted_and_mlflows_store_is_owner_only(
     assert run.data.params["task.kwargs.api_token"] == "***"
     found = [p for p in store.rglob("*") if p.is_file() and b"s3cr3t" in p.read_bytes()]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("#0 : task=call +task.kwargs.api_token=s3cr3t e=1", "+task.kwargs.api_token=*** e=1"),
+        ("task.kwargs={'api_token': 's3cr3t'} is not allowed", "{'api_token': ***} is not"),
+        ("['task.kwargs.db_password=\"s3cr3t\"', 'x=1']", "db_password=***', 'x=1']"),
+        ('{"WANDB_API_KEY": "s3cr3t"}', '{"WANDB_API_KEY": ***}'),
+    ],
+)
+def test_secret_assignments_in_text_are_redacted(text: str, shown: str) -> None:
+    assert "s3cr3t" not in redact_text(text) and shown in redact_text(text)
+    for kept in (
+        "tracking.wandb.entity=me engine.dp_size=2",
+        "KeyError: 'api_token'",
+        "KeyboardInterrupt: stopped; token bucket: 3",
+    ):
+        assert redact_text(kept) == kept
+
+
+def test_hydras_sweep_lines_and_config_errors_never_show_a_secret(tmp_path: Path) -> None:
+    """Hydra logs every sweep point's overrides (a tune's ``rounds/r0.log``, a drill's log, the
+    terminal), and a refused value is named in the error: neither shows the secret."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "-m",
+            "task=call",
+            "task.target=os.path:exists",
+            "+task.kwargs.api_token=s3cr3t",
+            "engine.dp_size=1,2",
+            "launcher.dry_run=true",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert "#1 : " in out and "+task.kwargs.api_token=***" in out, out
+    assert "{'api_token': ***}" in out  # the config error names the field, not the value
+    assert "s3cr3t" not in out
+
+
+def test_a_tool_log_is_owner_only_and_never_written_through_a_link(tmp_path: Path) -> None:
+    """A tune round's and a drill run's console output go to ``open_log``: ``0600`` whatever the
+    umask or the mode an older version left, and a link there is refused."""
+    old = os.umask(0)
+    try:
+        fd = open_log(tmp_path / "r0.log")
+        os.close(fd)
+        older = tmp_path / "reference.log"
+        older.write_text("x")
+        older.chmod(0o644)
+        os.close(open_log(older))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r0.log").stat().st_mode & 0o777 == 0o600
+    assert older.stat().st_mode & 0o777 == 0o600
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "linked.log").symlink_to(target)
+    with pytest.raises(OSError) as caught:
+        open_log(tmp_path / "linked.log")
+    assert caught.value.errno == errno.ELOOP and target.read_text() == "keep"
+
+
+def test_the_sweep_report_never_shows_a_secret(tmp_path: Path) -> None:
+    """Each point's overrides appear in the report's tables and charts: a secret as ``***``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import fuzz_rundirs as fuzz
+
+    from wf_launch.readers.sweep.points import collect_points
+    from wf_launch.readers.sweep.tables import render_csv, render_markdown
+
+    sweep = fuzz.build(tmp_path)["sweep"]
+    for n in range(2):
+        path = sweep / str(n) / "result.json"
+        record = json.loads(path.read_text())
+        record["overrides"] = [f"engine.dp_size={n + 1}", "+task.kwargs.api_token=s3cr3t"]
+        path.write_text(json.dumps(record))
+    points = collect_points(sweep)
+    shown = render_csv(points, "tokens_per_s") + render_markdown(points, "tokens_per_s", sweep)
+    assert "api_token=***" in shown and "s3cr3t" not in shown

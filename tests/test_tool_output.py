@@ -3,8 +3,10 @@ link out of a run directory, never a raw byte of a file name, never 3,000 panels
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,8 @@ from cli_helpers import cli_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fuzz_rundirs as fuzz
+
+from wf_launch.rundir.io import UnreadableFile, atomic_write_json, read_json
 
 
 def _tool(name: str, args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -55,6 +59,53 @@ def test_status_tail_never_reads_through_a_link(tmp_path: Path) -> None:
     _no_traceback(proc)
     assert b"the private key" not in proc.stdout + proc.stderr
     assert b"symbolic link" in proc.stdout + proc.stderr
+
+
+def test_a_link_in_place_of_a_runs_own_folder_is_never_followed(tmp_path: Path) -> None:
+    """``logs/`` or ``checkpoints/`` swapped for a link: no tool reads or writes through it."""
+    runs = fuzz.build(tmp_path)
+    run, other = runs["ok"], tmp_path / "other"
+    other.mkdir()
+    (other / "rank0.log").write_text("the private key\n")
+    shutil.rmtree(run / "logs")
+    (run / "logs").symlink_to(other)
+    (other / "checkpoints").mkdir()
+    victim = other / "checkpoints"
+    shutil.copytree(run / "checkpoints", victim, dirs_exist_ok=True)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(victim)
+    shown = _tool("status", [str(run), "--tail", "5"])
+    _no_traceback(shown)
+    assert b"the private key" not in shown.stdout + shown.stderr
+    assert b"is a symbolic link (refusing to follow it)" in shown.stdout + shown.stderr
+    listed = _tool("checkpoint", ["list", str(run), "--json"])
+    _no_traceback(listed)
+    assert b"checkpoints is a symbolic link (refusing to follow it)" in listed.stdout
+    out = tmp_path / "w.pt"
+    exported = _tool("checkpoint", ["export", str(run), "--out", str(out)])
+    assert exported.returncode != 0 and not out.exists(), exported.stderr
+    with pytest.raises(OSError) as caught:
+        atomic_write_json(run / "logs" / "attempt0.json", {"attempt": 0})
+    assert caught.value.errno == errno.ELOOP
+    assert sorted(p.name for p in other.iterdir()) == ["checkpoints", "rank0.log"]
+    with pytest.raises(UnreadableFile, match="is a symbolic link"):
+        read_json(run / "checkpoints" / "step_00000003" / "COMMIT")
+
+
+def test_a_sweep_point_that_is_a_link_is_never_read(tmp_path: Path) -> None:
+    """``SWEEP/1`` swapped for a link to another run: ``status SWEEP``, the report and ``runs``
+    leave it out."""
+    runs = fuzz.build(tmp_path)
+    sweep, elsewhere = runs["sweep"], tmp_path / "elsewhere"
+    shutil.copytree(runs["failed"], elsewhere)
+    shutil.rmtree(sweep / "1")
+    (sweep / "1").symlink_to(elsewhere)
+    for name, args in (("status", [str(sweep)]), ("runs", [str(sweep.parent)])):
+        proc = _tool(name, args)
+        _no_traceback(proc)
+        assert b"failed" not in proc.stdout, (name, proc.stdout)
+        assert str(sweep / "0").encode() in proc.stdout, (name, proc.stdout)
+    assert "elsewhere" not in (sweep / "sweep_summary.md").read_text()
 
 
 def test_non_utf8_run_names_are_shown_escaped(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from worldfoundry.core.distributed.topology import Layout
 
 from .config.engine import EngineConfig
 from .config.fields import ConfigError, config_error
+from .config.redact import redact_overrides, redact_text
 from .config.tracking import TrackingConfig
 from .launchers import get_launcher
 from .launchers.base import run_dir_mode
@@ -31,6 +32,7 @@ from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RecordError, RunRecord, Status
 from .rundir.resume import resume_hint
+from .rundir.space import disk_full
 from .rundir.text import printable
 
 __all__ = ["resolve", "run", "validate_run_config"]
@@ -140,8 +142,12 @@ def run(
         except rundir_claim.RunDirInUse as exc:
             print(printable(f"wf_launch: {exc}"), file=sys.stderr)
             return RunOutcome(Status.INVALID, run_dir, str(exc))
-        for name, text in (hydra_record or {}).items():
-            atomic_write_text(_HYDRA_FILES[name](run_dir), text)
+        try:
+            for name, text in (hydra_record or {}).items():
+                atomic_write_text(_HYDRA_FILES[name](run_dir), text)
+        except OSError as exc:
+            claim.release()
+            return _cannot_write(run_dir, overrides, exc)
     try:
         return _validate_and_launch(cfg, run_dir, overrides, dry_run)
     except BaseException as exc:
@@ -212,10 +218,11 @@ def _validate_and_launch(
         config = _resolved(cfg)
         layout = validate_run_config(config)
     except (ConfigError, ValueError) as exc:
-        print(printable(f"wf_launch: config error: {exc}", multiline=True), file=sys.stderr)
+        message = redact_text(str(exc))  # a refused value may be a secret
+        print(printable(f"wf_launch: config error: {message}", multiline=True), file=sys.stderr)
         if not dry_run:
-            _record_invalid(run_dir, overrides, str(exc), cfg)
-        return RunOutcome(Status.INVALID, run_dir, str(exc))
+            _record_invalid(run_dir, redact_overrides(overrides), message, cfg)
+        return RunOutcome(Status.INVALID, run_dir, message)
     plan = LaunchPlan(config=config, layout=layout, run_dir=run_dir, overrides=list(overrides))
     launcher = get_launcher(plan.launcher)
     if dry_run:
@@ -225,15 +232,10 @@ def _validate_and_launch(
             + (f"\n\n{task_text}" if task_text else "")
         )
         return RunOutcome(Status.DRY_RUN, run_dir)
-    os.chmod(run_dir, run_dir_mode(config["launcher"].get("run_dir_mode", "0700")))
-    setup_launcher_logging(run_dir / files.LAUNCHER_LOG)
-    atomic_write_text(files.config_path(run_dir), OmegaConf.to_yaml(OmegaConf.create(config)))
-    atomic_write_text(
-        run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
-    )
-    logger.debug(
-        f"run id {ensure_run_id(run_dir)}"
-    )  # written once: every attempt, requeue and resume reads it
+    try:
+        _write_inputs(config, run_dir, overrides)
+    except OSError as exc:
+        return _cannot_write(run_dir, overrides, exc)
     outcome = launcher.launch(plan)
     if outcome.status not in (Status.SUBMITTED, Status.INVALID):
         logger.info(
@@ -245,5 +247,42 @@ def _validate_and_launch(
             file=sys.stderr if outcome.exit_code else sys.stdout,
             flush=True,
         )
+    if outcome.record is not None and outcome.record.unwritten:
+        print(printable(f"wf_launch: {outcome.record.unwritten}"), file=sys.stderr, flush=True)
     logger.complete()
     return outcome
+
+
+def _write_inputs(config: dict[str, Any], run_dir: Path, overrides: list[str]) -> None:
+    """The run directory's mode, ``launcher.log``, ``config.yaml``, ``overrides.yaml``,
+    ``run_id``."""
+    os.chmod(run_dir, run_dir_mode(config["launcher"].get("run_dir_mode", "0700")))
+    setup_launcher_logging(run_dir / files.LAUNCHER_LOG)
+    atomic_write_text(files.config_path(run_dir), OmegaConf.to_yaml(OmegaConf.create(config)))
+    atomic_write_text(
+        run_dir / files.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
+    )
+    logger.debug(
+        f"run id {ensure_run_id(run_dir)}"
+    )  # written once: every attempt, requeue and resume reads it
+
+
+def _cannot_write(run_dir: Path, overrides: list[str], exc: OSError) -> RunOutcome:
+    """The run directory cannot be written (a full disk, a quota, a read-only mount) before any
+    rank started: one line, a ``failed`` record if one can still be written, exit 1."""
+    full = disk_full(run_dir, exc)
+    message = f"cannot write the run directory {run_dir} ({exc})"
+    print(printable(f"wf_launch: {message}"), file=sys.stderr, flush=True)
+    record = RunRecord.finalize(
+        run_dir,
+        Status.FAILED,
+        overrides=list(overrides),
+        failure={
+            "cause": "disk_full" if full else "unwritable",
+            "type": type(exc).__name__,
+            "message": message,
+        },
+    )
+    if record.unwritten:
+        rundir_claim.restore_record(run_dir)  # a resume's: the run's own story stays readable
+    return RunOutcome(Status.FAILED, run_dir, "", record)

@@ -24,6 +24,7 @@ from .app import run
 from .config.engine import EngineConfig
 from .config.fields import ConfigError
 from .config.overrides import hydra_config_error, refuse_schemas, task_modules
+from .config.redact import redact_log_records, redact_text
 from .config.run import RunConfig
 from .launchers.registry import registered_launchers
 from .launchers.sweep_resume import kept_outcome
@@ -217,6 +218,7 @@ def _hydra_run_dir() -> list[Path]:
 
 def _main(argv: list[str]) -> int:
     """Compose and run; returns the exit code (config errors: 2, with one line on stderr)."""
+    redact_log_records()  # Hydra logs every sweep point's overrides, secrets included
     try:
         try:
             load_task_modules(task_modules(argv))
@@ -240,7 +242,7 @@ def _main(argv: list[str]) -> int:
             raise
         if _USER_FULL_ERROR[0] == "1":
             traceback.print_exception(exc)
-        print(f"wf_launch: config error: {error}", file=sys.stderr)
+        print(f"wf_launch: config error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
 

@@ -15,13 +15,24 @@ from wf_launch import TaskConfig, TaskContext, register_task
 
 @dataclass
 class MisbehaveConfig(TaskConfig):
-    """Which rank misbehaves, and how: 'raise', 'raise_unrecordable', 'raise_timeout_word',
+    """Which rank misbehaves, and how: 'raise', 'raise_unrecordable', 'fill_disk',
+    'raise_timeout_word',
     'raise_first_attempt', 'kill', 'stuck', 'exit',
     'sleep_all' or 'none'."""
 
     how: str = "raise"
     rank: int = 1
     sleep_s: float = 60.0
+
+
+def _fill(path: os.PathLike) -> None:
+    """Write ``path`` until the file system holding it is full."""
+    with open(path, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+        except OSError:
+            pass
 
 
 @register_task("misbehave", config=MisbehaveConfig)
@@ -38,6 +49,9 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
             cfg["how"] == "raise_unrecordable"
         ):  # its failure record cannot be written (as on a full disk)
             (ctx.run_dir / "logs" / f"rank{ctx.rank}.error.json").mkdir()
+            raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
+        if cfg["how"] == "fill_disk":  # nothing more can be written into the run directory
+            _fill(ctx.run_dir / "filler")
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")
         if cfg["how"] == "raise_timeout_word":
             raise ValueError(f"rank {ctx.rank}: bad timeout value 0")

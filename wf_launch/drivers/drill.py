@@ -61,13 +61,14 @@ from worldfoundry.core.validation import is_int
 from ..cli import register_configs
 from ..config.layout import layout_of
 from ..config.overrides import hydra_config_error, refuse_schemas, task_modules
+from ..config.redact import redact_overrides
 from ..launchers.registry import get_launcher, registered_launchers
 from ..rank.progress import PUBLISH_ENV
 from ..rank.task_registry import load_task_modules
 from ..readers.plot import metric_lines
 from ..rundir import attempts, files
 from ..rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask
-from ..rundir.io import atomic_write_json
+from ..rundir.io import atomic_write_json, open_log
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
@@ -268,7 +269,7 @@ def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[byt
     """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``);
     every rank publishes its progress at every step, so interruptions land at the step asked for."""
     env = {**os.environ, PUBLISH_ENV: "0"}
-    with open(log, "ab") as out:
+    with os.fdopen(open_log(log), "ab") as out:  # owner-only: the run's console output
         return subprocess.Popen(
             [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
             stdout=out,
@@ -611,7 +612,7 @@ def verdict(
 
     summary = {
         "backend": drill.backend,
-        "overrides": drill.overrides,
+        "overrides": redact_overrides(drill.overrides),
         "identical": identical,
         "compared": list(COMPARED),
         "missing": missing,
@@ -851,7 +852,8 @@ def _dry_run_text(
     )
     relaunch = f"; relaunches add {' '.join(resume_with)}" if resume_with else ""
     return (
-        f"drill (dry run): python -m wf_launch {' '.join(overrides)} launcher={backend}, twice; "
+        f"drill (dry run): python -m wf_launch {' '.join(redact_overrides(overrides))} "
+        f"launcher={backend}, twice; "
         f"interruptions: {planned}{relaunch}"
     )
 

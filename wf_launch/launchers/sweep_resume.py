@@ -171,7 +171,7 @@ def count_kept(sweep_dir: Path) -> tuple[int, int]:
     """(points of ``sweep_dir`` that ended ok, points with a directory)."""
     ok = total = 0
     for d in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
-        if d.is_dir() and d.name.isdigit():
+        if d.is_dir() and not d.is_symlink() and d.name.isdigit():
             total += 1
             try:
                 record = RunRecord.read(d)

@@ -43,8 +43,39 @@ def setup_launcher_logging(log_file: Path | None) -> Any:
     )
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        logger.add(str(log_file), format=FILE_FORMAT, level="DEBUG", buffering=1)
+        logger.add(_LogFile(log_file), format=FILE_FORMAT, level="DEBUG", colorize=False)
     return logger
+
+
+class _LogFile:
+    """``launcher.log``, appended line by line (never through a link); a line that cannot be
+    written (a full disk) is dropped and noted once on the console, never raised: loguru would
+    print a traceback for every line, and the launcher still has a run to record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._file = os.fdopen(
+            os.open(path, flags, 0o600), "a", buffering=1, encoding="utf-8", errors="replace"
+        )
+        self.failed = False
+
+    def write(self, message: str) -> None:
+        if self.failed:
+            return
+        try:
+            self._file.write(message)
+        except OSError as exc:
+            self.failed = True
+            sys.stderr.write(
+                f"wf_launch: cannot write {self.path} ({exc}); dropping launcher log lines\n"
+            )
+
+    def stop(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
 
 def print_or_quiet(text: str) -> int:

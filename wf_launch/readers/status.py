@@ -73,7 +73,7 @@ def _detached(launcher: Any) -> bool:
 def _subdirs(path: Path) -> list[Path]:
     """The directories in ``path``, a sweep's numbered points first and in order."""
     return sorted(
-        (d for d in path.iterdir() if d.is_dir()),
+        (d for d in path.iterdir() if d.is_dir() and not d.is_symlink()),
         key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name),
     )
 

@@ -155,6 +155,8 @@ def close(run_dir: Path | str, attempt: int, world_size: int, ended_by: str) -> 
 
     ``last_step`` becomes the furthest of rank 0's own record, every rank's published progress and
     the step the attempt resumed from (an attempt that made no step ended where it began).
+    A marker that cannot be written (a full disk) raises ``OSError`` only after the merged marker
+    is known: every launcher catches it and goes on to record the run.
     """
     marker = read(run_dir, attempt) or {}
     steps = [

@@ -36,6 +36,7 @@ __all__ = [
     "private_umask",
     "refuse_shared",
     "remove_made_folders",
+    "restore_record",
 ]
 
 OWNER_ONLY = 0o700
@@ -287,6 +288,20 @@ def _resumable(run_dir: Path) -> None:
     if path.exists():
         (run_dir / files.LOGS).mkdir(exist_ok=True)
         os.replace(path, files.result_before_attempt(run_dir, count(run_dir)))
+
+
+def restore_record(run_dir: Path) -> bool:
+    """Put back the record a resume moved into ``logs/`` (the resume could not even write its own,
+    on a full disk): ``status`` then shows how the run ended, and why. Whether it did."""
+    path = RunRecord.path(run_dir)
+    before = files.result_before_attempt(run_dir, count(run_dir))
+    if path.exists() or not before.is_file():
+        return False
+    try:
+        os.replace(before, path)
+    except OSError:
+        return False
+    return True
 
 
 def launch_alive(run_dir: Path | str) -> bool:

@@ -9,10 +9,11 @@ still reads.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from .io import read_yaml
+from .io import never_follow, read_yaml
 
 __all__ = [
     "CHECKPOINTS",
@@ -29,6 +30,7 @@ __all__ = [
     "METRICS",
     "MLFLOW_STORE",
     "OVERRIDES",
+    "OWN_FOLDERS",
     "RAY_RUN",
     "RESULT",
     "RUN_ID",
@@ -58,6 +60,7 @@ __all__ = [
     "hydra_config",
     "hydra_job",
     "hydra_overrides",
+    "is_own_folder",
     "launcher_name",
     "metrics_chart",
     "metrics_file",
@@ -133,6 +136,23 @@ TUNE_CONF, TUNE_ROUNDS, TUNE_ASIDE = "conf", "rounds", "aside"
 """A tune directory's own files (:mod:`wf_launch.drivers.tune`): its state, the report, the winner,
 the trial
 configs, one sweep directory per round, and trials set aside on a resume."""
+
+OWN_FOLDERS = frozenset(
+    {LOGS, HYDRA, ELASTIC_LOGS, CHECKPOINTS, TRACKING, TENSORBOARD, WANDB, SUBMITIT}
+    | {TUNE_CONF, TUNE_ROUNDS, TUNE_ASIDE}
+)
+"""The folders a run, sweep, tune or drill makes inside itself; with the step folders of
+``checkpoints/``, a link in place of one is never followed (:func:`.io.never_follow`)."""
+_STEP_FOLDER = re.compile(r"\.?step_\d+(\.[a-z]+-[0-9a-f]+)?")
+
+
+def is_own_folder(name: str) -> bool:
+    """Whether ``name`` is one of :data:`OWN_FOLDERS` or a checkpoint's step folder (hidden ones
+    too)."""
+    return name in OWN_FOLDERS or _STEP_FOLDER.fullmatch(name) is not None
+
+
+never_follow(is_own_folder)
 
 MARKERS = (RESULT, CONFIG, LAUNCHER_LOG, LOGS, SLURM_JOB)
 """What a launch leaves in its run directory: any of them means the directory holds a run."""

@@ -12,12 +12,12 @@ file of those directories (``tests/test_safe_readers.py`` scans for one).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import secrets
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +32,8 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "check_output_path",
+    "never_follow",
+    "open_log",
     "open_regular",
     "read_bytes",
     "read_json",
@@ -63,37 +65,109 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     """Write ``text`` to ``path`` so readers see the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, text.encode())
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a new temp file renamed over it: a link at ``path`` is
-    replaced, never written through."""
+    replaced, never written through, and a link in place of one of the run's own folders
+    (``logs/``) is refused (``OSError`` ``ELOOP``)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder = _open_folder(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        where = {} if folder is None else {"dir_fd": folder}
+        base = path if folder is None else Path(path.name)
+        tmp = base.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, **where)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, base, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, **where)
+            raise
+    finally:
+        if folder is not None:
+            os.close(folder)
 
 
 def atomic_write_json(path: Path | str, data: Any) -> None:
     """JSON-encode ``data`` (indent 2, keys in order given) and write it atomically."""
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+_OWN_FOLDER: list[Callable[[str], bool]] = [lambda name: False]
+"""Whether a folder name is one a run, sweep, tune or drill makes inside itself (``logs``,
+``checkpoints``, ``step_N``...): :mod:`.files`, which names them, sets it at import."""
+
+
+def never_follow(is_own_folder: Callable[[str], bool]) -> None:
+    """Set which folder names are a tool directory's own: a link in their place is never
+    followed, for a read or a write (:mod:`.files` calls this once)."""
+    _OWN_FOLDER[0] = is_own_folder
+
+
+class _LinkedFolder(OSError):
+    """A folder of a run's own (``logs/``) that is a symbolic link."""
+
+
+def _open_folder(path: Path) -> int | None:
+    """An fd on ``path``'s folder, reached without following a link in place of one of the run's
+    own folders (``RUN/logs`` -> ``/etc``), or None when the path has none of them.
+
+    The folder above them (the run directory, wherever the user put it) is opened as it is
+    (it may be a link the user made); each own folder below it is opened relative to its
+    parent with ``O_NOFOLLOW``, so a link swapped in meanwhile is refused as well.
+    """
+    own: list[str] = []
+    folder = path.parent
+    while folder.name and _OWN_FOLDER[0](folder.name):
+        own.append(folder.name)
+        folder = folder.parent
+    if not own:
+        return None
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for name in reversed(own):
+        try:
+            inner = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(folder / name):
+                why = f"its folder {folder / name} is a symbolic link (refusing to follow it)"
+                raise _LinkedFolder(errno.ELOOP, why, str(path)) from None
+            raise
+        finally:
+            os.close(fd)
+        fd, folder = inner, folder / name
+    return fd
+
+
+def _open_in_folder(path: Path, flags: int, mode: int = 0o777) -> int:
+    """``os.open(path, flags | O_NOFOLLOW)``, its folders checked by :func:`_open_folder`."""
+    folder = _open_folder(path)
+    if folder is None:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    try:
+        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def open_log(path: Path | str) -> int:
+    """An fd appending to the log ``path``: owner-only (``0600``, whatever the umask or an older
+    mode), never through a link, for a child's output (a tune round's, a drill run's)."""
+    fd = _open_in_folder(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_regular(path: Path | str) -> int:
@@ -105,9 +179,11 @@ def open_regular(path: Path | str) -> int:
     that fails for another reason.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = _open_in_folder(Path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise
+    except _LinkedFolder as exc:
+        raise UnreadableFile(path, exc.strerror) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             why = "a symbolic link, not a regular file (refusing to follow it)"

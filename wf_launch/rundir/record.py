@@ -141,6 +141,10 @@ def _run_id_of(run_dir: Path | str) -> str | None:
         return None
 
 
+_NOT_FIELDS = ("status", "final", "extra", "format_version", "unwritten")
+"""What :meth:`RunRecord.to_json` writes otherwise, or never."""
+
+
 class RecordError(ValueError):
     """A ``result.json`` that cannot be read as a run record (truncated, not JSON, foreign)."""
 
@@ -182,6 +186,8 @@ class RunRecord:
     final: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     format_version: int = files.FORMAT_VERSION
+    unwritten: str | None = field(default=None, compare=False)
+    """Why :meth:`finalize` could not write the record (a full disk); never saved."""
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -209,7 +215,7 @@ class RunRecord:
             files.FORMAT_VERSION
         )  # what this code writes, whatever version it read
         for f in fields(self):
-            if f.name in ("status", "final", "extra", "format_version"):
+            if f.name in _NOT_FIELDS:
                 continue
             value = getattr(self, f.name)
             if value is None or value == [] or value == {}:
@@ -231,7 +237,7 @@ class RunRecord:
             raise RecordError(
                 where, f"unknown status {data.get('status')!r}; known: {[str(s) for s in Status]}"
             ) from None
-        known = {f.name for f in fields(cls)} - {"status", "final", "extra", "format_version"}
+        known = {f.name for f in fields(cls)} - set(_NOT_FIELDS)
         values = {k: data[k] for k in known if k in data}
         version = data.get("format_version", 0)  # a record from before the format was versioned
         if not (is_int(version) and version >= 0):
@@ -295,7 +301,9 @@ class RunRecord:
         ``facts`` are record fields (``run_dir`` too) or extra fields. A dict fact is merged into
         the same dict of the existing record
         (``timings``); anything else replaces it. A non-ok status drops rank 0's
-        ``finished_at`` (the launcher's time is used instead).
+        ``finished_at`` (the launcher's time is used instead). A record that cannot be written
+        (a full disk) is returned with :attr:`unwritten` saying why, never raised: the launcher
+        still ends and prints its root cause.
         """
         try:
             record = cls.read(run_dir)
@@ -322,7 +330,10 @@ class RunRecord:
         if record.run_id is None:
             record.run_id = _run_id_of(run_dir)
         record.final = True
-        record.write(run_dir)
+        try:
+            record.write(run_dir)
+        except OSError as exc:  # a full disk: the launcher still ends, and says so in one line
+            record.unwritten = f"could not write {cls.path(run_dir)} ({exc})"
         return record
 
 

@@ -32,7 +32,7 @@ import yaml
 
 from ...rank.progress import STEPS_ENV
 from ...rundir import files
-from ...rundir.io import atomic_write_text, read_yaml
+from ...rundir.io import atomic_write_text, open_log, read_yaml
 from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
@@ -269,7 +269,7 @@ class RoundRunner:
         log = files.tune_round_log(self.dir, self.index)
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, STEPS_ENV: "1"}
-        with open(log, "ab") as out:
+        with os.fdopen(open_log(log), "ab") as out:  # owner-only: a round's console output
             self.proc = subprocess.Popen(
                 self.argv,
                 stdout=out,

@@ -45,6 +45,7 @@ from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
+from ...rundir.space import disk_full, full_disk_error
 from ..base import LauncherConfig, LauncherHooks
 from ..interrupt import interrupted
 from ..registry import register_launcher
@@ -374,10 +375,18 @@ class _AttemptTracker:
         ``exit_codes``).
         """
         if self.current is not None:
-            attempts.close(
-                self.run_dir, self.current, self.world_size, attempts.cause_of_exits(exit_codes)
-            )
+            cause = attempts.cause_of_exits(exit_codes)
+            self._write(lambda: attempts.close(self.run_dir, self.current, self.world_size, cause))
         self.current = self.base + n
+
+    def _write(self, write: Any) -> Any:
+        """``write()``; None when the marker cannot be written (a full disk): the attempt records
+        are the launcher's notes, never a reason to lose the run's final record."""
+        try:
+            return write()
+        except OSError as exc:
+            logger.warning(f"could not write an attempt marker in {self.run_dir} ({exc})")
+            return None
 
     def close(self, ended_by: str, ctrl_c: bool = False) -> list[dict[str, Any]]:
         """The last attempt ended (``ended_by``, unless rank 0 said why): every attempt's entry.
@@ -385,10 +394,13 @@ class _AttemptTracker:
         ``ctrl_c``: the agent passed a Ctrl-C on to the ranks as SIGTERM (the stop flag's
         signal); the record calls the stop by its name.
         """
-        if self.current is not None:
-            marker = attempts.close(self.run_dir, self.current, self.world_size, ended_by)
-            if ctrl_c and marker.get("ended_by") == FORWARDED_CTRL_C:
-                attempts.update(self.run_dir, self.current, ended_by=CTRL_C_STOP)
+        current = self.current
+        if current is not None:
+            marker = self._write(
+                lambda: attempts.close(self.run_dir, current, self.world_size, ended_by)
+            )
+            if ctrl_c and marker is not None and marker.get("ended_by") == FORWARDED_CTRL_C:
+                self._write(lambda: attempts.update(self.run_dir, current, ended_by=CTRL_C_STOP))
         return attempts.collect(self.run_dir)
 
 
@@ -447,6 +459,7 @@ def _failed(
         summary = "run failed, but no rank left a failure record"
     else:
         cause, summary = explained
+    cause, summary = _note_full_disk(plan.run_dir, cause, summary)
     logger.debug(f"run failed: {summary}")
     record = RunRecord.finalize(
         plan.run_dir,
@@ -457,6 +470,19 @@ def _failed(
         timings={"wall_s": round(wall, 4)},
     )
     return RunOutcome.of(record, plan.run_dir, summary)
+
+
+def _note_full_disk(
+    run_dir: Any, cause: dict[str, Any], summary: str
+) -> tuple[dict[str, Any], str]:
+    """The cause and summary, saying the disk is full when it is and they do not already: a
+    rank on a full disk may have left no record, only its exit code."""
+    if "[Errno 28]" in str(cause.get("message")) or not disk_full(run_dir):
+        return cause, summary
+    full = str(full_disk_error(run_dir, "a rank may have failed for want of space"))
+    if cause.get("cause") == "unknown":
+        return {**cause, "cause": "disk_full", "type": "OSError", "message": full}, full
+    return {**cause, "disk_full": full}, f"{summary}\n  the disk is full: {full}"
 
 
 @register_launcher

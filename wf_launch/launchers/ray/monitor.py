@@ -145,9 +145,12 @@ class RayRun:
             att = Attempt(self, self.base + restart, restart)
             ended = self._attempt(att)
             if att.where:
-                attempts.close(
-                    self.run_dir, att.number, self.plan.world_size, ended.ended_by or ended.kind
-                )
+                try:
+                    attempts.close(
+                        self.run_dir, att.number, self.plan.world_size, ended.ended_by or ended.kind
+                    )
+                except OSError as exc:  # a full disk: the run is still recorded
+                    logger.warning(f"could not write an attempt marker in {self.run_dir} ({exc})")
             if (
                 ended.kind in ("failed", "preempted")
                 and restart < int(self.lc.max_restarts)

@@ -99,7 +99,8 @@ def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any
     last = attempts.count(run_dir) - 1
     if last >= 0:
         ended = "completed" if state.split()[0] == "COMPLETED" else f"SLURM {state}"
-        attempts.close(run_dir, last, world or 1, ended)
+        with contextlib.suppress(OSError):  # a full disk: the run is still recorded
+            attempts.close(run_dir, last, world or 1, ended)
     return {
         **job.get("info", {}),
         "slurm": {"job_id": job.get("job_id"), "state": state, "folder": job.get("folder")},

@@ -30,6 +30,7 @@ from ...rundir.checkpoints import (
     read_commit,
     step_name,
 )
+from ...rundir.space import disk_full, full_disk_error
 from .disk import Disk
 from .entries import Plan, classify, derive_rng, set_rng_states
 from .per_rank import check_present, read_payloads, resolve, restore, write_rank_file
@@ -244,20 +245,15 @@ class Checkpointer:
         layout = self.layout()
         token = self._from_rank0(uuid.uuid4().int >> 65)  # the same temp dir name on every rank
         tmp = self.root / f".{step_name(step)}.tmp-{token:016x}"
-        problem, sd = "", {}
+        error: BaseException | None = None
+        sd: dict[str, Any] = {}
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             write_rank_file(tmp, self._rank(), layout, plan)
             sd = global_state_dicts(plan)
-        except (
-            Exception
-        ) as e:  # agree before DCP's collectives, or the other ranks would hang in them
-            problem = _first_line(e)
-        if self._max(int(bool(problem))):
-            raise RuntimeError(
-                f"checkpoint step {step}: a rank could not write its per-rank state "
-                f"({problem or 'another rank failed'}); nothing was saved"
-            )
+        except Exception as e:  # agree before DCP's collectives, or the other ranks would hang
+            error = e
+        self._give_up_if_failed(step, tmp, error, "its per-rank state")
         commit = Commit(
             step=step, world_size=self._world(), layout=layout_dict(layout), entries=plan.entries()
         )
@@ -266,6 +262,7 @@ class Checkpointer:
     def _write_sharded(self, sd: dict[str, Any], commit: Commit, tmp: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.api import CheckpointException
 
         writer = FileSystemWriter(str(tmp), sync_files=True)
         group = self._dcp_group()
@@ -277,7 +274,12 @@ class Checkpointer:
             )
             self._pending = (future, commit, tmp)
             return
-        dcp.save(sd, storage_writer=writer, process_group=group, no_dist=not self._dist())
+        error: BaseException | None = None
+        try:
+            dcp.save(sd, storage_writer=writer, process_group=group, no_dist=not self._dist())
+        except (Exception, CheckpointException) as e:  # on every rank when one failed to write
+            error = e  # (a CheckpointException is a BaseException)
+        self._give_up_if_failed(commit.step, tmp, error, "its shards")
         self._commit(commit, tmp)
 
     def wait(self) -> None:
@@ -285,6 +287,8 @@ class Checkpointer:
         pending)."""
         if self._pending is None:
             return
+        from torch.distributed.checkpoint.api import CheckpointException
+
         future, commit, tmp = self._pending
         self._pending = None
         error = None
@@ -292,29 +296,57 @@ class Checkpointer:
             result = future.result()
             if hasattr(result, "upload_completion"):  # an AsyncSaveResponse
                 result.upload_completion.result()
-        except Exception as e:  # agree with the other ranks before raising
+        except (Exception, CheckpointException) as e:  # agree with the other ranks first
             error = e
-        self._commit(commit, tmp, failed=error is not None)
-        if error is not None:
-            raise error
+        self._give_up_if_failed(commit.step, tmp, error, "its shards")
+        self._commit(commit, tmp)
 
-    def _commit(self, commit: Commit, tmp: Path, failed: bool = False) -> None:
+    def _give_up_if_failed(
+        self, step: int, tmp: Path, error: BaseException | None, what: str
+    ) -> None:
+        """Collective: if any rank failed to write ``what`` of ``step``, remove ``tmp`` and raise on
+        every rank; nothing is committed, the last complete checkpoint stays.
+
+        Removing the partial checkpoint gives back the space a full disk needs for the run's
+        records; a full disk (on any rank) is raised as ``OSError(ENOSPC)`` naming the checkpoint
+        folder, the root cause the run's record keeps (DCP's own error would read ``unexpected
+        pos``).
+        """
+        full = int(error is not None and disk_full(self.root, error))
+        failed, full = self._max(int(error is not None), full)
+        if not failed:
+            return
+        if self._rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._max(0)
+        if full:
+            raise full_disk_error(
+                self.root, f"checkpoint step {step} not saved; the last complete one is kept"
+            ) from error
+        problem = _first_line(error) if error is not None else "another rank failed"
+        raise RuntimeError(
+            f"checkpoint step {step}: a rank could not write {what} ({problem}); "
+            "nothing was committed"
+        ) from error
+
+    def _commit(self, commit: Commit, tmp: Path) -> None:
         """Barrier, then rank 0 commits ``tmp`` (:meth:`.disk.Disk.commit`); every rank learns the
         outcome."""
-        if self._max(int(failed)):  # every rank has finished writing, or some rank failed
-            if self._rank() == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            self._max(0)
-            raise RuntimeError(
-                f"checkpoint step {commit.step}: a rank failed to write it; nothing was committed"
-            )
-        ok, message = 1, ""
+        self._max(0)  # every rank has finished writing
+        ok, message = 1, ""  # 1: committed, 0: not, 2: not, the disk being full
         if self._rank() == 0:
             try:
                 self._disk.commit(tmp, commit)
             except OSError as e:
-                ok, message = 0, _first_line(e)
-        if self._from_rank0(ok) != 1:
+                ok, message = 2 if disk_full(self.root, e) else 0, _first_line(e)
+                shutil.rmtree(tmp, ignore_errors=True)  # never moved in place: not a checkpoint
+        ok = self._from_rank0(ok)
+        if ok == 2:
+            raise full_disk_error(
+                self.root,
+                f"checkpoint step {commit.step} not committed; the last complete one is kept",
+            )
+        if ok != 1:
             raise RuntimeError(
                 f"checkpoint step {commit.step}: rank 0 could not commit {tmp}"
                 f"{': ' + message if message else ''}"

@@ -106,7 +106,9 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
             sorted(
                 d.name
                 for d in sweep_dir.iterdir()
-                if d.is_dir() and any((d / m).exists() for m in files.MARKERS)
+                if d.is_dir()
+                and not d.is_symlink()
+                and any((d / m).exists() for m in files.MARKERS)
             )
             if sweep_dir.is_dir()
             else []

@@ -23,6 +23,7 @@ from typing import Any
 from worldfoundry.core.distributed.topology import DIMS
 from worldfoundry.core.validation import is_int, is_number
 
+from ...config.redact import redact_text
 from ...rundir import files
 from ...rundir.io import read_yaml
 from ...rundir.record import RecordError, RunRecord, Status
@@ -179,7 +180,7 @@ def _point(job_dir: Path) -> dict[str, Any]:
         return {
             "job": _job_num(job_dir),
             "status": UNREADABLE,
-            "overrides": _hydra_overrides(job_dir),
+            "overrides": redact_text(_hydra_overrides(job_dir)),
             **_layout({}, job_dir),
             "wall_s": None,
             "failure": printable(exc),
@@ -192,9 +193,11 @@ def _point(job_dir: Path) -> dict[str, Any]:
     return {
         "job": _job_num(job_dir),
         "status": result.get("status") or INCOMPLETE,
-        "overrides": " ".join(str(o) for o in overrides)
-        if overrides is not None
-        else _hydra_overrides(job_dir),
+        "overrides": redact_text(  # shown in the report's tables and charts
+            " ".join(str(o) for o in overrides)
+            if overrides is not None
+            else _hydra_overrides(job_dir)
+        ),
         **_layout(result, job_dir),
         "wall_s": wall if is_number(wall) else None,
         "failure": failure_text(result) if result.get("status") != "ok" else "",
@@ -219,6 +222,7 @@ def collect_points(sweep_dir: Path | str) -> list[dict[str, Any]]:
         _point(d)
         for d in sorted(sweep_dir.iterdir())
         if d.is_dir()
+        and not d.is_symlink()  # a point is the sweep's own folder, never a link out of it
         and not d.name.startswith(".")
         and ((d / files.HYDRA).is_dir() or RunRecord.path(d).is_file())
     ]
@@ -229,7 +233,7 @@ def collect_points(sweep_dir: Path | str) -> list[dict[str, Any]]:
                 {
                     "job": num,
                     "status": NOT_RUN,
-                    "overrides": " ".join(overrides),
+                    "overrides": redact_text(" ".join(overrides)),
                     **{d: None for d in DIMS},
                     "world": None,
                     "wall_s": None,
