@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,6 +38,7 @@ from ...observe.rootcause import explain_failure
 from ...observe.stacks import describe_groups, group_spots, spot_of
 from ...observe.watch import RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
+from ...rank.ft import ft_enabled
 from ...rank.task_registry import task_preload
 from ...rundir import attempts, files
 from ...rundir.environment import record_environment
@@ -47,6 +49,7 @@ from ...rundir.resume import resume_hint
 from ..base import LauncherConfig, LauncherHooks
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
+from .replicas import launch_replicas
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -254,11 +257,15 @@ def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
     return _launch_config(plan, method), spec, method
 
 
-def launch(plan: LaunchPlan) -> RunOutcome:
+def launch(
+    plan: LaunchPlan, on_restart: Callable[[int, dict[int, int]], None] | None = None
+) -> RunOutcome:
     """Start every rank, wait for them, and record the outcome in the run directory.
 
     Ctrl-C or SIGTERM at any point (the task's modules still importing, the ranks starting or
-    running) ends with an ``interrupted`` record that says how to resume.
+    running) ends with an ``interrupted`` record that says how to resume. ``on_restart(n,
+    exit_codes)``: called before the ranks' ``n``-th restart with the failed ranks' exit codes
+    (``ft=torchft`` records a replica group's failures with it).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -269,7 +276,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     info: dict[str, Any] = plan.run_info()
     t0 = time.time()
     try:
-        _start_and_wait(plan, info, tracker)
+        _start_and_wait(plan, info, tracker, on_restart)
     except PortInUse as exc:
         return _port_in_use(plan, info, exc)
     except RanksFailed as exc:
@@ -297,7 +304,12 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     return RunOutcome.of(record, plan.run_dir)
 
 
-def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker) -> None:
+def _start_and_wait(
+    plan: LaunchPlan,
+    info: dict[str, Any],
+    tracker: _AttemptTracker,
+    on_restart: Callable[[int, dict[int, int]], None] | None = None,
+) -> None:
     """Preload, record the environment, start the ranks on the agent and wait for them (raises how
     it ended).
     """
@@ -339,10 +351,23 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
             gate=gate,
             loopback_only=plan.launcher_config.loopback_only,
             watch=watch,
-            on_start=tracker.on_start,
+            on_start=tracker.on_start if on_restart is None else _both(tracker, on_restart),
         )
     finally:
         monitor.stop()
+
+
+def _both(
+    tracker: _AttemptTracker, on_restart: Callable[[int, dict[int, int]], None]
+) -> Callable[[int, dict[int, int]], None]:
+    """The agent's start hook: the attempt record, and on a restart ``on_restart``."""
+
+    def on_start(n: int, exit_codes: dict[int, int]) -> None:
+        if n > 0:
+            on_restart(n, exit_codes)
+        tracker.on_start(n, exit_codes)
+
+    return on_start
 
 
 FORWARDED_CTRL_C = "stop flag: SIGTERM"
@@ -488,6 +513,7 @@ class LocalLauncher(LauncherHooks):
     name: ClassVar[str] = "local"
     config_class: ClassVar[type[LauncherConfig]] = LocalLauncherConfig
     drill_kinds: ClassVar[tuple[str, ...]] = ("kill9", "sigterm")
+    supports_ft: ClassVar[bool] = True
 
     def validate(self, cfg: LocalLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         cfg.check(layout.world_size)
@@ -497,4 +523,6 @@ class LocalLauncher(LauncherHooks):
         return describe(plan)
 
     def launch(self, plan: LaunchPlan) -> RunOutcome:
+        if ft_enabled(plan.config):
+            return launch_replicas(plan, launch)
         return launch(plan)
