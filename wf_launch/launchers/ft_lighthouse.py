@@ -1,7 +1,7 @@
 """torchft's Lighthouse, run and supervised by the launcher (``ft=torchft ft.lighthouse=null``).
 
 The Lighthouse forms a quorum of the replica groups at every step. It runs in a process of its
-own (``python -m wf_launch.launchers.ft_lighthouse``), on loopback, and the launcher restarts it
+own (this file, run as a script), on loopback, and the launcher restarts it
 on the same port when it dies: the replica groups' Managers keep heartbeating to that address and
 retry a quorum request that failed
 (:data:`wf_launch.rank.ft.QUORUM_RETRIES` times), so the run goes on. A step in flight
@@ -12,6 +12,8 @@ next quorum waits for the new one.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import os
 import signal
 import subprocess
@@ -52,8 +54,7 @@ class Lighthouse:
         hb_ms = int(float(self.ft.heartbeat_timeout_s) * 1000)
         cmd = [
             sys.executable,
-            "-m",
-            __name__,
+            __file__,  # a script of the standard library and torchft's native module: fast
             f"--bind={LOOPBACK}:{self.port}",
             f"--min-replicas={self.ft.min_replicas}",
             f"--heartbeat-timeout-ms={hb_ms}",
@@ -112,6 +113,25 @@ def _first_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
     return out[0] if out else ""
 
 
+def _native() -> Any:
+    """torchft's native module alone: ``torchft.coordination`` would import torch first (seconds
+    of a restart the replica groups wait through; this takes a tenth of one)."""
+    package = importlib.util.find_spec("torchft")
+    if package is None or package.origin is None:
+        raise ModuleNotFoundError("torchft is not installed: pip install 'worldfoundry-launch[ft]'")
+    where = Path(package.origin).parent
+    path = next(where.glob("_torchft*.so"), None)
+    if path is None:  # another build: the usual way
+        import torchft.coordination as coordination
+
+        return coordination
+    loader = importlib.machinery.ExtensionFileLoader("torchft._torchft", str(path))
+    spec = importlib.util.spec_from_file_location("torchft._torchft", path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve a Lighthouse until stdin closes (the launcher ended) or SIGTERM; print its port."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -120,9 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heartbeat-timeout-ms", type=int, required=True)
     parser.add_argument("--join-timeout-ms", type=int, required=True)
     args = parser.parse_args(argv)
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(
+    server = _native().LighthouseServer(
         bind=args.bind,
         min_replicas=args.min_replicas,
         join_timeout_ms=args.join_timeout_ms,
