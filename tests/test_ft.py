@@ -297,3 +297,20 @@ def test_a_lighthouse_that_dies_is_restarted_and_the_run_goes_on(tmp_path):
     assert ft["lighthouse_restarts"] == 1
     assert ft["steps_completed"] == {"0": 20, "1": 20}
     assert ft["weights_equal"] is True
+
+
+def test_runs_marks_a_run_that_recovered_and_counts_every_replica_group(tmp_path):
+    from wf_launch.readers.runs import list_runs, render
+    from wf_launch.rundir.record import RunRecord
+
+    sizes = {"tp": 1, "cp": 1, "pp": 1, "dp": 2}
+    ft = {"replicas": 2, "min_replicas": 1, "recoveries": [{"replica": 1, "rank": 0}]}
+    for name, section in (("healed", ft), ("quiet", {**ft, "recoveries": []})):
+        (tmp_path / name).mkdir()
+        RunRecord.finalize(tmp_path / name, "ok", task="train", layout=sizes, ft=section)
+    rows = {Path(r.run_dir).name: r for r in list_runs([tmp_path])}
+    assert rows["healed"].recovered == 1 and rows["quiet"].recovered == 0
+    assert rows["healed"].layout == "2x1/1/1/2" and rows["healed"].world == 4
+    table = render(list(rows.values()))
+    assert "ok, recovered 1x" in table
+    assert table.count("recovered 1x") == 1
