@@ -252,6 +252,11 @@ def test_the_failed_replica_group_alone_restarts_and_heals_from_its_peer(killed)
     assert 0 < rec["seconds_to_rejoin"] < 120
     events = (killed["run_dir"] / "replicas" / "1" / "ft_events.jsonl").read_text()
     assert '"event": "healed"' in events
+    from wf_launch.launchers.ft_record import ft_status_lines  # what `status` shows
+
+    lines = ft_status_lines(killed["run_dir"])
+    assert lines[0].startswith(f"replica group 0: step {STEPS}, quorum of 2 replica group(s)")
+    assert "healed to step" in lines[1] and lines[1].endswith("(1 restart(s))")
 
 
 @pytest.mark.slow

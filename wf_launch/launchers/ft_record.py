@@ -22,7 +22,7 @@ from typing import Any
 from ..rundir import files
 from ..rundir.record import RecordError, RunRecord
 
-__all__ = ["compose_ft", "last_step", "read_events", "read_steps"]
+__all__ = ["compose_ft", "ft_status_lines", "last_step", "read_events", "read_steps"]
 
 CASCADE_WINDOW_S = 5.0
 """Beyond the cross-replica timeout: a failure this soon after another group's counts as its
@@ -202,3 +202,30 @@ def compose_ft(
     if failures:
         facts["failure"] = failures[0]
     return section, facts
+
+
+def _group_line(replica_dir: Path, k: int) -> str:
+    steps = read_steps(replica_dir)
+    events = read_events(replica_dir)
+    failures = [e for e in events if e.get("event") == "failed"]
+    last = events[-1] if events else {}
+    where = f"step {steps[-1][1]}" if steps else "not stepping yet"
+    if steps and steps[-1][2] is not None:
+        where += f", quorum of {steps[-1][2]} replica group(s)"
+    if last.get("event") == "failed":
+        where += f" - restarting after a failure at step {last.get('failed_at_step')}, to heal"
+    elif last.get("event") == "healed":
+        where += f" - healed to step {last.get('step')}"
+    if failures:
+        where += f" ({len(failures)} restart(s))"
+    return f"replica group {k}: {where}"
+
+
+def ft_status_lines(run_dir: Path) -> list[str]:
+    """Under ``ft=torchft``: each replica group's step, the quorum it stepped in, and whether it is
+    restarting or healed (``status`` shows them)."""
+    root = files.ft_replica_dir(run_dir, 0).parent
+    if not root.is_dir():
+        return []
+    groups = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+    return [_group_line(files.ft_replica_dir(run_dir, k), k) for k in groups]

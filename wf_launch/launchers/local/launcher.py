@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
@@ -47,6 +48,7 @@ from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
 from ...rundir.resume import resume_hint
 from ..base import LauncherConfig, LauncherHooks
+from ..ft_record import ft_status_lines
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
 from .replicas import launch_replicas
@@ -539,6 +541,10 @@ class LocalLauncher(LauncherHooks):
 
     def describe(self, plan: LaunchPlan) -> str:
         return describe(plan)
+
+    def status_details(self, run_dir: Path) -> list[str]:
+        """Under ``ft=torchft``: each replica group's step, quorum and recovery."""
+        return ft_status_lines(run_dir)
 
     def launch(self, plan: LaunchPlan) -> RunOutcome:
         if ft_enabled(plan.config):
