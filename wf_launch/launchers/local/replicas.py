@@ -51,6 +51,10 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
     config = copy.deepcopy(plan.config)
     config["launcher"]["max_restarts"] = ft.max_replica_restarts
     config["launcher"]["rdzv_port"] = 0
+    if not config["launcher"].get("threads_per_rank"):
+        # the cores are shared by every replica group's ranks, not each group's alone
+        ranks = ft.replicas * plan.world_size
+        config["launcher"]["threads_per_rank"] = max(1, (os.cpu_count() or 1) // ranks)
     replica_dir = files.ft_replica_dir(plan.run_dir, k)
     replica_dir.mkdir(parents=True, exist_ok=True)
     for name in (files.RUN_ID, files.CONFIG):
