@@ -319,3 +319,24 @@ def test_runs_marks_a_run_that_recovered_and_counts_every_replica_group(tmp_path
     table = render(list(rows.values()))
     assert "ok, recovered 1x" in table
     assert table.count("recovered 1x") == 1
+
+
+@pytest.mark.slow
+def test_sigterm_saves_every_group_and_a_resume_ends_with_equal_weights(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["task.steps=30", "task.step_sleep_s=0.2"]
+    proc = _launch(run_dir, *args)
+    _wait_step(proc, run_dir, 1, 6)
+    os.kill(proc.pid, signal.SIGTERM)
+    first = _finish(proc, run_dir)
+    assert first["rc"] == 143, first["out"][-3000:]
+    assert first["record"]["status"] == "interrupted"
+    assert "continue it from its checkpoint of step" in first["out"]
+    for k in (0, 1):
+        assert list((run_dir / "replicas" / str(k) / "checkpoints").glob("step_*"))
+    done = _finish(_launch(run_dir, *args, "launcher.resume=true"), run_dir)
+    assert done["rc"] == 0, done["out"][-3000:]
+    ft = done["record"]["ft"]
+    assert ft["steps_completed"] == {"0": 30, "1": 30}
+    assert ft["weights_equal"] is True
+    assert done["record"]["results"]["0"]["resumed_from"] >= 6

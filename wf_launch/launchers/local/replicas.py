@@ -200,7 +200,7 @@ def _record(
     if signal_name is not None:
         status = Status.INTERRUPTED
         summary = f"interrupted by {signal_name}: every replica group was stopped"
-        hint = resume_hint(plan.run_dir, plan.overrides)
+        hint = resume_hint(plan.run_dir, plan.overrides, files.ft_replica_dir(plan.run_dir, 0))
         summary += f"\n  {hint}" if hint else ""
         facts["failure"] = {"cause": "interrupt", "signal": signal_name, "message": summary}
     elif failed:
