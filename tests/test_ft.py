@@ -286,6 +286,7 @@ def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
     assert record["status"] == "failed"
     assert record["failure"]["replica"] in (0, 1)
     assert record["failure"]["message"].startswith("replica group ")
+    assert "no quorum of ft.min_replicas=2 replica group(s)" in record["failure"]["message"]
     assert record["ft"]["exit_codes"]["1"] != 0 and record["ft"]["exit_codes"]["0"] != 0
     assert max(_steps(run_dir, 0)) < 400
 
@@ -340,3 +341,30 @@ def test_sigterm_saves_every_group_and_a_resume_ends_with_equal_weights(tmp_path
     assert ft["steps_completed"] == {"0": 30, "1": 30}
     assert ft["weights_equal"] is True
     assert done["record"]["results"]["0"]["resumed_from"] >= 6
+
+
+@pytest.mark.parametrize(
+    ("inject", "message"),
+    [
+        ("kill9:replica2@8", "replica2 does not exist: ft.replicas=2"),
+        ("hang:replica1@8", "hang is not drilled under ft=torchft"),
+        ("kill9@8", "expected KIND:replicaK@STEP"),
+    ],
+)
+def test_the_ft_drill_refuses_a_bad_injection_with_exit_2(tmp_path, capsys, inject, message):
+    from wf_launch.drivers.drill import main
+
+    argv = ["task=train", "ft=torchft", "--inject", inject, "--dir", str(tmp_path / "d")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_ft_drill_plans_the_kill_it_was_asked_for(capsys):
+    from wf_launch.drivers.drill import main
+
+    argv = ["task=train", "ft=torchft", "--inject", "kill9:replica1.rank1@8", "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "kill -9 of rank 1 of replica1 at its step 8" in out
+    assert "ft.max_replica_restarts=1" in out

@@ -801,8 +801,9 @@ def _ft_drill(args: argparse.Namespace) -> int:
                 "ft=torchft: give --inject KIND:replicaK@STEP (e.g. kill9:replica1@8), on "
                 "--backend local, without --random or --resume-with"
             )
+        plan = describe_ft_drill(args.overrides, args.inject)  # bad injections: before any file
         if args.dry_run:
-            print(describe_ft_drill(args.overrides, args.inject))
+            print(plan)
             return 0
         directory = (args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")).absolute()
         held = _claim(directory)

@@ -35,6 +35,7 @@ __all__ = [
     "FtSession",
     "append_event",
     "ft_enabled",
+    "no_quorum",
     "replica_id",
 ]
 
@@ -59,6 +60,16 @@ def ft_enabled(config: dict[str, Any]) -> bool:
 def replica_id() -> int:
     """This rank's replica group (``$WF_FT_REPLICA``; 0 when unset)."""
     return int(os.environ.get(FT_REPLICA_ENV, "0") or 0)
+
+
+def no_quorum(config: dict[str, Any], exc: BaseException) -> TimeoutError:
+    """The error of a replica group that found no quorum: which setting it waited for, and why."""
+    ft = config["ft"]
+    return TimeoutError(
+        f"no quorum of ft.min_replicas={ft['min_replicas']} replica group(s) formed within "
+        f"ft.quorum_timeout_s={ft['quorum_timeout_s']} ({QUORUM_RETRIES + 1} tries; the other "
+        f"groups failed, or the Lighthouse is gone): {type(exc).__name__}: {exc}"
+    )
 
 
 def append_event(replica_dir: Path | str, **event: Any) -> None:
