@@ -61,9 +61,7 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
         src = plan.run_dir / name
         if src.exists() and not (replica_dir / name).exists():
             shutil.copyfile(src, replica_dir / name)
-    plan_k = replace(plan, config=config, run_dir=replica_dir)
-    plan_k.__dict__.pop("launcher_config", None)  # a cached_property of the parent's plan
-    return plan_k
+    return replace(plan, config=config, run_dir=replica_dir)
 
 
 def _die_with_launcher() -> None:
