@@ -5,8 +5,8 @@ directories (``RUN_DIR/replicas/{k}``).
   ``global_rank``), ``cause`` (the signal or exit code), ``failed_at_step`` (its last step before
   the failure), ``rejoined_at_step`` (the step it healed to), ``seconds_to_rejoin`` (failure
   seen -> healed), ``healed_from`` (the replica group that sent the state);
-- ``survivor_restarts``: restarts of replica groups that followed another group's failure within
-  the cross-replica timeout (a cascade; the goal is 0);
+- ``survivor_restarts``: restarts of replica groups, not by a signal, that followed another
+  group's failure within the cross-replica timeout (a cascade; the goal is 0);
 - ``steps_completed``, ``stepped_back`` (a replica group whose steps ever went down) and
   ``weights_sha256`` per replica group, and whether the final weights are equal.
 """
@@ -78,14 +78,15 @@ def _cause(code: int) -> str:
 
 
 def _addresses(run_dir: Path, replicas: int, ranks: int) -> dict[str, int]:
-    """Each rank's healing address -> its replica group (the addresses they last served on)."""
+    """Each rank's healing address (of every attempt) -> its replica group."""
     out: dict[str, int] = {}
     for k in range(replicas):
         for r in range(ranks):
             try:
-                out[files.ft_address(files.ft_replica_dir(run_dir, k), r).read_text().strip()] = k
+                text = files.ft_address(files.ft_replica_dir(run_dir, k), r).read_text()
             except OSError:
                 continue
+            out.update({line.strip(): k for line in text.splitlines() if line.strip()})
     return out
 
 
@@ -131,9 +132,12 @@ def _recoveries(run_dir: Path, k: int, ranks: int, where: dict[str, int]) -> lis
 
 
 def _survivor_restarts(recoveries: list[dict[str, Any]], window_s: float) -> int:
-    """Restarts that followed another replica group's failure within ``window_s``."""
+    """Restarts that followed another replica group's failure within ``window_s`` and were not
+    caused by a signal (a rank killed from outside is a failure of its own, not a cascade)."""
     n = 0
     for rec in recoveries:
+        if str(rec.get("cause", "")).startswith("SIG"):
+            continue
         if any(
             o["replica"] != rec["replica"] and 0 < rec["failed_at"] - o["failed_at"] <= window_s
             for o in recoveries

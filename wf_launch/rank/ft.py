@@ -9,7 +9,8 @@ comes back after a failure heals from a live peer through torchft's checkpoint t
 ``start_quorum``, never during a forward).
 
 What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section
-from these): each rank's transport address (``logs/rank{r}.ft_address``), and the replica's heal
+from these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``),
+and the replica's heal
 events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when a session
 starts.
 """
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
-from ..rundir.io import atomic_write_text
 
 __all__ = [
     "FT_REPLICA_ENV",
@@ -146,7 +146,8 @@ class FtSession:
         timeout = timedelta(seconds=float(ft["timeout_s"]))
         _clear_stale_manager_keys(group, rank)
         self.transport = _recording_transport(timeout, self.run_dir, rank, log)
-        atomic_write_text(files.ft_address(self.run_dir, rank), self.transport.metadata() + "\n")
+        with open(files.ft_address(self.run_dir, rank), "a") as f:  # one line per attempt
+            f.write(self.transport.metadata() + "\n")
         self.manager = torchft.Manager(
             pg=torchft.ProcessGroupGloo(timeout=timeout),
             load_state_dict=None,

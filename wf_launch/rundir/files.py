@@ -399,8 +399,8 @@ def ft_events(replica_dir: Path | str) -> Path:
 
 
 def ft_address(replica_dir: Path | str, rank: int) -> Path:
-    """Where rank ``rank`` of a replica group serves its state for healing peers (torchft's
-    checkpoint transport address)."""
+    """Where rank ``rank`` of a replica group served its state for healing peers (torchft's
+    checkpoint transport address), one line per attempt."""
     return _logs(replica_dir) / f"rank{rank}.ft_address"
 
 
