@@ -57,9 +57,9 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
         config["launcher"]["threads_per_rank"] = max(1, (os.cpu_count() or 1) // ranks)
     replica_dir = files.ft_replica_dir(plan.run_dir, k)
     replica_dir.mkdir(parents=True, exist_ok=True)
-    for name in (files.RUN_ID, files.CONFIG):
+    for name, keep in ((files.RUN_ID, True), (files.CONFIG, False)):  # the run's id stays
         src = plan.run_dir / name
-        if src.exists() and not (replica_dir / name).exists():
+        if src.exists() and not (keep and (replica_dir / name).exists()):
             shutil.copyfile(src, replica_dir / name)
     return replace(plan, config=config, run_dir=replica_dir)
 
