@@ -16,6 +16,7 @@ from worldfoundry.core.distributed.topology import Layout
 
 from .config.engine import EngineConfig
 from .config.fields import ConfigError, config_error
+from .config.ft import FtConfig
 from .config.redact import redact_overrides, redact_text
 from .config.tracking import TrackingConfig
 from .launchers import get_launcher
@@ -24,7 +25,7 @@ from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
 from .observe.interrupt import interrupted
 from .observe.live import final_line
-from .rank.task_registry import get_task, task_config_class
+from .rank.task_registry import get_task, task_config_class, task_supports_ft
 from .rundir import claim as rundir_claim
 from .rundir import files
 from .rundir.identity import ensure_run_id
@@ -76,7 +77,32 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
         raise ConfigError(str(exc.args[0])) from None
     task_config_class(task["name"]).from_task_config(task, engine)
     TrackingConfig.from_dict(cfg.get("tracking"))
+    _validate_ft(cfg, launcher)
     return layout
+
+
+def _validate_ft(cfg: dict[str, Any], launcher: Any) -> None:
+    """``ft``: its fields, a task that steps through torchft and a launcher that runs replica
+    groups.
+    """
+    ft = FtConfig.from_dict(cfg.get("ft"))
+    if not ft.enabled:
+        return
+    task = cfg["task"]["name"]
+    if not task_supports_ft(task):
+        raise config_error(
+            "ft",
+            ft.name,
+            f"task {task!r} does not step through torchft's Manager: use a task registered "
+            "with register_task(..., ft=True) (task=train), or ft=none",
+        )
+    if not launcher.supports_ft:
+        raise config_error(
+            "ft",
+            ft.name,
+            f"launcher={launcher.name} does not run replica groups yet: use launcher=local, "
+            "or ft=none",
+        )
 
 
 def _resolved(cfg: DictConfig) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from .engine import EngineConfig
+from .ft import FtConfig
 from .tracking import TrackingConfig
 
 __all__ = ["RunConfig"]
@@ -20,9 +21,10 @@ __all__ = ["RunConfig"]
 
 @dataclass
 class RunConfig:
-    """The whole run: ``engine``, ``launcher``, ``task`` and ``tracking``."""
+    """The whole run: ``engine``, ``launcher``, ``task``, ``tracking`` and ``ft``."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     launcher: Any = MISSING
     task: Any = MISSING
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    ft: FtConfig = field(default_factory=FtConfig)

@@ -72,6 +72,7 @@ from ..rundir.io import atomic_write_json, open_log
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
+from .drill_ft import FtDrillError, describe_ft_drill, run_ft_drill, wants_ft
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -688,7 +689,8 @@ def _parser() -> argparse.ArgumentParser:
         "--inject",
         metavar="SPEC",
         help="comma-separated KIND@STEP: kill9[:RANK]@STEP and "
-        "sigterm@STEP (local), usr2@STEP (slurm), kill9[:RANK]@STEP and nodekill[:RANK]@STEP (ray)",
+        "sigterm@STEP (local), usr2@STEP (slurm), kill9[:RANK]@STEP and nodekill[:RANK]@STEP "
+        "(ray); under ft=torchft kill9:replicaK@STEP or kill9:replicaK.rankR@STEP",
     )
     how.add_argument(
         "--random",
@@ -775,6 +777,8 @@ def _plan(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if wants_ft(args.overrides):
+        return _ft_drill(args)
     try:
         overrides, injections, resume_with, atol = _plan(args)
         if args.dry_run:
@@ -787,6 +791,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with held:
         return _drill(args, directory, overrides, injections, resume_with, atol)
+
+
+def _ft_drill(args: argparse.Namespace) -> int:
+    """``ft=torchft``: kill a rank of one replica group (:mod:`.drill_ft`)."""
+    try:
+        _check_overrides(args.overrides)
+        if not args.inject or args.backend != "local" or args.resume_with:
+            raise DrillError(
+                "ft=torchft: give --inject KIND:replicaK@STEP (e.g. kill9:replica1@8), on "
+                "--backend local, without --random or --resume-with"
+            )
+        plan = describe_ft_drill(args.overrides, args.inject)  # bad injections: before any file
+        if args.dry_run:
+            print(plan)
+            return 0
+        directory = (args.dir or Path("drills") / time.strftime("%Y%m%d-%H%M%S")).absolute()
+        held = _claim(directory)
+    except (DrillError, FtDrillError) as exc:
+        print(f"wf_launch.drill: {exc}", file=sys.stderr)
+        return 2
+    with held:
+        try:
+            return run_ft_drill(args.overrides, args.inject, directory, args.timeout, args.atol)
+        except FtDrillError as exc:
+            print(f"wf_launch.drill: {exc}", file=sys.stderr)
+            return 2
 
 
 def _claim(directory: Path) -> RunDirClaim:

@@ -149,6 +149,8 @@ class LauncherHooks:
     launcher's runs: ``kill9`` (:meth:`kill_rank`), ``sigterm`` (to the launch process, which
     stops its ranks), ``usr2`` (:meth:`signal_ranks` with SIGUSR2), ``nodekill``
     (:meth:`kill_node`). None by default: the drill refuses the launcher."""
+    supports_ft: ClassVar[bool] = False
+    """Whether the launcher runs ``ft=torchft`` (replica groups restarted one at a time)."""
 
     def status_label(self, run_dir: Path) -> str:
         """How ``status`` names the run: 'SLURM job 42'; by default '<launcher> run'."""

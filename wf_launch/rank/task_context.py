@@ -13,6 +13,7 @@ from worldfoundry.core.validation import is_int
 
 from ..config.layout import layout_of
 from ..rundir.identity import RUN_ID_ENV, read_run_id
+from .ft import FtSession, ft_enabled
 from .progress import ProgressReporter, publish_interval
 from .stop import StopFlag
 from .task_registry import task_config_class
@@ -50,6 +51,11 @@ class TaskContext:
     directory shared by all ranks; ``log`` a loguru logger bound to this rank. ``run_id`` is the
     run's stable id (``RUN_DIR/run_id``, also ``$WF_RUN_ID``): the same in every attempt, restart,
     requeue and resume of the run, e.g. to name the run in your own tracker.
+
+    ``ft`` is torchft's ``Manager`` under ``ft=torchft`` (None otherwise): the run is
+    ``ft.replicas`` replica groups, each its own world of this layout (``rank``, ``world_size``
+    and ``groups`` are the replica group's); ``ft_replica`` is this rank's replica group
+    (docs/fault-tolerance.md).
     """
 
     cfg: TaskConfig
@@ -68,6 +74,17 @@ class TaskContext:
     reporter: ProgressReporter | None = None
     stop: StopFlag | None = None
     _checkpointer: Checkpointer | None = field(default=None, repr=False)
+    ft_session: FtSession | None = field(default=None, repr=False)
+
+    @property
+    def ft(self) -> Any:
+        """torchft's Manager of this rank's replica group under ``ft=torchft``; else None."""
+        return self.ft_session.manager if self.ft_session is not None else None
+
+    @property
+    def ft_replica(self) -> int:
+        """This rank's replica group under ``ft=torchft`` (0 otherwise)."""
+        return self.ft_session.replica if self.ft_session is not None else 0
 
     def progress(self, step: int, total: int | None = None, **metrics: Any) -> None:
         """Report this rank's step (of ``total``) and metrics: cheap, never a collective.
@@ -153,6 +170,11 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
 
     task = dict(config.get("task", {}))
     run_id, reporter = _reporter(config, run_dir, world.rank, log)
+    session = (
+        FtSession(config, Path(run_dir), world.rank, world.world_size, world, log)
+        if ft_enabled(config)
+        else None
+    )
     return TaskContext(
         cfg=task_config_class(task["name"]).build(task),
         config=config,
@@ -169,6 +191,7 @@ def build_context(config: dict[str, Any], run_dir: Path, device: Any, log: Any) 
         run_id=run_id,
         reporter=reporter,
         stop=StopFlag(world.cpu_group),
+        ft_session=session,
     )
 
 

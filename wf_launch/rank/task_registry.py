@@ -26,6 +26,7 @@ __all__ = [
     "task_owns_group",
     "task_preload",
     "task_spec",
+    "task_supports_ft",
 ]
 
 TaskFn = Callable[[Any], dict[str, Any] | None]
@@ -43,6 +44,7 @@ class TaskSpec:
     config: type | None = None
     preload: tuple[str, ...] = ()
     own_group: bool = False
+    ft: bool = False
 
 
 _SPECS: dict[str, TaskSpec] = {}
@@ -58,7 +60,11 @@ ENTRY_POINT_GROUP = "wf_launch.tasks"
 
 
 def register_task(
-    name: str, config: type | None = None, preload: Iterable[str] = (), own_group: bool = False
+    name: str,
+    config: type | None = None,
+    preload: Iterable[str] = (),
+    own_group: bool = False,
+    ft: bool = False,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx) -> dict`` as task ``name`` (selected with ``task=name``).
 
@@ -79,6 +85,9 @@ def register_task(
     ``task=call``: code written for torchrun). The entrypoint then runs it without
     ``dist_init`` and with no groups in ``ctx``, tears down whatever group it left, and
     gathers the ranks' results through the run directory instead of a collective.
+
+    ``ft=True``: the task runs under ``ft=torchft`` (fault-tolerant replica groups): it steps
+    through ``ctx.ft``, torchft's Manager (docs/fault-tolerance.md). Other tasks are refused there.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_task: task name must be a non-empty string, got {name!r}")
@@ -105,7 +114,7 @@ def register_task(
                 f"task {name!r} is already registered by "
                 f"{existing.__module__}.{existing.__qualname__}"
             )
-        _SPECS[name] = TaskSpec(name, fn, config, modules, own_group)
+        _SPECS[name] = TaskSpec(name, fn, config, modules, own_group, ft)
         return fn
 
     return deco
@@ -174,3 +183,8 @@ def task_preload(name: str) -> tuple[str, ...]:
 def task_owns_group(name: str) -> bool:
     """Whether task ``name`` starts its own process group (``register_task(own_group=True)``)."""
     return task_spec(name).own_group
+
+
+def task_supports_ft(name: str) -> bool:
+    """Whether task ``name`` steps through torchft's Manager (``register_task(ft=True)``)."""
+    return task_spec(name).ft

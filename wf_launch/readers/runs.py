@@ -52,6 +52,8 @@ class RunRow:
     run_dir: str
     sweep: str
     problem: str = ""
+    recovered: int = 0
+    """Under ``ft=torchft``: how many times a replica group failed and rejoined."""
 
 
 def _walk(root: Path, depth: int = 0) -> Iterator[Path]:
@@ -87,6 +89,17 @@ def _layout_of(record: RunRecord | None, run_dir: Path) -> tuple[str, int | None
     for d in DIMS:
         world *= sizes[d]
     return "/".join(str(sizes[d]) for d in DIMS), world
+
+
+def _ft_marks(record: RunRecord, layout: str, world: int | None) -> tuple[int, str, int | None]:
+    """Under ``ft=torchft``: how often a replica group recovered, and the replica groups in the
+    layout and world ('2x1/1/1/2')."""
+    ft = record.extra.get("ft")
+    if not isinstance(ft, dict) or not isinstance(ft.get("replicas"), int):
+        return 0, layout, world
+    n = ft["replicas"]
+    recoveries = ft.get("recoveries") if isinstance(ft.get("recoveries"), list) else []
+    return len(recoveries), f"{n}x{layout}", None if world is None else n * world
 
 
 def _headline(record: RunRecord) -> str:
@@ -203,6 +216,7 @@ def _read_row(run_dir: Path) -> RunRow:
         if record.finished_at is not None and math.isfinite(record.finished_at)
         else None
     )
+    recovered, layout, world = _ft_marks(record, layout, world)
     return RunRow(
         finished or when,
         str(record.status),
@@ -214,6 +228,7 @@ def _read_row(run_dir: Path) -> RunRow:
         _headline(record),
         str(run_dir),
         _sweep_of(run_dir),
+        recovered=recovered,
     )
 
 
@@ -237,7 +252,7 @@ def render(rows: list[RunRow]) -> str:
             printable(c)
             for c in (
                 _when(r.when),
-                r.status,
+                f"{r.status}, recovered {r.recovered}x" if r.recovered else r.status,
                 r.task,
                 r.layout,
                 "" if r.world is None else r.world,

@@ -57,6 +57,10 @@ __all__ = [
     "attempt_file",
     "attempt_number",
     "config_path",
+    "ft_address",
+    "ft_events",
+    "ft_lighthouse_log",
+    "ft_replica_dir",
     "hydra_config",
     "hydra_job",
     "hydra_overrides",
@@ -398,3 +402,28 @@ def tune_round_dir(tune_dir: Path | str, round_index: int) -> Path:
 def tune_round_log(tune_dir: Path | str, round_index: int) -> Path:
     """The console output of a tune's round (its ``python -m wf_launch -m`` sweep)."""
     return Path(tune_dir) / TUNE_ROUNDS / f"r{round_index}.log"
+
+
+FT_REPLICAS = "replicas"
+"""``ft=torchft``: each replica group's own run directory is ``RUN_DIR/replicas/{k}``."""
+
+
+def ft_replica_dir(run_dir: Path | str, replica: int) -> Path:
+    """Replica group ``replica``'s run directory (its logs, checkpoints and record) under ``ft``."""
+    return Path(run_dir) / FT_REPLICAS / str(replica)
+
+
+def ft_events(replica_dir: Path | str) -> Path:
+    """A replica group's torchft events (starts, heals), one JSON object a line, by its rank 0."""
+    return Path(replica_dir) / "ft_events.jsonl"
+
+
+def ft_address(replica_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` of a replica group served its state for healing peers (torchft's
+    checkpoint transport address), one line per attempt."""
+    return _logs(replica_dir) / f"rank{rank}.ft_address"
+
+
+def ft_lighthouse_log(run_dir: Path | str) -> Path:
+    """The log of the Lighthouse the launcher started (``ft.lighthouse=null``)."""
+    return Path(run_dir) / "lighthouse.log"

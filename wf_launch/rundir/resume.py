@@ -36,9 +36,12 @@ def resume_command(run_dir: Path | str, overrides: list[str] | None = None) -> s
     return "python -m wf_launch " + " ".join(shlex.quote(a) for a in args)
 
 
-def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
+def resume_hint(
+    run_dir: Path | str, overrides: list[str] | None = None, saved_in: Path | None = None
+) -> str:
     """'continue it: python -m wf_launch ... launcher.resume=true ...' for a run that can go on,
-    else ''."""
+    else ''. ``saved_in``: the run directory whose checkpoints it resumes from, when not
+    ``run_dir`` (``ft=torchft``: the first replica group's)."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
@@ -47,7 +50,7 @@ def resume_hint(run_dir: Path | str, overrides: list[str] | None = None) -> str:
     if status not in RESUMABLE:
         return ""
 
-    found = complete_checkpoints(run_dir)
+    found = complete_checkpoints(saved_in or run_dir)
     start = (
         f"from its checkpoint of step {found[-1][0]}"
         if found

@@ -69,6 +69,7 @@ from worldfoundry.core.distributed.groups import GroupCoordinator
 from worldfoundry.core.distributed.pipeline import PPScheduler
 from worldfoundry.core.torch_private import DYNAMO_MODULE
 
+from ..rank.ft import no_quorum
 from ..rank.task_context import TaskContext
 from ..rank.task_registry import register_task
 from ._vdit import (
@@ -80,6 +81,7 @@ from ._vdit import (
     stage_blocks,
     timestep_embedding,
 )
+from .train_ft import average_gradients, init_optim_state, load_replica_state, replica_state
 from .train_memory import estimate_memory_gb
 
 __all__ = [
@@ -98,6 +100,7 @@ __all__ = [
     "state_sha256",
     "train",
     "train_step",
+    "train_step_ft",
 ]
 
 LOSSES = ("flow", "denoise")
@@ -425,6 +428,8 @@ class Trainer:
     back: Any = None
     global_batch: int = 0
     micro: int = 0
+    replica: int = 0
+    replicas: int = 1
 
     @property
     def state(self) -> dict[str, Any]:
@@ -537,7 +542,9 @@ def _forward_all(
     sends: list[Any] = []
     saved: list[tuple[Any, ...]] = []
     local_loss = 0.0
-    first = pl.dp_rank * t.micro * cfg.batch  # this replica's share of the step's global batch
+    # this data-parallel replica's share of the step's global batch (under ft, of its replica
+    # group's: replica group k trains on samples k * global_batch onwards)
+    first = (t.replica * pl.dp_size + pl.dp_rank) * t.micro * cfg.batch
     for m in range(t.micro):
         tt, xt, target = make_batch(cfg, step, first + m * cfg.batch, cfg.batch)
         if pl.first:
@@ -596,6 +603,55 @@ def train_step(t: Trainer, step: int, positions: torch.Tensor) -> float:
     return total.item() / (t.micro * t.place.dp_size * t.place.cp_size)
 
 
+def train_step_ft(t: Trainer, positions: torch.Tensor) -> tuple[int, float] | None:
+    """One step under ``ft=torchft``: (step, loss), or None when the quorum did not commit it.
+
+    The quorum first (a replica group that comes back heals here, between steps); then the
+    forward and backward as :func:`train_step`, the gradients averaged over the quorum's replica
+    groups, and the optimizer steps only if every replica group of the quorum commits.
+    """
+    manager = t.ctx.ft
+    try:
+        manager.start_quorum()
+    except TimeoutError as exc:
+        raise no_quorum(t.ctx.config, exc) from exc
+    step = t.progress["step"] + 1
+    t.opt.zero_grad(set_to_none=True)
+    saved, local_loss = _forward_all(t, step, positions)
+    _backward_all(t, saved)
+    average_gradients(manager, t.stage)
+    share = local_loss if (t.place.last and t.ctx.coords["tp"] == 0) else 0.0
+    total = torch.tensor([share], dtype=torch.float64)
+    dist.all_reduce(total, group=t.ctx.groups["world"].cpu_group)
+    if not manager.should_commit():
+        t.ctx.log.warning(f"train: step {step} not committed by the quorum; it runs again")
+        return None
+    t.opt.step()
+    t.updater.update_average(t.stage, t.ema, beta=float(t.cfg.ema_beta))
+    return step, total.item() / (t.micro * t.place.dp_size * t.place.cp_size)
+
+
+def _join_ft(t: Trainer) -> None:
+    """Under ``ft=torchft``: this rank's replica group, the state a healing peer gets, the step."""
+    manager = t.ctx.ft
+    t.replica, t.replicas = t.ctx.ft_replica, int(t.ctx.config["ft"]["replicas"])
+    init_optim_state(t.opt)
+    manager.register_state_dict_fn(
+        "train",
+        lambda state: load_replica_state(t.stage, t.ema, t.opt, t.progress, state),
+        lambda: replica_state(t.stage, t.ema, t.opt, t.progress),
+    )
+    manager.load_state_dict({"step": int(t.progress["step"]), "batches_committed": 0})
+
+
+def _one_step(t: Trainer, positions: torch.Tensor) -> tuple[int, float] | None:
+    """The next step, with or without ft: (step, loss), or None when ft did not commit it."""
+    if t.ctx.ft is not None:
+        return train_step_ft(t, positions)
+    step = t.progress["step"] + 1
+    return step, train_step(t, step, positions)
+
+
 def report(
     t: Trainer, resumed: int | None, stopped: bool, steps_run: int, elapsed: float
 ) -> dict[str, Any]:
@@ -646,6 +702,8 @@ def report(
         "layout": get_layout().sizes,
         "config": asdict(cfg),
     }
+    if t.ctx.ft is not None:
+        res["ft"] = {"replica": t.replica, "participants": t.ctx.ft.num_participants()}
     if cfg.check_reference and not stopped:
         res.update(_compare(cfg, t.global_batch, curve, full_w, full_e))
     ctx.log.info(
@@ -655,7 +713,7 @@ def report(
     return res
 
 
-@register_task("train", config=TrainConfig, preload=PRELOAD)
+@register_task("train", config=TrainConfig, preload=PRELOAD, ft=True)
 def train(ctx: TaskContext) -> dict[str, Any]:
     """Train under the run's CP x PP x DP layout, checkpoint, resume (at any layout); rank 0 reports
     the run.
@@ -672,6 +730,8 @@ def train(ctx: TaskContext) -> dict[str, Any]:
         )
     t = build(ctx, cfg)
     resumed = load(t)
+    if ctx.ft is not None:
+        _join_ft(t)
     positions = t.place.split.positions(t.place.cp_rank).to(ctx.device)
     progress, start_step, sleep_total, stopped, saved_at = (
         t.progress,
@@ -683,15 +743,17 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     ctx.groups["world"].barrier()
     t0 = time.perf_counter()
     while progress["step"] < cfg.steps:
-        step = progress["step"] + 1
-        loss = train_step(t, step, positions)
+        done = _one_step(t, positions)
         if cfg.step_sleep_s:
             time.sleep(cfg.step_sleep_s)
             sleep_total += cfg.step_sleep_s
+        if done is None:
+            continue
+        step, loss = done
         progress["step"] = step
         progress["loss_curve"].append(loss)
         progress["data"]["next_step"] = step + 1
-        ctx.progress(step, cfg.steps, loss=loss)
+        ctx.progress(step, cfg.steps, loss=loss, **_ft_metrics(t))
         stopped = ctx.should_stop()
         if stopped or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             ctx.checkpoint.save(step, t.state, scopes=SCOPES)
@@ -703,6 +765,13 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     if cfg.save_final and not stopped and saved_at != progress["step"]:
         ctx.checkpoint.save(progress["step"], t.state, scopes=SCOPES)
     return report(t, resumed, stopped, progress["step"] - start_step, elapsed)
+
+
+def _ft_metrics(t: Trainer) -> dict[str, Any]:
+    """Under ft: the step's quorum (replica groups in it) for metrics.jsonl and the live view."""
+    if t.ctx.ft is None:
+        return {}
+    return {"replicas": t.ctx.ft.num_participants(), "replica": t.replica}
 
 
 def reference_run(

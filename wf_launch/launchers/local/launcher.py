@@ -19,7 +19,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
@@ -39,6 +41,7 @@ from ...observe.live import progress_monitor
 from ...observe.rootcause import explain_failure
 from ...observe.watch import RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
+from ...rank.ft import ft_enabled
 from ...rank.task_registry import task_preload
 from ...rundir import attempts, files
 from ...rundir.environment import record_environment
@@ -47,9 +50,11 @@ from ...rundir.placement import read_placement
 from ...rundir.record import RunRecord, Status
 from ...rundir.space import disk_full, full_disk_error
 from ..base import LauncherConfig, LauncherHooks
+from ..ft_record import ft_status_lines
 from ..interrupt import interrupted
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
+from .replicas import launch_replicas
 
 if TYPE_CHECKING:
     from worldfoundry.core.distributed.topology import Layout
@@ -163,8 +168,26 @@ def describe(plan: LaunchPlan) -> str:
             f"max restarts  {lc.max_restarts}",
             f"run dir       {plan.run_dir}",
             f"rank logs     {files.rank_log(plan.run_dir, 0).parent}/rank{{0..{nproc - 1}}}.log",
+            *_describe_ft(plan),
         ]
     )
+
+
+def _describe_ft(plan: LaunchPlan) -> list[str]:
+    """Under ``ft=torchft``: the replica groups, their restarts and the Lighthouse."""
+    if not ft_enabled(plan.config):
+        return []
+    ft = plan.config["ft"]
+    n = int(ft["replicas"])
+    where = ft["lighthouse"] or "started by the launcher on 127.0.0.1 (restarted if it dies)"
+    return [
+        f"ft            torchft: {n} replica groups x {plan.world_size} rank(s) = "
+        f"{n * plan.world_size} ranks, min_replicas {ft['min_replicas']}; each group its own "
+        f"agent, store and groups in {files.ft_replica_dir(plan.run_dir, 0).parent}/{{0..{n - 1}}}",
+        f"              max_replica_restarts {ft['max_replica_restarts']} (per group; the "
+        "others keep stepping); launcher.max_restarts is not used",
+        f"lighthouse    {where}",
+    ]
 
 
 class _ToLoguru(logging.Handler):
@@ -264,11 +287,15 @@ def _prepare(plan: LaunchPlan) -> tuple[Any, RankSpec, str]:
     return _launch_config(plan, method), spec, method
 
 
-def launch(plan: LaunchPlan) -> RunOutcome:
+def launch(
+    plan: LaunchPlan, on_restart: Callable[[int, dict[int, int]], None] | None = None
+) -> RunOutcome:
     """Start every rank, wait for them, and record the outcome in the run directory.
 
     Ctrl-C or SIGTERM at any point (the task's modules still importing, the ranks starting or
-    running) ends with an ``interrupted`` record that says how to resume.
+    running) ends with an ``interrupted`` record that says how to resume. ``on_restart(n,
+    exit_codes)``: called before the ranks' ``n``-th restart with the failed ranks' exit codes
+    (``ft=torchft`` records a replica group's failures with it).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -279,7 +306,7 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     info: dict[str, Any] = plan.run_info()
     t0 = time.time()
     try:
-        _start_and_wait(plan, info, tracker)
+        _start_and_wait(plan, info, tracker, on_restart)
     except PortInUse as exc:
         return _port_in_use(plan, info, exc)
     except RanksFailed as exc:
@@ -307,7 +334,12 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     return RunOutcome.of(record, plan.run_dir)
 
 
-def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTracker) -> None:
+def _start_and_wait(
+    plan: LaunchPlan,
+    info: dict[str, Any],
+    tracker: _AttemptTracker,
+    on_restart: Callable[[int, dict[int, int]], None] | None = None,
+) -> None:
     """Preload, record the environment, start the ranks on the agent and wait for them (raises how
     it ended).
     """
@@ -349,10 +381,23 @@ def _start_and_wait(plan: LaunchPlan, info: dict[str, Any], tracker: _AttemptTra
             gate=gate,
             loopback_only=plan.launcher_config.loopback_only,
             watch=watch,
-            on_start=tracker.on_start,
+            on_start=tracker.on_start if on_restart is None else _both(tracker, on_restart),
         )
     finally:
         monitor.stop()
+
+
+def _both(
+    tracker: _AttemptTracker, on_restart: Callable[[int, dict[int, int]], None]
+) -> Callable[[int, dict[int, int]], None]:
+    """The agent's start hook: the attempt record, and on a restart ``on_restart``."""
+
+    def on_start(n: int, exit_codes: dict[int, int]) -> None:
+        if n > 0:
+            on_restart(n, exit_codes)
+        tracker.on_start(n, exit_codes)
+
+    return on_start
 
 
 FORWARDED_CTRL_C = "stop flag: SIGTERM"
@@ -492,6 +537,7 @@ class LocalLauncher(LauncherHooks):
     name: ClassVar[str] = "local"
     config_class: ClassVar[type[LauncherConfig]] = LocalLauncherConfig
     drill_kinds: ClassVar[tuple[str, ...]] = ("kill9", "sigterm")
+    supports_ft: ClassVar[bool] = True
 
     def validate(self, cfg: LocalLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         cfg.check(layout.world_size)
@@ -500,5 +546,11 @@ class LocalLauncher(LauncherHooks):
     def describe(self, plan: LaunchPlan) -> str:
         return describe(plan)
 
+    def status_details(self, run_dir: Path) -> list[str]:
+        """Under ``ft=torchft``: each replica group's step, quorum and recovery."""
+        return ft_status_lines(run_dir)
+
     def launch(self, plan: LaunchPlan) -> RunOutcome:
+        if ft_enabled(plan.config):
+            return launch_replicas(plan, launch)
         return launch(plan)

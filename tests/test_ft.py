@@ -1,0 +1,370 @@
+"""``ft=torchft``: replica groups that drop out and heal while the others keep stepping.
+
+Real processes on loopback, real ``kill -9``, real torchft (its Lighthouse, Manager, gloo groups
+and HTTP checkpoint transport): nothing of the quorum is mocked. Three launches in all:
+
+- one run of two replica groups (FSDP2 over dp=2 inside each) in which a rank of replica group 1
+  is killed at step 8: replica group 1 alone restarts and heals from replica group 0, whose
+  ranks keep their pids and never step back; the final weights are equal;
+- one run (one rank per group) whose Lighthouse is killed: the launcher restarts it and the
+  run goes on;
+- one run with ``min_replicas=2`` that loses a replica group for good: the survivor cannot form
+  a quorum and the run fails, naming it.
+
+Bad inputs are checked in-process (fast), and once through the CLI (exit 2, nothing started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cli_helpers import cli_env, run_cli
+
+pytest.importorskip("torchft", reason="ft=torchft needs the [ft] extra")
+
+STEPS = 40
+KILL_AT = 8
+SLEEP = "task.step_sleep_s=0.5"
+"""Steps long enough that the killed group is back before the survivors finish (a group that
+comes back after the others ended has no peer to heal from)."""
+LIGHTHOUSE_KILL_AT = 3
+DEADLINE_S = 600.0
+"""Only an upper bound: every wait below ends on an event (a step reached, a process gone)."""
+
+# ---------------------------------------------------------------------------- bad inputs
+
+
+@pytest.fixture(scope="module")
+def validate():
+    """Compose overrides with Hydra and validate them as the CLI does, in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_configs", Path(__file__).resolve().parents[1] / "scripts" / "fuzz_configs.py"
+    )
+    fuzz = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_configs"] = fuzz
+    spec.loader.exec_module(fuzz)
+    from hydra import compose
+
+    from wf_launch.app import resolve, validate_run_config
+
+    with fuzz.hydra_context():
+        yield lambda overrides: validate_run_config(
+            resolve(compose(config_name="config", overrides=overrides))
+        )
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["ft.replicas=1"], "ft.replicas=1 is not allowed: expected an integer >= 2"),
+        (["ft.min_replicas=3"], "ft.min_replicas=3 is not allowed: an integer from 1 to"),
+        (["ft.lighthouse=nowhere"], "ft.lighthouse='nowhere' is not allowed: null (the launcher"),
+        (["ft.quorum_timeout_s=0"], "ft.quorum_timeout_s=0.0 is not allowed: expected seconds in"),
+        (["ft.max_replica_restarts=-1"], "ft.max_replica_restarts=-1 is not allowed"),
+        (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
+        (["launcher=slurm"], "ft='torchft' is not allowed: launcher=slurm does not run replica"),
+    ],
+)
+def test_bad_ft_inputs_are_refused_naming_field_value_and_what_is_allowed(
+    validate, overrides, message
+):
+    from wf_launch.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        validate(["task=train", "ft=torchft", *overrides])
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_lighthouse_that_does_not_answer_is_refused(validate):
+    from wf_launch.config import ConfigError
+
+    port = _closed_port()
+    with pytest.raises(ConfigError, match=rf"ft.lighthouse='127.0.0.1:{port}' .*does not|failed"):
+        validate(["task=train", "ft=torchft", f"ft.lighthouse=127.0.0.1:{port}"])
+
+
+def test_ft_none_ignores_the_ft_fields_and_torchft_accepts_a_good_config(validate):
+    assert validate(["ft.replicas=1"]).world_size == 1
+    assert validate(["task=train", "ft=torchft", "ft.replicas=3"]).world_size == 1
+
+
+def test_the_cli_refuses_bad_ft_with_exit_2_before_anything_starts(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["task=train", "ft=torchft", "ft.replicas=1"], run_dir)
+    assert proc.returncode == 2, proc.stderr
+    assert "ft.replicas=1 is not allowed" in proc.stderr
+    assert not (run_dir / "replicas").exists()
+    assert not (run_dir / "lighthouse.log").exists()
+
+
+# ---------------------------------------------------------------------------- real runs
+
+
+def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    out = open(run_dir.parent / f"{run_dir.name}.out", "w")  # noqa: SIM115 - closed by the OS
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "task=train",
+            "ft=torchft",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=cli_env({"WF_PROGRESS_PUBLISH_S": "0"}),
+        cwd=run_dir.parent,
+        start_new_session=True,
+    )
+
+
+def _steps(run_dir: Path, k: int) -> list[int]:
+    path = run_dir / "replicas" / str(k) / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("rank") == 0:
+            out.append(row["step"])
+    return out
+
+
+def _wait_step(proc: subprocess.Popen, run_dir: Path, k: int, step: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while max(_steps(run_dir, k), default=0) < step:
+        assert proc.poll() is None, f"the run ended before replica group {k} reached step {step}"
+        assert time.monotonic() < deadline, f"replica group {k} never reached step {step}"
+        time.sleep(0.1)
+
+
+def _pids(run_dir: Path, k: int, ranks: int) -> dict[int, int]:
+    logs = run_dir / "replicas" / str(k) / "logs"
+    return {r: json.loads((logs / f"rank{r}.pid").read_text())["pid"] for r in range(ranks)}
+
+
+def _lighthouse(proc: subprocess.Popen) -> psutil.Process:
+    return next(
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if any("ft_lighthouse" in part for part in p.cmdline())
+    )
+
+
+def _finish(proc: subprocess.Popen, run_dir: Path) -> dict[str, Any]:
+    try:
+        proc.wait(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return {
+        "rc": proc.returncode,
+        "record": json.loads((run_dir / "result.json").read_text()),
+        "out": (run_dir.parent / f"{run_dir.name}.out").read_text(),
+    }
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> dict[str, Any]:
+    """A rank of replica group 1 killed at step 8 (kill -9)."""
+    run_dir = tmp_path_factory.mktemp("ft") / "run"
+    proc = _launch(
+        run_dir, "engine.dp_size=2", f"task.steps={STEPS}", "task.checkpoint_every=4", SLEEP
+    )
+    _wait_step(proc, run_dir, 1, KILL_AT)
+    survivors = _pids(run_dir, 0, 2)
+    victim = _pids(run_dir, 1, 2)[1]
+    os.kill(victim, signal.SIGKILL)
+    steps_at_kill = max(_steps(run_dir, 0))
+    done = _finish(proc, run_dir)
+    return {
+        **done,
+        "run_dir": run_dir,
+        "survivors": survivors,
+        "survivors_after": _pids(run_dir, 0, 2),
+        "victim": victim,
+        "steps_at_kill": steps_at_kill,
+    }
+
+
+@pytest.mark.slow
+def test_the_run_completes_through_the_failure(killed):
+    assert killed["rc"] == 0, killed["out"][-3000:]
+    assert killed["record"]["status"] == "ok"
+    ft = killed["record"]["ft"]
+    assert ft["steps_completed"] == {"0": STEPS, "1": STEPS}
+    assert ft["lighthouse_restarts"] == 0
+
+
+@pytest.mark.slow
+def test_survivors_keep_their_processes_and_never_step_back(killed):
+    assert killed["survivors_after"] == killed["survivors"]
+    steps = _steps(killed["run_dir"], 0)
+    assert steps == sorted(set(steps)), "replica group 0 repeated or went back a step"
+    assert steps[-1] == STEPS and max(steps) > killed["steps_at_kill"]
+    ft = killed["record"]["ft"]
+    assert ft["survivor_restarts"] == 0
+    assert ft["stepped_back"]["0"] is False
+    # the survivors never reloaded a checkpoint: one attempt, started fresh
+    logs = killed["run_dir"] / "replicas" / "0" / "logs"
+    assert len(list(logs.glob("attempt*.json"))) == 1
+    assert killed["record"]["results"]["0"]["resumed_from"] is None
+    assert (
+        "resumes from step"
+        not in (killed["run_dir"] / "replicas" / "0" / "logs" / "rank0.log").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_the_failed_replica_group_alone_restarts_and_heals_from_its_peer(killed):
+    (rec,) = killed["record"]["ft"]["recoveries"]
+    assert rec["replica"] == 1 and rec["rank"] == 1 and rec["global_rank"] == 3
+    assert rec["cause"] == "SIGKILL"
+    assert rec["failed_at_step"] >= KILL_AT
+    assert rec["rejoined_at_step"] >= rec["failed_at_step"]
+    assert rec["healed_from"] == 0
+    assert 0 < rec["seconds_to_rejoin"] < 120
+    events = (killed["run_dir"] / "replicas" / "1" / "ft_events.jsonl").read_text()
+    assert '"event": "healed"' in events
+    from wf_launch.launchers.ft_record import ft_status_lines  # what `status` shows
+
+    lines = ft_status_lines(killed["run_dir"])
+    assert lines[0].startswith(f"replica group 0: step {STEPS}, quorum of 2 replica group(s)")
+    assert "healed to step" in lines[1] and lines[1].endswith("(1 restart(s))")
+
+
+@pytest.mark.slow
+def test_every_replica_group_ends_with_the_same_weights(killed):
+    ft = killed["record"]["ft"]
+    assert ft["weights_equal"] is True
+    results = killed["record"]["results"]
+    assert set(results) == {"0", "1", "2", "3"}  # global ranks: replica group x its 2 ranks
+    assert results["0"]["weights_sha256"] == results["2"]["weights_sha256"]
+
+
+@pytest.mark.slow
+def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(
+        run_dir,
+        "task.steps=400",
+        "ft.min_replicas=2",
+        "ft.max_replica_restarts=0",
+        "ft.quorum_timeout_s=2",
+    )
+    _wait_step(proc, run_dir, 1, 2)
+    os.kill(_pids(run_dir, 1, 1)[0], signal.SIGKILL)
+    done = _finish(proc, run_dir)
+    assert done["rc"] == 1, done["out"][-3000:]
+    record = done["record"]
+    assert record["status"] == "failed"
+    assert record["failure"]["replica"] in (0, 1)
+    assert record["failure"]["message"].startswith("replica group ")
+    assert "no quorum of ft.min_replicas=2 replica group(s)" in record["failure"]["message"]
+    assert record["ft"]["exit_codes"]["1"] != 0 and record["ft"]["exit_codes"]["0"] != 0
+    assert max(_steps(run_dir, 0)) < 400
+
+
+@pytest.mark.slow
+def test_a_lighthouse_that_dies_is_restarted_and_the_run_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir, "task.steps=20")
+    _wait_step(proc, run_dir, 0, LIGHTHOUSE_KILL_AT)
+    _lighthouse(proc).kill()
+    done = _finish(proc, run_dir)
+    assert done["rc"] == 0, done["out"][-3000:]
+    ft = done["record"]["ft"]
+    assert ft["lighthouse_restarts"] == 1
+    assert ft["steps_completed"] == {"0": 20, "1": 20}
+    assert ft["weights_equal"] is True
+
+
+def test_runs_marks_a_run_that_recovered_and_counts_every_replica_group(tmp_path):
+    from wf_launch.readers.runs import list_runs, render
+    from wf_launch.rundir.record import RunRecord
+
+    sizes = {"tp": 1, "cp": 1, "pp": 1, "dp": 2}
+    ft = {"replicas": 2, "min_replicas": 1, "recoveries": [{"replica": 1, "rank": 0}]}
+    for name, section in (("healed", ft), ("quiet", {**ft, "recoveries": []})):
+        (tmp_path / name).mkdir()
+        RunRecord.finalize(tmp_path / name, "ok", task="train", layout=sizes, ft=section)
+    rows = {Path(r.run_dir).name: r for r in list_runs([tmp_path])}
+    assert rows["healed"].recovered == 1 and rows["quiet"].recovered == 0
+    assert rows["healed"].layout == "2x1/1/1/2" and rows["healed"].world == 4
+    table = render(list(rows.values()))
+    assert "ok, recovered 1x" in table
+    assert table.count("recovered 1x") == 1
+
+
+@pytest.mark.slow
+def test_sigterm_saves_every_group_and_a_resume_ends_with_equal_weights(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["task.steps=30", "task.step_sleep_s=0.2"]
+    proc = _launch(run_dir, *args)
+    _wait_step(proc, run_dir, 1, 6)
+    os.kill(proc.pid, signal.SIGTERM)
+    first = _finish(proc, run_dir)
+    assert first["rc"] == 143, first["out"][-3000:]
+    assert first["record"]["status"] == "interrupted"
+    assert "continue it from its checkpoint of step" in first["out"]
+    for k in (0, 1):
+        assert list((run_dir / "replicas" / str(k) / "checkpoints").glob("step_*"))
+    done = _finish(_launch(run_dir, *args, "launcher.resume=true"), run_dir)
+    assert done["rc"] == 0, done["out"][-3000:]
+    ft = done["record"]["ft"]
+    assert ft["steps_completed"] == {"0": 30, "1": 30}
+    assert ft["weights_equal"] is True
+    assert done["record"]["results"]["0"]["resumed_from"] >= 6
+
+
+@pytest.mark.parametrize(
+    ("inject", "message"),
+    [
+        ("kill9:replica2@8", "replica2 does not exist: ft.replicas=2"),
+        ("hang:replica1@8", "hang is not drilled under ft=torchft"),
+        ("kill9@8", "expected KIND:replicaK@STEP"),
+    ],
+)
+def test_the_ft_drill_refuses_a_bad_injection_with_exit_2(tmp_path, capsys, inject, message):
+    from wf_launch.drivers.drill import main
+
+    argv = ["task=train", "ft=torchft", "--inject", inject, "--dir", str(tmp_path / "d")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_ft_drill_plans_the_kill_it_was_asked_for(capsys):
+    from wf_launch.drivers.drill import main
+
+    argv = ["task=train", "ft=torchft", "--inject", "kill9:replica1.rank1@8", "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "kill -9 of rank 1 of replica1 at its step 8" in out
+    assert "ft.max_replica_restarts=1" in out

@@ -1,0 +1,128 @@
+"""The ``ft`` section: fault-tolerant training across replica groups, through torchft.
+
+``ft=none`` (the default) runs one world as always. ``ft=torchft`` runs ``ft.replicas`` copies
+of the engine layout, each its own distributed world (its own store and tp/cp/pp/dp groups);
+torchft's Lighthouse forms a quorum of the replica groups at every step, a replica group that
+fails is dropped and restarted on its own while the others keep stepping, and it heals from a
+live peer when it comes back (docs/fault-tolerance.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .fields import (
+    check_choice,
+    check_fields,
+    check_single_line,
+    choice,
+    config_error,
+    integer,
+    number,
+    unknown_field,
+)
+
+__all__ = ["FT_KINDS", "FtConfig", "lighthouse_answers", "parse_host_port"]
+
+FT_KINDS = ("none", "torchft")
+PACKAGE = "worldfoundry-launch"
+CONNECT_TIMEOUT_S = 3.0
+"""How long the check of a running Lighthouse (``ft.lighthouse=HOST:PORT``) waits for it."""
+
+
+def parse_host_port(value: Any) -> tuple[str, int] | None:
+    """``HOST:PORT`` (an IPv6 host in brackets) as (host, port); None if it is not one."""
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def lighthouse_answers(host: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None when a TCP connection to the Lighthouse opens; else why it did not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+@dataclass
+class FtConfig:
+    """Replica groups that fail and heal on their own (``ft=torchft``)."""
+
+    name: str = choice("none", FT_KINDS)
+    replicas: int = integer(2, low=2)
+    min_replicas: int = integer(1, low=1)
+    lighthouse: str | None = None
+    quorum_timeout_s: float = number(60.0, 0, 86400, low_open=True, unit="seconds")
+    timeout_s: float = number(10.0, 0, 86400, low_open=True, unit="seconds")
+    heartbeat_timeout_s: float = number(2.0, 0, 3600, low_open=True, unit="seconds")
+    max_replica_restarts: int = integer(3, low=0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.name != "none"
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any] | None) -> FtConfig:
+        """The section as a checked FtConfig (ConfigError names the field, value and what is
+        allowed).
+        """
+        section = dict(section or {})
+        known = {f.name for f in fields(cls)}
+        for key in section:
+            if key not in known:
+                raise unknown_field(f"ft.{key}", section[key], known)
+        cfg = cls(**section)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """Each field's rule, then how they go together; the Lighthouse named must answer.
+
+        With ``ft=none`` only the name is checked: the other fields are not used.
+        """
+        check_choice("ft", self.name, FT_KINDS)
+        if not self.enabled:
+            return
+        check_fields(self, "ft")
+        if self.min_replicas > self.replicas:
+            raise config_error(
+                "ft.min_replicas",
+                self.min_replicas,
+                f"an integer from 1 to ft.replicas={self.replicas}",
+            )
+        if self.lighthouse is not None:
+            self._check_lighthouse()
+        if importlib.util.find_spec("torchft") is None:
+            raise config_error(
+                "ft",
+                self.name,
+                f"torchft is not installed: pip install '{PACKAGE}[ft]' (or ft=none)",
+            )
+
+    def _check_lighthouse(self) -> None:
+        check_single_line("ft.lighthouse", self.lighthouse)
+        where = parse_host_port(self.lighthouse)
+        if where is None:
+            raise config_error(
+                "ft.lighthouse",
+                self.lighthouse,
+                "null (the launcher starts one) or HOST:PORT of a running Lighthouse",
+            )
+        why = lighthouse_answers(*where)
+        if why is not None:
+            raise config_error(
+                "ft.lighthouse",
+                self.lighthouse,
+                f"a Lighthouse that answers: connecting to {self.lighthouse} failed ({why}); "
+                "null lets the launcher start one",
+            )

@@ -1,0 +1,310 @@
+"""The drill under ``ft=torchft``: kill a rank of one replica group, check the others never noticed.
+
+``python -m wf_launch.drill task=train ft=torchft ft.replicas=2 ... --inject kill9:replica1@8``
+
+1. The *reference*: the same ft run, uninterrupted, in ``DIR/reference``.
+2. The *interrupted* run in ``DIR/interrupted``: when replica group K's rank 0 reports step S,
+   ``kill -9`` one of its ranks (``kill9:replicaK@S`` its last rank, ``kill9:replicaK.rankR@S``
+   rank R). ``ft.max_replica_restarts`` is raised to the number of kills.
+3. The verdict (exit 0 only when every check holds):
+
+   - no surviving replica group restarted (its ranks kept their pids, ``survivor_restarts`` 0)
+     or stepped back (its steps only go up);
+   - every failed replica group rejoined (healed from a live peer);
+   - every replica group ends with bitwise-identical weights;
+   - rank 0's final loss is within ``--atol`` (default :data:`DEFAULT_ATOL`) of the reference's:
+     for the steps a replica group is missing, the gradient is averaged over fewer replica groups
+     (and so over fewer samples), so the numbers differ a little; the drill reports by how much.
+
+It prints the seconds each failed replica group took to rejoin, the steps the survivors lost
+(the goal is 0) and the steps the failed replica group missed. ``DIR/drill.json`` keeps it all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..launchers.ft_record import read_steps
+from ..rank.progress import PUBLISH_ENV
+from ..rundir import files
+from ..rundir.io import atomic_write_json
+from ..rundir.record import RecordError, RunRecord
+
+__all__ = [
+    "DEFAULT_ATOL",
+    "FtDrillError",
+    "FtInjection",
+    "describe_ft_drill",
+    "parse_ft_injections",
+    "render",
+    "run_ft_drill",
+    "verdict",
+    "wants_ft",
+]
+
+DEFAULT_ATOL = 0.05
+_SPEC = re.compile(
+    r"(?P<kind>[a-z0-9]+):replica(?P<replica>\d+)(?:\.rank(?P<rank>\d+))?@(?P<step>\d+)"
+)
+KINDS = ("kill9",)
+
+
+class FtDrillError(Exception):
+    """The ft drill could not do what it was asked."""
+
+
+@dataclass
+class FtInjection:
+    """``kill9`` of a rank of replica group ``replica`` when it reaches ``step``."""
+
+    kind: str
+    replica: int
+    step: int
+    rank: int | None = None
+    pid: int | None = None
+    at: float | None = None
+
+
+def wants_ft(overrides: list[str]) -> bool:
+    """Whether the drilled run is an ``ft=torchft`` run."""
+    return any(o.strip() in ("ft=torchft", "+ft=torchft") for o in overrides)
+
+
+def parse_ft_injections(text: str, replicas: int) -> list[FtInjection]:
+    """``kill9:replica1@8`` (and ``kill9:replica1.rank0@8``) -> injections in step order."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        m = _SPEC.fullmatch(item)
+        if m is None:
+            raise FtDrillError(
+                f"--inject {item!r}: expected KIND:replicaK@STEP or KIND:replicaK.rankR@STEP "
+                f"under ft=torchft (KIND one of {list(KINDS)})"
+            )
+        if m["kind"] not in KINDS:
+            raise FtDrillError(
+                f"--inject {item!r}: {m['kind']} is not drilled under ft=torchft on this "
+                f"launcher; one of {list(KINDS)} (a hung rank is not torn down yet)"
+            )
+        replica = int(m["replica"])
+        if not 0 <= replica < replicas:
+            raise FtDrillError(
+                f"--inject {item!r}: replica{replica} does not exist: ft.replicas={replicas} "
+                f"(replica0..replica{replicas - 1})"
+            )
+        rank = int(m["rank"]) if m["rank"] is not None else None
+        out.append(FtInjection(m["kind"], replica, int(m["step"]), rank))
+    if not out:
+        raise FtDrillError("--inject: no injection given")
+    return sorted(out, key=lambda i: i.step)
+
+
+def _launch(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, PUBLISH_ENV: "0"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int:
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise FtDrillError("a run took longer than --timeout; it was killed") from None
+
+
+def _pids(run_dir: Path, replica: int) -> dict[int, int]:
+    """Rank -> pid of every rank of a replica group that has recorded one."""
+    logs = files.rank_log(files.ft_replica_dir(run_dir, replica), 0).parent
+    out = {}
+    for path in logs.glob("rank*.pid"):
+        try:
+            out[int(path.name[4:].split(".")[0])] = int(json.loads(path.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def _inject(
+    proc: subprocess.Popen[bytes], run_dir: Path, inj: FtInjection, deadline: float
+) -> None:
+    """Wait until the replica group reaches the step, then kill -9 the rank."""
+    where = files.ft_replica_dir(run_dir, inj.replica)
+    while max((s for _, s, _ in read_steps(where)), default=0) < inj.step:
+        if proc.poll() is not None:
+            raise FtDrillError(f"the run ended before replica{inj.replica} reached step {inj.step}")
+        if time.monotonic() > deadline:
+            raise FtDrillError(f"replica{inj.replica} never reached step {inj.step}")
+        time.sleep(0.05)
+    pids = _pids(run_dir, inj.replica)
+    inj.rank = max(pids) if inj.rank is None else inj.rank
+    inj.pid, inj.at = pids[inj.rank], time.time()
+    os.kill(inj.pid, signal.SIGKILL)
+    print(
+        f"drill: kill -9 rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) at step "
+        f"{inj.step}",
+        flush=True,
+    )
+
+
+def _record(run_dir: Path) -> RunRecord | None:
+    try:
+        return RunRecord.read(run_dir)
+    except RecordError:
+        return None
+
+
+def _final_loss(rec: RunRecord | None) -> float | None:
+    value = ((rec.results if rec is not None else {}).get("0") or {}).get("final_loss")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _checks(
+    reference: RunRecord | None,
+    interrupted: RunRecord | None,
+    ft: dict[str, Any],
+    failed: set[int],
+    survivors: dict[int, tuple[dict[int, int], dict[int, int]]],
+) -> dict[str, bool]:
+    recoveries = ft.get("recoveries") or []
+    both_ok = reference is not None and interrupted is not None
+    return {
+        "runs_ok": both_ok and reference.status == interrupted.status == "ok",
+        "survivors_kept_pids": all(before == after for before, after in survivors.values()),
+        "survivors_never_restarted": ft.get("survivor_restarts") == 0
+        and not any(r["replica"] not in failed for r in recoveries),
+        "survivors_never_stepped_back": not any((ft.get("stepped_back") or {}).values()),
+        "failed_replicas_rejoined": all(
+            any(r["replica"] == k and r.get("rejoined_at_step") is not None for r in recoveries)
+            for k in failed
+        ),
+        "weights_identical": ft.get("weights_equal") is True,
+    }
+
+
+def _missed(rec: dict[str, Any]) -> int | None:
+    """Steps a failed replica group did not train: from its failure to the step it healed to."""
+    if rec.get("rejoined_at_step") is None or rec.get("failed_at_step") is None:
+        return None
+    return int(rec["rejoined_at_step"]) - int(rec["failed_at_step"])
+
+
+def verdict(
+    reference: RunRecord | None,
+    interrupted: RunRecord | None,
+    injections: list[FtInjection],
+    survivors: dict[int, tuple[dict[int, int], dict[int, int]]],
+    atol: float,
+) -> dict[str, Any]:
+    """The checks and figures of the drill (see the module's docstring)."""
+    ft = (interrupted.extra.get("ft") if interrupted is not None else None) or {}
+    recoveries = ft.get("recoveries") or []
+    checks = _checks(reference, interrupted, ft, {i.replica for i in injections}, survivors)
+    ref_loss, int_loss = _final_loss(reference), _final_loss(interrupted)
+    diff = abs(ref_loss - int_loss) if ref_loss is not None and int_loss is not None else None
+    checks["loss_within_atol"] = diff is not None and diff <= atol
+    return {
+        "ok": all(checks.values()),
+        "checks": checks,
+        "atol": atol,
+        "final_loss": {"reference": ref_loss, "interrupted": int_loss, "abs_diff": diff},
+        "seconds_to_rejoin": [r.get("seconds_to_rejoin") for r in recoveries],
+        "survivor_steps_lost": 0 if checks["survivors_never_stepped_back"] else None,
+        "failed_replica_steps_missed": [_missed(r) for r in recoveries],
+        "recoveries": recoveries,
+        "injections": [asdict(i) for i in injections],
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The verdict as the lines the drill prints."""
+    lines = [f"ft drill: {'PASS' if summary['ok'] else 'FAIL'}"]
+    lines += [f"  {'ok  ' if v else 'FAIL'} {k}" for k, v in summary["checks"].items()]
+    loss = summary["final_loss"]
+    lines.append(
+        f"  final loss: reference {loss['reference']}, interrupted {loss['interrupted']}, "
+        f"|diff| {loss['abs_diff']} (atol {summary['atol']})"
+    )
+    lines.append(f"  seconds to rejoin: {summary['seconds_to_rejoin']}")
+    lines.append(f"  steps lost by the survivors: {summary['survivor_steps_lost']}")
+    lines.append(
+        f"  steps the failed replica group missed: {summary['failed_replica_steps_missed']}"
+    )
+    return "\n".join(lines)
+
+
+def _replicas(overrides: list[str]) -> int:
+    for o in overrides:
+        if o.startswith("ft.replicas="):
+            return int(o.split("=", 1)[1])
+    return 2
+
+
+def describe_ft_drill(overrides: list[str], inject: str) -> str:
+    """The plan of the drill (``--dry-run``): the two runs and the kills; raises on bad input."""
+    injections = parse_ft_injections(inject, _replicas(overrides))
+    lines = [
+        "ft drill: a reference run, then the same run with:",
+        *(
+            f"  kill -9 of {'the last rank' if i.rank is None else f'rank {i.rank}'} of "
+            f"replica{i.replica} at its step {i.step}"
+            for i in injections
+        ),
+        f"  overrides: {' '.join(overrides)} ft.max_replica_restarts={len(injections)}",
+    ]
+    return "\n".join(lines)
+
+
+def run_ft_drill(
+    overrides: list[str], inject: str, directory: Path, timeout: float, atol: float | None
+) -> int:
+    """Both runs and the verdict; the exit code (0: every check holds, 1: one does not)."""
+    injections = parse_ft_injections(inject, _replicas(overrides))
+    directory.mkdir(parents=True, exist_ok=True)
+    ref_dir, int_dir = directory / "reference", directory / "interrupted"
+    deadline = time.monotonic() + timeout
+    print(f"drill: reference run in {ref_dir}", flush=True)
+    _wait(_launch(overrides, ref_dir, directory / "reference.log"), deadline)
+    deadline = time.monotonic() + timeout
+    kills = sum(1 for i in injections if i.kind == "kill9")
+    extra = [f"ft.max_replica_restarts={kills}"]
+    print(f"drill: interrupted run in {int_dir}", flush=True)
+    proc = _launch([*overrides, *extra], int_dir, directory / "interrupted.log")
+    survivors: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
+    try:
+        for inj in injections:
+            _inject(proc, int_dir, inj, deadline)
+            for k in range(_replicas(overrides)):
+                if k not in {i.replica for i in injections} and k not in survivors:
+                    survivors[k] = (_pids(int_dir, k), {})
+        _wait(proc, deadline)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    survivors = {k: (before, _pids(int_dir, k)) for k, (before, _) in survivors.items()}
+    summary = verdict(
+        _record(ref_dir),
+        _record(int_dir),
+        injections,
+        survivors,
+        DEFAULT_ATOL if atol is None else atol,
+    )
+    atomic_write_json(directory / "drill.json", summary)
+    print(render(summary), flush=True)
+    return 0 if summary["ok"] else 1

@@ -1,0 +1,216 @@
+"""``ft=torchft`` on the local launcher: one torch elastic agent per replica group.
+
+Each replica group is a child process of the launcher (forked before the launcher runs any
+thread) that runs the ordinary local launch (:func:`.launcher.launch`) of the engine layout in
+the replica group's own run directory (``RUN_DIR/replicas/{k}``), with its own rendezvous
+store and groups, and ``launcher.max_restarts = ft.max_replica_restarts``: a rank that dies
+restarts only its replica group, while the others keep stepping with one replica group fewer.
+The launcher starts and supervises torchft's Lighthouse (restarting it when it dies), forwards
+SIGTERM and Ctrl-C to the replica groups, and writes the run's ``result.json`` with an ``ft``
+section (:mod:`..ft_record`) once every replica group has ended.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from ...config.ft import FtConfig
+from ...rank.ft import FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event
+from ...rundir import files
+from ...rundir.outcome import RunOutcome
+from ...rundir.record import RunRecord, Status
+from ...rundir.resume import resume_hint
+from ..ft_lighthouse import Lighthouse, LighthouseFailed
+from ..ft_record import compose_ft, last_step
+
+if TYPE_CHECKING:
+    from ..launch_plan import LaunchPlan
+
+__all__ = ["launch_replicas"]
+
+LaunchFn = Callable[..., RunOutcome]
+_PR_SET_PDEATHSIG = 1
+POLL_S = 0.2
+
+
+def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
+    """Replica group ``k``'s plan: its run directory, its restarts, a free rendezvous port."""
+    config = copy.deepcopy(plan.config)
+    config["launcher"]["max_restarts"] = ft.max_replica_restarts
+    config["launcher"]["rdzv_port"] = 0
+    if not config["launcher"].get("threads_per_rank"):
+        # the cores are shared by every replica group's ranks, not each group's alone
+        ranks = ft.replicas * plan.world_size
+        config["launcher"]["threads_per_rank"] = max(1, (os.cpu_count() or 1) // ranks)
+    replica_dir = files.ft_replica_dir(plan.run_dir, k)
+    replica_dir.mkdir(parents=True, exist_ok=True)
+    for name, keep in ((files.RUN_ID, True), (files.CONFIG, False)):  # the run's id stays
+        src = plan.run_dir / name
+        if src.exists() and not (keep and (replica_dir / name).exists()):
+            shutil.copyfile(src, replica_dir / name)
+    return replace(plan, config=config, run_dir=replica_dir)
+
+
+def _die_with_launcher() -> None:
+    """SIGTERM this replica group's agent if the launcher dies (it then stops its ranks)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def _replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -> None:
+    """In replica group ``k``'s process: the ordinary local launch, its failures recorded."""
+    os.setpgid(0, 0)  # Ctrl-C at the terminal reaches the launcher, which forwards it once
+    _die_with_launcher()
+    os.environ[FT_REPLICA_ENV] = str(k)
+    os.environ[LIGHTHOUSE_ENV] = lighthouse
+    os.environ.setdefault(RUST_LOG, "warn")
+
+    def on_restart(n: int, exit_codes: dict[int, int]) -> None:
+        append_event(
+            plan.run_dir,
+            event="failed",
+            attempt=n,
+            exit_codes={str(r): c for r, c in exit_codes.items()},
+            failed_at_step=last_step(plan.run_dir),
+        )
+        logger.warning(f"ft: replica group {k} failed (ranks {sorted(exit_codes)}); restarting it")
+
+    try:
+        outcome = launch(plan, on_restart=on_restart)
+        code = outcome.exit_code
+    except BaseException as exc:
+        logger.error(f"ft: replica group {k}'s launch failed: {type(exc).__name__}: {exc}")
+        code = 1
+    logger.complete()
+    os._exit(code)
+
+
+class _Signals:
+    """SIGTERM and Ctrl-C reach the launcher: remembered, and forwarded to every replica group."""
+
+    def __init__(self, procs: dict[int, Any]) -> None:
+        self.procs, self.name = procs, None
+        self.old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in self.old:
+            signal.signal(s, self._on)
+
+    def _on(self, signum: int, _frame: Any) -> None:
+        self.name = self.name or signal.Signals(signum).name
+        for proc in self.procs.values():
+            if proc.is_alive() and proc.pid:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def _supervise(procs: dict[int, Any], lighthouse: Lighthouse | None) -> None:
+    """Wait for every replica group; restart the Lighthouse whenever it dies meanwhile."""
+    while any(p.is_alive() for p in procs.values()):
+        wait([p.sentinel for p in procs.values() if p.is_alive()], timeout=POLL_S)
+        if lighthouse is not None and not lighthouse.alive() and _any_alive(procs):
+            try:
+                lighthouse.restart()
+            except LighthouseFailed as exc:
+                logger.error(f"ft: {exc}")
+
+
+def _any_alive(procs: dict[int, Any]) -> bool:
+    return any(p.is_alive() for p in procs.values())
+
+
+def launch_replicas(plan: LaunchPlan, launch: LaunchFn) -> RunOutcome:
+    """Start the Lighthouse (unless one runs) and every replica group; wait; record the run."""
+    ft = FtConfig.from_dict(plan.config["ft"])
+    t0 = time.time()
+    lighthouse = None
+    if ft.lighthouse is None:
+        try:
+            lighthouse = Lighthouse(ft, files.ft_lighthouse_log(plan.run_dir)).start()
+        except LighthouseFailed as exc:
+            record = RunRecord.finalize(
+                plan.run_dir,
+                Status.FAILED,
+                **plan.run_info(),
+                failure={"cause": "lighthouse", "message": str(exc)},
+            )
+            return RunOutcome.of(record, plan.run_dir, str(exc))
+    address = lighthouse.address if lighthouse is not None else f"http://{ft.lighthouse}"
+    logger.info(
+        f"ft: {ft.replicas} replica group(s) of {plan.layout.describe()}, min_replicas "
+        f"{ft.min_replicas}, task={plan.task}, run dir {plan.run_dir}"
+    )
+    fork = multiprocessing.get_context("fork")
+    procs: dict[int, Any] = {}
+    signals = _Signals(procs)
+    try:
+        for k in range(ft.replicas):
+            plan_k = _replica_plan(plan, k, ft)
+            procs[k] = fork.Process(
+                target=_replica_main, args=(launch, plan_k, k, address), name=f"wf-replica{k}"
+            )
+            procs[k].start()
+        _supervise(procs, lighthouse)
+    finally:
+        signals.restore()
+        for p in procs.values():
+            p.join()
+        if lighthouse is not None:
+            lighthouse.stop()
+    return _record(plan, ft, procs, lighthouse, signals.name, time.time() - t0)
+
+
+def _record(
+    plan: LaunchPlan,
+    ft: FtConfig,
+    procs: dict[int, Any],
+    lighthouse: Lighthouse | None,
+    signal_name: str | None,
+    wall: float,
+) -> RunOutcome:
+    """The run's ``result.json``: every replica group's ranks and the ``ft`` section."""
+    codes = {k: p.exitcode for k, p in procs.items()}
+    section, facts = compose_ft(plan.run_dir, ft, plan.world_size, codes)
+    section["lighthouse_restarts"] = len(lighthouse.restarts) if lighthouse is not None else 0
+    failed = sorted(k for k, c in codes.items() if c != 0)
+    status = Status.OK
+    summary = ""
+    if signal_name is not None:
+        status = Status.INTERRUPTED
+        summary = f"interrupted by {signal_name}: every replica group was stopped"
+        hint = resume_hint(plan.run_dir, plan.overrides, files.ft_replica_dir(plan.run_dir, 0))
+        summary += f"\n  {hint}" if hint else ""
+        facts["failure"] = {"cause": "interrupt", "signal": signal_name, "message": summary}
+    elif failed:
+        status = Status.FAILED
+        summary = facts["failure"]["message"]
+    record = RunRecord.finalize(
+        plan.run_dir,
+        status,
+        signal_name=signal_name,
+        **plan.run_info(),
+        **facts,
+        ft=section,
+        timings={"wall_s": round(wall, 4)},
+    )
+    return RunOutcome.of(record, plan.run_dir, summary)

@@ -1,0 +1,175 @@
+"""A rank's side of ``ft=torchft``: torchft's Manager for the rank's replica group.
+
+Under ``ft=torchft`` every replica group is its own distributed world (its own store and
+groups); its ranks also join torchft: group rank ``r`` of every replica group shares a
+reconfigurable gloo group (``torchft.ProcessGroupGloo``) that the Manager re-forms with the
+replica groups of each step's quorum (torchft's Lighthouse decides it). A replica group that
+comes back after a failure heals from a live peer through torchft's checkpoint transport
+(HTTP), between steps (``use_async_quorum=False``: the state is applied inside
+``start_quorum``, never during a forward).
+
+What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section
+from these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``),
+and the replica's heal
+events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when a session
+starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ..rundir import files
+
+__all__ = [
+    "FT_REPLICA_ENV",
+    "LIGHTHOUSE_ENV",
+    "QUORUM_RETRIES",
+    "RUST_LOG",
+    "FtSession",
+    "append_event",
+    "ft_enabled",
+    "no_quorum",
+    "replica_id",
+]
+
+FT_REPLICA_ENV = "WF_FT_REPLICA"
+"""The replica group a rank belongs to (set by the launcher for every rank of a replica group)."""
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+"""torchft's own variable: the Lighthouse's address (``http://HOST:PORT``)."""
+LOOPBACK = "127.0.0.1"
+TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors")
+RUST_LOG = "RUST_LOG"
+"""torchft's Rust side logs every quorum at INFO; the launcher sets ``RUST_LOG=warn`` unless set."""
+QUORUM_RETRIES = 5
+"""How often a replica group retries a quorum request that failed (a Lighthouse restarting)
+before its step fails."""
+
+
+def ft_enabled(config: dict[str, Any]) -> bool:
+    """Whether the run config asks for ``ft=torchft``."""
+    return str((config.get("ft") or {}).get("name", "none")) != "none"
+
+
+def replica_id() -> int:
+    """This rank's replica group (``$WF_FT_REPLICA``; 0 when unset)."""
+    return int(os.environ.get(FT_REPLICA_ENV, "0") or 0)
+
+
+def no_quorum(config: dict[str, Any], exc: BaseException) -> TimeoutError:
+    """The error of a replica group that found no quorum: which setting it waited for, and why."""
+    ft = config["ft"]
+    return TimeoutError(
+        f"no quorum of ft.min_replicas={ft['min_replicas']} replica group(s) formed within "
+        f"ft.quorum_timeout_s={ft['quorum_timeout_s']} ({QUORUM_RETRIES + 1} tries; the other "
+        f"groups failed, or the Lighthouse is gone): {type(exc).__name__}: {exc}"
+    )
+
+
+def append_event(replica_dir: Path | str, **event: Any) -> None:
+    """One line of the replica's ``ft_events.jsonl`` (a short append: whole lines, never half)."""
+    line = json.dumps({"time": round(time.time(), 6), **event}) + "\n"
+    with open(files.ft_events(replica_dir), "a") as f:
+        f.write(line)
+
+
+def _recording_transport(timeout: timedelta, replica_dir: Path, group_rank: int, log: Any) -> Any:
+    """torchft's HTTP checkpoint transport, recording where this rank healed from."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class RecordingTransport(HTTPTransport):  # type: ignore[misc,valid-type]
+        """Records each heal (source address, step) in the replica's events (group rank 0)."""
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
+            t0 = time.time()
+            state = super().recv_checkpoint(src_rank, metadata, step, timeout)
+            log.warning(f"ft: healed from {metadata} at step {step} in {time.time() - t0:.2f}s")
+            if group_rank == 0:
+                append_event(
+                    replica_dir,
+                    event="healed",
+                    step=int(step),
+                    source=str(metadata),
+                    seconds=round(time.time() - t0, 4),
+                )
+            return state
+
+    return RecordingTransport(timeout=timeout, num_chunks=0)
+
+
+def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
+    """A restarted replica group reuses its agent's store, where the dead attempt's Manager left
+    its address: rank 0 removes it before any rank looks (a barrier of the group in between)."""
+    import torch.distributed as dist
+    from torchft.manager import MANAGER_ADDR_KEY, REPLICA_ID_KEY
+
+    if group_rank == 0:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            wait_for_workers=False,
+        )
+        for key in (MANAGER_ADDR_KEY, REPLICA_ID_KEY):
+            store.delete_key(key)
+    if group is not None:
+        group.barrier()
+
+
+class FtSession:
+    """torchft's Manager for this rank (``ctx.ft``), built from the run's ``ft`` section."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        run_dir: Path,
+        rank: int,
+        world_size: int,
+        group: Any,
+        log: Any,
+    ) -> None:
+        import torchft
+
+        for (
+            name
+        ) in TORCHFT_LOGGERS:  # their INFO lines (every step) and warnings about NCCL on gloo
+            logging.getLogger(name).setLevel(logging.ERROR)
+        ft = config["ft"]
+        self.replica = replica_id()
+        self.run_dir = Path(run_dir)
+        timeout = timedelta(seconds=float(ft["timeout_s"]))
+        _clear_stale_manager_keys(group, rank)
+        self.transport = _recording_transport(timeout, self.run_dir, rank, log)
+        with open(files.ft_address(self.run_dir, rank), "a") as f:  # one line per attempt
+            f.write(self.transport.metadata() + "\n")
+        self.manager = torchft.Manager(
+            pg=torchft.ProcessGroupGloo(timeout=timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=int(ft["min_replicas"]),
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=float(ft["quorum_timeout_s"])),
+            connect_timeout=timeout,
+            rank=rank,
+            world_size=world_size,
+            replica_id=f"replica{self.replica}",
+            hostname=LOOPBACK,
+            checkpoint_transport=self.transport,
+            init_sync=False,
+            quorum_retries=QUORUM_RETRIES,
+        )
+        log.info(
+            f"ft: replica group {self.replica} of {ft['replicas']} joined torchft "
+            f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
+        )
+
+    def shutdown(self) -> None:
+        """Stop the Manager's servers and threads (the task is done)."""
+        self.manager.shutdown(wait=False)
