@@ -1,14 +1,12 @@
 """Throughput of the CP / PP helpers against the raw torch.distributed calls that move the same
 bytes.
 
-Each world size runs as fork-started gloo ranks (``tests/multirank.py``), one
-torch thread per rank, every thread of rank r pinned to core ``r mod cores``
-(``--no-pin`` lets the scheduler place them): as on a real node, where each
-rank owns its cores. Unpinned on a 2-core machine the scheduler migrates the
-ranks' main, gloo worker and gloo I/O threads between cores and the control
-column below strays by 10-30%, more than the effects measured. Sizes are the FULL tensor in MiB
-(float32, shape
-``(1, S, 1024)``, sequence dim 1):
+Each world size runs as fork-started gloo ranks (``tests/multirank.py``), one torch thread per rank,
+every thread of rank r pinned to core ``r mod cores`` (``--no-pin`` lets the scheduler place them):
+as on a real node, where each rank owns its cores. Unpinned on a 2-core machine the scheduler
+migrates the ranks' main, gloo worker and gloo I/O threads between cores and the control column
+below strays by 10-30%, more than the effects measured. Sizes are the FULL tensor in MiB (float32,
+shape ``(1, S, 1024)``, sequence dim 1):
 
 Every helper returns a NEW tensor, so its honest raw baseline is the raw call
 that moves the same bytes INTO A NEW TENSOR (allocation included: on CPU a fresh

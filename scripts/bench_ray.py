@@ -1,20 +1,14 @@
 """Ray launch overhead: ``python -m wf_launch launcher=ray task=noop`` against a bare Ray script
-doing the same,
-and against ``launcher=local``.
+doing the same, and against ``launcher=local``.
 
 All three start WORLD gloo ranks, run one barrier and tear down; each wall time is the whole
-command,
-interpreter start-up included. The Ray commands go to an existing cluster (``--address``, or one
-this
-script starts with ``scripts/ray_cluster.sh`` and stops after): ``launcher=ray`` creates one
-placement
-group and one actor per rank, as does ``scripts/ray_bare_equivalent.py`` (its gloo group made by
-hand).
-Rounds alternate (wf_launch ray, bare Ray, wf_launch local, ...) so machine noise hits all alike;
-the
-ratios of the medians are printed, and the median of each round's own ratio (paired: steadier when
-the
-machine's load changes between rounds). Goal: launcher=ray <= 1.3x the bare Ray script.
+command, interpreter start-up included. The Ray commands go to an existing cluster (``--address``,
+or one this script starts with ``scripts/ray_cluster.sh`` and stops after): ``launcher=ray`` creates
+one placement group and one actor per rank, as does ``scripts/ray_bare_equivalent.py`` (its gloo
+group made by hand). Rounds alternate (wf_launch ray, bare Ray, wf_launch local, ...) so machine
+noise hits all alike; the ratios of the medians are printed, and the median of each round's own
+ratio (paired: steadier when the machine's load changes between rounds). Goal: launcher=ray <= 1.3x
+the bare Ray script.
 
     python scripts/bench_ray.py [--repeats 5] [--world 8] [--address HOST:PORT]
 """

@@ -14,14 +14,11 @@ task.micro_batches=1,2``
   with its default settings.
 
 Rounds alternate (an exhaustive sweep, then ``--tunes-per-round`` tunes, ...), so machine noise hits
-both alike.
-A tune *agrees* when its winner is the exhaustive sweeps' best layout (steady tokens_per_s, median
-over the
-sweeps) or within 5% of its throughput. Printed per world size: the agreement (goal: >= 9 of 10
-tunes) and the
-time ratio, the median tune's wall time over the median exhaustive sweep's (goal: <= 0.40x). Every
-run's
-directory and ``bench_tune.json`` stay in ``--dir``.
+both alike. A tune *agrees* when its winner is the exhaustive sweeps' best layout (steady
+tokens_per_s, median over the sweeps) or within 5% of its throughput. Printed per world size: the
+agreement (goal: >= 9 of 10 tunes) and the time ratio, the median tune's wall time over the median
+exhaustive sweep's (goal: <= 0.40x). Every run's directory and ``bench_tune.json`` stay in
+``--dir``.
 
     python scripts/bench_tune.py [--worlds 8,4] [--tunes-per-round 5] [--rounds 2] [--steps
     8:80,4:150]
@@ -155,10 +152,8 @@ def _verdict(world: int, steps: int, sweeps: list[dict], tunes: list[dict]) -> d
 
 def _noise_floor(sweeps: list[dict]) -> list[float]:
     """How each exhaustive sweep's own best fares in every other sweep (its throughput there over
-    that sweep's
-    best): 1.0 when the machine is quiet enough for the sweeps to agree; below 0.95, noise alone
-    would fail the
-    agreement criterion."""
+    that sweep's best): 1.0 when the machine is quiet enough for the sweeps to agree; below 0.95,
+    noise alone would fail the agreement criterion."""
     out = []
     for i, a in enumerate(sweeps):
         best = max(

@@ -59,8 +59,7 @@ def matching(*patterns: str) -> Keep:
 @dataclass
 class Sample:
     """Commands shown in one block; ``keep`` trims each one's output; ``interrupt_after``: Ctrl-C
-    after that many
-    seconds of the first command (the Ctrl-C sample)."""
+    after that many seconds of the first command (the Ctrl-C sample)."""
 
     doc: str
     commands: list[str]

@@ -1,14 +1,11 @@
 """What ``python -m wf_launch launcher=ray task=noop`` does, as a bare Ray script: the same
-placement group
-and actors, a gloo group over them, one barrier, teardown.
+placement group and actors, a gloo group over them, one barrier, teardown.
 
     python scripts/ray_bare_equivalent.py ADDRESS WORLD_SIZE
 
 One placement group of WORLD_SIZE one-CPU bundles (PACK), one actor per bundle; rank 0 gives its
-node's
-address and a free port; every actor joins a gloo group (``init_process_group``), runs one barrier
-and
-destroys it; then the actors are killed and the group removed.
+node's address and a free port; every actor joins a gloo group (``init_process_group``), runs one
+barrier and destroys it; then the actors are killed and the group removed.
 """
 
 import os

@@ -1,12 +1,11 @@
 """Test clusters never outlive the pytest run that started them.
 
-A fixture that starts a cluster (``tests/slurm_fixture.py``, ``tests/ray_fixture.py``)
-``claim``s its state folder: ``<folder>.owner`` beside it names the processes the cluster lives for
-(the
-pytest process and, under xdist, its controller, each with its start time), and a guardian,
-started in its own session, waits on their exit (a pidfd, no polling). When one of them ends
-while the cluster still runs (pytest was killed with SIGKILL, or a timeout killed the run), the
-guardian stops the cluster. Three more nets catch the rest:
+A fixture that starts a cluster (``tests/slurm_fixture.py``, ``tests/ray_fixture.py``) ``claim``s
+its state folder: ``<folder>.owner`` beside it names the processes the cluster lives for (the pytest
+process and, under xdist, its controller, each with its start time), and a guardian, started in its
+own session, waits on their exit (a pidfd, no polling). When one of them ends while the cluster
+still runs (pytest was killed with SIGKILL, or a timeout killed the run), the guardian stops the
+cluster. Three more nets catch the rest:
 
 - before a fixture starts a cluster, it ``reap``s every cluster whose owners are gone (the
   guardian itself was killed too);

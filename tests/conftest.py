@@ -1,9 +1,8 @@
 """Suite-wide set-up: the cluster fixtures, the cluster markers, and the xdist scheduler.
 
-A test that uses the SLURM or the Ray test cluster is marked ``slurm`` or ``ray``; a test that
-takes a cluster fixture without its marker fails before the cluster starts. Under ``pytest -n N``
-the marked
-tests of each kind run on one worker, so each session fixture starts its cluster once.
+A test that uses the SLURM or the Ray test cluster is marked ``slurm`` or ``ray``; a test that takes
+a cluster fixture without its marker fails before the cluster starts. Under ``pytest -n N`` the
+marked tests of each kind run on one worker, so each session fixture starts its cluster once.
 """
 
 import importlib.util

@@ -83,8 +83,8 @@ class RayCluster:
 
     def leftovers(self, grace_s: float = 60.0) -> list[str]:
         """What a run left in the cluster (none expected): busy CPUs, live placement groups,
-        supervisors,
-        rank or supervisor processes; waited for up to ``grace_s`` (teardown is asynchronous)."""
+        supervisors, rank or supervisor processes; waited for up to ``grace_s`` (teardown is
+        asynchronous)."""
         code = """
             from ray.util import placement_group_table
             busy = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
@@ -147,8 +147,7 @@ def _free_base(nodes: int) -> int:
 
 def cluster_env() -> dict[str, str]:
     """This process's environment for subprocesses: the venv's ``ray`` first on PATH, the test tasks
-    importable,
-    token authentication on (the script's cluster uses it)."""
+    importable, token authentication on (the script's cluster uses it)."""
     env = {
         k: v
         for k, v in os.environ.items()

@@ -1,9 +1,7 @@
 """The CLI keeps its word: config mistakes exit 2 naming the field meant, Ctrl-C stops gracefully
-and says how to
-resume, a run keeps one id across attempts, failures alike are shown once, the bar is never broken
-by a log line,
-the drill refuses injections that prove nothing, and provenance is recorded wherever the command
-starts."""
+and says how to resume, a run keeps one id across attempts, failures alike are shown once, the bar
+is never broken by a log line, the drill refuses injections that prove nothing, and provenance is
+recorded wherever the command starts."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Property: any composed config is accepted or refused with ConfigError, never a traceback; and any
-damaged
-run directory is read by status, runs, plot and the sweep report without a crash, a hang or a raw
-escape.
+damaged run directory is read by status, runs, plot and the sweep report without a crash, a hang or
+a raw escape.
 
 Random overrides (hostile strings, inf / nan / huge / tiny numbers, wrong types, unknown
 keys, deletions) over engine.*, launcher.* (local and slurm) and task.* go through

@@ -3,35 +3,27 @@ follows.
 
 The commands are read from the fenced code blocks (a line that starts with ``python -m wf_launch``,
 ``$ python -m wf_launch``, ``wf-launch`` or ``scripts/``/``bash scripts/``; ``\\`` continues a
-line).
-Each runs through the real CLI in a scratch directory, at small sizes (``task.repeats=1`` for the
-demo
-when the command leaves it, ``task.steps=4`` for ``train`` unless the command sets it), with
-``RUN_DIR`` / ``SWEEP_DIR`` standing for a run and a sweep made first (``status --stacks`` gets a
-run
-still going), and a command's ``# exit N`` comment, or what its sample shows (a config error: 2, a
-failed run: 1, a Ctrl-C: 130, pressed once the ranks report progress), as its expected exit code.
-Drills run as
-``--dry-run`` (the arguments, the config and the injections are checked; two full runs each would
-take minutes; tests/test_drill.py runs real drills). Python blocks that open with ``# PATH.py`` are
-written out, so the commands that use the docs' own example tasks run them.
+line). Each runs through the real CLI in a scratch directory, at small sizes (``task.repeats=1`` for
+the demo when the command leaves it, ``task.steps=4`` for ``train`` unless the command sets it),
+with ``RUN_DIR`` / ``SWEEP_DIR`` standing for a run and a sweep made first (``status --stacks`` gets
+a run still going), and a command's ``# exit N`` comment, or what its sample shows (a config error:
+2, a failed run: 1, a Ctrl-C: 130, pressed once the ranks report progress), as its expected exit
+code. Drills run as ``--dry-run`` (the arguments, the config and the injections are checked; two
+full runs each would take minutes; tests/test_drill.py runs real drills). Python blocks that open
+with ``# PATH.py`` are written out, so the commands that use the docs' own example tasks run them.
 
 Tunes run as ``--dry-run`` too (the space, the pruning and the rounds are checked;
-tests/test_tune*.py
-run real tunes). The docs' stand-ins for a user's code (``train.py``, ``my_pkg.train``,
-``cfg.yaml``)
-are written into the scratch directory as small torchrun-style programs; ``checkpoint`` commands get
-a
-run that saved one.
+tests/test_tune*.py run real tunes). The docs' stand-ins for a user's code (``train.py``,
+``my_pkg.train``, ``cfg.yaml``) are written into the scratch directory as small torchrun-style
+programs; ``checkpoint`` commands get a run that saved one.
 
 Skipped, and named in the output: commands that need a SLURM cluster (``launcher=slurm``,
 ``--backend slurm``, ``status --wait/--cancel``, the SLURM samples' run directories, the test
 cluster's script) unless one answers ``sinfo``; commands that name a Ray cluster
-(``launcher.address``,
-``--backend ray``, ``ray_cluster.sh``: tests/test_ray_*.py run those paths on the test cluster;
-``launcher=ray`` alone starts a private instance and runs here); a ``tune --resume`` of the docs'
-example directory; and the set-up lines that create a venv and run the whole suite (what ``.ci/run``
-does).
+(``launcher.address``, ``--backend ray``, ``ray_cluster.sh``: tests/test_ray_*.py run those paths on
+the test cluster; ``launcher=ray`` alone starts a private instance and runs here); a ``tune
+--resume`` of the docs' example directory; and the set-up lines that create a venv and run the whole
+suite (what ``.ci/run`` does).
 """
 
 from __future__ import annotations
@@ -256,8 +248,7 @@ if __name__ == "__main__":
 
 def _write_user_code(scratch: Path) -> None:
     """The docs' stand-ins for a user's code: ``train.py`` and ``cfg.yaml`` where the commands run,
-    and
-    ``my_pkg.train`` (with ``main``) on the path."""
+    and ``my_pkg.train`` (with ``main``) on the path."""
     (scratch / "train.py").write_text(_USER_SCRIPT)
     (scratch / "cfg.yaml").write_text("lr: 0.1\n")
     package = scratch / "examples" / "my_pkg"
@@ -383,8 +374,8 @@ def _fixtures(scratch: Path, env: dict[str, str]) -> tuple[dict[str, str], subpr
 
 def _places_for(shown: Shown, places: dict[str, str]) -> dict[str, str]:
     """What the command's placeholders stand for: a run still going for ``--stacks``; for
-    ``checkpoint``,
-    a run that saved one (the docs' ``RUN_DIR``, ``run`` and the drill sample's run directory)."""
+    ``checkpoint``, a run that saved one (the docs' ``RUN_DIR``, ``run`` and the drill sample's run
+    directory)."""
     words = shown.text.split()
     if "--stacks" in words:
         return {**places, "RUN_DIR": places["LIVE_RUN_DIR"]}

@@ -1,6 +1,6 @@
 """The preemption drill: an interrupted run (rank killed, launcher stopped, job preempted) ends
-bitwise identical
-to an uninterrupted one, and result.json's attempts say what each interruption cost."""
+bitwise identical to an uninterrupted one, and result.json's attempts say what each interruption
+cost."""
 
 from __future__ import annotations
 

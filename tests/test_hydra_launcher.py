@@ -27,10 +27,8 @@ def test_discovery() -> None:
 
 def test_scan_in_a_fresh_interpreter_loads_cleanly_and_imports_nothing_of_ours() -> None:
     """What every other Hydra app in the environment does at start-up: scan ``hydra_plugins`` (the
-    module
-    is executed before it is in sys.modules). No warning, the launcher found, and nothing imported
-    beyond
-    registering its config (wf_launch, submitit and torch stay out)."""
+    module is executed before it is in sys.modules). No warning, the launcher found, and nothing
+    imported beyond registering its config (wf_launch, submitit and torch stay out)."""
     code = (
         "import sys, warnings; warnings.simplefilter('error')\n"
         "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"

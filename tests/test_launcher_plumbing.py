@@ -1,6 +1,5 @@
 """Without a cluster: the SLURM batch scope, the offline sweep expansion, and ``python -m
-wf_launch.status``
-finding a third-party detached launcher's runs through their config.yaml."""
+wf_launch.status`` finding a third-party detached launcher's runs through their config.yaml."""
 
 from __future__ import annotations
 

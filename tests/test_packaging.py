@@ -1,10 +1,8 @@
 """The built wheel is self-contained: configs ship inside it and the CLI runs from it; installing
-the
-project leaves every other Hydra app working (issue 14).
+the project leaves every other Hydra app working (issue 14).
 
 These tests run in the dev (editable) install and, through scripts/ci_wheel_check.sh, in a fresh
-venv
-with the wheel installed (``WF_WHEEL`` names that wheel; no source tree there).
+venv with the wheel installed (``WF_WHEEL`` names that wheel; no source tree there).
 """
 
 from __future__ import annotations
@@ -130,8 +128,7 @@ def test_importing_worldfoundry_core_is_cheap() -> None:
 
 def test_a_generic_hydra_app_runs_in_this_install(tmp_path: Path) -> None:
     """Another Hydra app in the same environment: Hydra scans hydra_plugins (ours included) at
-    start-up,
-    and ``hydra/launcher=wf_slurm`` runs its jobs inline, as the basic launcher does."""
+    start-up, and ``hydra/launcher=wf_slurm`` runs its jobs inline, as the basic launcher does."""
     app = tmp_path / "app.py"
     app.write_text(GENERIC_APP)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

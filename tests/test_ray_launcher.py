@@ -430,9 +430,8 @@ def test_tune_on_the_cluster_measures_every_trial_on_ray(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
     """``python -m wf_launch.tune launcher=ray``: a round's trials run as Ray points side by side
-    (the cluster holds
-    them all), the known-best layout of ``task=clockwork`` wins, and nothing is left in the
-    cluster."""
+    (the cluster holds them all), the known-best layout of ``task=clockwork`` wins, and nothing is
+    left in the cluster."""
     sys.path.insert(0, str(Path(__file__).parent / "user_tasks"))
     from wf_tune_tasks import layout_key
 

@@ -1,8 +1,6 @@
 """``launcher=ray`` without a cluster: its config checks, where ranks go (bundles, nodes,
-LOCAL_RANK, GPUs), whether
-a run fits a cluster, the refusals before anything starts (Ray missing, a relative run directory),
-the dry run,
-and that every Ray name we use still exists."""
+LOCAL_RANK, GPUs), whether a run fits a cluster, the refusals before anything starts (Ray missing, a
+relative run directory), the dry run, and that every Ray name we use still exists."""
 
 from __future__ import annotations
 

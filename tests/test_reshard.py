@@ -227,8 +227,8 @@ def _describe(sizes: tuple[int, int, int]) -> str:
 
 def _assert_export(run_dir: Path, gathered: dict[str, dict[str, torch.Tensor]]) -> None:
     """``python -m wf_launch.checkpoint export`` (no process group) writes exactly the weights
-    gathered in-process
-    (the command in a subprocess for the model; its ``main`` in this process for the EMA)."""
+    gathered in-process (the command in a subprocess for the model; its ``main`` in this process for
+    the EMA)."""
     from wf_launch.readers.checkpoint import main
 
     for flag, kind in (([], "model"), (["--ema"], "ema")):

@@ -1,9 +1,7 @@
 """task=script on the real SLURM cluster: torchrun's environment on two nodes, the script run from
-the code
-snapshot in the directory the command was started from, a rank's sys.exit(3) as the root cause, and
-the
-preemption drill on a script that uses wf_launch's helpers (USR2, stop flag, checkpoint, requeue,
-resume)."""
+the code snapshot in the directory the command was started from, a rank's sys.exit(3) as the root
+cause, and the preemption drill on a script that uses wf_launch's helpers (USR2, stop flag,
+checkpoint, requeue, resume)."""
 
 from __future__ import annotations
 
@@ -115,8 +113,8 @@ def test_the_slurm_drill_on_a_script_with_the_helpers_ends_identical(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """USR2 (the preemption warning) sets the stop flag; the script saves and ends; the job requeues
-    itself and
-    the script resumes from its checkpoint, ending bitwise identical to an uninterrupted run."""
+    itself and the script resumes from its checkpoint, ending bitwise identical to an uninterrupted
+    run."""
     directory = tmp_path / "drill"
     proc = subprocess.run(
         [

@@ -1,8 +1,6 @@
 """task=script / task=call / wf_launch.run without launching ranks: torchrun's flags, quoting, the
-environment
-contract, running code as __main__, the helpers outside wf_launch, and the bad inputs refused before
-anything
-starts."""
+environment contract, running code as __main__, the helpers outside wf_launch, and the bad inputs
+refused before anything starts."""
 
 from __future__ import annotations
 
@@ -537,8 +535,7 @@ def test_any_script_or_call_config_is_accepted_or_refused_with_a_config_error(
 
 def test_a_fresh_interpreter_imports_nothing_of_torch_before_the_script(tmp_path: Path) -> None:
     """What ``task.fresh_interpreter=true`` promises: the script finds torch not imported (one rank,
-    in a
-    new interpreter, through the same entrypoint the fresh child runs)."""
+    in a new interpreter, through the same entrypoint the fresh child runs)."""
     import pickle
 
     from wf_launch.rank.entrypoint import RankSpec

@@ -1,9 +1,7 @@
 """Unmodified torchrun scripts (tests/scripts/) on real ranks: through task=script, python -m
-wf_launch.run and
-plain torchrun (to show they are unmodified and behave the same), task=call, the python -m form, a
-sweep over a
-script's layout arguments, a fresh interpreter, and the drill on a script that uses wf_launch's
-helpers."""
+wf_launch.run and plain torchrun (to show they are unmodified and behave the same), task=call, the
+python -m form, a sweep over a script's layout arguments, a fresh interpreter, and the drill on a
+script that uses wf_launch's helpers."""
 
 from __future__ import annotations
 
@@ -163,8 +161,7 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
     tmp_path: Path,
 ) -> None:
     """task.fresh_interpreter=true: the supervisor passes the stack-dump signal on; the stuck rank
-    and its frame
-    are the root cause once its peer's collective times out."""
+    and its frame are the root cause once its peer's collective times out."""
     run_dir = tmp_path / "run"
     proc = start_cli(
         [
@@ -217,10 +214,8 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
 
 def test_a_killed_rank_restarts_and_rejoins_late_in_a_fresh_interpreter(tmp_path: Path) -> None:
     """kill -9 of a rank under --max-restarts: its supervisor dies of the same signal (fresh
-    interpreter), the
-    group restarts with a fresh store, and a rank that re-joins late still finds its peers (torchrun
-    2.13 reads
-    the first attempt's addresses there and fails)."""
+    interpreter), the group restarts with a fresh store, and a rank that re-joins late still finds
+    its peers (torchrun 2.13 reads the first attempt's addresses there and fails)."""
     proc = wf_run(
         [
             "--nproc-per-node",
@@ -346,9 +341,8 @@ def test_the_drill_on_a_script_with_the_helpers_and_the_same_script_under_torchr
     tmp_path: Path,
 ) -> None:
     """kill -9 of a rank (max_restarts) and SIGTERM to the launcher (stop flag, checkpoint, resume)
-    end bitwise
-    identical to an uninterrupted run; under plain torchrun the helpers are no-ops and it trains the
-    same."""
+    end bitwise identical to an uninterrupted run; under plain torchrun the helpers are no-ops and
+    it trains the same."""
     args = ["--steps", "10", "--step-sleep", "0.15"]
     drill = subprocess.run(
         [

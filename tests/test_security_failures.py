@@ -1,6 +1,5 @@
 """A rank's failure stays visible when its record cannot be written; metrics cannot overwrite their
-columns, have a
-cap, and are read as a stream (issue 19, items 12 and 15)."""
+columns, have a cap, and are read as a stream (issue 19, items 12 and 15)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Run directories: owner-only whatever the umask, a refused or dry launch writes nothing, a live
-run is never
-moved or written over, and liveness is the lock itself (issue 19, items 3, 10, 11, 13; issue 24's
-dry run)."""
+run is never moved or written over, and liveness is the lock itself (issue 19, items 3, 10, 11, 13;
+issue 24's dry run)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Run files written by a crash, a full disk or someone else: status, runs, plot and the sweep
-report read them
-without crashing, hanging or printing a terminal escape sequence (issue 19, items 6, 14, 15)."""
+report read them without crashing, hanging or printing a terminal escape sequence (issue 19, items
+6, 14, 15)."""
 
 from __future__ import annotations
 

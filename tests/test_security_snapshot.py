@@ -1,6 +1,6 @@
 """The code snapshot a SLURM job runs from: tracked files, no secrets, no nested runs, links
-resolved inside the
-checkout and refused out of it, a size cap, submodules copied or named (issue 19, item 4)."""
+resolved inside the checkout and refused out of it, a size cap, submodules copied or named (issue
+19, item 4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The stores and sockets of a run: nothing listens beyond loopback unless the launcher needs it,
-and the
-isolation docs/security.md recommends against other users of the host works (issue 19, item 2)."""
+and the isolation docs/security.md recommends against other users of the host works (issue 19, item
+2)."""
 
 from __future__ import annotations
 

@@ -79,10 +79,9 @@ def preempted_run(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[subprocess.Popen, Path]]:
     """A 2-node run with a 3-minute limit and USR2 100 s before it, started before the other tests
-    so
-    its wait for slurmctld's time-limit pass (every 30 s: 80-110 s) overlaps them. (With a shorter
-    limit the signal can come before a loaded machine has started Python and torch in the ranks, and
-    then submitit's own handler ends the task: seen in CI with a 2-minute limit.)"""
+    so its wait for slurmctld's time-limit pass (every 30 s: 80-110 s) overlaps them. (With a
+    shorter limit the signal can come before a loaded machine has started Python and torch in the
+    ranks, and then submitit's own handler ends the task: seen in CI with a 2-minute limit.)"""
     run_dir = tmp_path_factory.mktemp("preempt") / "run"
     proc = subprocess.Popen(
         [

@@ -84,8 +84,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """Held (``--begin``) until ``--follow`` showed it pending; Ctrl-C to one follow, the next to
-    the end;
-    ``--tail`` and the runs list while it runs and after."""
+    the end; ``--tail`` and the runs list while it runs and after."""
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"

@@ -1,7 +1,6 @@
 """Sweeps resume: ``-m ... hydra.sweep.dir=DIR launcher.resume=true`` reruns only the points that
-did not end ok, keeps
-the others, reports over all of them, and refuses (exit 2, naming what differs) a directory another
-sweep made."""
+did not end ok, keeps the others, reports over all of them, and refuses (exit 2, naming what
+differs) a directory another sweep made."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Experiment trackers: the hub's rules (no step twice, no step back, replay, a failing tracker
-switched off),
-the config group, and each library's own reader over a real run interrupted by kill -9 and by
-SIGTERM."""
+switched off), the config group, and each library's own reader over a real run interrupted by kill
+-9 and by SIGTERM."""
 
 from __future__ import annotations
 
@@ -275,10 +274,9 @@ def test_every_tracker_continues_one_run_across_a_kill9_restart_and_a_sigterm_re
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """kill -9 of rank 0 (its trackers lose what they had not flushed) at step 5, then SIGTERM to
-    the launcher at
-    step 7 and a relaunch with launcher.resume=true: TensorBoard, MLflow and W&B each hold one
-    curve, steps 1-10
-    once each and in order, equal to the run's loss curve, under the run's one id."""
+    the launcher at step 7 and a relaunch with launcher.resume=true: TensorBoard, MLflow and W&B
+    each hold one curve, steps 1-10 once each and in order, equal to the run's loss curve, under the
+    run's one id."""
     directory = tmp_path / "drill"
     env = cli_env({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     proc = _drill(

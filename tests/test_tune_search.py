@@ -1,8 +1,6 @@
 """The layout tuner end to end on ``task=clockwork``, whose step time is a known function of the
-layout: the search
-finds the known best, failures / out-of-memory / stalls are recorded with their cause and dropped,
-an interrupted
-tune resumes without rerunning finished trials."""
+layout: the search finds the known best, failures / out-of-memory / stalls are recorded with their
+cause and dropped, an interrupted tune resumes without rerunning finished trials."""
 
 from __future__ import annotations
 

@@ -208,8 +208,8 @@ def _existing_run_live(run_dir: Path) -> bool:
 
 def _interrupted_at_start(run_dir: Path, overrides: list[str], cfg: DictConfig) -> RunOutcome:
     """Ctrl-C while the launch was setting up (before its launcher took over): a record, the final
-    line, and how
-    to resume, never a traceback. A record the launcher already finalized stays as it is."""
+    line, and how to resume, never a traceback. A record the launcher already finalized stays as it
+    is."""
 
     try:
         record = RunRecord.read(run_dir)

@@ -1,10 +1,8 @@
 """``from wf_launch.checkpoint import Checkpointer`` (:mod:`wf_launch.rank.checkpoint`); ``from
-wf_launch import
-checkpoint`` then ``checkpoint.save(step, state)`` / ``checkpoint.load(state)``: the run's
-checkpoints for code
-without ``ctx`` (:mod:`wf_launch.rank.script_api`, no-ops outside wf_launch); ``python -m
-wf_launch.checkpoint``
-exports and lists a run's checkpoints (:mod:`wf_launch.readers.checkpoint`)."""
+wf_launch import checkpoint`` then ``checkpoint.save(step, state)`` / ``checkpoint.load(state)``:
+the run's checkpoints for code without ``ctx`` (:mod:`wf_launch.rank.script_api`, no-ops outside
+wf_launch); ``python -m wf_launch.checkpoint`` exports and lists a run's checkpoints
+(:mod:`wf_launch.readers.checkpoint`)."""
 
 import sys
 

@@ -144,8 +144,7 @@ def config_groups_help() -> str:
     ``*_schema`` entries (the structured configs the YAML builds on: nothing a user picks).
 
     Resolved as ``${wf_config_groups:}`` in wf_launch/conf/hydra/help/wf_launch.yaml, through
-    Hydra's public
-    config loader of the running app.
+    Hydra's public config loader of the running app.
     """
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
@@ -254,10 +253,8 @@ _USER_FULL_ERROR: list[str | None] = [None]
 @contextmanager
 def _hydra_raises() -> Iterator[None]:
     """Let Hydra's composition errors reach us as exceptions (``HYDRA_FULL_ERROR=1``) instead of its
-    own
-    print-and-exit-1, so that they become config errors (exit 2); the user's setting is back in
-    force while
-    the app runs (the ranks inherit it) and afterwards."""
+    own print-and-exit-1, so that they become config errors (exit 2); the user's setting is back in
+    force while the app runs (the ranks inherit it) and afterwards."""
     _USER_FULL_ERROR[0] = os.environ.get(_FULL_ERROR)
     os.environ[_FULL_ERROR] = "1"
     try:

@@ -5,10 +5,8 @@ restart.
     torchrun
 
 torchrun keeps one store for its workers across restarts, with the first attempt's keys in it: rank
-0 of
-the restart reads rank 1's old gloo address ("connectFullMesh ... Connection refused"). wf_launch
-gives
-every attempt a fresh store, so the restart joins.
+0 of the restart reads rank 1's old gloo address ("connectFullMesh ... Connection refused").
+wf_launch gives every attempt a fresh store, so the restart joins.
 """
 
 import os

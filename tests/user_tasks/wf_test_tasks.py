@@ -16,9 +16,7 @@ from wf_launch import TaskConfig, TaskContext, register_task
 @dataclass
 class MisbehaveConfig(TaskConfig):
     """Which rank misbehaves, and how: 'raise', 'raise_unrecordable', 'fill_disk',
-    'raise_timeout_word',
-    'raise_first_attempt', 'kill', 'stuck', 'exit',
-    'sleep_all' or 'none'."""
+    'raise_timeout_word', 'raise_first_attempt', 'kill', 'stuck', 'exit', 'sleep_all' or 'none'."""
 
     how: str = "raise"
     rank: int = 1

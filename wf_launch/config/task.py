@@ -59,8 +59,7 @@ class TaskConfig:
 
     def describe(self, plan: PlanView) -> str:
         """What the dry run (``launcher.dry_run=true``) adds about the task, e.g. the command each
-        rank
-        runs (``task=script``); nothing by default."""
+        rank runs (``task=script``); nothing by default."""
         return ""
 
     @classmethod

@@ -22,7 +22,6 @@ It prints the seconds each failed replica group took to rejoin, the steps the su
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -36,7 +35,7 @@ from typing import Any
 from ..launchers.ft_record import read_steps
 from ..rank.progress import PUBLISH_ENV
 from ..rundir import files
-from ..rundir.io import atomic_write_json
+from ..rundir.io import atomic_write_json, read_json
 from ..rundir.record import RecordError, RunRecord
 
 __all__ = [
@@ -134,8 +133,8 @@ def _pids(run_dir: Path, replica: int) -> dict[int, int]:
     out = {}
     for path in logs.glob("rank*.pid"):
         try:
-            out[int(path.name[4:].split(".")[0])] = int(json.loads(path.read_text())["pid"])
-        except (OSError, ValueError, KeyError):
+            out[int(path.name[4:].split(".")[0])] = int(read_json(path)["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
 

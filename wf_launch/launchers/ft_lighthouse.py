@@ -1,12 +1,11 @@
 """torchft's Lighthouse, run and supervised by the launcher (``ft=torchft ft.lighthouse=null``).
 
-The Lighthouse forms a quorum of the replica groups at every step. It runs in a process of its
-own (this file, run as a script), on loopback, and the launcher restarts it
-on the same port when it dies: the replica groups' Managers keep heartbeating to that address and
-retry a quorum request that failed
-(:data:`wf_launch.rank.ft.QUORUM_RETRIES` times), so the run goes on. A step in flight
-is not lost: the all-reduce between replica groups does not pass through the Lighthouse; only the
-next quorum waits for the new one.
+The Lighthouse forms a quorum of the replica groups at every step. It runs in a process of its own
+(this file, run as a script), on loopback, and the launcher restarts it on the same port when it
+dies: the replica groups' Managers keep heartbeating to that address and retry a quorum request that
+failed (:data:`wf_launch.rank.ft.QUORUM_RETRIES` times), so the run goes on. A step in flight is not
+lost: the all-reduce between replica groups does not pass through the Lighthouse; only the next
+quorum waits for the new one.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
+from ..rundir.io import read_lines, read_text
 from ..rundir.record import RecordError, RunRecord
 
 __all__ = ["compose_ft", "ft_status_lines", "last_step", "read_events", "read_steps"]
@@ -33,18 +34,26 @@ def read_steps(replica_dir: Path) -> list[tuple[float, int, int | None]]:
     """(time, step, replica groups in the quorum) of every step rank 0 of a replica group
     reported."""
     out: list[tuple[float, int, int | None]] = []
-    try:
-        text = files.metrics_file(replica_dir).read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
+    for row in _rows(files.metrics_file(replica_dir)):
         if row.get("rank") == 0 and isinstance(row.get("step"), int):
             out.append((float(row.get("time", 0)), row["step"], row.get("replicas")))
     return out
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file of the run (none if it is missing or unreadable)."""
+    rows: list[dict[str, Any]] = []
+    try:
+        for line in read_lines(path):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    except (OSError, ValueError):  # missing, or not a regular file (UnreadableFile)
+        pass
+    return rows
 
 
 def last_step(replica_dir: Path) -> int | None:
@@ -55,17 +64,7 @@ def last_step(replica_dir: Path) -> int | None:
 
 def read_events(replica_dir: Path) -> list[dict[str, Any]]:
     """A replica group's events (``failed`` by its agent, ``healed`` by its rank 0), in order."""
-    try:
-        text = files.ft_events(replica_dir).read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return sorted(out, key=lambda e: e.get("time", 0))
+    return sorted(_rows(files.ft_events(replica_dir)), key=lambda e: e.get("time", 0))
 
 
 def _cause(code: int) -> str:
@@ -83,8 +82,8 @@ def _addresses(run_dir: Path, replicas: int, ranks: int) -> dict[str, int]:
     for k in range(replicas):
         for r in range(ranks):
             try:
-                text = files.ft_address(files.ft_replica_dir(run_dir, k), r).read_text()
-            except OSError:
+                text = read_text(files.ft_address(files.ft_replica_dir(run_dir, k), r))
+            except (OSError, ValueError):
                 continue
             out.update({line.strip(): k for line in text.splitlines() if line.strip()})
     return out

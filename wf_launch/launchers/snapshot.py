@@ -172,8 +172,7 @@ class _Plan:
 
 def _link_target(root: Path, rel: str) -> Path | None:
     """Where the link at ``rel`` leads, inside ``root`` (None: a loop); :class:`SnapshotError` for a
-    link out of
-    the checkout."""
+    link out of the checkout."""
     src = root / rel
     try:
         target = src.resolve()
@@ -248,8 +247,8 @@ def take(
     dest: Path, root: Path, untracked: bool = False, max_bytes: int | None = None
 ) -> dict[str, object]:
     """Copy the project's files at ``root`` into ``dest`` (created owner-only; an existing copy is
-    kept); its
-    manifest. :class:`SnapshotError` when it cannot be taken as asked (nothing is copied then)."""
+    kept); its manifest. :class:`SnapshotError` when it cannot be taken as asked (nothing is copied
+    then)."""
     manifest = read_json(dest / MANIFEST) if (dest / MANIFEST).exists() else None
     if manifest:
         return manifest

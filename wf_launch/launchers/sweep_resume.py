@@ -126,9 +126,8 @@ def check_same_sweep(sweep_dir: Path, config: Any) -> None:
 
 def still_running(run_dir: Path, record: RunRecord | None = None) -> bool:
     """Whether the run in ``run_dir`` may still be going, asked of the launcher that ran it (a SLURM
-    job in the
-    queue whose launcher has exited counts); only its lock can tell for a launcher not installed
-    here."""
+    job in the queue whose launcher has exited counts); only its lock can tell for a launcher not
+    installed here."""
 
     name = (
         record.launcher if record is not None and record.launcher else files.launcher_name(run_dir)

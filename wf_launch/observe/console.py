@@ -23,8 +23,7 @@ def _on_terminal() -> bool:
 
 def _console(message: str) -> None:
     """A launcher line on a terminal: it clears the line first (a progress bar, redrawn below it at
-    the next tick),
-    so that no line sticks to the bar."""
+    the next tick), so that no line sticks to the bar."""
     sys.stderr.write(CLEAR_LINE + message)
     sys.stderr.flush()
 

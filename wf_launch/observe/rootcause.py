@@ -305,8 +305,8 @@ _NUMBER = re.compile(r"\d+")
 
 def group_failures(records: list[dict[str, Any]]) -> list[FailureGroup]:
     """The failure records grouped by (type, innermost frame, message with its numbers blanked),
-    first failure
-    first; ranks that only lost a peer are grouped apart from the ranks that raised."""
+    first failure first; ranks that only lost a peer are grouped apart from the ranks that
+    raised."""
     groups: dict[tuple[Any, ...], FailureGroup] = {}
     for record in sorted(records, key=lambda r: (r.get("time", 0.0), r.get("rank", 0))):
         frames = parse_traceback(record.get("traceback", ""))

@@ -88,8 +88,7 @@ class Frame:
 
 def _short(path: str) -> str:
     """A frame's file as a user knows it: inside a SLURM code snapshot, its path in the project;
-    else
-    relative to the working directory, or the file name alone for a long absolute path."""
+    else relative to the working directory, or the file name alone for a long absolute path."""
     p = Path(path)
     for parent in p.parents:
         if (
@@ -350,8 +349,7 @@ def describe_groups(
 
 def local_pids(run_dir: Path | str, world_size: int) -> dict[int, int]:
     """Ranks of a run on this host whose recorded process is still that rank's
-    (:func:`live_rank_pid`: never a
-    stale, reused, foreign or group pid)."""
+    (:func:`live_rank_pid`: never a stale, reused, foreign or group pid)."""
     out = {}
     for rank in files.rank_files(run_dir, "pid"):
         if rank >= world_size:

@@ -78,8 +78,8 @@ class _Rank:
 
 def _set_threads(n: int) -> None:
     """Torch's threads for this rank; through ``OMP_NUM_THREADS`` when torch is not imported yet (a
-    fresh
-    interpreter running a script: torch reads it at import, and the script imports torch itself)."""
+    fresh interpreter running a script: torch reads it at import, and the script imports torch
+    itself)."""
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(max(1, n))

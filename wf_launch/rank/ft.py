@@ -8,11 +8,10 @@ comes back after a failure heals from a live peer through torchft's checkpoint t
 (HTTP), between steps (``use_async_quorum=False``: the state is applied inside
 ``start_quorum``, never during a forward).
 
-What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section
-from these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``),
-and the replica's heal
-events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when a session
-starts.
+What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section from
+these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``), and the
+replica's heal events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when
+a session starts.
 """
 
 from __future__ import annotations

@@ -151,8 +151,7 @@ class ProgressReporter:
 
     def close(self, status: str = "ok") -> None:
         """Publish the last state, close ``metrics.jsonl``, then the trackers with how the attempt
-        ended
-        (``ok``, ``interrupted``, ``failed``). Closing twice does nothing more."""
+        ended (``ok``, ``interrupted``, ``failed``). Closing twice does nothing more."""
         if self.step is not None:
             self.publish()
         if self._metrics_file is not None:

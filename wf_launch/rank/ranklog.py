@@ -118,9 +118,8 @@ class RankLogSink:
 
 def _console_sink(message: str) -> None:
     """A rank's line on the launcher's terminal. On a terminal it first clears the line the cursor
-    is on (the
-    launcher's progress bar, redrawn under it at the launcher's next tick), so a log line never
-    sticks to the bar."""
+    is on (the launcher's progress bar, redrawn under it at the launcher's next tick), so a log line
+    never sticks to the bar."""
     try:
         stream = sys.__stderr__
         stream.write(f"{CLEAR_LINE}{message}" if _on_terminal(stream) else message)

@@ -38,19 +38,17 @@ __all__ = ["TaskContext", "build_context", "build_own_group_context"]
 class TaskContext:
     """Everything a task needs on one rank.
 
-    ``cfg`` is the task's config, the documented way to read it: an instance of the
-    dataclass the task was registered with (``register_task(name, config=...)``),
-    typed, defaults applied. ``config`` is the resolved run config (a plain dict:
-    engine, launcher, task); ``task_config`` its ``task`` section as a plain dict,
-    the untyped view kept for tasks written before config classes. ``rank`` / ``world_size`` /
-    ``local_rank``
-    / ``device`` place this rank; ``coords`` are its tp/cp/pp/dp coordinates.
-    ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp', 'tp-pp' to
-    :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects;
-    ``pp`` is the PP scheduler when pp_size > 1, else None. ``run_dir`` is the run
-    directory shared by all ranks; ``log`` a loguru logger bound to this rank. ``run_id`` is the
-    run's stable id (``RUN_DIR/run_id``, also ``$WF_RUN_ID``): the same in every attempt, restart,
-    requeue and resume of the run, e.g. to name the run in your own tracker.
+    ``cfg`` is the task's config, the documented way to read it: an instance of the dataclass the
+    task was registered with (``register_task(name, config=...)``), typed, defaults applied.
+    ``config`` is the resolved run config (a plain dict: engine, launcher, task); ``task_config``
+    its ``task`` section as a plain dict, the untyped view kept for tasks written before config
+    classes. ``rank`` / ``world_size`` / ``local_rank`` / ``device`` place this rank; ``coords`` are
+    its tp/cp/pp/dp coordinates. ``groups`` maps 'world', 'tp', 'cp', 'pp', 'dp', 'tp-cp', 'dp-cp',
+    'tp-pp' to :class:`~worldfoundry.core.distributed.groups.GroupCoordinator` objects; ``pp`` is
+    the PP scheduler when pp_size > 1, else None. ``run_dir`` is the run directory shared by all
+    ranks; ``log`` a loguru logger bound to this rank. ``run_id`` is the run's stable id
+    (``RUN_DIR/run_id``, also ``$WF_RUN_ID``): the same in every attempt, restart, requeue and
+    resume of the run, e.g. to name the run in your own tracker.
 
     ``ft`` is torchft's ``Manager`` under ``ft=torchft`` (None otherwise): the run is
     ``ft.replicas`` replica groups, each its own world of this layout (``rank``, ``world_size``
@@ -229,8 +227,7 @@ def build_own_group_context(config: dict[str, Any], run_dir: Path, log: Any) -> 
 
 def _reporter(config: dict[str, Any], run_dir: Path, rank: int, log: Any) -> tuple[str, Any]:
     """The run's id and this rank's progress reporter (``metrics.jsonl`` within
-    ``launcher.max_metrics_mb``,
-    the experiment trackers of ``tracking``)."""
+    ``launcher.max_metrics_mb``, the experiment trackers of ``tracking``)."""
 
     run_id = os.environ.get(RUN_ID_ENV) or read_run_id(run_dir) or ""
     sink = open_trackers(config, run_dir, rank, run_id, _attempt(), log)

@@ -134,8 +134,7 @@ def _launcher_column(name: str, run_dir: Path, record: RunRecord | None) -> str:
 
 def _gone(name: str, run_dir: Path) -> bool:
     """Whether a run with no record has lost its launcher (its ``is_live`` hook: a SLURM job is left
-    to the
-    scheduler, a Ray run to whatever monitors it)."""
+    to the scheduler, a Ray run to whatever monitors it)."""
 
     try:
         launcher = get_launcher(name)

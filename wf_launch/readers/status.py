@@ -108,8 +108,7 @@ def _print_state(
 
 def _attempt_lines(run_dir: Path) -> list[str]:
     """The run's attempts (the final record's, or the markers of a run still going) when there were
-    restarts,
-    and a line for each attempt marker that cannot be read."""
+    restarts, and a line for each attempt marker that cannot be read."""
     try:
         record = RunRecord.read(run_dir)
     except RecordError:
@@ -129,8 +128,7 @@ _MAX_LINE = 16 << 10
 
 def tail_lines(path: Path, lines: int, block: int = 1 << 16, max_bytes: int = 1 << 20) -> list[str]:
     """The last ``lines`` lines of the file at ``path``, read backwards from its end (a log may hold
-    a GB);
-    never more than ``max_bytes`` of it (a last line longer than that is shown cut)."""
+    a GB); never more than ``max_bytes`` of it (a last line longer than that is shown cut)."""
     if lines <= 0:
         return []
     fd = open_regular(path)

@@ -136,8 +136,7 @@ def last_step(run_dir: Path | str, world_size: int, since: float | None = None) 
 
 def cause_of_exits(exits: dict[int, int]) -> str:
     """A crashed attempt's cause from the ranks' exit codes: the signalled rank first (a killed rank
-    is the
-    cause, its peers' errors the consequence)."""
+    is the cause, its peers' errors the consequence)."""
     if not exits:
         return "failed"
     signalled = sorted((r, c) for r, c in exits.items() if c < 0)

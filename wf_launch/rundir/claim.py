@@ -141,18 +141,16 @@ def claim(
 ) -> RunDirClaim:
     """Make ``run_dir`` this launch's own: one run directory holds one run.
 
-    Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or
-    when the directory already holds a run (its ``result.json``, logs, config)
-    and neither ``overwrite`` nor ``resume`` is set. With ``overwrite`` the old run is moved aside
-    into
-    a sibling ``NAME.replaced-TIMESTAMP`` directory (mode 0700), never merged into. With
-    ``resume`` the launch continues that run in place (its checkpoints and attempt
-    records stay; its last ``result.json`` moves to ``logs/``), unless it completed; when the
-    directory holds no run, ``resume=True`` is refused (naming the run directories close to
-    its name: a typo would otherwise train from scratch) and ``resume="auto"`` starts one.
-    Either is refused while the run may still be going: ``is_live(run_dir)`` is its launcher's
-    :meth:`~wf_launch.launchers.LauncherHooks.is_live` (a detached SLURM job whose launcher has
-    left still runs). Once claimed, the directory is made owner-only (0700).
+    Raises :class:`RunDirInUse` when a live launch holds the directory's lock, or when the directory
+    already holds a run (its ``result.json``, logs, config) and neither ``overwrite`` nor ``resume``
+    is set. With ``overwrite`` the old run is moved aside into a sibling ``NAME.replaced-TIMESTAMP``
+    directory (mode 0700), never merged into. With ``resume`` the launch continues that run in place
+    (its checkpoints and attempt records stay; its last ``result.json`` moves to ``logs/``), unless
+    it completed; when the directory holds no run, ``resume=True`` is refused (naming the run
+    directories close to its name: a typo would otherwise train from scratch) and ``resume="auto"``
+    starts one. Either is refused while the run may still be going: ``is_live(run_dir)`` is its
+    launcher's :meth:`~wf_launch.launchers.LauncherHooks.is_live` (a detached SLURM job whose
+    launcher has left still runs). Once claimed, the directory is made owner-only (0700).
     """
     if overwrite and resume:
         raise RunDirInUse(
@@ -356,9 +354,8 @@ def _pid_alive(pid: int | None, host: str | None) -> bool:
 
 def remove_made_folders(path: Path, since: float) -> None:
     """Remove ``path`` and its parents while each is an empty folder made after ``since`` (Hydra
-    makes the run
-    directory before the app runs; a dry run leaves nothing). Never the working directory or one
-    above it."""
+    makes the run directory before the app runs; a dry run leaves nothing). Never the working
+    directory or one above it."""
     cwd = Path.cwd().resolve()
     path = path.resolve()
     while path != cwd and path not in cwd.parents and path.parent != path:

@@ -56,10 +56,9 @@ def _module_file(name: str) -> Path | None:
 
 def code_provenance(config: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Where the code that runs comes from, whatever directory the command was started in: wf_launch
-    itself and
-    the task's own code (``task.modules``, a script's ``task.path`` or ``task.module``), each with
-    the commit and
-    dirty flag of the git checkout holding it (none for an installed package outside a checkout)."""
+    itself and the task's own code (``task.modules``, a script's ``task.path`` or ``task.module``),
+    each with the commit and dirty flag of the git checkout holding it (none for an installed
+    package outside a checkout)."""
     from importlib import metadata
 
     here = Path(__file__).resolve().parents[1]
@@ -89,9 +88,8 @@ def environment_info(
     cwd: Path | str | None = None, config: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Versions, host, the code's provenance, and ``git_commit`` / ``git_dirty``: those of the
-    task's own code
-    when it lives in a git checkout, else of wf_launch's checkout, else of the working
-    directory's."""
+    task's own code when it lives in a git checkout, else of wf_launch's checkout, else of the
+    working directory's."""
     import torch
 
     cwd = Path(cwd or os.getcwd())
@@ -136,9 +134,9 @@ def _packages() -> list[str]:
 
 def record_environment(run_dir: Path | str, cwd: Path | str | None = None) -> dict[str, Any]:
     """Write ``environment.json`` (:func:`environment_info` for the run's config, plus the installed
-    packages,
-    ``pip freeze`` style, and ``git diff HEAD`` of the recorded checkout when it is dirty, cut at
-    :data:`MAX_DIFF_BYTES`) and return the summary the run record keeps (without those two)."""
+    packages, ``pip freeze`` style, and ``git diff HEAD`` of the recorded checkout when it is dirty,
+    cut at :data:`MAX_DIFF_BYTES`) and return the summary the run record keeps (without those
+    two)."""
     info = environment_info(cwd, files.read_config(run_dir))
     full = {**info, "packages": _packages()}
     if info.get("git_dirty"):

@@ -198,9 +198,8 @@ def rank_errors(run_dir: Path | str) -> list[Path]:
 
 def rank_files(run_dir: Path | str, kind: str) -> dict[int, Path]:
     """Rank -> path of each rank's file of ``kind`` that exists (``log``, ``error``, ``progress``,
-    ``stacks``,
-    ``pid``, ``preempt``), in rank order: readers loop over the files a run has, never over a world
-    size."""
+    ``stacks``, ``pid``, ``preempt``), in rank order: readers loop over the files a run has, never
+    over a world size."""
     prefix, suffix = _RANK_FILES[kind].split("{}")
     found: dict[int, Path] = {}
     try:

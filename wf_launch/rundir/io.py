@@ -221,8 +221,7 @@ def read_bytes(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
 
 def read_json(path: Path | str, limit: int = MAX_RECORD_BYTES) -> Any:
     """Parsed JSON at ``path``, or None if it does not exist; :class:`UnreadableFile` (a ValueError)
-    if it
-    cannot be read or parsed."""
+    if it cannot be read or parsed."""
     try:
         data = read_bytes(path, limit)
     except FileNotFoundError:

@@ -2,11 +2,9 @@
 ``logs/rank{r}.pid``.
 
 Every rank records its pid, host and node when it starts (:mod:`wf_launch.rank.stackdump`); the node
-is
-what its launcher calls it (``WF_NODE``: SLURM's node name, Ray's node id), else the host. The local
-and
-SLURM launchers put this in the record they finalize; the Ray launcher records what its rank actors
-reported.
+is what its launcher calls it (``WF_NODE``: SLURM's node name, Ray's node id), else the host. The
+local and SLURM launchers put this in the record they finalize; the Ray launcher records what its
+rank actors reported.
 """
 
 from __future__ import annotations

@@ -52,8 +52,7 @@ def valid_state(state: Any) -> bool:
 
 def read_progress(run_dir: Path | str, world_size: int) -> dict[int, dict[str, Any]]:
     """Every rank's latest published state (ranks that reported nothing yet, or whose state is
-    malformed, are
-    absent: progress is advisory)."""
+    malformed, are absent: progress is advisory)."""
     out = {}
     for rank, path in files.rank_files(run_dir, "progress").items():
         if rank >= world_size:

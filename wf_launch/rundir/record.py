@@ -299,11 +299,10 @@ class RunRecord:
         it.
 
         ``facts`` are record fields (``run_dir`` too) or extra fields. A dict fact is merged into
-        the same dict of the existing record
-        (``timings``); anything else replaces it. A non-ok status drops rank 0's
-        ``finished_at`` (the launcher's time is used instead). A record that cannot be written
-        (a full disk) is returned with :attr:`unwritten` saying why, never raised: the launcher
-        still ends and prints its root cause.
+        the same dict of the existing record (``timings``); anything else replaces it. A non-ok
+        status drops rank 0's ``finished_at`` (the launcher's time is used instead). A record that
+        cannot be written (a full disk) is returned with :attr:`unwritten` saying why, never raised:
+        the launcher still ends and prints its root cause.
         """
         try:
             record = cls.read(run_dir)

@@ -253,8 +253,8 @@ def make_batch(
     count: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Samples ``first .. first + count - 1`` of step ``step``'s global batch: times (B,), noisy
-    latents x_t
-    and regression targets (B, C, T, H, W), float32 on the CPU. The same samples whatever the split.
+    latents x_t and regression targets (B, C, T, H, W), float32 on the CPU. The same samples
+    whatever the split.
 
     ``x0`` is a seeded prototype latent plus a little noise; ``x_t = (1 - t) x0 + t noise``;
     the target is ``noise - x0`` (flow matching) or ``noise`` (denoising).

@@ -140,9 +140,8 @@ def _activations(cfg: TrainShape, blocks: int, cp: int, dp: int) -> float:
 
 def estimate_memory_gb(cfg: TrainShape, layout: Mapping[str, Any]) -> float:
     """Peak memory per rank (GB) of ``train`` with ``cfg`` on ``layout`` (``tp``, ``cp``, ``pp``,
-    ``dp``, and
-    ``device``: ``cpu`` for host memory, anything else for device memory); the largest over the
-    pipeline stages."""
+    ``dp``, and ``device``: ``cpu`` for host memory, anything else for device memory); the largest
+    over the pipeline stages."""
     cp, pp, dp = int(layout["cp"]), int(layout["pp"]), int(layout["dp"])
     cpu = str(layout.get("device", "cpu")) == "cpu"
     shards = dp * cp

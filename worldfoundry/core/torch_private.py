@@ -320,17 +320,13 @@ def release_finished_workers(pcontext: Any, timeout_s: float = 1.0) -> None:
 @lru_cache(maxsize=1)
 def store_server_handler_class() -> type:
     """torch's ``DynamicRendezvousHandler`` whose store server comes from
-    ``self.store_factory(port)``, a new one
-    for every rendezvous round.
+    ``self.store_factory(port)``, a new one for every rendezvous round.
 
     torch shares one store server with the workers across rounds (``TORCHELASTIC_USE_AGENT_STORE``)
-    and keeps
-    its keys: after a restart, ``init_process_group`` of a plain torchrun script reads the previous
-    attempt's
-    gloo addresses when a peer re-joins late, and fails ("connectFullMesh ... Connection refused";
-    torchrun
-    2.13 itself does). A fresh server per round (a new port in ``MASTER_PORT``) holds only this
-    attempt's keys.
+    and keeps its keys: after a restart, ``init_process_group`` of a plain torchrun script reads the
+    previous attempt's gloo addresses when a peer re-joins late, and fails ("connectFullMesh ...
+    Connection refused"; torchrun 2.13 itself does). A fresh server per round (a new port in
+    ``MASTER_PORT``) holds only this attempt's keys.
     """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 

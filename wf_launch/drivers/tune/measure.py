@@ -205,8 +205,7 @@ def measure_point(
     sizes: dict[str, int] | None = None,
 ) -> Measurement:
     """What the trial in ``run_dir`` measured, or why it did not (``stalled``: the tuner stopped it,
-    and why;
-    ``sizes``: the layout the trial must have run)."""
+    and why; ``sizes``: the layout the trial must have run)."""
     base = Measurement(trial, round_index, NOT_RUN, steps=steps, run_dir=str(run_dir))
     if not Path(run_dir).is_dir():
         return base

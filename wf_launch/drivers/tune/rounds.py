@@ -63,8 +63,7 @@ _TRIAL_ID = re.compile(r"t[0-9]+(-[A-Za-z0-9_]+)*")
 @dataclass
 class Interrupt:
     """Set by the tune's signal handlers: the signal to pass on to the round's sweep, and how many
-    came
-    (a second one stops the sweep at once)."""
+    came (a second one stops the sweep at once)."""
 
     signum: int | None = None
     count: int = 0
@@ -200,8 +199,7 @@ def trial_of(job_dir: Path) -> str | None:
 
 def job_dirs(round_dir: Path, cache: dict[str, str] | None = None) -> dict[str, Path]:
     """trial id -> its point directory in the round's sweep directory (``cache``: point name ->
-    trial, kept
-    between calls: a point's trial never changes)."""
+    trial, kept between calls: a point's trial never changes)."""
     cache = {} if cache is None else cache
     out: dict[str, Path] = {}
     if round_dir.is_dir():
@@ -221,9 +219,8 @@ def job_dirs(round_dir: Path, cache: dict[str, str] | None = None) -> dict[str, 
 @dataclass
 class Watch:
     """How a round is watched: the metric and warm-up (to measure), ``stall_s``, the budget's
-    ``deadline``
-    (monotonic, or None), ``check_metric`` (stop at the first trial that measures nothing), the
-    launcher."""
+    ``deadline`` (monotonic, or None), ``check_metric`` (stop at the first trial that measures
+    nothing), the launcher."""
 
     metric: str
     warmup: int
@@ -236,8 +233,7 @@ class Watch:
 
 class RoundRunner:
     """Run one round's sweep and watch it; ``on_measure`` hears of each trial as it ends (``known``:
-    trials
-    measured before a resume, kept as they are)."""
+    trials measured before a resume, kept as they are)."""
 
     def __init__(
         self,

@@ -194,8 +194,7 @@ def split_command(args: list[str], steps_field: str) -> tuple[int, list[str]]:
     """The tune's positional arguments -> (world size, the Hydra overrides every trial gets).
 
     :class:`TuneError` when ``world_size=N`` is missing or bad, when an override fixes a size the
-    tuner
-    chooses, sets what the tuner owns, or is not an override at all.
+    tuner chooses, sets what the tuner owns, or is not an override at all.
     """
     world: int | None = None
     overrides: list[str] = []

@@ -205,8 +205,8 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
 
     def stop_signal(self, death_sig: Any) -> Any:
         """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag,
-        so a task
-        that polls ``ctx.should_stop()`` saves and returns; a second Ctrl-C stops them at once."""
+        so a task that polls ``ctx.should_stop()`` saves and returns; a second Ctrl-C stops them at
+        once."""
         if death_sig == signal.SIGINT:
             logger.warning(CTRL_C_NOTICE)
             return signal.SIGTERM

@@ -407,9 +407,8 @@ CTRL_C_STOP = "stop flag: SIGINT (Ctrl-C)"
 
 class _AttemptTracker:
     """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of
-    the ranks
-    is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record is filled
-    in."""
+    the ranks is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record
+    is filled in."""
 
     def __init__(self, run_dir: Any, world_size: int, base: int) -> None:
         self.run_dir, self.world_size, self.base = run_dir, world_size, base

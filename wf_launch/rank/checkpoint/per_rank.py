@@ -97,11 +97,9 @@ class Resolution:
     """Where each per-rank entry of the state comes from at this layout.
 
     ``sources``: entry -> saved rank whose copy loads here; ``remapped``: entry -> saved ranks of
-    every replica
-    (oldest dp index first) for the task's ``remap``; ``rederived``: entries the task re-derives
-    (kept as built).
-    ``rng_from``: the saved rank whose RNG states load here (None: re-derived from seed, step and
-    rank).
+    every replica (oldest dp index first) for the task's ``remap``; ``rederived``: entries the task
+    re-derives (kept as built). ``rng_from``: the saved rank whose RNG states load here (None:
+    re-derived from seed, step and rank).
     """
 
     changed: bool

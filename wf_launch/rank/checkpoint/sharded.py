@@ -91,9 +91,8 @@ def global_state_dicts(plan: Plan) -> dict[str, Any]:
 
 def _drop_stateless(metadata: Any, name: str, flat: dict[str, Any]) -> None:
     """Drop the optimizer state of parameters that had none when saved (never updated): they keep
-    the fresh,
-    zero state ``get_optimizer_state_dict`` gave them, which is what a first update starts from
-    anyway."""
+    the fresh, zero state ``get_optimizer_state_dict`` gave them, which is what a first update
+    starts from anyway."""
     saved = metadata.state_dict_metadata
     params: dict[str, list[str]] = {}
     for key in flat:

@@ -29,8 +29,7 @@ class TrackerSettings:
     state.
 
     ``tagged`` (``tracking.all_ranks``): every rank tracks, so names carry the rank. ``state`` is
-    the
-    tracker's record from earlier attempts (``tracking/NAME.json``: ``last_step``, ``run``).
+    the tracker's record from earlier attempts (``tracking/NAME.json``: ``last_step``, ``run``).
     """
 
     run_dir: Path

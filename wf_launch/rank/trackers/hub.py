@@ -269,8 +269,7 @@ def _read_metrics(
     run_dir: Path, rank: int, floor: float, before: int | None
 ) -> list[tuple[int, dict[str, float]]]:
     """This rank's points in ``metrics.jsonl`` with ``floor < step < before``, by step (the last
-    value of a step
-    reported twice wins), streamed line by line."""
+    value of a step reported twice wins), streamed line by line."""
     by_step: dict[int, dict[str, float]] = {}
     try:
         for line in read_lines(files.metrics_file(run_dir)):

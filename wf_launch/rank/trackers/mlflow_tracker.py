@@ -133,8 +133,7 @@ class MLflowTracker(Tracker):
 
 def _shared_run(path: Path, lock_path: Path, create: Any) -> str:
     """The run id kept in ``path``, or ``create()``'s, written there: under a lock, so every rank
-    and attempt
-    of the run agree on one MLflow run."""
+    and attempt of the run agree on one MLflow run."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)

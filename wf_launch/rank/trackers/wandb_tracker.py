@@ -91,8 +91,7 @@ class WandbTracker(Tracker):
 
 def offline_last_step(wandb_dir: Path, wandb_id: str, exclude: Path | None = None) -> int | None:
     """The last history step in the offline runs of ``wandb_id`` under ``wandb_dir``, read with
-    W&B's own reader
-    (``wandb leet inspect --summary --json``); None when there are none."""
+    W&B's own reader (``wandb leet inspect --summary --json``); None when there are none."""
     steps = []
     for run in sorted(wandb_dir.glob(f"offline-run-*-{wandb_id}")):
         if exclude is not None and run.resolve() == exclude.resolve():

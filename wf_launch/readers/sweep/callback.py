@@ -74,9 +74,8 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
     @staticmethod
     def _remove_dry_run(sweep_dir: Path, started: float, kept_plan: str | None = None) -> None:
         """A dry-run sweep leaves nothing: Hydra's ``multirun.yaml`` and the folders made for it go
-        (a resumed
-        sweep's ``multirun.yaml`` is put back as it was: it is what a later resume is checked
-        against)."""
+        (a resumed sweep's ``multirun.yaml`` is put back as it was: it is what a later resume is
+        checked against)."""
 
         plan = sweep_dir / files.SWEEP_PLAN
         try:
@@ -196,11 +195,9 @@ class SweepReport(_HydraCallback):  # type: ignore[misc,valid-type]
         """The launch itself raised: record it as a failed point and let the sweep go on.
 
         A signal that reached the launch before it could stop its ranks itself (torch elastic's
-        handler
-        raises ``SignalException`` from wherever the process is) is an interruption, not a failure:
-        the
-        point is recorded as interrupted and the sweep stops, as when the signal reaches a running
-        point.
+        handler raises ``SignalException`` from wherever the process is) is an interruption, not a
+        failure: the point is recorded as interrupted and the sweep stops, as when the signal
+        reaches a running point.
         """
         import signal
         import traceback

@@ -29,8 +29,7 @@ __all__ = [
 
 def _gloo_on_loopback() -> None:
     """A single process: gloo's listening socket (which no one needs to reach) on the loopback
-    interface,
-    unless ``GLOO_SOCKET_IFNAME`` already says where."""
+    interface, unless ``GLOO_SOCKET_IFNAME`` already says where."""
     import socket
 
     names = (

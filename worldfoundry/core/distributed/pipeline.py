@@ -1,11 +1,10 @@
 """Pipeline-parallel (PP) point-to-point scheduling between ring neighbours of the pp group.
 
-:class:`PPScheduler` sends to the next stage and receives from the previous one
-(ring order of ``groups.get_pp_group()``; the last stage's next is the first).
-Receives can be posted ahead of time with :meth:`PPScheduler.queue_irecv_prev`
-and collected in the same (FIFO) order with
-:meth:`PPScheduler.queue_irecv_prev_data`; messages from one peer are matched
-in posting order, so the n-th queued receive gets the n-th message sent.
+:class:`PPScheduler` sends to the next stage and receives from the previous one (ring order of
+``groups.get_pp_group()``; the last stage's next is the first). Receives can be posted ahead of time
+with :meth:`PPScheduler.queue_irecv_prev` and collected in the same (FIFO) order with
+:meth:`PPScheduler.queue_irecv_prev_data`; messages from one peer are matched in posting order, so
+the n-th queued receive gets the n-th message sent.
 
 One scheduler exists per runtime (:func:`init_pp_scheduler` /
 :func:`pp_scheduler`); it lives in the runtime's PP scheduler slot

@@ -170,10 +170,8 @@ def _is_loopback(host: str | None) -> bool:
 
 def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedelta) -> Any:
     """The launch's store: in-process for :data:`LOCAL_STORE`; on rank 0 of an ``env://`` launch
-    whose
-    ``MASTER_ADDR`` is a loopback address, a server listening on that address only (torch's own
-    listens on
-    every interface); otherwise torch's rendezvous."""
+    whose ``MASTER_ADDR`` is a loopback address, a server listening on that address only (torch's
+    own listens on every interface); otherwise torch's rendezvous."""
     if init_method == LOCAL_STORE:
         return dist.HashStore()
     master = os.environ.get("MASTER_ADDR")
