@@ -10,8 +10,10 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,21 @@ if importlib.util.find_spec("xdist") is not None:  # not installed in the wheel 
     pytest_unconfigure = unconfigure_controller
     pytest_configure_node = configure_node
     pytest_xdist_make_scheduler = make_scheduler
+
+
+@pytest.fixture(scope="module")
+def other_user() -> Iterator[str]:
+    """A real second Unix user (made for the module's tests, removed after); root only."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
+        pytest.skip("a second Unix user needs root, useradd and runuser")
+    name = f"wf_other{os.getpid() % 100000}"
+    made = subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

@@ -48,24 +48,6 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-@pytest.fixture(scope="module")
-def other_user() -> Iterator[str]:
-    """A real second Unix user (made for the test, removed after); root only."""
-    if os.geteuid() != 0:
-        pytest.skip("making a second Unix user needs root (useradd)")
-    name = f"wf_other{os.getpid() % 100000}"
-    made = subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
-
-
 def _as(user: str, *cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", user, "--", *cmd], capture_output=True, text=True)
 

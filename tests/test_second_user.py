@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,24 +26,6 @@ _TRY = (
     'elif [ -f "$p" ]; then head -c 1 "$p" >/dev/null 2>&1 && echo "$p"; fi; done'
 )
 """Print each path read from stdin that can be listed (a folder) or read (a file)."""
-
-
-@pytest.fixture
-def other_user() -> Iterator[str]:
-    """A real second Unix user (made for the test, removed after); root only."""
-    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
-        pytest.skip("a second Unix user needs root, useradd and runuser")
-    name = f"wf_reader{os.getpid() % 100000}"
-    made = subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 def test_a_second_user_opens_no_file_a_launch_or_a_tool_writes(other_user: str) -> None:

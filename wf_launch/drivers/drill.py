@@ -63,16 +63,16 @@ from ..config.layout import layout_of
 from ..config.overrides import hydra_config_error, refuse_schemas, task_modules
 from ..config.redact import redact_overrides
 from ..launchers.registry import get_launcher, registered_launchers
-from ..rank.progress import PUBLISH_ENV
 from ..rank.task_registry import load_task_modules
 from ..readers.plot import metric_lines
 from ..rundir import attempts, files
 from ..rundir.claim import RunDirClaim, RunDirInUse, claim_tool_dir, private_umask
-from ..rundir.io import atomic_write_json, open_log
+from ..rundir.io import atomic_write_json
 from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
 from .drill_ft import FtDrillError, describe_ft_drill, run_ft_drill, wants_ft
+from .drill_launch import launch_cli
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -266,20 +266,6 @@ def _checkpoint_before_kills(
 
 
 # ------------------------------------------------------------------ running the CLI
-def _cli(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """``python -m wf_launch OVERRIDES`` into ``run_dir`` (its own session, output to ``log``);
-    every rank publishes its progress at every step, so interruptions land at the step asked for."""
-    env = {**os.environ, PUBLISH_ENV: "0"}
-    with os.fdopen(open_log(log), "ab") as out:  # owner-only: the run's console output
-        return subprocess.Popen(
-            [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
-
-
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
     """SIGTERM the launch (its own process group), SIGKILL after 60 s."""
     if proc is None or proc.poll() is not None:
@@ -358,7 +344,7 @@ class Drill:
             )
         _stop(proc)
         run.exit_codes.append(proc.returncode if proc is not None else -1)
-        self._proc = _cli(self._relaunch(run), run.run_dir, log)
+        self._proc = launch_cli(self._relaunch(run), run.run_dir, log)
         run.launches += 1
 
     def _launch_overrides(self, injections: list[Injection]) -> list[str]:
@@ -378,7 +364,7 @@ class Drill:
     def reference(self) -> _Run:
         run = _Run(self.dir / "reference", self._launch_overrides([]))
         t0 = time.monotonic()
-        proc = _cli(run.overrides, run.run_dir, self.dir / "reference.log")
+        proc = launch_cli(run.overrides, run.run_dir, self.dir / "reference.log")
         try:
             run.exit_codes.append(_finish(proc, t0 + self.timeout_s))
         except BaseException:
@@ -392,7 +378,7 @@ class Drill:
         log = self.dir / "interrupted.log"
         t0 = time.monotonic()
         deadline = t0 + self.timeout_s
-        self._proc = _cli(run.overrides, run.run_dir, log)
+        self._proc = launch_cli(run.overrides, run.run_dir, log)
         run.launches = 1
         try:
             self._inject(run, injections, log, deadline)
@@ -485,7 +471,7 @@ class _Interrupt:
         os.kill(proc.pid, signal.SIGTERM)
         inj.target = f"launcher pid {proc.pid}"
         run.exit_codes.append(_finish(proc, self.deadline))
-        self.drill._proc = _cli(self.drill._relaunch(run), run.run_dir, self.log)
+        self.drill._proc = launch_cli(self.drill._relaunch(run), run.run_dir, self.log)
         run.launches += 1
 
     def usr2(self, inj: Injection, state: dict[int, dict[str, Any]]) -> None:

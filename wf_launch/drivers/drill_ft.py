@@ -26,17 +26,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..launchers.ft_record import read_steps
-from ..rank.progress import PUBLISH_ENV
 from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json
 from ..rundir.record import RecordError, RunRecord
+from .drill_launch import launch_cli
 
 __all__ = [
     "DEFAULT_ATOL",
@@ -104,18 +103,6 @@ def parse_ft_injections(text: str, replicas: int) -> list[FtInjection]:
     if not out:
         raise FtDrillError("--inject: no injection given")
     return sorted(out, key=lambda i: i.step)
-
-
-def _launch(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, PUBLISH_ENV: "0"}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "wf_launch", *overrides, f"hydra.run.dir={run_dir}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
 
 
 def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int:
@@ -278,12 +265,12 @@ def run_ft_drill(
     ref_dir, int_dir = directory / "reference", directory / "interrupted"
     deadline = time.monotonic() + timeout
     print(f"drill: reference run in {ref_dir}", flush=True)
-    _wait(_launch(overrides, ref_dir, directory / "reference.log"), deadline)
+    _wait(launch_cli(overrides, ref_dir, directory / "reference.log"), deadline)
     deadline = time.monotonic() + timeout
     kills = sum(1 for i in injections if i.kind == "kill9")
     extra = [f"ft.max_replica_restarts={kills}"]
     print(f"drill: interrupted run in {int_dir}", flush=True)
-    proc = _launch([*overrides, *extra], int_dir, directory / "interrupted.log")
+    proc = launch_cli([*overrides, *extra], int_dir, directory / "interrupted.log")
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
     try:
         for inj in injections:
