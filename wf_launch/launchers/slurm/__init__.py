@@ -210,9 +210,8 @@ class SlurmLauncher(LauncherHooks):
         return set(range(int(job.get("world_size") or 0))) if sent else set()
 
     def is_live(self, run_dir: Path) -> bool:
-        """Whether the run may still be going: its launch holds the run directory, or squeue
-        lists its job (not sacct, which can say RUNNING for seconds after a cancel). ValueError
-        for a malformed job file."""
+        """Whether its launch holds the run dir or squeue lists its job (sacct can say RUNNING
+        for seconds after a cancel). ValueError for a malformed job file."""
         if launch_alive(run_dir):
             return True
         job = read_job(run_dir)

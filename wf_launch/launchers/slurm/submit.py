@@ -1,6 +1,5 @@
-"""Submission: the sbatch parameters and script of a plan, one job, or a sweep's job arrays
-(:class:`SlurmBatch`, one array per distinct sbatch shape).
-"""
+"""Submission: a plan's sbatch parameters and script, one job, or a sweep's job arrays
+(:class:`SlurmBatch`, one array per distinct sbatch shape)."""
 
 from __future__ import annotations
 
