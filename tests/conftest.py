@@ -22,6 +22,12 @@ import torch
 # Forked ranks hang if the parent ever ran a multi-threaded op before forking.
 torch.set_num_threads(1)
 
+# A command started in the background by a non-interactive shell (as .ci/run starts pytest)
+# inherits SIGINT ignored, and so would every process a test starts: a Ctrl-C the test sends
+# to `status --follow` would do nothing. The tests' processes get a terminal's Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 pytest_plugins = ["slurm_fixture", "ray_fixture"]

@@ -41,6 +41,21 @@ RANK_TITLES = ("ray::WfRayRank", "ray::WfRaySupervisor")
 """Process titles of a run's actors: none may be left once a run ended."""
 
 
+_ANSWERING_NODES = """
+    import socket
+    answering = 0
+    for n in ray.nodes():
+        if n["Alive"]:
+            try:
+                socket.create_connection((n["NodeManagerAddress"], n["NodeManagerPort"]), 2).close()
+                answering += 1
+            except OSError:
+                pass
+    print(answering)
+"""
+"""Nodes the GCS calls alive whose raylet also answers on its port."""
+
+
 @dataclass(frozen=True)
 class RayCluster:
     """A running cluster: its GCS ``address``, state folder, and an environment for subprocesses."""
@@ -59,10 +74,20 @@ class RayCluster:
             env=self.env,
         )
 
-    def restore(self) -> None:
-        """Start every node that is not alive again (after a drill killed one)."""
-        out = self.script("start-node")
-        assert out.returncode == 0, out.stderr
+    def restore(self, timeout_s: float = 180) -> None:
+        """Start every node that is not alive again (after a drill killed one), and return once
+        every node is alive and its raylet answers. The GCS notices a killed raylet only after its
+        health checks fail, so until then it still counts the dead node alive (and ``start-node``
+        leaves it be): a node counts here only if its raylet's port answers too."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = self.script("start-node")
+            assert out.returncode == 0, out.stderr
+            answering = int(self.ask(_ANSWERING_NODES).strip().splitlines()[-1])
+            if answering == self.nodes:
+                return
+            assert time.monotonic() < deadline, f"{answering} of {self.nodes} nodes answer"
+            time.sleep(2.0)
 
     def ask(self, code: str, timeout: float = 120) -> str:
         """Run ``code`` in a fresh driver connected to the cluster (``ray`` imported, ``address``
