@@ -224,7 +224,13 @@ def test_sigterm_to_a_waiting_launcher_cancels_and_finalizes(
         time.sleep(0.3)
     job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=180)
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        launcher_log = (run_dir / "launcher.log").read_text()[-4000:]
+        pytest.fail(f"the launcher did not end within 180 s of SIGTERM:\n{err}\n{launcher_log}")
     assert proc.returncode == 143, err
     assert "SIGTERM: cancelling 1 SLURM job(s)" in err
     res = json.loads((run_dir / "result.json").read_text())

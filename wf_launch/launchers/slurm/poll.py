@@ -2,8 +2,7 @@
 ``result.json`` once it ended (with each rank's outcome).
 
 The state is sacct's, read by submitit's own watcher; without accounting, squeue's, scontrol's,
-then the ranks' records (:class:`JobStates`). Job ids are checked before any command.
-"""
+then the ranks' records (:class:`JobStates`). Job ids are checked before any command."""
 
 from __future__ import annotations
 
@@ -333,8 +332,7 @@ class _Wait:
         self.report = len(run_dirs) > 1
 
     def poll(self, cancelling: bool = False) -> None:
-        """Finalize every run whose job ended (one sacct call for them all); ``cancelling``:
-        a job SLURM no longer lists ended 'CANCELLED'."""
+        """Finalize every run whose job ended (one sacct call); ``cancelling``: unlisted = ended."""
         STATES.refresh(self.pending.values())
         for run_dir, job_id in list(self.pending.items()):
             state = STATES.state(job_id, run_dir)

@@ -1,9 +1,7 @@
 """Every name of submitit's this project relies on, private ones included, in one place.
 
-The dry run prints the sbatch script submitit's private renderer makes, so it is exactly what
-is submitted. Nothing else touches a ``submitit`` name; :func:`check_names` lists what an
-upgrade removed or changed (tests/test_upstream_names.py).
-"""
+The dry run prints the sbatch script submitit's private renderer makes: exactly what is
+submitted. :func:`check_names` lists what an upgrade removed (tests/test_upstream_names.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +9,9 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-import logging
 import pkgutil
 import shlex
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +23,7 @@ PRIVATE_NAMES = {  # what we need each for
     "submitit.slurm.slurm:_make_sbatch_string": "renders the sbatch script (dry run = submitted)",
     "submitit.slurm.slurm:_convert_mem": "launcher.mem_gb -> sbatch --mem",
     "submitit.slurm.slurm:SlurmExecutor._submitit_command_str": "the task command we print",
+    "submitit.slurm.slurm:SlurmInfoWatcher._make_command": "its sacct command, run with a timeout",
 }
 PUBLIC_NAMES = (
     "submitit:SlurmExecutor submitit:SlurmExecutor.update_parameters submitit:SlurmExecutor.batch "
@@ -92,11 +91,11 @@ def _changed_command() -> list[str]:
 
 def _missing_attributes() -> list[str]:
     members = {n for n, _ in inspect.getmembers(_resolve("submitit", "JobEnvironment"))}
-    return [
-        f"submitit.JobEnvironment has no attribute {a!r}"
-        for a in JOB_ENVIRONMENT_ATTRS.split()
-        if a not in members
-    ]
+    wanted = JOB_ENVIRONMENT_ATTRS.split()
+    missing = [f"submitit.JobEnvironment has no {a!r}" for a in wanted if a not in members]
+    if not isinstance(getattr(job_watcher(), "_info_dict", None), dict):  # what refresh() fills
+        missing.append("submitit's SlurmInfoWatcher has no _info_dict (what get_state reads)")
+    return missing
 
 
 def check_names() -> list[str]:
@@ -149,20 +148,23 @@ def job_watcher() -> Any:
     return SlurmInfoWatcher()
 
 
+SACCT_TIMEOUT_S = 30.0  # submitit's update() waits on sacct without a bound: a stalled slurmdbd
+
+
 def refresh(watcher: Any, job_ids: Iterable[str]) -> bool:
-    """Register ``job_ids`` on ``watcher`` and ask sacct about its unended jobs now (one call);
-    whether sacct answered. submitit's warning when it did not (no accounting) stays off the
-    console: the caller asks SLURM's other commands instead."""
+    """Register ``job_ids`` on ``watcher``, ask sacct about its jobs (one call, time-bounded);
+    whether it answered (if not, the caller asks SLURM's other commands)."""
     for job_id in job_ids:
         watcher.register_job(job_id)
-    failed: list[logging.LogRecord] = []
-    log = logging.getLogger("submitit")
-    log.addFilter(quiet := lambda r: r.levelno < logging.WARNING or bool(failed.append(r)))
+    command = watcher._make_command()
+    if command is None:
+        return True
     try:
-        watcher.update()
-    finally:
-        log.removeFilter(quiet)
-    return not failed
+        out = subprocess.run(command, capture_output=True, timeout=SACCT_TIMEOUT_S, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    watcher._info_dict.update(watcher.read_info(out.stdout))
+    return True
 
 
 def job_environment() -> Any:
