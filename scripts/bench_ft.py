@@ -28,23 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wf_launch.launchers.ft_record import read_steps
+
 COMMON = ["task=train", "task.save_final=false"]
 
 
 def _steps(metrics: Path) -> list[tuple[float, int]]:
-    out = []
-    try:
-        lines = metrics.read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if row.get("rank") == 0:
-            out.append((row["time"], row["step"]))
-    return out
+    """(time, step) of each step rank 0 reported in ``metrics`` (a run's ``metrics.jsonl``)."""
+    return [(t, step) for t, step, _ in read_steps(metrics.parent)]
 
 
 def _run(run_dir: Path, args: list[str], kill_at: int | None, metrics: Path) -> dict[str, Any]:

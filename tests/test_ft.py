@@ -30,6 +30,9 @@ import psutil
 import pytest
 from cli_helpers import cli_env, run_cli
 
+from wf_launch.launchers.ft_record import read_steps
+from wf_launch.rundir import files
+
 pytest.importorskip("torchft", reason="ft=torchft needs the [ft] extra")
 
 STEPS = 40
@@ -140,20 +143,8 @@ def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
 
 
 def _steps(run_dir: Path, k: int) -> list[int]:
-    path = run_dir / "replicas" / str(k) / "metrics.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if row.get("rank") == 0:
-            out.append(row["step"])
-    return out
+    """The steps rank 0 of replica group ``k`` reported."""
+    return [step for _, step, _ in read_steps(files.ft_replica_dir(run_dir, k))]
 
 
 def _wait_step(proc: subprocess.Popen, run_dir: Path, k: int, step: int) -> None:
