@@ -1,10 +1,8 @@
 """One attempt of a Ray run: place it, start one actor per rank, watch them, take it all down.
 
-A placement group (waited for up to ``launcher.placement_timeout_s``; longer while another
-point of the sweep runs), one :class:`~.rank_entry.WfRayRank` per rank (a node that does not
-see the run directory ends the run, exit 2), every rank's ``run`` watched, then always every
-actor killed and the placement group removed.
-"""
+A placement group (waited for up to ``launcher.placement_timeout_s``; longer while another sweep
+point runs), one :class:`~.rank_entry.WfRayRank` per rank (a node that does not see the run dir
+ends the run, exit 2), every rank's ``run`` watched, then every actor killed, the group removed."""
 
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
 from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank, signal_ranks
 
 POLL_S = 0.2
+PEERS_GRACE_S = 3.0  # a failed attempt's wait for its peers to end on their own, before any dump
 _RANK_ACTOR: dict[str, Any] = {}
 
 
@@ -248,6 +247,9 @@ class Attempt:
     def failed(self, pending: list[int]) -> Ended:
         """The first failure: the stacks of the ranks still running, late outcomes, the cause."""
         dumps = None
+        if pending:  # peers of a timed-out collective end moments later, with their own records
+            self._collect(rt.wait_all(list(self.refs), PEERS_GRACE_S)[0])
+            pending = sorted(self.refs.values())
         if pending:
             # Through Ray, to ranks on any node: on a loaded cluster signal and dump take seconds.
             dumps = self.startup.autopsy(self.pids(pending), wait_s=6.0)

@@ -1,8 +1,7 @@
 """How an attempt of a Ray run ended: each rank's :class:`Outcome`, and the root cause.
 
 In order: a dead node (every rank on it named), a rank that died without a record (``kill -9``,
-the OOM killer, a crash), then what the ranks recorded (``explain_failure``).
-"""
+the OOM killer, a crash), then what the ranks recorded (``explain_failure``)."""
 
 from __future__ import annotations
 

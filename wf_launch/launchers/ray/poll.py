@@ -1,8 +1,7 @@
 """What the tools ask about a Ray run: its state, its end, cancelling it, reaching its ranks.
 
 A run lives while its monitor does (the launching command holding the run directory's lock, or
-the supervisor actor); one whose monitor is gone without a final record ended ``unknown``.
-"""
+the supervisor actor); one whose monitor is gone without a final record ended ``unknown``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Every name of Ray's this launcher relies on, private ones included, in one place.
 
 Nothing else imports ``ray`` (``import wf_launch`` never pays for it); :func:`check_names`
-lists what a Ray upgrade removed or renamed.
-"""
+lists what a Ray upgrade removed or renamed."""
 
 from __future__ import annotations
 
