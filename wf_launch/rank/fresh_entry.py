@@ -9,28 +9,22 @@ through :func:`~.hardexit.flush_and_exit` (no interpreter teardown, see there).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import signal
 import sys
 
+from ..rundir.pids import die_with_parent
 from .entrypoint import Preempted, rank_main
 from .fresh import mark_fresh
 from .hardexit import exit_status, flush_and_exit
 
 __all__ = ["main"]
 
-_PR_SET_PDEATHSIG = 1
-
 
 def _die_with(parent: int) -> None:
     """SIGKILL this process when ``parent`` (the supervisor) dies; leave now if it already has."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
 

@@ -12,9 +12,11 @@ file without it is trusted only for a process that started before the file was w
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from .io import read_json
 
 __all__ = [
     "NODE_ENV",
+    "die_with_parent",
     "live_rank_pid",
     "pid_record",
     "process_start",
@@ -116,3 +119,13 @@ def live_rank_pid(run_dir: Path | str, rank: int) -> int | None:
     except OSError:
         return None
     return pid if started is None or started <= written + 1.0 else None
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send this process ``signum`` when its parent dies (``PR_SET_PDEATHSIG``), so
+    ranks, replica groups and tune rounds never outlive what started them; elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
+        except OSError:
+            pass

@@ -15,7 +15,6 @@ terminal would (the running point is interrupted, the sweep's report written).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import yaml
 from ...rank.progress import STEPS_ENV
 from ...rundir import files
 from ...rundir.io import atomic_write_text, open_log, read_yaml
+from ...rundir.pids import die_with_parent
 from ...rundir.record import RecordError, RunRecord
 from .measure import NO_METRIC, Measurement, measure_point
 from .space import override_key
@@ -56,7 +56,6 @@ DONE, BUDGET, INTERRUPTED, NO_METRIC_STOP, SWEEP_FAILED = (
     "no_metric",
     "sweep_failed",
 )
-_PR_SET_PDEATHSIG = 1
 _TRIAL_ID = re.compile(r"t[0-9]+(-[A-Za-z0-9_]+)*")
 
 
@@ -176,15 +175,6 @@ def sweep_argv(
     ]
 
 
-def _die_with_tuner() -> None:
-    """In the sweep process: SIGTERM when the tuner dies, so no round outlives its tune (Linux)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
-
-
 def trial_of(job_dir: Path) -> str | None:
     """The trial a sweep point ran (its ``+wf_tune_trial=`` override), or None."""
     try:
@@ -272,7 +262,7 @@ class RoundRunner:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_tuner,
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM),
             )
         status, message = DONE, ""
         try:

@@ -3,34 +3,20 @@ entrypoint."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 from typing import TYPE_CHECKING, Any
 
 from worldfoundry.core.distributed.env import ATTEMPT_ENV
 
 from ...rank.entrypoint import RankSpec, rank_main
 from ...rank.hardexit import exit_status, flush_and_exit
+from ...rundir.pids import die_with_parent
 
 if TYPE_CHECKING:
     from .agent import ForkGate
 
 __all__ = ["local_rank_entry"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank if the launcher dies, so no rank outlives it."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _parent_chain(depth: int) -> list[int]:
@@ -56,7 +42,7 @@ def local_rank_entry(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if gate is not None:
         gate.wait()  # before any libc call that may take a lock a launcher thread held at fork
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     if launcher_pid not in _parent_chain(2):
         os._exit(1)
     os.environ[ATTEMPT_ENV] = str(

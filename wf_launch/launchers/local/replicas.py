@@ -13,12 +13,10 @@ section (:mod:`..ft_record`) once every replica group has ended.
 from __future__ import annotations
 
 import copy
-import ctypes
 import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +29,7 @@ from ...config.ft import FtConfig
 from ...rank.ft import FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event
 from ...rundir import files
 from ...rundir.outcome import RunOutcome
+from ...rundir.pids import die_with_parent
 from ...rundir.record import RunRecord, Status
 from ...rundir.resume import resume_hint
 from ..ft_lighthouse import Lighthouse, LighthouseFailed
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["launch_replicas"]
 
 LaunchFn = Callable[..., RunOutcome]
-_PR_SET_PDEATHSIG = 1
 POLL_S = 0.2
 
 
@@ -64,19 +62,10 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
     return replace(plan, config=config, run_dir=replica_dir)
 
 
-def _die_with_launcher() -> None:
-    """SIGTERM this replica group's agent if the launcher dies (it then stops its ranks)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
-
-
 def _replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -> None:
     """In replica group ``k``'s process: the ordinary local launch, its failures recorded."""
     os.setpgid(0, 0)  # Ctrl-C at the terminal reaches the launcher, which forwards it once
-    _die_with_launcher()
+    die_with_parent(signal.SIGTERM)  # the agent then stops its ranks
     os.environ[FT_REPLICA_ENV] = str(k)
     os.environ[LIGHTHOUSE_ENV] = lighthouse
     os.environ.setdefault(RUST_LOG, "warn")
