@@ -166,10 +166,10 @@ def test_a_hung_rank_on_another_node_is_found_by_the_autopsy(
         ],
         run,
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 1 and (run / "result.json").exists(), proc.stderr[-3000:]
     record = _record(run)
     failure = record["failure"]
-    assert failure["cause"] == "stuck" and failure["missing_ranks"] == [3]
+    assert failure["cause"] == "stuck" and failure["missing_ranks"] == [3], failure
     assert (
         failure["stuck"]["3"]["frame"].startswith("wf_test_tasks.py")
         and "sleep" in failure["stuck"]["3"]["source"]

@@ -122,3 +122,24 @@ def test_records_carry_the_format_version_and_old_ones_still_read(tmp_path: Path
     (tmp_path / "result.json").write_text(json.dumps({**old, "format_version": "one"}))
     with pytest.raises(RecordError, match="format_version 'one' is not a version number"):
         RunRecord.read(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("exits", "cause"),
+    [
+        # the agent SIGTERMs the survivors of a kill -9: the killed rank is the cause, whatever
+        # its number
+        ({0: -signal.SIGTERM, 1: -signal.SIGKILL}, "rank 1 killed by SIGKILL"),
+        # a rank that raised (exit 1) explains the ranks the agent stopped after it
+        ({0: -signal.SIGTERM, 2: 1, 3: -signal.SIGTERM}, "rank 2 exited with code 1"),
+        ({3: 1, 1: 7}, "rank 1 exited with code 7"),
+        ({2: -signal.SIGTERM, 1: -signal.SIGTERM}, "rank 1 killed by SIGTERM"),
+        ({}, "failed"),
+    ],
+)
+def test_the_rank_that_explains_an_attempt_is_not_one_the_agent_stopped(
+    exits: dict[int, int], cause: str
+) -> None:
+    from wf_launch.rundir.attempts import cause_of_exits
+
+    assert cause_of_exits(exits) == cause

@@ -7,8 +7,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 from wf_launch import TaskConfig, TaskContext, register_task
 
@@ -38,8 +41,10 @@ def misbehave(ctx: TaskContext) -> dict[str, Any]:
     """One rank misbehaves while its peers wait in a barrier."""
     cfg = ctx.task_config
     ctx.log.info("ready")
-    if cfg["how"] == "stuck":  # all start together: only the stuck rank is late, whatever the load
-        ctx.groups["world"].barrier()
+    if cfg["how"] == "stuck":
+        # All start together, whatever the load: only the stuck rank is late. A barrier of its
+        # own timeout, as the short engine timeout these tests set is for the stuck rank alone.
+        dist.monitored_barrier(ctx.groups["world"].cpu_group, timeout=timedelta(minutes=5))
     if ctx.rank == cfg["rank"]:
         if cfg["how"] == "raise":
             raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
+from ..rundir.failures import culprit
 from ..rundir.io import read_lines, read_text
 from ..rundir.record import RecordError, RunRecord
 
@@ -104,8 +105,8 @@ def _recovery(
 ) -> dict[str, Any]:
     """One restart of replica group ``k``: who failed, how, and how it came back."""
     codes = {int(r): int(c) for r, c in (ev.get("exit_codes") or {}).items()}
-    # the rank killed by a signal first, else the lowest failed rank
-    rank = min(codes, key=lambda r: (codes[r] >= 0, r)) if codes else -1
+    found = culprit(codes)
+    rank = -1 if found is None else found
     healed = heal or {}
     return {
         "replica": k,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
-from ..rundir.failures import PEER_LOSS, load_failure_records
+from ..rundir.failures import PEER_LOSS, culprit, load_failure_records
 from .stacks import (
     Frame,
     describe_groups,
@@ -67,8 +67,8 @@ def root_cause(
         return {**primary[0], "cause": "exception"}
     if records:
         return {**records[0], "cause": "exception"}
-    if exits:
-        rank = min(exits)
+    rank = culprit(exits)
+    if rank is not None:
         code = exits[rank]
         if code < 0:
             return _signal_cause(rank, code)

@@ -31,6 +31,7 @@ from typing import Any
 from worldfoundry.core.validation import is_int, is_number
 
 from . import files
+from .failures import culprit
 from .io import UnreadableFile, atomic_write_json, read_json
 from .progress import read_progress
 
@@ -135,12 +136,11 @@ def last_step(run_dir: Path | str, world_size: int, since: float | None = None) 
 
 
 def cause_of_exits(exits: dict[int, int]) -> str:
-    """A crashed attempt's cause from the ranks' exit codes: the signalled rank first (a killed rank
-    is the cause, its peers' errors the consequence)."""
+    """A crashed attempt's cause from the ranks' exit codes (see :func:`culprit`)."""
     if not exits:
         return "failed"
-    signalled = sorted((r, c) for r, c in exits.items() if c < 0)
-    rank, code = signalled[0] if signalled else sorted(exits.items())[0]
+    rank = culprit(exits)
+    code = exits[rank]
     if code < 0:
         try:
             return f"rank {rank} killed by {signal.Signals(-code).name}"

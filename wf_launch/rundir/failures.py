@@ -4,6 +4,7 @@ back."""
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from .io import atomic_write_json, read_json
 
 __all__ = [
     "PEER_LOSS",
+    "culprit",
     "is_peer_loss_message",
     "load_failure_records",
     "valid_failure_record",
@@ -30,6 +32,26 @@ PEER_LOSS = re.compile(
 
 def is_peer_loss_message(message: str) -> bool:
     return bool(PEER_LOSS.search(message or ""))
+
+
+def culprit(exits: dict[int, int]) -> int | None:
+    """The rank whose exit explains its peers' (``exits``: rank -> exit code, < 0 a signal).
+
+    A rank killed by a signal other than SIGTERM (kill -9, a segfault, the OOM
+    killer) comes first: it cannot leave a record and its peers' errors follow
+    from it. Then the lowest rank that exited non-zero on its own. SIGTERM comes
+    last: it is how an agent stops the survivors of a failure.
+    """
+    if not exits:
+        return None
+
+    def order(rank: int) -> tuple[int, int]:
+        code = exits[rank]
+        if code == -signal.SIGTERM:
+            return 2, rank
+        return (0 if code < 0 else 1), rank
+
+    return min(exits, key=order)
 
 
 def write_failure_record(run_dir: Path | str, rank: int, record: dict[str, Any]) -> None:
