@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_env, result, run_cli
 
+from wf_launch.rundir import files
+from wf_launch.rundir.record import RunRecord, Status
+from wf_launch.rundir.space import release_space, reserve_space
+
 TASKS = "task.modules=[wf_test_tasks]"
 
 
@@ -59,7 +63,8 @@ def _status(run_dir: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_a_save_on_a_full_disk_names_it_and_a_resume_there_is_one_line(small_disk: Path) -> None:
     run_dir = small_disk / "run"
-    _fill(small_disk / "filler", leave=2 << 20)  # room for one checkpoint (1.3 MB), not two
+    # room for one checkpoint (1.3 MB), not two, beside the launch's reserve (1 MiB)
+    _fill(small_disk / "filler", leave=3 << 20)
     args = ["task=train", "task.checkpoint_every=1", "task.steps=4"]
     proc = run_cli(args, run_dir)
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -86,14 +91,34 @@ def test_a_save_on_a_full_disk_names_it_and_a_resume_there_is_one_line(small_dis
 
 
 @pytest.mark.slow
-def test_a_launcher_that_cannot_write_its_record_ends_in_one_line(small_disk: Path) -> None:
+def test_a_run_whose_rank_fills_the_disk_still_records_why(small_disk: Path) -> None:
+    """The rank fills the disk before it fails: the room the launch kept at its claim takes the
+    rank's failure record and the launcher's, so ``status`` tells the story."""
     run_dir = small_disk / "run"
     proc = run_cli(["task=misbehave", TASKS, "task.how=fill_disk", "task.rank=0"], run_dir)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Logging error in Loguru" not in proc.stderr
     assert "During handling of the above exception" not in proc.stderr
-    assert "rank 0 failed: ValueError: rank 0 refuses: bad batch 17" in proc.stderr
+    # its failure record, written in the reserve, names the cause as any failure record does
+    assert "failed first: ValueError: rank 0 refuses: bad batch 17" in proc.stderr
     assert "the disk is full: [Errno 28] No space left on device" in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"wf_launch: could not write {run_dir / 'result.json'}"), last
-    assert "[Errno 28]" in last
+    assert f"could not write {run_dir / 'result.json'}" not in proc.stderr
+    record = result(run_dir)
+    assert record["status"] == "failed" and record["failure"]["type"] == "ValueError", record
+    assert not (run_dir / files.RESERVE).exists()  # freed for the record, then gone
+    shown = _status(run_dir)
+    assert shown.returncode == 1 and "rank 0 refuses: bad batch 17" in shown.stdout, shown
+
+
+def test_a_record_with_no_room_at_all_is_returned_unwritten(small_disk: Path) -> None:
+    """No reserve (a disk already full at the claim), and no room: ``finalize`` never raises; the
+    launcher prints the record's ``unwritten`` reason as its last line."""
+    run_dir = small_disk / "run"
+    run_dir.mkdir()
+    assert reserve_space(run_dir) and release_space(run_dir)
+    _fill(small_disk / "filler")
+    record = RunRecord.finalize(run_dir, Status.FAILED)
+    assert record.unwritten is not None
+    assert record.unwritten.startswith(f"could not write {run_dir / 'result.json'}")
+    assert "[Errno 28]" in record.unwritten
+    assert not (run_dir / "result.json").exists()

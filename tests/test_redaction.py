@@ -130,6 +130,43 @@ def test_hydras_sweep_lines_and_config_errors_never_show_a_secret(tmp_path: Path
     assert "s3cr3t" not in out
 
 
+_CRASHING_APP = """
+import sys
+import wf_launch.cli as cli
+
+def _crash(cfg, hc, run_dir):
+    raise RuntimeError("a bug in the launcher")
+
+cli._launch = _crash  # the app itself crashes: Hydra prints the job's overrides
+sys.argv[0] = "wf_launch"
+cli.main()
+"""
+
+
+def test_hydras_crash_line_never_shows_a_secret(tmp_path: Path) -> None:
+    """When the app itself raises, Hydra prints ``Error executing job with overrides: [...]``
+    straight to stderr; the callback in the primary config has redacted them first."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CRASHING_APP,
+            "task=call",
+            "task.target=os.path:exists",
+            "+task.kwargs.api_token=s3cr3t",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1 and "RuntimeError: a bug in the launcher" in proc.stderr
+    assert "Error executing job with overrides: [" in proc.stderr, proc.stderr
+    assert "'+task.kwargs.api_token=***'" in proc.stderr and "s3cr3t" not in proc.stderr
+
+
 def test_a_tool_log_is_owner_only_and_never_written_through_a_link(tmp_path: Path) -> None:
     """A tune round's and a drill run's console output go to ``open_log``: ``0600`` whatever the
     umask or the mode an older version left, and a link there is refused."""

@@ -33,7 +33,7 @@ from .rundir.io import atomic_write_text
 from .rundir.outcome import RunOutcome
 from .rundir.record import RecordError, RunRecord, Status
 from .rundir.resume import resume_hint
-from .rundir.space import disk_full
+from .rundir.space import disk_full, release_space, reserve_space
 from .rundir.text import printable
 
 __all__ = ["resolve", "run", "validate_run_config"]
@@ -174,6 +174,7 @@ def run(
         except OSError as exc:
             claim.release()
             return _cannot_write(run_dir, overrides, exc)
+        reserve_space(run_dir)
     try:
         return _validate_and_launch(cfg, run_dir, overrides, dry_run)
     except BaseException as exc:
@@ -182,6 +183,7 @@ def run(
         return _interrupted_at_start(run_dir, overrides, cfg)
     finally:
         if claim is not None:
+            release_space(run_dir)
             claim.release()
 
 

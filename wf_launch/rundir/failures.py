@@ -12,6 +12,7 @@ from worldfoundry.core.validation import is_int, is_number
 
 from . import files
 from .io import atomic_write_json, read_json
+from .space import using_reserve
 
 __all__ = [
     "PEER_LOSS",
@@ -55,8 +56,8 @@ def culprit(exits: dict[int, int]) -> int | None:
 
 
 def write_failure_record(run_dir: Path | str, rank: int, record: dict[str, Any]) -> None:
-    """Write rank ``rank``'s failure record atomically."""
-    atomic_write_json(files.rank_error(run_dir, rank), record)
+    """Write rank ``rank``'s failure record atomically (on a full disk, in the run's reserve)."""
+    using_reserve(run_dir, lambda: atomic_write_json(files.rank_error(run_dir, rank), record))
 
 
 def valid_failure_record(record: Any, rank: int | None = None) -> bool:

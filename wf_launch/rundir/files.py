@@ -32,6 +32,7 @@ __all__ = [
     "OVERRIDES",
     "OWN_FOLDERS",
     "RAY_RUN",
+    "RESERVE",
     "RESULT",
     "RUN_ID",
     "SLURM_JOB",
@@ -102,6 +103,7 @@ OVERRIDES = "overrides.yaml"
 ENVIRONMENT = "environment.json"
 LAUNCHER_LOG = "launcher.log"
 LOCK = ".wf_launch.lock"
+RESERVE = ".wf_launch.reserve"
 LOGS = "logs"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"

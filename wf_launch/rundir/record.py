@@ -24,6 +24,7 @@ from worldfoundry.core.validation import is_int, is_number
 from . import files
 from .identity import RunIdError, read_run_id
 from .io import UnreadableFile, atomic_write_json, read_json
+from .space import using_reserve
 
 try:
     from enum import StrEnum
@@ -330,7 +331,7 @@ class RunRecord:
             record.run_id = _run_id_of(run_dir)
         record.final = True
         try:
-            record.write(run_dir)
+            using_reserve(run_dir, lambda: record.write(run_dir))
         except OSError as exc:  # a full disk: the launcher still ends, and says so in one line
             record.unwritten = f"could not write {cls.path(run_dir)} ({exc})"
         return record

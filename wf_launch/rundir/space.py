@@ -1,17 +1,37 @@
-"""A full disk, told apart from other write failures, so a run's record can name it.
+"""A full disk, told apart from other write failures, so a run's record can name it; and the
+room kept for the launcher's last word.
 
 torch's checkpoint writer reports a full disk as ``unexpected pos 704 vs 598`` (its zip
 writer's view of a short write), not as ``ENOSPC``: :func:`disk_full` looks for the errno
 anywhere in an exception's chain and, failing that, at the free space of the file system.
+
+At the claim a launch writes :data:`~.files.RESERVE` (:data:`RESERVE_BYTES` of zeros,
+owner-only); a final ``result.json`` that cannot be written for want of space frees it and is
+written again, so a run whose ranks filled the disk still records why it failed. The launch
+removes it as it ends. Best effort: a disk already too full to hold it gets none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["FULL_BELOW_BYTES", "disk_full", "free_bytes", "full_disk_error", "no_space"]
+from . import files
+
+__all__ = [
+    "FULL_BELOW_BYTES",
+    "RESERVE_BYTES",
+    "disk_full",
+    "free_bytes",
+    "full_disk_error",
+    "no_space",
+    "release_space",
+    "reserve_space",
+    "using_reserve",
+]
 
 FULL_BELOW_BYTES = 1 << 20
 """A file system with less than this free (1 MiB) counts as full after a failed write."""
@@ -63,3 +83,46 @@ def disk_full(path: Path | str, exc: BaseException | None = None) -> bool:
 def full_disk_error(path: Path | str, what: str) -> OSError:
     """``[Errno 28] No space left on device (WHAT): 'PATH'``: the root cause a record keeps."""
     return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({what})", str(path))
+
+
+RESERVE_BYTES = 1 << 20
+"""Enough for a failure record and the record of a run of thousands of ranks, with their temp
+files."""
+
+
+def reserve_space(run_dir: Path | str) -> bool:
+    """Write the reserve into ``run_dir``; whether it holds :data:`RESERVE_BYTES` now."""
+    path = Path(run_dir) / files.RESERVE
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(bytes(RESERVE_BYTES))  # written, not sparse: the blocks are the file's
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+
+
+def release_space(run_dir: Path | str) -> bool:
+    """Remove the reserve; whether there was one to free."""
+    try:
+        (Path(run_dir) / files.RESERVE).unlink()
+        return True
+    except OSError:
+        return False
+
+
+def using_reserve(run_dir: Path | str, write: Callable[[], None]) -> None:
+    """``write()``; on a full disk, free the reserve and ``write()`` again (once: the last words of
+    a failing rank and of the launcher share it)."""
+    try:
+        write()
+    except OSError as exc:
+        if not (no_space(exc) and release_space(run_dir)):
+            raise
+        write()
