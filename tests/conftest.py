@@ -47,6 +47,19 @@ def cluster_group(item: pytest.Item) -> str | None:
     return marks[0] if len(marks) == 1 else None
 
 
+def worker_group(item: pytest.Item) -> str | None:
+    """The group whose tests share one worker: the cluster marker, else the name given by
+    ``@pytest.mark.xdist_group`` (a module whose module-scoped fixture launches runs: on one
+    worker it launches them once), else None (any free worker)."""
+    group = cluster_group(item)
+    if group is not None:
+        return group
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.kwargs.get("name", mark.args[0] if mark.args else "xdist_group"))
+
+
 def misuse(item: pytest.Item) -> str | None:
     """Why ``item`` cannot run with the cluster markers it has (None: it can): it uses a
     cluster fixture (directly or through another fixture) without that cluster's marker, or
@@ -78,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None or GROUPS_DIR not in workerinput:
         return
-    groups = {item.nodeid: g for item in items if (g := cluster_group(item))}
+    groups = {item.nodeid: g for item in items if (g := worker_group(item))}
     folder = Path(workerinput[GROUPS_DIR])
     tmp = folder / f".{workerinput['workerid']}.json"
     tmp.write_text(json.dumps(groups))
@@ -98,7 +111,8 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
     """Under ``pytest -n N --dist loadgroup``: every test marked ``slurm`` runs on one
     worker and every test marked ``ray`` on one worker, so each session fixture starts its
     cluster once (two clusters of a kind side by side would share this machine's cores and
-    see each other's processes); every other test goes wherever a worker is free.
+    see each other's processes); so do the tests of one ``xdist_group`` (see
+    :func:`worker_group`); every other test goes wherever a worker is free.
 
     The workers collect and the controller schedules, and only node ids travel between
     them (pytest 9's node ids can no longer carry xdist's ``@group`` suffix), so each

@@ -19,6 +19,8 @@ from cli_helpers import load_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.xdist_group("config_fuzz")  # its module-scoped runs, launched once
+
 fuzz = load_script("fuzz_configs")
 fuzz_rundirs = load_script("fuzz_rundirs")
 

@@ -43,6 +43,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_env
 
+pytestmark = pytest.mark.xdist_group("docs")  # its module-scoped runs, launched once
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 _COMMAND = re.compile(

@@ -33,6 +33,8 @@ from cli_helpers import cli_env, run_cli
 from wf_launch.launchers.ft_record import read_steps
 from wf_launch.rundir import files
 
+pytestmark = pytest.mark.xdist_group("ft")  # its module-scoped runs, launched once
+
 pytest.importorskip("torchft", reason="ft=torchft needs the [ft] extra")
 
 STEPS = 40

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from cli_helpers import USER_TASKS, cli_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("matrix")]  # module-scoped runs: once
 
 TEST_TASKS = "task.modules=[wf_test_tasks,wf_identity_tasks]"
 TRAIN = ["task=train", "engine.dp_size=2", "task.checkpoint_every=2", "task.step_sleep_s=0.3"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
+from ..rundir.failures import load_failure_records
 from .stacks import (
     DUMP_SIGNAL,
     Frame,
@@ -31,7 +32,17 @@ from .stacks import (
     trigger,
 )
 
-__all__ = ["RankWatch", "StartupTimeout"]
+__all__ = ["PEERS_GRACE_S", "RankWatch", "StartupTimeout", "a_collective_timed_out"]
+
+PEERS_GRACE_S = 3.0
+"""How long a failed attempt waits for the peers of a timed-out collective to end on their own
+before any stack dump: they time out moments after the first, each recording where it waited; a
+dump taken first would catch one in the middle of recording and count it as never arrived."""
+
+
+def a_collective_timed_out(run_dir: Path) -> bool:
+    """Whether a rank recorded a collective timeout (its peers are about to record theirs)."""
+    return any(r.get("kind") == "timeout" for r in load_failure_records(run_dir))
 
 
 class StartupTimeout(Exception):

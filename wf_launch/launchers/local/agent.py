@@ -44,6 +44,7 @@ from worldfoundry.core.torch_private import (
 )
 
 from ...observe.stacks import describe_groups, group_spots, rank_ranges, spot_of
+from ...observe.watch import PEERS_GRACE_S, a_collective_timed_out
 from ..base import CTRL_C_NOTICE
 
 __all__ = [
@@ -246,10 +247,18 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
             if any(c not in (None, 0) for c in codes.values()):
                 # A rank failed; torch stops the survivors as soon as it notices. First: where is
                 # everyone?
+                if a_collective_timed_out(self.watch.run_dir):
+                    self._let_peers_end(worker_group)
                 self.dumps = self.watch.autopsy(
                     self._live_pids(worker_group),
                     alive=lambda rank: rank in self._live_pids(worker_group),
                 )
+
+    def _let_peers_end(self, worker_group: WorkerGroup) -> None:
+        """Wait up to :data:`PEERS_GRACE_S` for the live ranks to end on their own."""
+        deadline = time.monotonic() + PEERS_GRACE_S
+        while self._live_pids(worker_group) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def after_monitor(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         if result.is_failed():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...observe.stacks import rank_ranges
-from ...observe.watch import RankWatch, StartupTimeout
+from ...observe.watch import PEERS_GRACE_S, RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
 from ...rundir import attempts, files
 from ...rundir.record import Status
@@ -27,7 +27,6 @@ from .placement import Slot, assign, cuda_orders, local_ranks, rank_env, shape
 from .rank_entry import RayPreempt, RayStackDump, RunDirNotShared, WfRayRank, signal_ranks
 
 POLL_S = 0.2
-PEERS_GRACE_S = 3.0  # a failed attempt's wait for its peers to end on their own, before any dump
 _RANK_ACTOR: dict[str, Any] = {}
 
 
