@@ -95,6 +95,19 @@ def leftover_processes(marker: str, grace_s: float = 3.0) -> list[str]:
         time.sleep(0.2)
 
 
+def listening(pid: int) -> list[str]:
+    """``IP:PORT`` of every socket that ``pid`` or any process below it listens on."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    out = []
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out += [f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
+    return sorted(set(out))
+
+
 def wait_for_log(path: Path, needle: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
-from cli_helpers import cli_env, run_cli
+from cli_helpers import cli_env, listening, run_cli
 
 from wf_launch.launchers.ft_record import read_steps
 from wf_launch.rundir import files
@@ -191,6 +191,7 @@ def killed(tmp_path_factory) -> dict[str, Any]:
         run_dir, "engine.dp_size=2", f"task.steps={STEPS}", "task.checkpoint_every=4", SLEEP
     )
     _wait_step(proc, run_dir, 1, KILL_AT)
+    sockets = listening(proc.pid)
     survivors = _pids(run_dir, 0, 2)
     victim = _pids(run_dir, 1, 2)[1]
     os.kill(victim, signal.SIGKILL)
@@ -203,6 +204,7 @@ def killed(tmp_path_factory) -> dict[str, Any]:
         "survivors_after": _pids(run_dir, 0, 2),
         "victim": victim,
         "steps_at_kill": steps_at_kill,
+        "listening": sockets,
     }
 
 
@@ -213,6 +215,14 @@ def test_the_run_completes_through_the_failure(killed):
     ft = killed["record"]["ft"]
     assert ft["steps_completed"] == {"0": STEPS, "1": STEPS}
     assert ft["lighthouse_restarts"] == 0
+
+
+@pytest.mark.slow
+def test_no_socket_of_an_ft_run_listens_beyond_loopback(killed):
+    """torchft binds its Manager and checkpoint servers on every interface; under the launcher
+    they listen on loopback, as the Lighthouse, the stores and gloo do."""
+    assert len(killed["listening"]) >= 8, killed["listening"]
+    assert [a for a in killed["listening"] if not a.startswith("127.")] == []
 
 
 @pytest.mark.slow

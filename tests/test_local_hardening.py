@@ -8,23 +8,11 @@ import signal
 import socket
 from pathlib import Path
 
-import psutil
 import pytest
+from cli_helpers import listening as listening_on
 from cli_helpers import result, run_cli, start_cli, wait_for_log
 
 TASKS = "task.modules=[wf_test_tasks]"
-
-
-def _listening(pid: int) -> list[str]:
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    out = []
-    for p in procs:
-        try:
-            conns = p.net_connections(kind="inet")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        out += [f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
-    return sorted(set(out))
 
 
 @pytest.mark.slow
@@ -37,7 +25,7 @@ def test_no_rank_or_launcher_socket_listens_beyond_loopback(tmp_path: Path) -> N
     try:
         for r in range(4):
             wait_for_log(run_dir / "logs" / f"rank{r}.log", "sleeping")
-        listening = _listening(proc.pid)
+        listening = listening_on(proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.communicate(timeout=120)

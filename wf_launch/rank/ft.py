@@ -16,10 +16,13 @@ a session starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -99,7 +102,71 @@ def _recording_transport(timeout: timedelta, replica_dir: Path, group_rank: int,
                 )
             return state
 
+        def address(self) -> str:  # where it listens (loopback), not the host's name
+            return f"http://{LOOPBACK}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
     return RecordingTransport(timeout=timeout, num_chunks=0)
+
+
+@contextlib.contextmanager
+def _loopback_servers() -> Iterator[None]:
+    """Bind torchft's servers to loopback while they are made.
+
+    torchft binds its Manager server and its checkpoint server on every interface (``[::]``)
+    and takes no address to bind (its gloo group's store: :func:`_loopback_gloo`). The replica
+    groups of a local run are all on this host and the addresses they advertise are loopback
+    ones, so serving the quorum and the weights to the network would only expose them: the two
+    constructors get loopback instead.
+    """
+    import torchft.manager as manager
+    from torchft.checkpointing import http_transport
+
+    real_manager, real_http = manager.ManagerServer, http_transport._IPv6HTTPServer
+
+    def loopback_manager(*args: Any, bind: str, **kwargs: Any) -> Any:
+        return real_manager(*args, bind=f"{LOOPBACK}:{bind.rsplit(':', 1)[-1]}", **kwargs)
+
+    class LoopbackHTTPServer(real_http):  # type: ignore[misc,valid-type]
+        address_family = socket.AF_INET
+
+        def __init__(self, address: Any, handler: Any) -> None:
+            super().__init__((LOOPBACK, address[1]), handler)
+
+    manager.ManagerServer, http_transport._IPv6HTTPServer = loopback_manager, LoopbackHTTPServer
+    try:
+        yield
+    finally:
+        manager.ManagerServer, http_transport._IPv6HTTPServer = real_manager, real_http
+
+
+def _loopback_gloo(torchft: Any, timeout: timedelta) -> Any:
+    """torchft's reconfigurable gloo group, its rendezvous store on loopback: torchft's own
+    store binds every interface and advertises the host's name."""
+    import torch.distributed as dist
+
+    class LoopbackGloo(torchft.ProcessGroupGloo):  # type: ignore[misc,name-defined]
+        def get_reconfigure_handle(self) -> str:
+            if self._rendezvous_store is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind((LOOPBACK, 0))
+                sock.listen(4096)
+                port = sock.getsockname()[1]
+                self._rendezvous_store = dist.TCPStore(
+                    LOOPBACK,
+                    port,
+                    is_master=True,
+                    wait_for_workers=False,
+                    master_listen_fd=sock.detach(),
+                )
+            return json.dumps(
+                {
+                    "id": self._handle_id(),
+                    "store": f"{LOOPBACK}:{self._rendezvous_store.port}",
+                    "global_rank": self._global_rank,
+                }
+            )
+
+    return LoopbackGloo(timeout=timeout)
 
 
 def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
@@ -135,20 +202,28 @@ class FtSession:
     ) -> None:
         import torchft
 
-        for (
-            name
-        ) in TORCHFT_LOGGERS:  # their INFO lines (every step) and warnings about NCCL on gloo
+        for name in TORCHFT_LOGGERS:  # their INFO lines (every step), warnings of NCCL on gloo
             logging.getLogger(name).setLevel(logging.ERROR)
         ft = config["ft"]
         self.replica = replica_id()
         self.run_dir = Path(run_dir)
         timeout = timedelta(seconds=float(ft["timeout_s"]))
         _clear_stale_manager_keys(group, rank)
-        self.transport = _recording_transport(timeout, self.run_dir, rank, log)
-        with open(files.ft_address(self.run_dir, rank), "a") as f:  # one line per attempt
-            f.write(self.transport.metadata() + "\n")
-        self.manager = torchft.Manager(
-            pg=torchft.ProcessGroupGloo(timeout=timeout),
+        with _loopback_servers():
+            self.transport = _recording_transport(timeout, self.run_dir, rank, log)
+            with open(files.ft_address(self.run_dir, rank), "a") as f:  # one line per attempt
+                f.write(self.transport.metadata() + "\n")
+            self.manager = self._manager(torchft, ft, timeout, rank, world_size)
+        log.info(
+            f"ft: replica group {self.replica} of {ft['replicas']} joined torchft "
+            f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
+        )
+
+    def _manager(
+        self, torchft: Any, ft: dict[str, Any], timeout: timedelta, rank: int, world_size: int
+    ) -> Any:
+        return torchft.Manager(
+            pg=_loopback_gloo(torchft, timeout),
             load_state_dict=None,
             state_dict=None,
             min_replica_size=int(ft["min_replicas"]),
@@ -163,10 +238,6 @@ class FtSession:
             checkpoint_transport=self.transport,
             init_sync=False,
             quorum_retries=QUORUM_RETRIES,
-        )
-        log.info(
-            f"ft: replica group {self.replica} of {ft['replicas']} joined torchft "
-            f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
         )
 
     def shutdown(self) -> None:
