@@ -412,13 +412,22 @@ def _key(argv: list[str]) -> str:
     return " ".join(argv[1:]).split(" hydra.")[0]
 
 
+_PLACEHOLDERS = {name: name for name in ("RUN_DIR", "SWEEP_DIR", "LIVE_RUN_DIR", "CKPT_RUN_DIR")}
+
+
+def _shared_key(shown: Shown) -> str:
+    """The command as :func:`_key` sees it once its placeholders are filled (``export run`` and
+    ``export RUN_DIR`` both read the run that saved a checkpoint)."""
+    return _key(_argv(shown, Path("/scratch"), 0, _places_for(shown, _PLACEHOLDERS)))
+
+
 def _first_docs() -> dict[str, str]:
     """Each command that names no run directory of its own -> the first document that shows it.
     A command shown in several documents runs once, for the first (in ``DOCS`` order)."""
     first: dict[str, str] = {}
     for shown in shown_commands():
         if skip_reason(shown) is None and "hydra.run.dir=" not in shown.text:
-            first.setdefault(_key(_argv(shown, Path("/scratch"), 0, {})), shown.doc)
+            first.setdefault(_shared_key(shown), shown.doc)
     return first
 
 
@@ -429,6 +438,11 @@ def _first_docs() -> dict[str, str]:
 @pytest.mark.parametrize("doc", DOC_NAMES)
 def test_every_command_in_the_docs_runs(docs_scratch: tuple[Path, dict, dict], doc: str) -> None:
     scratch, env, places = docs_scratch
+    cwd = (
+        scratch / f"cwd-{doc.replace('/', '_')}"
+    )  # what one document's commands write stays its own
+    cwd.mkdir()
+    _write_user_code(cwd)
     seen: set[str] = set()
     first = _first_docs()
     failures, skipped = [], []
@@ -441,14 +455,14 @@ def test_every_command_in_the_docs_runs(docs_scratch: tuple[Path, dict, dict], d
             continue
         argv = _argv(shown, scratch, index, _places_for(shown, places))
         key = _key(argv)
-        if first.get(_key(_argv(shown, Path("/scratch"), 0, {})), doc) != doc:
+        if first.get(_shared_key(shown), doc) != doc:
             skipped.append(f"{shown.doc}:{shown.line}: {shown.text} (runs for an earlier document)")
             continue
         if key in seen:
             continue
         seen.add(key)
         expected = _expected_code(shown)
-        proc = _run(argv, scratch, env, interrupt=expected == 130)
+        proc = _run(argv, cwd, env, interrupt=expected == 130)
         if proc.returncode != expected:
             failures.append(
                 f"{shown.doc}:{shown.line}: {shown.text}\n  exit {proc.returncode}, expected "
