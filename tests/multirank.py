@@ -16,6 +16,7 @@ import random
 import socket
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 _CTX = mp.get_context("fork")
@@ -74,11 +75,15 @@ def _child(
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        store = None
         if init:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timedelta(seconds=60))
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, store=store)
         try:
             value = fn(rank, world_size, *args)
         finally:
+            if store is not None:
+                _leave_together(store, rank, world_size)
             if init and dist.is_initialized():
                 dist.destroy_process_group()
         queue.put((rank, True, value))
@@ -88,6 +93,22 @@ def _child(
         queue.close()
         queue.join_thread()
         os._exit(0)
+
+
+def _leave_together(store: Any, rank: int, world_size: int, wait_s: float = 30.0) -> None:
+    """Rank 0 hosts the store: it stays until every rank is done with it (a rank outside a
+    ``new_group`` returns while its members still meet through the store), or ``wait_s``."""
+    import time
+
+    store.add(_DONE, 1)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + wait_s
+    while store.add(_DONE, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+_DONE = "multirank/done"
 
 
 def run_ranks(

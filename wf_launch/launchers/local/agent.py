@@ -167,12 +167,15 @@ class ForkGate:
 
 
 class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
-    """torch's local agent that remembers each global rank's exit code when a failure is seen."""
+    """torch's local agent that remembers the exit code of each global rank that failed on its
+    own: those that had failed when the failure was first seen, before torch stopped the others
+    (all that failed, when the check missed that moment)."""
 
     exit_codes: dict[int, int]
     gate: ForkGate | None = None
     watch: Any = None
     dumps: dict[int, Any] | None = None
+    first_failed: dict[int, int] | None = None
     on_start: Callable[[int, dict[int, int]], None] | None = None
     starts: int = 0
     group: WorkerGroup | None = None
@@ -187,6 +190,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         self.starts += 1
         self.group = worker_group
         self.exit_codes = {}
+        self.first_failed = None
         self.dumps = None
         if self.watch is not None:
             self.watch.restart()
@@ -242,17 +246,30 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         }
 
     def before_monitor(self, worker_group: WorkerGroup) -> None:
-        if self.watch is not None and self.process_context is not None and self.dumps is None:
-            codes = worker_exit_codes(self.process_context)
-            if any(c not in (None, 0) for c in codes.values()):
-                # A rank failed; torch stops the survivors as soon as it notices. First: where is
-                # everyone?
-                if a_collective_timed_out(self.watch.run_dir):
-                    self._let_peers_end(worker_group)
-                self.dumps = self.watch.autopsy(
-                    self._live_pids(worker_group),
-                    alive=lambda rank: rank in self._live_pids(worker_group),
-                )
+        if self.process_context is None or self.first_failed is not None:
+            return
+        failed = self._failed(worker_group)
+        if not failed:
+            return
+        # Before torch stops the survivors (SIGTERM, then SIGKILL after the shutdown timeout, so
+        # their codes can look like a kill -9): the ranks that failed on their own.
+        self.first_failed = failed
+        if self.watch is not None and self.dumps is None:  # where is everyone?
+            if a_collective_timed_out(self.watch.run_dir):
+                self._let_peers_end(worker_group)
+            self.dumps = self.watch.autopsy(
+                self._live_pids(worker_group),
+                alive=lambda rank: rank in self._live_pids(worker_group),
+            )
+
+    def _failed(self, worker_group: WorkerGroup) -> dict[int, int]:
+        """Global rank -> exit code of every rank that ended badly."""
+        codes = worker_exit_codes(self.process_context)
+        return {
+            w.global_rank: code
+            for w in worker_group.workers
+            if (code := codes.get(w.local_rank)) not in (None, 0)
+        }
 
     def _let_peers_end(self, worker_group: WorkerGroup) -> None:
         """Wait up to :data:`PEERS_GRACE_S` for the live ranks to end on their own."""
@@ -262,12 +279,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
 
     def after_monitor(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         if result.is_failed():
-            codes = worker_exit_codes(self.process_context)
-            self.exit_codes = {
-                w.global_rank: codes[w.local_rank]
-                for w in worker_group.workers
-                if codes.get(w.local_rank) not in (None, 0)
-            }
+            self.exit_codes = self.first_failed or self._failed(worker_group)
         elif self.watch is not None and self.process_context is not None:
             self.watch.tick(self._live_pids(worker_group))
         return result
@@ -322,8 +334,8 @@ def _running(pid: int) -> bool:
 
 
 class RanksFailed(Exception):
-    """The ranks failed: ``exit_codes`` maps each failed global rank to its exit code (< 0: signal);
-    ``dumps`` the stacks of the ranks still alive when the failure was seen."""
+    """The ranks failed: ``exit_codes`` maps each global rank that failed on its own to its exit
+    code (< 0: signal); ``dumps`` the stacks of the ranks still alive when the failure was seen."""
 
     def __init__(
         self,
