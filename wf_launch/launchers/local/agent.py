@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from torch.distributed.launcher.api import LaunchConfig
 
+from worldfoundry.core.distributed.runtime import bound_store
 from worldfoundry.core.torch_private import (
     hooked_agent_class,
     release_finished_workers,
@@ -76,29 +76,12 @@ class PortInUse(OSError):
 
 
 def loopback_store(port: int, timeout_s: float) -> dist.TCPStore:
-    """A TCPStore server that listens on 127.0.0.1 only (torch's own binds every interface).
-
-    The socket is bound here and handed to the store (``master_listen_fd``), so a
-    busy ``port`` is an error (:class:`PortInUse`) instead of torch's silent
-    fallback to joining whatever listens there as a client.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A TCPStore server that listens on 127.0.0.1 only; a busy ``port`` is :class:`PortInUse`
+    (not torch's silent fallback to joining whatever listens there as a client)."""
     try:
-        sock.bind((LOOPBACK, port))
-        sock.listen(4096)
+        return bound_store(LOOPBACK, port, timedelta(seconds=timeout_s))
     except OSError as exc:
-        sock.close()
         raise PortInUse(port, exc.strerror or str(exc)) from None
-    bound = sock.getsockname()[1]
-    return dist.TCPStore(
-        LOOPBACK,
-        bound,
-        is_master=True,
-        multi_tenant=True,
-        master_listen_fd=sock.detach(),
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-    )
 
 
 def _loopback_handler(params: RendezvousParameters, port: int) -> DynamicRendezvousHandler:

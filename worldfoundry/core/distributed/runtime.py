@@ -22,6 +22,7 @@ with the runtime, it never reaches up to them.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ __all__ = [
     "ATTEMPT_ENV",
     "LOCAL_STORE",
     "Runtime",
+    "bound_store",
     "current",
     "init_default_group",
     "launch_attempt",
@@ -189,20 +191,41 @@ def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedel
 def _loopback_server(host: str, port: int, world_size: int, timeout: timedelta) -> Any:
     """A TCPStore server bound to ``host`` (a loopback address) alone; an error if the port is
     taken."""
-    import socket
+    try:
+        return bound_store(host, port, timeout, world_size)
+    except OSError as exc:
+        raise RuntimeError(
+            f"the launch's store cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
 
+
+def bound_store(
+    host: str, port: int, timeout: timedelta, world_size: int | None = None
+) -> dist.TCPStore:
+    """A TCPStore server listening on ``host`` alone (torch's own listens on every interface).
+
+    The socket is bound here and handed to the store (``master_listen_fd``), so a busy ``port``
+    raises :class:`OSError` instead of torch's silent fallback to joining whatever listens
+    there as a client. ``port=0`` takes a free port (``store.port``). With ``world_size``
+    the store waits for that many clients, as torch's does.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind((host, port))
         sock.listen(4096)
-    except OSError as exc:
+    except OSError:
         sock.close()
-        raise RuntimeError(
-            f"the launch's store cannot listen on {host}:{port}: {exc.strerror or exc}"
-        ) from None
+        raise
     return dist.TCPStore(
-        host, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=sock.detach()
+        host,
+        sock.getsockname()[1],
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=world_size is not None,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),
     )
 
 
