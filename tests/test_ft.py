@@ -38,7 +38,9 @@ pytestmark = pytest.mark.xdist_group("ft")  # its module-scoped runs, launched o
 pytest.importorskip("torchft", reason="ft=torchft needs the [ft] extra")
 
 STEPS = 40
-KILL_AT = 8
+KILL_AT = 9
+"""Just after the checkpoint of step 8 (every 4), three steps before the next: the killed group
+restarts from step 8, behind its peer, so it must heal."""
 SLEEP = "task.step_sleep_s=0.5"
 """Steps long enough that the killed group is back before the survivors finish (a group that
 comes back after the others ended has no peer to heal from)."""
@@ -83,6 +85,7 @@ def _closed_port() -> int:
         (["ft.min_replicas=3"], "ft.min_replicas=3 is not allowed: an integer from 1 to"),
         (["ft.lighthouse=nowhere"], "ft.lighthouse='nowhere' is not allowed: null (the launcher"),
         (["ft.quorum_timeout_s=0"], "ft.quorum_timeout_s=0.0 is not allowed: expected seconds in"),
+        (["ft.join_timeout_s=-5"], "ft.join_timeout_s=-5.0 is not allowed: expected seconds in"),
         (["ft.max_replica_restarts=-1"], "ft.max_replica_restarts=-1 is not allowed"),
         (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
         (["launcher=slurm"], "ft='torchft' is not allowed: launcher=slurm does not run replica"),
@@ -185,7 +188,7 @@ def _finish(proc: subprocess.Popen, run_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory) -> dict[str, Any]:
-    """A rank of replica group 1 killed at step 8 (kill -9)."""
+    """A rank of replica group 1 killed at step 9 (kill -9)."""
     run_dir = tmp_path_factory.mktemp("ft") / "run"
     proc = _launch(
         run_dir, "engine.dp_size=2", f"task.steps={STEPS}", "task.checkpoint_every=4", SLEEP
@@ -279,7 +282,7 @@ def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
         "task.steps=400",
         "ft.min_replicas=2",
         "ft.max_replica_restarts=0",
-        "ft.quorum_timeout_s=2",
+        "ft.quorum_timeout_s=5",
     )
     _wait_step(proc, run_dir, 1, 2)
     os.kill(_pids(run_dir, 1, 1)[0], signal.SIGKILL)
@@ -289,9 +292,64 @@ def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
     assert record["status"] == "failed"
     assert record["failure"]["replica"] in (0, 1)
     assert record["failure"]["message"].startswith("replica group ")
-    assert "no quorum of ft.min_replicas=2 replica group(s)" in record["failure"]["message"]
+    assert (
+        "no quorum of ft.min_replicas=2 replica group(s) formed within ft.quorum_timeout_s=5.0"
+        in record["failure"]["message"]
+    )
     assert record["ft"]["exit_codes"]["1"] != 0 and record["ft"]["exit_codes"]["0"] != 0
     assert max(_steps(run_dir, 0)) < 400
+
+
+def _probe(
+    run_dir: Path, replica: int, ft: dict[str, Any], env: dict[str, str]
+) -> subprocess.Popen:
+    probe = Path(__file__).with_name("ft_join_probe.py")
+    return subprocess.Popen(
+        [sys.executable, str(probe), str(run_dir), str(replica), json.dumps(ft)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(env),
+    )
+
+
+@pytest.mark.slow
+def test_replica_groups_that_start_apart_start_training_together(tmp_path):
+    """A group started after the others' ``ft.quorum_timeout_s`` is waited for: the first quorum
+    holds both groups. Without peers, the start fails after ``ft.join_timeout_s``, naming it."""
+    from dataclasses import asdict
+
+    from wf_launch.config.ft import FtConfig
+    from wf_launch.launchers.ft_lighthouse import Lighthouse
+
+    quorum_s, late_s = 0.5, 2.0
+    ft = FtConfig(name="torchft", min_replicas=1, quorum_timeout_s=quorum_s, join_timeout_s=60)
+    lighthouse = Lighthouse(ft, tmp_path / "lighthouse.log").start()
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address, "RUST_LOG": "warn"}
+    try:
+        first = _probe(tmp_path / "apart", 0, asdict(ft), env)
+        assert first.stdout.readline().strip() == "started"
+        time.sleep(late_s)  # the late group: well past the first group's quorum timeout
+        late = _probe(tmp_path / "apart", 1, asdict(ft), env)
+        waited = json.loads(first.communicate(timeout=DEADLINE_S)[0])
+        came = json.loads(late.communicate(timeout=DEADLINE_S)[0].splitlines()[-1])
+    finally:
+        lighthouse.stop()
+    assert waited.get("seconds", 0) > late_s, waited
+    assert waited["participants"] == came["participants"] == 2, (waited, came)
+    alone = FtConfig(name="torchft", min_replicas=2, quorum_timeout_s=60, join_timeout_s=1)
+    lighthouse = Lighthouse(alone, tmp_path / "lighthouse2.log").start()
+    env["TORCHFT_LIGHTHOUSE"] = lighthouse.address
+    try:
+        lone = _probe(tmp_path / "alone", 0, asdict(alone), env)
+        t0 = time.monotonic()
+        out = json.loads(lone.communicate(timeout=DEADLINE_S)[0].splitlines()[-1])
+        assert time.monotonic() - t0 < 30  # not the 60 s of ft.quorum_timeout_s
+    finally:
+        lighthouse.stop()
+    assert out["error"].startswith(
+        "no quorum of ft.min_replicas=2 replica group(s) formed within ft.join_timeout_s=1"
+    ), out
+    assert "the other groups did not start in time" in out["error"]
 
 
 @pytest.mark.slow
@@ -306,6 +364,48 @@ def test_a_lighthouse_that_dies_is_restarted_and_the_run_goes_on(tmp_path):
     assert ft["lighthouse_restarts"] == 1
     assert ft["steps_completed"] == {"0": 20, "1": 20}
     assert ft["weights_equal"] is True
+
+
+@pytest.mark.parametrize(
+    ("came_back", "rejoined_at", "healed_from", "status"),
+    [
+        (
+            [{"event": "healed", "step": 12, "source": "http://127.0.0.1:0/checkpoint/"}],
+            12,
+            0,
+            "healed to step 12",
+        ),
+        (
+            [{"event": "rejoined", "step": 8, "replica_groups": 2}],
+            8,
+            None,
+            "back at step 8 from its own checkpoint (nothing to heal)",
+        ),
+        ([], None, None, "restarting after a failure at step 10, to heal"),
+    ],
+)
+def test_a_restarted_group_is_recorded_back_whether_it_healed_or_not(
+    tmp_path, came_back, rejoined_at, healed_from, status
+):
+    """A group back at the quorum's step from its own checkpoint had nothing to heal: it still
+    rejoined, and the record and ``status`` say so (not "restarting" forever)."""
+    from wf_launch.config.ft import FtConfig
+    from wf_launch.launchers.ft_record import compose_ft, ft_status_lines
+
+    for k in (0, 1):
+        replica = files.ft_replica_dir(tmp_path, k)
+        (replica / "logs").mkdir(parents=True)
+        (replica / "logs" / "rank0.ft_address").write_text(f"http://127.0.0.1:{k}/checkpoint/\n")
+    events = [{"event": "failed", "exit_codes": {"1": -9}, "failed_at_step": 10}, *came_back]
+    lines = [json.dumps({"time": 100.0 + i, **e}) for i, e in enumerate(events)]
+    files.ft_events(files.ft_replica_dir(tmp_path, 1)).write_text("\n".join(lines) + "\n")
+    ft = FtConfig(name="torchft")
+    section, _ = compose_ft(tmp_path, ft, 1, {0: 0, 1: 0})
+    (rec,) = section["recoveries"]
+    assert (rec["rank"], rec["cause"], rec["failed_at_step"]) == (1, "SIGKILL", 10)
+    assert (rec["rejoined_at_step"], rec["healed_from"]) == (rejoined_at, healed_from)
+    assert rec["seconds_to_rejoin"] == (1.0 if came_back else None)
+    assert status in ft_status_lines(tmp_path)[1]
 
 
 def test_runs_marks_a_run_that_recovered_and_counts_every_replica_group(tmp_path):

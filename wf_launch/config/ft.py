@@ -63,6 +63,7 @@ class FtConfig:
     min_replicas: int = integer(1, low=1)
     lighthouse: str | None = None
     quorum_timeout_s: float = number(60.0, 0, 86400, low_open=True, unit="seconds")
+    join_timeout_s: float = number(600.0, 0, 86400, low_open=True, unit="seconds")
     timeout_s: float = number(10.0, 0, 86400, low_open=True, unit="seconds")
     heartbeat_timeout_s: float = number(2.0, 0, 3600, low_open=True, unit="seconds")
     max_replica_restarts: int = integer(3, low=0)

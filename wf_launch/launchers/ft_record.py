@@ -3,8 +3,9 @@ directories (``RUN_DIR/replicas/{k}``).
 
 - ``recoveries``: one per restart of a replica group: ``replica``, ``rank`` (in its group; also
   ``global_rank``), ``cause`` (the signal or exit code), ``failed_at_step`` (its last step before
-  the failure), ``rejoined_at_step`` (the step it healed to), ``seconds_to_rejoin`` (failure
-  seen -> healed), ``healed_from`` (the replica group that sent the state);
+  the failure), ``rejoined_at_step`` (the step it healed to, or of its first quorum when it came
+  back at the quorum's step and had nothing to heal), ``seconds_to_rejoin`` (failure seen ->
+  back), ``healed_from`` (the replica group that sent the state; null without a heal);
 - ``survivor_restarts``: restarts of replica groups, not by a signal, that followed another
   group's failure within the cross-replica timeout (a cascade; the goal is 0);
 - ``steps_completed``, ``stepped_back`` (a replica group whose steps ever went down) and
@@ -90,24 +91,30 @@ def _addresses(run_dir: Path, replicas: int, ranks: int) -> dict[str, int]:
     return out
 
 
-def _heal_after(events: list[dict[str, Any]], i: int) -> dict[str, Any] | None:
-    """The first heal after event ``i``, unless another failure came first."""
+def _back_after(events: list[dict[str, Any]], i: int) -> dict[str, Any] | None:
+    """How the group came back after failure ``i`` (unless another failure came first): its
+    heal, else its first quorum (a group back at the quorum's step from its own checkpoint has
+    nothing to heal)."""
+    came_back = None
     for e in events[i + 1 :]:
         if e.get("event") == "failed":
-            return None
+            break
         if e.get("event") == "healed":
             return e
-    return None
+        if e.get("event") == "rejoined" and came_back is None:
+            came_back = e
+    return came_back
 
 
 def _recovery(
-    k: int, ev: dict[str, Any], heal: dict[str, Any] | None, ranks: int, where: dict[str, int]
+    k: int, ev: dict[str, Any], back: dict[str, Any] | None, ranks: int, where: dict[str, int]
 ) -> dict[str, Any]:
     """One restart of replica group ``k``: who failed, how, and how it came back."""
     codes = {int(r): int(c) for r, c in (ev.get("exit_codes") or {}).items()}
     found = culprit(codes)
     rank = -1 if found is None else found
-    healed = heal or {}
+    came = back or {}
+    healed = came.get("event") == "healed"
     return {
         "replica": k,
         "rank": rank,
@@ -115,17 +122,18 @@ def _recovery(
         "cause": _cause(codes[rank]) if rank in codes else "unknown",
         "failed_at_step": ev.get("failed_at_step"),
         "failed_at": ev["time"],
-        "rejoined_at_step": healed.get("step"),
-        "seconds_to_rejoin": round(healed["time"] - ev["time"], 3) if heal else None,
-        "healed_from": where.get(str(healed.get("source"))) if heal else None,
+        "rejoined_at_step": came.get("step"),
+        "seconds_to_rejoin": round(came["time"] - ev["time"], 3) if back else None,
+        "healed_from": where.get(str(came.get("source"))) if healed else None,
     }
 
 
 def _recoveries(run_dir: Path, k: int, ranks: int, where: dict[str, int]) -> list[dict[str, Any]]:
-    """Replica group ``k``'s restarts, each with its heal (the first after it)."""
+    """Replica group ``k``'s restarts, each with how it came back (the first heal or quorum
+    after it)."""
     events = read_events(files.ft_replica_dir(run_dir, k))
     return [
-        _recovery(k, ev, _heal_after(events, i), ranks, where)
+        _recovery(k, ev, _back_after(events, i), ranks, where)
         for i, ev in enumerate(events)
         if ev.get("event") == "failed"
     ]
@@ -211,15 +219,18 @@ def compose_ft(
 def _group_line(replica_dir: Path, k: int) -> str:
     steps = read_steps(replica_dir)
     events = read_events(replica_dir)
-    failures = [e for e in events if e.get("event") == "failed"]
-    last = events[-1] if events else {}
+    failures = [i for i, e in enumerate(events) if e.get("event") == "failed"]
     where = f"step {steps[-1][1]}" if steps else "not stepping yet"
     if steps and steps[-1][2] is not None:
         where += f", quorum of {steps[-1][2]} replica group(s)"
-    if last.get("event") == "failed":
-        where += f" - restarting after a failure at step {last.get('failed_at_step')}, to heal"
-    elif last.get("event") == "healed":
-        where += f" - healed to step {last.get('step')}"
+    back = _back_after(events, failures[-1] if failures else -1)
+    if failures and back is None:
+        failed_at = events[failures[-1]].get("failed_at_step")
+        where += f" - restarting after a failure at step {failed_at}, to heal"
+    elif back is not None and back.get("event") == "healed":
+        where += f" - healed to step {back.get('step')}"
+    elif back is not None:
+        where += f" - back at step {back.get('step')} from its own checkpoint (nothing to heal)"
     if failures:
         where += f" ({len(failures)} restart(s))"
     return f"replica group {k}: {where}"

@@ -10,8 +10,8 @@ comes back after a failure heals from a live peer through torchft's checkpoint t
 
 What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section from
 these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``), and the
-replica's heal events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when
-a session starts.
+replica's heal events (``ft_events.jsonl``, by its rank 0). torchft is imported only when a session
+starts.
 """
 
 from __future__ import annotations
@@ -27,10 +27,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
+from worldfoundry.core.distributed.runtime import bound_store
+
 from ..rundir import files
 
 __all__ = [
+    "ENDED",
     "FT_REPLICA_ENV",
+    "JOINED",
     "LIGHTHOUSE_ENV",
     "QUORUM_RETRIES",
     "RUST_LOG",
@@ -39,6 +45,7 @@ __all__ = [
     "ft_enabled",
     "no_quorum",
     "replica_id",
+    "wait_for_groups",
 ]
 
 FT_REPLICA_ENV = "WF_FT_REPLICA"
@@ -50,8 +57,19 @@ TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits", "torchft_err
 RUST_LOG = "RUST_LOG"
 """torchft's Rust side logs every quorum at INFO; the launcher sets ``RUST_LOG=warn`` unless set."""
 QUORUM_RETRIES = 5
-"""How often a replica group retries a quorum request that failed (a Lighthouse restarting)
-before its step fails."""
+"""How often torchft retries a quorum request that failed (a Lighthouse restarting), within the
+quorum's one timeout."""
+JOINED, ENDED = "joined", "ended"
+"""What a replica group's :func:`files.ft_joined` mark says."""
+JOIN_POLL_S = 0.05
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""Set by torch's elastic agent, which runs each replica group: 0 in the first attempt of a launch
+(fresh or resumed), n after the group's n-th restart."""
+
+
+def restarted() -> bool:
+    """Whether this replica group restarted within this launch (after a failure of its own)."""
+    return int(os.environ.get(RESTART_COUNT_ENV, "0") or 0) > 0
 
 
 def ft_enabled(config: dict[str, Any]) -> bool:
@@ -64,13 +82,18 @@ def replica_id() -> int:
     return int(os.environ.get(FT_REPLICA_ENV, "0") or 0)
 
 
-def no_quorum(config: dict[str, Any], exc: BaseException) -> TimeoutError:
+def no_quorum(ft: dict[str, Any], exc: BaseException, *, first: bool) -> TimeoutError:
     """The error of a replica group that found no quorum: which setting it waited for, and why."""
-    ft = config["ft"]
+    field = "ft.join_timeout_s" if first else "ft.quorum_timeout_s"
+    seconds = ft[field.removeprefix("ft.")]
+    why = (
+        "the other groups did not start in time"
+        if first
+        else "the other groups failed, or the Lighthouse is gone"
+    )
     return TimeoutError(
         f"no quorum of ft.min_replicas={ft['min_replicas']} replica group(s) formed within "
-        f"ft.quorum_timeout_s={ft['quorum_timeout_s']} ({QUORUM_RETRIES + 1} tries; the other "
-        f"groups failed, or the Lighthouse is gone): {type(exc).__name__}: {exc}"
+        f"{field}={seconds} ({why}): {type(exc).__name__}: {exc}"
     )
 
 
@@ -142,22 +165,11 @@ def _loopback_servers() -> Iterator[None]:
 def _loopback_gloo(torchft: Any, timeout: timedelta) -> Any:
     """torchft's reconfigurable gloo group, its rendezvous store on loopback: torchft's own
     store binds every interface and advertises the host's name."""
-    import torch.distributed as dist
 
     class LoopbackGloo(torchft.ProcessGroupGloo):  # type: ignore[misc,name-defined]
         def get_reconfigure_handle(self) -> str:
             if self._rendezvous_store is None:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind((LOOPBACK, 0))
-                sock.listen(4096)
-                port = sock.getsockname()[1]
-                self._rendezvous_store = dist.TCPStore(
-                    LOOPBACK,
-                    port,
-                    is_master=True,
-                    wait_for_workers=False,
-                    master_listen_fd=sock.detach(),
-                )
+                self._rendezvous_store = bound_store(LOOPBACK, 0, timeout)
             return json.dumps(
                 {
                     "id": self._handle_id(),
@@ -172,7 +184,6 @@ def _loopback_gloo(torchft: Any, timeout: timedelta) -> Any:
 def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
     """A restarted replica group reuses its agent's store, where the dead attempt's Manager left
     its address: rank 0 removes it before any rank looks (a barrier of the group in between)."""
-    import torch.distributed as dist
     from torchft.manager import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 
     if group_rank == 0:
@@ -186,6 +197,81 @@ def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
             store.delete_key(key)
     if group is not None:
         group.barrier()
+
+
+def _joining_manager(torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: int) -> type:
+    """torchft's Manager, its first quorum waiting ``ft.join_timeout_s`` for the other groups.
+
+    torchft bounds every quorum by one timeout. The first one also waits for the other replica
+    groups to start (import torch, join), which takes longer than a step on a loaded host, so a
+    short ``ft.quorum_timeout_s`` would fail a healthy run at its start. A quorum that does not
+    form raises :func:`no_quorum`'s error, naming the setting it waited for. A restarted group's
+    rank 0 records its first quorum (``rejoined``): back in the run, healed or not.
+    """
+
+    class JoiningManager(torchft.Manager):  # type: ignore[misc,name-defined]
+        joined = False
+        join_deadline = time.monotonic() + float(ft["join_timeout_s"])
+
+        def start_quorum(
+            self,
+            allow_heal: bool = True,
+            shrink_only: bool = False,
+            timeout: timedelta | None = None,
+        ) -> None:
+            first = not self.joined
+            if first and timeout is None:
+                left = self.join_deadline - time.monotonic()
+                timeout = timedelta(seconds=max(left, float(ft["quorum_timeout_s"])))
+            try:
+                super().start_quorum(
+                    allow_heal=allow_heal, shrink_only=shrink_only, timeout=timeout
+                )
+            except TimeoutError as exc:
+                raise no_quorum(ft, exc, first=first) from exc
+            self.joined = True
+            if first and rank == 0 and restarted():
+                append_event(
+                    replica_dir,
+                    event="rejoined",
+                    step=int(self.current_step()),
+                    replica_groups=int(self.num_participants()),
+                )
+
+    return JoiningManager
+
+
+def wait_for_groups(replica_dir: Path, ft: dict[str, Any], deadline: float, log: Any) -> None:
+    """Hold a starting replica group until every group has joined or ended (or ``deadline``).
+
+    Groups launched together (a fresh launch or a resume) start training together: a group that
+    stepped alone while the others still imported torch could train apart from them (a quorum of
+    one at each step). A group that restarts after a failure skips this: it heals from the others.
+    Raises :func:`no_quorum`'s error when fewer than ``ft.min_replicas`` groups joined in time.
+    """
+    run_dir = replica_dir.parent.parent
+    marks = [files.ft_joined(files.ft_replica_dir(run_dir, k)) for k in range(ft["replicas"])]
+    while True:
+        said = [_read_mark(mark) for mark in marks]
+        if all(said) or time.monotonic() >= deadline:
+            break
+        time.sleep(JOIN_POLL_S)
+    joined = said.count(JOINED)
+    if joined >= int(ft["min_replicas"]):
+        missing = [k for k, word in enumerate(said) if word != JOINED]
+        if missing:
+            log.warning(f"ft: replica group(s) {missing} did not join in time; going on without")
+        return
+    raise no_quorum(
+        ft, TimeoutError(f"{joined} of {ft['replicas']} replica group(s) joined"), first=True
+    )
+
+
+def _read_mark(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 class FtSession:
@@ -218,11 +304,15 @@ class FtSession:
             f"ft: replica group {self.replica} of {ft['replicas']} joined torchft "
             f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
         )
+        if rank == 0:
+            files.ft_joined(self.run_dir).write_text(JOINED)
+            if not restarted():
+                wait_for_groups(self.run_dir, ft, self.manager.join_deadline, log)
 
     def _manager(
         self, torchft: Any, ft: dict[str, Any], timeout: timedelta, rank: int, world_size: int
     ) -> Any:
-        return torchft.Manager(
+        return _joining_manager(torchft, ft, self.run_dir, rank)(
             pg=_loopback_gloo(torchft, timeout),
             load_state_dict=None,
             state_dict=None,

@@ -60,6 +60,7 @@ __all__ = [
     "config_path",
     "ft_address",
     "ft_events",
+    "ft_joined",
     "ft_lighthouse_log",
     "ft_replica_dir",
     "hydra_config",
@@ -417,6 +418,12 @@ def ft_replica_dir(run_dir: Path | str, replica: int) -> Path:
 def ft_events(replica_dir: Path | str) -> Path:
     """A replica group's torchft events (starts, heals), one JSON object a line, by its rank 0."""
     return Path(replica_dir) / "ft_events.jsonl"
+
+
+def ft_joined(replica_dir: Path | str) -> Path:
+    """A replica group's mark for the others starting with it: ``joined`` once its Manager is up
+    (by its rank 0), ``ended`` once its launch is over (nobody waits for it then)."""
+    return Path(replica_dir) / "ft_joined"
 
 
 def ft_address(replica_dir: Path | str, rank: int) -> Path:

@@ -69,7 +69,6 @@ from worldfoundry.core.distributed.groups import GroupCoordinator
 from worldfoundry.core.distributed.pipeline import PPScheduler
 from worldfoundry.core.torch_private import DYNAMO_MODULE
 
-from ..rank.ft import no_quorum
 from ..rank.task_context import TaskContext
 from ..rank.task_registry import register_task
 from ._vdit import (
@@ -611,10 +610,7 @@ def train_step_ft(t: Trainer, positions: torch.Tensor) -> tuple[int, float] | No
     groups, and the optimizer steps only if every replica group of the quorum commits.
     """
     manager = t.ctx.ft
-    try:
-        manager.start_quorum()
-    except TimeoutError as exc:
-        raise no_quorum(t.ctx.config, exc) from exc
+    manager.start_quorum()
     step = t.progress["step"] + 1
     t.opt.zero_grad(set_to_none=True)
     saved, local_loss = _forward_all(t, step, positions)

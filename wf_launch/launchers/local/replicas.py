@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from ...config.ft import FtConfig
-from ...rank.ft import FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event
+from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event
 from ...rundir import files
 from ...rundir.outcome import RunOutcome
 from ...rundir.pids import die_with_parent
@@ -55,6 +55,7 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
         config["launcher"]["threads_per_rank"] = max(1, (os.cpu_count() or 1) // ranks)
     replica_dir = files.ft_replica_dir(plan.run_dir, k)
     replica_dir.mkdir(parents=True, exist_ok=True)
+    files.ft_joined(replica_dir).unlink(missing_ok=True)  # a mark of an earlier launch
     for name, keep in ((files.RUN_ID, True), (files.CONFIG, False)):  # the run's id stays
         src = plan.run_dir / name
         if src.exists() and not (keep and (replica_dir / name).exists()):
@@ -86,6 +87,7 @@ def _replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -
     except BaseException as exc:
         logger.error(f"ft: replica group {k}'s launch failed: {type(exc).__name__}: {exc}")
         code = 1
+    files.ft_joined(plan.run_dir).write_text(ENDED)  # the others starting stop waiting for it
     logger.complete()
     os._exit(code)
 
