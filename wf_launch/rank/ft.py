@@ -10,8 +10,8 @@ comes back after a failure heals from a live peer through torchft's checkpoint t
 
 What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section from
 these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``), and the
-replica's heal events (``ft_events.jsonl``, by its rank 0). torchft is imported only when a session
-starts.
+replica's heal events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when
+a session starts (a script in a fresh interpreter must find torch not imported).
 """
 
 from __future__ import annotations
@@ -27,11 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
-from worldfoundry.core.distributed.runtime import bound_store
-
 from ..rundir import files
+from ..rundir.io import read_text
 
 __all__ = [
     "ENDED",
@@ -165,6 +162,7 @@ def _loopback_servers() -> Iterator[None]:
 def _loopback_gloo(torchft: Any, timeout: timedelta) -> Any:
     """torchft's reconfigurable gloo group, its rendezvous store on loopback: torchft's own
     store binds every interface and advertises the host's name."""
+    from worldfoundry.core.distributed.runtime import bound_store  # torch: once a session starts
 
     class LoopbackGloo(torchft.ProcessGroupGloo):  # type: ignore[misc,name-defined]
         def get_reconfigure_handle(self) -> str:
@@ -184,6 +182,7 @@ def _loopback_gloo(torchft: Any, timeout: timedelta) -> Any:
 def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
     """A restarted replica group reuses its agent's store, where the dead attempt's Manager left
     its address: rank 0 removes it before any rank looks (a barrier of the group in between)."""
+    import torch.distributed as dist
     from torchft.manager import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 
     if group_rank == 0:
@@ -269,7 +268,7 @@ def wait_for_groups(replica_dir: Path, ft: dict[str, Any], deadline: float, log:
 
 def _read_mark(path: Path) -> str:
     try:
-        return path.read_text().strip()
+        return read_text(path).strip()
     except FileNotFoundError:
         return ""
 
