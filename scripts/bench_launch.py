@@ -3,7 +3,7 @@
 Both sides start 8 gloo ranks, run one barrier and tear down; each wall time is
 the whole command, interpreter start-up included. Runs alternate (wf_launch,
 torchrun, wf_launch, ...) so machine noise hits both alike; the ratio of medians
-is printed. Goal: <= 0.4x torchrun.
+is printed. Goal: <= 0.30x torchrun (issue 28).
 
     python scripts/bench_launch.py [--repeats 5] [--cp 4 --pp 2]
 """
@@ -65,7 +65,7 @@ def main() -> None:
     )
     print(f"wf_launch task=noop   median {ma:.2f}s  (min {min(a):.2f}s)")
     print(f"torchrun no-op        median {mb:.2f}s  (min {min(b):.2f}s)")
-    print(f"ratio wf_launch / torchrun = {ma / mb:.2f}x  (goal <= 0.40x)")
+    print(f"ratio wf_launch / torchrun = {ma / mb:.2f}x  (goal <= 0.30x)")
     shutil.rmtree(work, ignore_errors=True)
 
 
