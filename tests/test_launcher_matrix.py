@@ -26,6 +26,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("matrix")]  # module-sco
 
 TEST_TASKS = "task.modules=[wf_test_tasks,wf_identity_tasks]"
 TRAIN = ["task=train", "engine.dp_size=2", "task.checkpoint_every=2", "task.step_sleep_s=0.3"]
+PLACE = r"(?: on node \w+, host [\w.-]+)?"
+"""Where a launcher that knows its ranks' nodes (Ray) adds it to a rank's label."""
+
+
+def _rank(rank: int) -> str:
+    """A pattern of ``rank 1 (r1 tp0 cp0 pp0 dp1)`` as every launcher writes it (dp=2)."""
+    return rf"rank {rank} \(r{rank} tp0 cp0 pp0 dp{rank}{PLACE}\)"
 
 
 @dataclass
@@ -52,9 +59,10 @@ class Launch:
 
 @pytest.fixture(
     scope="module",
-    # SLURM and Ray do not keep this contract yet (their first full run failed 15 of 16 cases:
-    # the console lines and result.json fields differ); issue 30's section 1 is open for them.
-    params=["local"],
+    # SLURM does not keep this contract yet (its run of the matrix failed 13 of 16 cases: every
+    # rank's traceback forwarded live, SIGTERM cancels the job instead of stopping the ranks at
+    # a step); issue 30's section 1 is open for it.
+    params=["local", pytest.param("ray", marks=pytest.mark.ray)],
 )
 def target(request: pytest.FixtureRequest) -> Target:
     if request.param == "local":
@@ -216,10 +224,8 @@ def _record_contract(launch: Launch, status: str, code: int) -> dict[str, Any]:
 def test_one_rank_raises(one_raises: Launch) -> None:
     assert one_raises.code == 1, one_raises.err
     _console_contract(one_raises, "failed")
-    assert (
-        "rank 1 (r1 tp0 cp0 pp0 dp1) failed first: ValueError: rank 1 refuses: bad batch 17"
-        in one_raises.err
-    )
+    said = f"{_rank(1)} failed first: ValueError: rank 1 refuses: bad batch 17"
+    assert re.search(said, one_raises.err), one_raises.err
     assert one_raises.err.count('raise ValueError(f"rank {ctx.rank} refuses: bad batch 17")') == 1
     failure = _record_contract(one_raises, "failed", 1)["failure"]
     assert (failure["rank"], failure["cause"], failure["type"]) == (1, "exception", "ValueError")
@@ -235,18 +241,25 @@ def test_all_ranks_raise_alike(all_alike: Launch) -> None:
     assert failure["cause"] == "exception" and failure["type"] == "ValueError"
 
 
-def test_a_rank_killed_with_kill_9(killed: Launch) -> None:
+def test_a_rank_killed_with_kill_9(target: Target, killed: Launch) -> None:
     assert killed.code == 1, killed.err
     _console_contract(killed, "failed")
-    assert "rank 1 (r1 tp0 cp0 pp0 dp1) was killed by SIGKILL" in killed.err
     failure = _record_contract(killed, "failed", 1)["failure"]
+    if target.name == "ray":
+        # A Ray actor's exit status goes to its raylet, which does not report it: the launcher
+        # knows the rank died without a record, not which signal ended it.
+        said = rf"{_rank(1)} died: its process ended without a failure record \(killed: SIGKILL"
+        assert re.search(said, killed.err), killed.err
+        assert (failure["rank"], failure["cause"]) == (1, "died"), failure
+        return
+    assert re.search(f"{_rank(1)} was killed by SIGKILL", killed.err), killed.err
     assert (failure["rank"], failure["cause"], failure["signal"]) == (1, "signal", "SIGKILL")
 
 
 def test_a_rank_hangs(hung: Launch) -> None:
     assert hung.code == 1, hung.err
     _console_contract(hung, "failed")
-    assert "collective timed out: rank 1 (r1 tp0 cp0 pp0 dp1) never arrived" in hung.err
+    assert re.search(f"collective timed out: {_rank(1)} never arrived", hung.err), hung.err
     assert "in misbehave" in hung.err  # where the stuck rank was
     failure = _record_contract(hung, "failed", 1)["failure"]
     assert failure["cause"] == "stuck" and failure["missing_ranks"] == [1], failure
@@ -298,3 +311,19 @@ def test_a_resume(ctrl_c_saved: Launch, resumed: Launch) -> None:
     assert [a["attempt"] for a in record["attempts"]] == [0, 1]
     assert record["attempts"][1]["resumed_from"] == saved, record["attempts"]
     assert record["attempts"][1]["cause"] == "stop flag: SIGINT (Ctrl-C)"
+
+
+def test_nothing_is_left_on_the_cluster(
+    target: Target, request: pytest.FixtureRequest, resumed: Launch, sigterm: Launch
+) -> None:
+    """After every scenario (the last ones: a resume, a SIGTERM): no actor, placement group or
+    process of the runs is left (on the local launcher: no rank process)."""
+    if target.name != "ray":
+        import psutil
+
+        mine = [
+            p for p in psutil.process_iter(["cmdline"]) if "wf_launch" in str(p.info["cmdline"])
+        ]
+        assert [p for p in mine if str(sigterm.run_dir) in str(p.info["cmdline"])] == []
+        return
+    assert request.getfixturevalue("ray_cluster").leftovers() == []

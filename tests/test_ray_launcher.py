@@ -276,44 +276,6 @@ def test_sigterm_to_a_rank_saves_and_restarts(ray_cluster: RayCluster, tmp_path:
     assert ray_cluster.leftovers() == []
 
 
-def test_ctrl_c_says_it_stops_and_how_to_resume(ray_cluster: RayCluster, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wf_launch",
-            "launcher=ray",
-            f"launcher.address={ray_cluster.address}",
-            "engine.dp_size=2",
-            "task=train",
-            "task.steps=400",
-            "task.step_sleep_s=0.2",
-            "task.checkpoint_every=2",
-            f"hydra.run.dir={run}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ray_cluster.env,
-        cwd=tmp_path,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not list(run.glob("checkpoints/*/COMMIT")) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launching command
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-3000:]
-    assert "Ctrl-C: every rank stops at its next step boundary" in err
-    assert "continue it from its checkpoint of step " in err and "launcher.resume=true" in err
-    assert _record(run)["status"] == "interrupted"
-    assert ray_cluster.leftovers() == []
-
-
 def test_detached_run_status_runs_stacks_follow_and_cancel(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:

@@ -15,11 +15,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..rundir import attempts
 from ..rundir.outcome import RunOutcome
 from ..rundir.record import RunRecord, Status
 from ..rundir.resume import resume_hint
 
-__all__ = ["Stopped", "interrupted", "say", "stop_signals"]
+__all__ = [
+    "CTRL_C_STOP",
+    "FORWARDED_CTRL_C",
+    "Stopped",
+    "interrupted",
+    "name_ctrl_c",
+    "say",
+    "stop_signals",
+]
+
+FORWARDED_CTRL_C = "stop flag: SIGTERM"
+"""How rank 0 records the stop a launcher sends its ranks for a Ctrl-C (ranks ignore SIGINT)."""
+CTRL_C_STOP = "stop flag: SIGINT (Ctrl-C)"
+"""What the attempt's record says of that stop: the user pressed Ctrl-C."""
 
 
 def say(message: str) -> None:
@@ -39,6 +53,14 @@ def interrupted(run_dir: Path, name: str, summary: str, /, **facts: Any) -> RunO
     )
     hint = resume_hint(run_dir, facts.get("overrides"))
     return RunOutcome.of(record, run_dir, f"{summary}\n  {hint}" if hint else summary)
+
+
+def name_ctrl_c(run_dir: Path, attempt: int) -> None:
+    """The attempt a Ctrl-C stopped says so, on every launcher (its rank 0 recorded the SIGTERM
+    the launcher passed the Ctrl-C on as)."""
+    marker = attempts.read(run_dir, attempt) or {}
+    if marker.get("ended_by") == FORWARDED_CTRL_C:
+        attempts.update(run_dir, attempt, ended_by=CTRL_C_STOP)
 
 
 class Stopped(Exception):

@@ -51,7 +51,7 @@ from ...rundir.record import RunRecord, Status
 from ...rundir.space import disk_full, full_disk_error
 from ..base import LauncherConfig, LauncherHooks
 from ..ft_record import ft_status_lines
-from ..interrupt import interrupted
+from ..interrupt import interrupted, name_ctrl_c
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
 from .replicas import launch_replicas
@@ -400,11 +400,6 @@ def _both(
     return on_start
 
 
-FORWARDED_CTRL_C = "stop flag: SIGTERM"
-"""How rank 0 records the stop the agent sends for a Ctrl-C (ranks ignore SIGINT itself)."""
-CTRL_C_STOP = "stop flag: SIGINT (Ctrl-C)"
-
-
 class _AttemptTracker:
     """The launcher's part of the attempt records (:mod:`wf_launch.rundir.attempts`): each start of
     the ranks is an attempt (numbered on from ``base``); when one ends, what rank 0 could not record
@@ -443,8 +438,8 @@ class _AttemptTracker:
             marker = self._write(
                 lambda: attempts.close(self.run_dir, current, self.world_size, ended_by)
             )
-            if ctrl_c and marker is not None and marker.get("ended_by") == FORWARDED_CTRL_C:
-                self._write(lambda: attempts.update(self.run_dir, current, ended_by=CTRL_C_STOP))
+            if ctrl_c and marker is not None:
+                self._write(lambda: name_ctrl_c(self.run_dir, current))
         return attempts.collect(self.run_dir)
 
 

@@ -11,6 +11,7 @@ a new placement group on the nodes still alive and resumes from the newest check
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -30,7 +31,7 @@ from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from ..base import CTRL_C_NOTICE
-from ..interrupt import Stopped, interrupted, stop_signals
+from ..interrupt import Stopped, interrupted, name_ctrl_c, stop_signals
 from . import ray_adapter as rt
 from . import state
 from .attempt import Attempt, Ended
@@ -180,6 +181,9 @@ class RayRun:
             if name == "SIGINT" and self.opts.show:
                 logger.warning(CTRL_C_NOTICE)
             ended = att.stop("cancelled" if name == "cancel" else "interrupted", name)
+            if name == "SIGINT":
+                with contextlib.suppress(OSError):  # the record's words, never a lost record
+                    name_ctrl_c(self.run_dir, att.number)
         finally:
             att.teardown()
         return ended
