@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import files
-from ..rundir.io import read_text
+from ..rundir.io import atomic_write_text, read_text
 
 __all__ = [
     "ENDED",
@@ -304,7 +304,7 @@ class FtSession:
             f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
         )
         if rank == 0:
-            files.ft_joined(self.run_dir).write_text(JOINED)
+            atomic_write_text(files.ft_joined(self.run_dir), JOINED)
             if not restarted():
                 wait_for_groups(self.run_dir, ft, self.manager.join_deadline, log)
 

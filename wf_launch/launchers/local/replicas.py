@@ -28,6 +28,7 @@ from loguru import logger
 from ...config.ft import FtConfig
 from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event
 from ...rundir import files
+from ...rundir.io import atomic_write_text
 from ...rundir.outcome import RunOutcome
 from ...rundir.pids import die_with_parent
 from ...rundir.record import RunRecord, Status
@@ -87,7 +88,7 @@ def _replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -
     except BaseException as exc:
         logger.error(f"ft: replica group {k}'s launch failed: {type(exc).__name__}: {exc}")
         code = 1
-    files.ft_joined(plan.run_dir).write_text(ENDED)  # the others starting stop waiting for it
+    atomic_write_text(files.ft_joined(plan.run_dir), ENDED)  # the others stop waiting for it
     logger.complete()
     os._exit(code)
 
