@@ -122,6 +122,7 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         init_method: str = "env://",
         timeout: object = None,
         device_id: object = None,
+        join_timeout: object = None,
     ) -> bool:
         calls.append((backend_string, world_size, rank, init_method, device_id))
         raise _Started
@@ -288,3 +289,31 @@ def test_distributed_run_closes_the_runtime_built_on_its_group() -> None:
         [(0, [0, 1]), (False, False), (False, False)],
         [(1, [0, 1]), (False, False), (False, False)],
     ]
+
+
+def _late_joiner(rank: int, world: int) -> dict[str, float]:
+    """Rank 1 starts 3 s after rank 0, with a collective timeout of 0.6 s."""
+    import time
+
+    if rank == 1:
+        time.sleep(3.0)
+    engine = SimpleNamespace(
+        distributed_backend="gloo", distributed_timeout_minutes=0.01, init_timeout_s=60
+    )
+    init.dist_init(SimpleNamespace(engine_config=engine))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    from worldfoundry.core.distributed import runtime
+
+    store_waits = runtime._RDZV.store.timeout.total_seconds()
+    groups.destroy_model_parallel()
+    return {"sum": t.item(), "store_waits": store_waits}
+
+
+@pytest.mark.slow
+def test_ranks_that_start_apart_join_within_the_init_timeout_not_the_collective_one() -> None:
+    """A scheduler starts ranks one by one: a 0.6 s collective timeout must not end a start
+    where the ranks arrive 3 s apart; afterwards the store waits as the collectives do."""
+    out = run_ranks(_late_joiner, 2, init=False, timeout=60)
+    assert [o["sum"] for o in out] == [2.0, 2.0]
+    assert [round(o["store_waits"], 1) for o in out] == [0.6, 0.6]

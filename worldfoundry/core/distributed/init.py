@@ -41,7 +41,10 @@ def _gloo_on_loopback() -> None:
 
 
 def start_default_group(
-    requested_backend: str = "auto", timeout: timedelta | None = None, env: LaunchEnv | None = None
+    requested_backend: str = "auto",
+    timeout: timedelta | None = None,
+    env: LaunchEnv | None = None,
+    join_timeout: timedelta | None = None,
 ) -> tuple[torch.device, bool]:
     """Resolve the backend, bind this rank's device and start the default group unless it is up.
 
@@ -69,16 +72,27 @@ def start_default_group(
         init_method = _rt.LOCAL_STORE
         _gloo_on_loopback()
     started = _rt.init_default_group(
-        backend, env.world_size, env.rank, init_method, timeout, device_id
+        backend, env.world_size, env.rank, init_method, timeout, device_id, join_timeout
     )
     return device, started
+
+
+def _join_timeout(seconds: Any) -> timedelta | None:
+    """``init_timeout_s`` (how long ranks may take to join) as the store's join bound; None
+    (the default bound) when it is not a positive number."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return None
+    return timedelta(seconds=value) if 0 < value < float("inf") else None
 
 
 def dist_init(config: Any = None) -> torch.device:
     """Initialize torch.distributed and the model-parallel groups from ``config.engine_config``.
 
     Reads ``distributed_backend`` (default ``auto``), ``distributed_timeout_minutes``
-    (fractional allowed; default 30), ``tp_size`` / ``cp_size`` / ``pp_size`` /
+    (fractional allowed; default 30), ``init_timeout_s`` (how long the launch's store waits
+    for every rank; default 300), ``tp_size`` / ``cp_size`` / ``pp_size`` /
     ``dp_size`` / ``order``, and RANK / WORLD_SIZE / LOCAL_RANK from the
     environment (absent: a single process). Binds ``cuda:LOCAL_RANK`` for NCCL,
     the CPU for gloo; creates the PP scheduler when ``pp_size > 1``. Every
@@ -114,7 +128,10 @@ def dist_init(config: Any = None) -> torch.device:
         )
     layout = Layout.from_engine(engine, env.world_size)
     device, started = start_default_group(
-        engine_value(engine, "distributed_backend", "auto"), timedelta(minutes=timeout_min), env
+        engine_value(engine, "distributed_backend", "auto"),
+        timedelta(minutes=timeout_min),
+        env,
+        _join_timeout(engine_value(engine, "init_timeout_s", None)),
     )
     if started:
         _rt.current().owns_world = True

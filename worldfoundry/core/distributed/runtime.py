@@ -151,6 +151,10 @@ class _Rendezvous:
 
 _RDZV = _Rendezvous()
 
+JOIN_TIMEOUT = timedelta(minutes=5)
+"""How long the launch's store waits for every rank to connect, unless told (``wf_launch``
+passes ``engine.init_timeout_s``; its launcher bounds start-up with it too)."""
+
 LOCAL_STORE = "wf-local://"
 """``init_method`` of a single process that no launcher started: an in-process store
 (``HashStore``), so
@@ -170,10 +174,16 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
-def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedelta) -> Any:
+def _launch_store(
+    init_method: str, rank: int, world_size: int, timeout: timedelta, join: timedelta
+) -> Any:
     """The launch's store: in-process for :data:`LOCAL_STORE`; on rank 0 of an ``env://`` launch
     whose ``MASTER_ADDR`` is a loopback address, a server listening on that address only (torch's
-    own listens on every interface); otherwise torch's rendezvous."""
+    own listens on every interface); otherwise torch's rendezvous.
+
+    Ranks may start ``join`` apart (a scheduler starts them one by one, a loaded machine imports
+    torch slowly): the store waits that long for every rank to connect, then its own waits are
+    bounded by ``timeout``, as the groups' collectives are."""
     if init_method == LOCAL_STORE:
         return dist.HashStore()
     master = os.environ.get("MASTER_ADDR")
@@ -183,8 +193,10 @@ def _launch_store(init_method: str, rank: int, world_size: int, timeout: timedel
         and _is_loopback(master)
         and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     ):
-        return _loopback_server(str(master), int(os.environ["MASTER_PORT"]), world_size, timeout)
-    store, _, _ = next(dist.rendezvous(init_method, rank, world_size, timeout=timeout))
+        store = _loopback_server(str(master), int(os.environ["MASTER_PORT"]), world_size, join)
+    else:
+        store, _, _ = next(dist.rendezvous(init_method, rank, world_size, timeout=join))
+    store.set_timeout(timeout)
     return store
 
 
@@ -250,6 +262,7 @@ def init_default_group(
     init_method: str = "env://",
     timeout: timedelta | None = None,
     device_id: torch.device | None = None,
+    join_timeout: timedelta | None = None,
 ) -> bool:
     """Initialize torch.distributed's default group unless it is up; True if this call did.
 
@@ -258,7 +271,9 @@ def init_default_group(
     ``world_size`` and ``rank`` given, the launch's store is created once and
     re-used with a fresh prefix ``wf/attempt<WF_ATTEMPT>/init<n>/`` by every later
     call (:func:`_launch_store` makes it); otherwise ``init_method`` is handed to torch as it is.
-    ``init_method=LOCAL_STORE`` is a single process's in-process store.
+    ``init_method=LOCAL_STORE`` is a single process's in-process store. The store waits
+    ``join_timeout`` (default :data:`JOIN_TIMEOUT`; never less than ``timeout``) for every rank
+    to connect.
     """
     if dist.is_initialized():
         return False
@@ -275,9 +290,9 @@ def init_default_group(
         # second init after destroy never races the first store's shutdown.
         key = (init_method, rank, world_size)
         if _RDZV.key != key:
-            _RDZV.store = _launch_store(
-                init_method, rank, world_size, timeout or timedelta(minutes=30)
-            )
+            waits = timeout or timedelta(minutes=30)
+            join = max(waits, join_timeout or JOIN_TIMEOUT)
+            _RDZV.store = _launch_store(init_method, rank, world_size, waits, join)
             _RDZV.key = key
         _RDZV.generation += 1
         kwargs.update(
