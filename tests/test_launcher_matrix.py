@@ -59,10 +59,11 @@ class Launch:
 
 @pytest.fixture(
     scope="module",
-    # SLURM does not keep this contract yet (its run of the matrix failed 13 of 16 cases: every
-    # rank's traceback forwarded live, SIGTERM cancels the job instead of stopping the ranks at
-    # a step); issue 30's section 1 is open for it.
-    params=["local", pytest.param("ray", marks=pytest.mark.ray)],
+    params=[
+        "local",
+        pytest.param("slurm", marks=pytest.mark.slurm),
+        pytest.param("ray", marks=pytest.mark.ray),
+    ],
 )
 def target(request: pytest.FixtureRequest) -> Target:
     if request.param == "local":
@@ -245,12 +246,16 @@ def test_a_rank_killed_with_kill_9(target: Target, killed: Launch) -> None:
     assert killed.code == 1, killed.err
     _console_contract(killed, "failed")
     failure = _record_contract(killed, "failed", 1)["failure"]
-    if target.name == "ray":
-        # A Ray actor's exit status goes to its raylet, which does not report it: the launcher
-        # knows the rank died without a record, not which signal ended it.
+    if target.name in ("ray", "slurm"):
+        # A Ray actor's exit status goes to its raylet, which does not report it, and SLURM has
+        # none per task: the launcher knows the rank died without a record (its peers only lost
+        # it), not which signal ended it. srun's word on the task comes with it.
         said = rf"{_rank(1)} died: its process ended without a failure record \(killed: SIGKILL"
         assert re.search(said, killed.err), killed.err
         assert (failure["rank"], failure["cause"]) == (1, "died"), failure
+        if target.name == "slurm":
+            assert "  srun: task 1: Killed" in killed.err and failure["srun"] == "Killed"
+            assert re.search(r"rank 0 \(.*\) lost a peer \(a consequence\)", killed.err)
         return
     assert re.search(f"{_rank(1)} was killed by SIGKILL", killed.err), killed.err
     assert (failure["rank"], failure["cause"], failure["signal"]) == (1, "signal", "SIGKILL")
@@ -318,6 +323,13 @@ def test_nothing_is_left_on_the_cluster(
 ) -> None:
     """After every scenario (the last ones: a resume, a SIGTERM): no actor, placement group or
     process of the runs is left (on the local launcher: no rank process)."""
+    if target.name == "slurm":
+        cluster = request.getfixturevalue("slurm_cluster")
+        for run in (resumed, sigterm):
+            job = json.loads((run.run_dir / "slurm_job.json").read_text())["job_id"]
+            queue = cluster.run(["squeue", "-h", "-j", job], check=False)
+            assert queue.stdout.strip() == "", queue.stdout
+        return
     if target.name != "ray":
         import psutil
 

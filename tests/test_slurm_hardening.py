@@ -192,7 +192,7 @@ def test_without_accounting_the_wait_still_ends(
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_sigterm_to_a_waiting_launcher_cancels_and_finalizes(
+def test_sigterm_to_a_waiting_launcher_stops_a_task_that_never_polls(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
@@ -232,9 +232,10 @@ def test_sigterm_to_a_waiting_launcher_cancels_and_finalizes(
         launcher_log = (run_dir / "launcher.log").read_text()[-4000:]
         pytest.fail(f"the launcher did not end within 180 s of SIGTERM:\n{err}\n{launcher_log}")
     assert proc.returncode == 143, err
-    assert "SIGTERM: cancelling 1 SLURM job(s)" in err
     res = json.loads((run_dir / "result.json").read_text())
-    assert res["status"] == "cancelled" and res["exit_code"] == 143
+    assert res["status"] == "interrupted" and res["exit_code"] == 143, res
+    assert res["signal"] == "SIGTERM" and res["failure"]["cause"] == "interrupt", res
+    assert "continue it from the start (it saved no checkpoint)" in err, err
     assert slurm_cluster.run(["squeue", "-h", "-j", job_id], check=False).stdout.strip() == ""
 
 

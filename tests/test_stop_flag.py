@@ -67,3 +67,30 @@ def test_polling_costs_less_than_a_blocking_all_reduce() -> None:
     polled = max(c[0] for c in costs)
     blocking = max(c[1] for c in costs)
     assert polled < 0.5 * blocking, (polled, blocking)
+
+
+def _kinds(rank: int, world_size: int, seen: list[str | None]) -> tuple[int, bool]:
+    import torch.distributed as dist
+
+    flag = StopFlag(dist.group.WORLD, every=1)
+    flag.preempt_signal = "SIGUSR2"
+    for step in range(100):
+        if step == 3 and seen[rank] is not None:
+            flag.request(seen[rank])
+        if flag.should_stop():
+            flag.drain()
+            return step, flag.for_preemption
+    flag.drain()
+    return -1, False
+
+
+def test_a_preemption_warning_requeues_but_any_other_stop_on_any_rank_ends_the_run() -> None:
+    """SLURM's USR2 alone: every rank agrees the job goes back to the queue. A SIGTERM (a
+    Ctrl-C passed on) seen by one rank while another saw the warning: every rank agrees to stop
+    for good, never a requeue the user did not ask for."""
+    warned = run_ranks(_kinds, 3, ["SIGUSR2", None, "SIGUSR2"], timeout=60)
+    assert warned == [(4, True)] * 3
+    mixed = run_ranks(_kinds, 3, ["SIGUSR2", "SIGTERM", None], timeout=60)
+    assert mixed == [(4, False)] * 3
+    stopped = run_ranks(_kinds, 3, [None, None, "SIGTERM"], timeout=60)
+    assert stopped == [(4, False)] * 3

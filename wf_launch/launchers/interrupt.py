@@ -23,6 +23,7 @@ from ..rundir.resume import resume_hint
 __all__ = [
     "CTRL_C_STOP",
     "FORWARDED_CTRL_C",
+    "STRAGGLER_GRACE_S",
     "Stopped",
     "interrupted",
     "name_ctrl_c",
@@ -34,6 +35,9 @@ FORWARDED_CTRL_C = "stop flag: SIGTERM"
 """How rank 0 records the stop a launcher sends its ranks for a Ctrl-C (ranks ignore SIGINT)."""
 CTRL_C_STOP = "stop flag: SIGINT (Ctrl-C)"
 """What the attempt's record says of that stop: the user pressed Ctrl-C."""
+
+STRAGGLER_GRACE_S = 5.0
+"""How long ranks have to stop after a launcher is signalled before their stacks are shown."""
 
 
 def say(message: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..rundir import files
 from ..rundir.failures import PEER_LOSS, culprit, load_failure_records
+from ..rundir.io import open_regular
 from .stacks import (
     Frame,
     describe_groups,
@@ -22,6 +23,7 @@ from .stacks import (
 
 __all__ = [
     "FailureGroup",
+    "death_of",
     "explain_failure",
     "failure_summary",
     "group_failures",
@@ -162,6 +164,29 @@ def _signal_cause(rank: int, exit_code: int) -> dict[str, Any]:
         "type": "Signal",
         "message": f"killed by {name}",
     }
+
+
+_FATAL = re.compile(r"Fatal Python error: ([^\n]+)")
+_LOG_TAIL = 16384
+"""How much of a dead rank's log end is searched for what faulthandler wrote."""
+
+
+def death_of(run_dir: Path | str, rank: int) -> str:
+    """How a rank that left no failure record died, for a launcher that knows no exit code:
+    what faulthandler wrote at the end of its log ('it crashed (Segmentation fault)'), else
+    that its process ended without a record."""
+    found: list[str] = []
+    try:
+        with open(open_regular(files.rank_log(run_dir, rank)), "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - _LOG_TAIL))
+            found = _FATAL.findall(f.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        pass
+    if found:
+        return f"it crashed ({found[-1].strip()})"
+    return (
+        "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a crash)"
+    )
 
 
 def explain_failure(

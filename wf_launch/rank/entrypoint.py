@@ -161,10 +161,16 @@ def _handle_signals(r: _Rank, task: Any) -> None:
     script_api.bind(
         r.ctx
     )  # wf_launch.progress / should_stop / checkpoint / report_result work in any task
-    if r.preempt is not None:
-        r.preempt.task, r.preempt.ctx = task, r.ctx
-    else:
+    if r.preempt is None:
         stop_on_sigterm(r.ctx)
+        return
+    preempt = r.preempt
+    preempt.task, preempt.ctx = task, r.ctx
+    warning = f"SIG{preempt.policy.signal}"
+    if r.ctx.stop is not None:
+        r.ctx.stop.preempt_signal = warning
+    if warning != "SIGTERM":  # SIGTERM still stops the run for good (a Ctrl-C passed on)
+        stop_on_sigterm(r.ctx, lambda: preempt.busy)
 
 
 def _finish_task(r: _Rank, barrier: Any = None) -> None:
@@ -178,7 +184,7 @@ def _finish_task(r: _Rank, barrier: Any = None) -> None:
         ctx._checkpointer.close()  # commits a pending asynchronous save
     if ctx.stop is not None:
         ctx.stop.drain()
-        if ctx.stop.agreed and spec.preempt is not None and spec.preempt.allowed():
+        if ctx.stop.for_preemption and spec.preempt is not None and spec.preempt.allowed():
             _end_attempt(r, f"preempted: {spec.preempt.signal} (stop flag)")
             requeue_after_stop(spec.preempt, r.run_dir, ctx, r.rank, r.log, barrier)
     stopped = ctx.stop is not None and ctx.stop.agreed

@@ -115,13 +115,16 @@ class PreemptHandler:
             time.sleep(0.1)
 
 
-def stop_on_sigterm(ctx: Any) -> None:
+def stop_on_sigterm(ctx: Any, preempting: Callable[[], bool] = lambda: False) -> None:
     """SIGTERM to a rank: a stop request once the task polls ``ctx.should_stop()``, else the
-    default."""
+    default; ignored while ``preempting()`` (the job is being requeued: the rank leaves on its
+    own)."""
 
     def handler(signum: int, frame: Any) -> None:
         if ctx.stop is not None and ctx.stop.polled:
             ctx.stop.request("SIGTERM")
+            return
+        if preempting():
             return
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -13,6 +13,12 @@ by default) takes part in the agreement; the calls between return at once, so
 the cost per call is a tenth of one small all-reduce, and a stop is agreed at
 most ``2 * every`` steps after a rank saw it. Every rank must call it the same
 number of times (at the same step boundaries), like any collective.
+
+Two stops are told apart, and agreed alike: the scheduler's preemption warning
+(:attr:`StopFlag.preempt_signal`, e.g. SIGUSR2 on SLURM: the job goes back to the queue) and
+any other (SIGTERM, a Ctrl-C passed on: the run stops for good). A rank that saw the warning
+posts 1, one that saw another stop 2; the MAX wins, so a user's stop is never turned into a
+requeue (:attr:`StopFlag.for_preemption`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ class StopFlag:
             )
         self.group = group
         self.every = every
+        self.preempt_signal: str | None = None
+        """The scheduler's preemption warning ('SIGUSR2'), set by the entrypoint."""
+        self._code = 0
         self.calls = 0
         self.requested: str | None = None
         self.requested_at: float | None = None
@@ -70,6 +79,18 @@ class StopFlag:
         """Whether a :meth:`should_stop` call has returned True."""
         return self._agreed
 
+    @property
+    def for_preemption(self) -> bool:
+        """Whether the agreed stop is the scheduler's preemption warning alone (no rank saw
+        another stop): the job is requeued rather than ended."""
+        return self._agreed and self._code == 1
+
+    def _local_code(self) -> int:
+        """0: no stop seen here; 1: the preemption warning; 2: any other stop."""
+        if self.requested is None:
+            return 0
+        return 1 if self.requested == self.preempt_signal else 2
+
     def should_stop(self) -> bool:
         """Whether every rank has agreed to stop (the same answer on every rank at the same
         call)."""
@@ -83,17 +104,19 @@ class StopFlag:
         if (self.calls - 1) % self.every:
             return False
         if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
-            self._agreed = self.requested is not None
+            self._code = self._local_code()
+            self._agreed = self._code > 0
             return self._agreed
         if self._work is not None:
             self._work.wait()
-            self._agreed = bool(self._buf.item() > 0)
+            self._code = int(self._buf.item())
+            self._agreed = self._code > 0
             if self._agreed:
                 self._work = None
                 return True
 
         self._buf = torch.tensor(
-            [1 if self.requested is not None else 0],
+            [self._local_code()],
             dtype=torch.int32,
             device=group_device(self.group, control=True),
         )  # CUDA on an NCCL-only group

@@ -46,6 +46,7 @@ from worldfoundry.core.torch_private import (
 from ...observe.stacks import describe_groups, group_spots, rank_ranges, spot_of
 from ...observe.watch import PEERS_GRACE_S, a_collective_timed_out
 from ..base import CTRL_C_NOTICE
+from ..interrupt import STRAGGLER_GRACE_S
 
 __all__ = [
     "LOOPBACK",
@@ -266,10 +267,6 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         elif self.watch is not None and self.process_context is not None:
             self.watch.tick(self._live_pids(worker_group))
         return result
-
-
-STRAGGLER_GRACE_S = 5.0
-"""How long the ranks have to stop after the launcher is signalled before their stacks are shown."""
 
 
 class Stragglers(threading.Thread):

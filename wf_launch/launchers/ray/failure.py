@@ -5,21 +5,16 @@ the OOM killer, a crash), then what the ranks recorded (``explain_failure``)."""
 
 from __future__ import annotations
 
-import contextlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...observe.rootcause import explain_failure
+from ...observe.rootcause import death_of, explain_failure
 from ...observe.stacks import Frame, rank_ranges
 from ...rundir import files
 from ...rundir.failures import load_failure_records
-from ...rundir.io import open_regular
 from ...rundir.record import Status
-
-_FATAL = re.compile(r"Fatal Python error: ([^\n]+)")
 
 
 @dataclass(frozen=True)
@@ -112,18 +107,7 @@ def _node_died(ctx: FailureContext, node: str) -> Verdict:
 
 
 def _rank_died(ctx: FailureContext, rank: int, ray_message: str) -> Verdict:
-    found = []  # what faulthandler wrote in the rank's log if it crashed ('Segmentation fault')
-    with contextlib.suppress(OSError, ValueError):
-        with open(open_regular(files.rank_log(ctx.run_dir, rank)), "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 16384))
-            found = _FATAL.findall(f.read().decode(errors="replace"))
-    fatal = found[-1].strip() if found else None
-    how = (
-        f"it crashed ({fatal})"
-        if fatal
-        else "its process ended without a failure record (killed: SIGKILL, the OOM killer, or a "
-        "crash)"
-    )
+    how = death_of(ctx.run_dir, rank)
     summary = (
         f"rank {rank} ({ctx.label_at(rank)}) died: {how}\n"
         f"  Ray: {_first_line(ray_message)}\n  log: {files.rank_log(ctx.run_dir, rank)}"

@@ -1,6 +1,7 @@
 """SLURM ranks through submitit: one SLURM task per rank, each entering ``rank_main``
 (docs/slurm.md). By role: :mod:`.rank_entry` (inside a task), :mod:`.submit` (sbatch, jobs,
-job arrays), :mod:`.poll` (the job's state, waiting, cancel, its ``result.json``),
+job arrays), :mod:`.poll` (the job's state, signals, cancel, its ``result.json``), :mod:`.wait`
+(waiting, and stopping on Ctrl-C / SIGTERM), :mod:`.failure` (why a job failed),
 :mod:`.submitit_adapter` (every submitit name we use).
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -200,14 +200,7 @@ class SlurmLauncher(LauncherHooks):
     cancel = staticmethod(poll.cancel)
     live_state = staticmethod(poll.live_state)
 
-    def signal_ranks(self, run_dir: Path, signum: int) -> set[int]:
-        """``scancel --signal`` to the run's job (its steps: every rank, on any node)."""
-        job = read_job(run_dir)
-        if not job or poll.is_terminal(poll.job_state(job["job_id"], Path(run_dir))):
-            return set()
-        name = signal.Signals(signum).name.removeprefix("SIG")
-        sent = poll.scancel(job["job_id"], f"--signal={name}")
-        return set(range(int(job.get("world_size") or 0))) if sent else set()
+    signal_ranks = staticmethod(poll.signal_ranks)
 
     def is_live(self, run_dir: Path) -> bool:
         """Whether its launch holds the run dir or squeue lists its job (sacct can say RUNNING

@@ -1,5 +1,5 @@
-"""A SLURM run's job: ``slurm_job.json``, its state, cancelling it, waiting for it, and its
-``result.json`` once it ended (with each rank's outcome).
+"""A SLURM run's job: ``slurm_job.json``, its state, signalling and cancelling it, and its
+``result.json`` once it ended (with each rank's outcome; why it failed: :mod:`.failure`).
 
 The state is sacct's, read by submitit's own watcher; without accounting, squeue's, scontrol's,
 then the ranks' records (:class:`JobStates`). Job ids are checked before any command."""
@@ -9,26 +9,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from worldfoundry.core.validation import is_finite_number, is_int
 
-from ...config.layout import rank_label, run_layout
-from ...observe.live import LiveView
-from ...observe.rootcause import explain_failure
 from ...rundir import attempts, files
 from ...rundir.failures import load_failure_records
 from ...rundir.io import read_json
 from ...rundir.outcome import RunOutcome
 from ...rundir.placement import read_placement
 from ...rundir.record import RecordError, RunRecord, Status
-from ..interrupt import Stopped, say, stop_signals
+from ..interrupt import interrupted, name_ctrl_c
+from .failure import explain_job_failure
 from .submitit_adapter import job_watcher, refresh
 
 JOB_FILE = files.SLURM_JOB
@@ -109,22 +106,6 @@ def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any
     }
 
 
-def _failure(run_dir: Path, job: dict[str, Any], state: str) -> tuple[dict[str, Any], str]:
-    """A failed job's failure and summary: what the ranks recorded, or SLURM's word and logs."""
-    layout = run_layout(files.read_config(run_dir, strict=True))
-    label = lambda r: rank_label(r, layout.coords(r))  # noqa: E731
-    explained = explain_failure(run_dir, {}, label, layout.coords, layout.world_size)
-    if explained is not None:
-        return explained
-    job_id = job.get("job_id")
-    message = (
-        f"SLURM job {job_id} ended {state} and no rank left a failure record; "
-        f"see {job.get('folder')}/{job_id}_*_log.err"
-    )
-    cause = {"rank": -1, "cause": "slurm", "type": state.split()[0], "message": message}
-    return cause, message
-
-
 def finalize(run_dir: Path, state: str) -> RunOutcome:
     """Write the final ``result.json`` of a run whose job ended in ``state`` (idempotent)."""
     run_dir = Path(run_dir)
@@ -143,9 +124,36 @@ def finalize(run_dir: Path, state: str) -> RunOutcome:
         failure = {"cause": cause, "message": summary}
     else:
         status = Status.FAILED
-        failure, summary = _failure(run_dir, job, state)
+        failure, summary = explain_job_failure(run_dir, job, state)
     record = RunRecord.finalize(run_dir, status, **info, failure=failure)
     return RunOutcome.of(record, run_dir, summary)
+
+
+def finalize_stopped(run_dir: Path, state: str, name: str) -> RunOutcome:
+    """Write the final ``result.json`` of a run its launcher stopped with signal ``name``
+    (SIGINT: a Ctrl-C): ``interrupted``, with the command that resumes it; ``ok`` when the job
+    completed its task before the stop reached it (idempotent)."""
+    run_dir = Path(run_dir)
+    record = RunRecord.read(run_dir)
+    if record is not None and record.final:
+        return RunOutcome.of(record, run_dir, "")
+    job = read_job(run_dir) or {}
+    info = _final_info(run_dir, job, state)
+    last = info["attempts"][-1] if info["attempts"] else {}
+    by_flag = str(last.get("ended_by") or "").startswith("stop flag")
+    completed = state.split()[0] == "COMPLETED" and record is not None
+    if completed and record.status is Status.OK and not by_flag:  # type: ignore[union-attr]
+        return RunOutcome.of(RunRecord.finalize(run_dir, Status.OK, **info), run_dir)
+    if name == "SIGINT" and last:
+        with contextlib.suppress(OSError):  # the record's words, never a lost record
+            name_ctrl_c(run_dir, int(last.get("attempt", len(info["attempts"]) - 1)))
+            info["attempts"] = attempts.collect(run_dir)
+    summary = (
+        f"stopped by {name}: every rank stopped at a step boundary (stop flag)"
+        if by_flag
+        else f"interrupted by {name}: SLURM job {job.get('job_id')} was cancelled"
+    )
+    return interrupted(run_dir, name, summary, **info)
 
 
 def rank_outcomes(run_dir: Path) -> dict[int, str]:
@@ -193,12 +201,8 @@ def _preempt_note(run_dir: Path, rank: int) -> str:
 
 _ENDS = "COMPLETED FAILED CANCELLED TIMEOUT OUT_OF_MEMORY NODE_FAIL PREEMPTED BOOT_FAIL DEADLINE"
 TERMINAL_STATES = frozenset([*_ENDS.split(), "UNKNOWN"])
-UNKNOWN_GRACE_S = 30.0
-"""How long a job known to no SLURM command (and with no record) is waited for."""
 SACCT_RETRY_S = 300.0
 """After sacct failed, how long SLURM's other commands answer alone before it is asked again."""
-CANCEL_WAIT_S = 120.0
-"""How long an interrupted wait waits for SLURM to end the jobs it cancelled."""
 
 
 def _run(args: list[str]) -> str | None:
@@ -284,6 +288,12 @@ def live_state(run_dir: Path) -> tuple[str, str] | None:
     return f"SLURM job {job_id}", state
 
 
+def queue_state(job_id: str) -> str | None:
+    """squeue's state of the job now ('PENDING', 'RUNNING', 'COMPLETING' ...); None once it
+    left the queue."""
+    return (_squeue(checked_job_id(job_id)) or [None])[0]
+
+
 def in_queue(job_id: str) -> bool:
     """Whether squeue still lists the job (pending, running, or completing)."""
     return _squeue(checked_job_id(job_id)) is not None
@@ -320,67 +330,12 @@ def scancel(job_id: str, *options: str) -> bool:
         return False
 
 
-class _Wait:
-    """The runs a wait still waits for, and the outcome of each that ended."""
-
-    def __init__(self, run_dirs: list[Path]) -> None:
-        self.pending = {
-            Path(d): checked_job_id((read_job(d) or {}).get("job_id")) for d in run_dirs
-        }
-        self.outcomes: dict[Path, RunOutcome] = {}
-        self.unknown_since: dict[Path, float] = {}
-        self.report = len(run_dirs) > 1
-
-    def poll(self, cancelling: bool = False) -> None:
-        """Finalize every run whose job ended (one sacct call); ``cancelling``: unlisted = ended."""
-        STATES.refresh(self.pending.values())
-        for run_dir, job_id in list(self.pending.items()):
-            state = STATES.state(job_id, run_dir)
-            if cancelling and not is_terminal(state) and not in_queue(job_id):
-                state = "CANCELLED"
-            if not (is_terminal(state) if cancelling else self._ended(run_dir, job_id, state)):
-                continue
-            wait_gone(job_id)
-            outcome = self.outcomes[run_dir] = finalize(run_dir, state)
-            del self.pending[run_dir]
-            if self.report and outcome.exit_code and not cancelling:
-                say(f"{run_dir} {outcome.status}: {outcome.summary}")
-
-    def _ended(self, run_dir: Path, job_id: str, state: str) -> bool:
-        """Whether the job ended; an unknown job once the grace passed."""
-        if state.split()[0] == "UNKNOWN" and not in_queue(job_id):
-            first = self.unknown_since.setdefault(run_dir, time.monotonic())
-            return time.monotonic() - first >= UNKNOWN_GRACE_S
-        if not is_terminal(state):
-            self.unknown_since.pop(run_dir, None)
-            return False
-        return True
-
-    def cancel(self, why: str) -> None:
-        """Cancel every job still pending, and finalize each as SLURM ends it."""
-        say(f"{why}: cancelling {len(self.pending)} SLURM job(s)")
-        for run_dir in self.pending:
-            cancel(run_dir)
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while self.pending and time.monotonic() < deadline:
-            self.poll(cancelling=True)
-            time.sleep(0.5)
-
-
-def wait_all(run_dirs: list[Path], poll_s: float = 1.0) -> list[RunOutcome]:
-    """Poll every run's job until all ended, finalizing (and reporting) each as it ends; a stop
-    signal cancels every job still running and records each 'cancelled' as SLURM ends it."""
-    wait = _Wait(run_dirs)
-    live = LiveView(list(wait.pending), write=logger.info, state_of=live_state, warn=logger.warning)
-    try:
-        with stop_signals():
-            while wait.pending:
-                live.tick()
-                wait.poll()
-                if wait.pending:
-                    time.sleep(poll_s)
-    except (KeyboardInterrupt, Stopped) as exc:
-        wait.cancel(exc.name if isinstance(exc, Stopped) else "interrupted")
-    live.close()
-    gone = "not confirmed ended"
-    return [wait.outcomes.get(Path(d)) or RunOutcome(Status.CANCELLED, d, gone) for d in run_dirs]
+def signal_ranks(run_dir: Path, signum: int) -> set[int]:
+    """``scancel --signal`` to the run's job (its steps: every rank, on any node); the ranks
+    expected to get it (none once the job ended)."""
+    job = read_job(run_dir)
+    if not job or is_terminal(job_state(job["job_id"], Path(run_dir))):
+        return set()
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    sent = scancel(job["job_id"], f"--signal={name}")
+    return set(range(int(job.get("world_size") or 0))) if sent else set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -138,7 +139,11 @@ class SlurmRank:
         except Preempted:
             flush_and_exit(0)
         except BaseException as exc:
-            # submitit records the error and re-raises; then leave
+            # submitit records the error and re-raises; Python's traceback of it then goes to
+            # SLURM's log of the task (submitit/JOB_TASK_log.err), not to the rank log the
+            # launcher shows: the rank recorded its failure, and the launcher shows ranks that
+            # failed alike once, with the user's frames
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             exit_after_cleanup(exit_status(exc))
             raise
         # submitit writes the result; then leave before torch's teardown can abort

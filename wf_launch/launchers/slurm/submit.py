@@ -26,9 +26,10 @@ from ...rundir.record import RecordError, RunRecord, Status
 from ..interrupt import say
 from ..launch_plan import LaunchPlan
 from ..snapshot import SnapshotError, code_dir, job_setup, project_root, take_for
-from .poll import JOB_FILE, wait_all
+from .poll import JOB_FILE
 from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
+from .wait import wait_all
 
 
 def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
