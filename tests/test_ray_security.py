@@ -3,7 +3,8 @@
 A private instance (``launcher=ray``, no address) and the test cluster of
 ``scripts/ray_cluster.sh`` listen on 127.0.0.1 only, keep their token and temp dirs owner-only
 (nothing in ``~/.ray``), and leave nothing behind. As root, a real second Unix user is made to
-try to read the token and the run directory.
+try to read the token and the run directory, and a client without the token (what that user
+can hold) is refused by the GCS.
 """
 
 from __future__ import annotations
@@ -52,6 +53,35 @@ def _as(user: str, *cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", user, "--", *cmd], capture_output=True, text=True)
 
 
+_GCS_PROBE = """
+import sys
+from ray._raylet import GcsClient  # the GCS's own client: no address rewriting, no retries
+try:
+    nodes = GcsClient(address=sys.argv[1]).get_all_node_info(timeout=20)
+except Exception as exc:
+    print(f"refused: {type(exc).__name__}")
+else:
+    print(f"joined: {len(nodes)} node(s)")
+"""
+
+
+def _gcs_probe(address: str, home: Path, token_file: Path | None = None) -> str:
+    """What a client that is not the run's owner gets from the GCS at ``address``: an empty
+    home (no ``~/.ray``), no token in its environment unless ``token_file`` is given (the
+    owner's own view, the control)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
+    if token_file is not None:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+    out = subprocess.run(
+        [sys.executable, "-c", _GCS_PROBE, address],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    return (out.stdout.strip().splitlines() or [out.stderr[-500:]])[-1]
+
+
 def test_the_test_cluster_listens_on_loopback_only_with_its_own_token(
     ray_cluster: RayCluster,
 ) -> None:
@@ -75,6 +105,12 @@ def test_the_test_cluster_listens_on_loopback_only_with_its_own_token(
     base = temp.parent  # Ray makes its own dirs 0777: the dir above them is the run's, 0700
     assert base.parent == Path("/tmp") and base.name != f"wfray-{port}"  # not predictable
     assert _mode(base) == 0o700 and base.stat().st_uid == os.getuid()
+    stranger = Path(tempfile.mkdtemp(prefix="wf-ray-stranger-"))
+    try:  # whoever cannot read the token (its modes above) cannot join: the GCS refuses it
+        assert _gcs_probe(ray_cluster.address, stranger) == "refused: AuthenticationError"
+        assert _gcs_probe(ray_cluster.address, stranger, state / "auth_token").startswith("joined")
+    finally:
+        subprocess.run(["rm", "-rf", str(stranger)], check=False)
 
 
 def test_the_cluster_script_refuses_a_temp_or_state_dir_it_did_not_make(tmp_path: Path) -> None:
@@ -153,6 +189,14 @@ def test_a_private_instance_is_loopback_only_owner_only_and_leaves_nothing(
         assert _mode(token) == 0o600 and _mode(temp) == 0o700 and temp.parent == Path("/tmp")
         assert not (home / ".ray").exists()
         assert _mode(run) == 0o700
+        # The attack of issue 29: join the instance as a node without the owner's token (another
+        # user cannot read it: below). The GCS refuses a client without it at once; the owner's
+        # token (the control) is let in.
+        stranger = shared_base / "stranger"
+        stranger.mkdir()
+        assert _gcs_probe(info["address"], stranger) == "refused: AuthenticationError"
+        assert _gcs_probe(info["address"], stranger, token) == "joined: 1 node(s)"
+        assert not (stranger / ".ray").exists()
         if os.geteuid() == 0:
             user = request.getfixturevalue("other_user")
             assert pwd.getpwnam(user).pw_uid != 0
