@@ -131,6 +131,47 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_traceback(
     assert leftover_processes(str(run_dir)) == []
 
 
+@pytest.mark.slow
+def test_a_ctrl_c_that_an_import_swallowed_still_stops_the_launch(tmp_path: Path) -> None:
+    """A library's bare ``except:`` (torch's imports have some) can swallow the KeyboardInterrupt
+    of a Ctrl-C that cut its import short. CI once met it: the run dir was made, the Ctrl-C
+    came, and the launch ran its ranks to the end and exited 0. The noted Ctrl-C is honoured
+    before any rank starts."""
+    run_dir, mark = tmp_path / "run", tmp_path / "importing"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wf_launch",
+            "task=swallowed",
+            "task.modules=[wf_swallow_tasks]",
+            "engine.dp_size=2",
+            f"hydra.run.dir={run_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env({"WF_TEST_SWALLOW_S": "30", "WF_TEST_SWALLOW_MARK": str(mark)}),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the task module was never imported"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert not (run_dir / "logs" / "rank0.log").exists(), err  # no rank started
+    if (run_dir / "result.json").exists():
+        assert result(run_dir)["status"] == "interrupted"
+    assert leftover_processes(str(run_dir)) == []
+
+
 # ------------------------------------------------------------------ what the run says of itself
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     """Until rank 0 has published ``step`` (its progress file), or the launch ended."""

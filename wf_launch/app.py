@@ -23,7 +23,7 @@ from .launchers import get_launcher
 from .launchers.base import run_dir_mode
 from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
-from .observe.interrupt import interrupted
+from .observe.interrupt import interrupted, raise_if_interrupted
 from .observe.live import final_line
 from .rank.task_registry import get_task, task_config_class, task_supports_ft
 from .rundir import claim as rundir_claim
@@ -264,6 +264,7 @@ def _validate_and_launch(
         _write_inputs(config, run_dir, overrides)
     except OSError as exc:
         return _cannot_write(run_dir, overrides, exc)
+    raise_if_interrupted()  # a Ctrl-C that an import of the task's modules swallowed
     outcome = launcher.launch(plan)
     if outcome.status not in (Status.SUBMITTED, Status.INVALID):
         logger.info(

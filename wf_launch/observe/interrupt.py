@@ -23,6 +23,7 @@ __all__ = [
     "deferred",
     "exit_interrupted",
     "interrupted",
+    "raise_if_interrupted",
     "undefer",
 ]
 
@@ -68,6 +69,14 @@ def catch_sigint() -> None:
 def interrupted() -> bool:
     """Whether a Ctrl-C reached this process since :func:`catch_sigint`."""
     return _SEEN[0]
+
+
+def raise_if_interrupted() -> None:
+    """Raise the :class:`KeyboardInterrupt` of a Ctrl-C noted since :func:`catch_sigint` (and
+    not held by :func:`deferred`) that never surfaced: a library's bare ``except:`` swallowed
+    it (an import it cut short). Called before anything starts that a Ctrl-C must stop."""
+    if _SEEN[0] and not _DEFERRED[0]:
+        raise KeyboardInterrupt
 
 
 def exit_interrupted() -> None:

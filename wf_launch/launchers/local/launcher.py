@@ -37,6 +37,7 @@ from ...config.fields import (
     integer,
     number,
 )
+from ...observe.interrupt import raise_if_interrupted
 from ...observe.live import progress_monitor
 from ...observe.rootcause import explain_failure
 from ...observe.watch import RankWatch, StartupTimeout
@@ -347,6 +348,7 @@ def _start_and_wait(
     from .agent import ForkGate, run_agent
 
     config, spec, method = _prepare(plan)
+    raise_if_interrupted()  # one that an import above swallowed (torch's have bare excepts)
     logger.info(
         f"launching {plan.world_size} rank(s): {plan.layout.describe()}, task={plan.task}, "
         f"start method {method}, run dir {plan.run_dir}"
