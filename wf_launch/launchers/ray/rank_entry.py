@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import sys
@@ -69,8 +70,25 @@ class RunDirNotShared(RuntimeError):
     """This rank's node does not see the run directory (it is not on storage every node sees)."""
 
 
+_PORTS = (20000, 32000)
+"""Where ``MASTER_PORT`` is picked: below Linux's ephemeral range (32768-60999) and above Ray's
+worker ports (10002-19999). A port the kernel handed out (bind to 0) is free only until rank 0
+binds it, which can be a minute later on a loaded node; meanwhile any connection the node opens
+may be given it (CI saw "cannot listen on 127.0.0.1:44909: Address already in use")."""
+
+
 def _free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port that was free on ``ip`` a moment ago, outside the ephemeral range."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(*_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((ip, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every try taken: any port
         s.bind((ip, 0))
         return int(s.getsockname()[1])
 
