@@ -134,13 +134,18 @@ class _Wait:
         has ended and is recorded, or :data:`CANCEL_WAIT_S` after its cancel."""
         if name == "SIGINT":
             logger.warning(CTRL_C_NOTICE)
-        for run_dir, job_id in self.pending.items():
-            self.stopping[run_dir] = name
-            queued = queue_state(job_id)  # squeue's word now (sacct's may be a minute old)
-            if not (queued == "RUNNING" and scancel(job_id, "--signal=TERM")):
-                scancel(job_id)  # still queued (nothing ran), or its steps cannot be reached
         grace = max((_stop_wait_s(d) for d in self.pending), default=DEFAULT_STOP_WAIT_S)
         clock = _StopClock(grace)
+        self.stopping.update(dict.fromkeys(self.pending, name))
+        try:
+            with stop_signals():  # a second Ctrl-C already: cancel
+                for job_id in self.pending.values():
+                    queued = queue_state(job_id)  # squeue's word now (sacct's may be stale)
+                    if not (queued == "RUNNING" and scancel(job_id, "--signal=TERM")):
+                        scancel(job_id)  # still queued (nothing ran), or no step to reach
+        except (KeyboardInterrupt, Stopped):
+            self.cancel("asked again")
+            clock.cancelled_at = time.monotonic()
         while self.pending and not clock.gave_up():
             try:
                 with stop_signals():
