@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worldfoundry.core.distributed.env import LAUNCH_PORTS
+
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
 from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import files
@@ -70,18 +72,13 @@ class RunDirNotShared(RuntimeError):
     """This rank's node does not see the run directory (it is not on storage every node sees)."""
 
 
-_PORTS = (20000, 32000)
-"""Where ``MASTER_PORT`` is picked: below Linux's ephemeral range (32768-60999) and above Ray's
-worker ports (10002-19999). A port the kernel handed out (bind to 0) is free only until rank 0
-binds it, which can be a minute later on a loaded node; meanwhile any connection the node opens
-may be given it (CI saw "cannot listen on 127.0.0.1:44909: Address already in use")."""
-
-
 def _free_port(ip: str) -> int:
-    """A port that was free on ``ip`` a moment ago, outside the ephemeral range."""
+    """A port that was free on ``ip`` a moment ago, in :data:`LAUNCH_PORTS` (a port the kernel
+    handed out is free only until rank 0 binds it, which can be a minute later on a loaded node:
+    CI saw "cannot listen on 127.0.0.1:44909: Address already in use")."""
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(*_PORTS)
+        port = rng.randrange(*LAUNCH_PORTS)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((ip, port))

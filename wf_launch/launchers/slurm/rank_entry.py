@@ -15,14 +15,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from worldfoundry.core.distributed.env import ATTEMPT_ENV
+from worldfoundry.core.distributed.env import ATTEMPT_ENV, LAUNCH_PORTS
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
 from ...rank.hardexit import exit_after_cleanup, exit_status, flush_and_exit
 from ...rank.stackdump import DUMP_SIGNAL, NODE_ENV
 from .submitit_adapter import job_environment
-
-_PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ def master_port(job_id: str, restart: int, environ: dict[str, str] | None = None
     first = reserved.split(",")[0].split("-")[0].strip()
     if first.isdigit() and 0 < int(first) < 65536:
         return int(first) + (restart % max(1, _resv_count(reserved)))
-    low, high = _PORT_RANGE
+    low, high = LAUNCH_PORTS
     span = high - low
     cluster = f"{env.get('SLURM_CLUSTER_NAME', '')}:{env.get('SLURM_CONF', '')}"
     offset = zlib.crc32(cluster.encode()) % span

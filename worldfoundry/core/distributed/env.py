@@ -17,6 +17,7 @@ from dataclasses import dataclass
 __all__ = [
     "ATTEMPT_ENV",
     "ENGINE_ENV",
+    "LAUNCH_PORTS",
     "LaunchEnv",
     "engine_environ",
     "engine_from_environ",
@@ -26,6 +27,11 @@ __all__ = [
 
 ATTEMPT_ENV = "WF_ATTEMPT"
 """The one environment variable the library reads to tell launch attempts apart."""
+
+LAUNCH_PORTS = (20000, 32000)
+"""Where a launcher picks a ``MASTER_PORT`` that rank 0 binds later: below Linux's ephemeral
+range (32768-60999), so no connection opened meanwhile can be handed the port, and above Ray's
+worker ports (10002-19999)."""
 
 
 ENGINE_ENV: dict[str, str] = {
