@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, result, run_cli
+from cli_helpers import cli_env, leftover_processes, result, run_cli, run_python_m
 
 pytestmark = pytest.mark.slow
 TASKS = "task.modules=[wf_test_tasks]"
@@ -86,8 +86,6 @@ def test_a_rank_that_never_joins_fails_start_up_with_its_stack(tmp_path: Path) -
 def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
     import os
     import signal
-    import subprocess
-    import sys
 
     from cli_helpers import start_cli, wait_for_log
 
@@ -107,8 +105,9 @@ def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
         wait_for_log(run_dir / "logs" / "rank1.log", "ready")
         for r in range(4):
             wait_for_log(run_dir / "logs" / f"rank{r}.log", "ready")
-        out = subprocess.run(
-            [sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+        out = run_python_m(
+            "wf_launch.status",
+            ["--stacks", str(run_dir)],
             capture_output=True,
             text=True,
             env=cli_env(),
@@ -126,8 +125,6 @@ def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
 
 
 def test_status_follow_and_tail_on_a_local_run(tmp_path: Path) -> None:
-    import subprocess
-    import sys
 
     from cli_helpers import start_cli, wait_for_log
 
@@ -144,8 +141,9 @@ def test_status_follow_and_tail_on_a_local_run(tmp_path: Path) -> None:
         run_dir,
     )
     wait_for_log(run_dir / "logs" / "rank1.log", "ready")
-    follow = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+    follow = run_python_m(
+        "wf_launch.status",
+        ["--follow", str(run_dir)],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -155,8 +153,9 @@ def test_status_follow_and_tail_on_a_local_run(tmp_path: Path) -> None:
     assert follow.returncode == 0, follow.stderr
     assert "[r1 tp0 cp0 pp0 dp1] sleeping" in follow.stderr and "[r0 " not in follow.stderr
     assert "run ok in " in follow.stderr and str(run_dir / "result.json") in follow.stderr
-    tail = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", "--tail", "3", str(run_dir)],
+    tail = run_python_m(
+        "wf_launch.status",
+        ["--tail", "3", str(run_dir)],
         capture_output=True,
         text=True,
         env=cli_env(),

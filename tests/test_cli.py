@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli, wait_for_log
+from cli_helpers import (
+    cli_env,
+    leftover_processes,
+    result,
+    run_cli,
+    run_python_m,
+    start_cli,
+    wait_for_log,
+)
 
 pytestmark = pytest.mark.slow
 TASKS = "task.modules=[wf_test_tasks]"
@@ -122,8 +128,9 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     assert res["failure"]["coords"] == {"tp": 0, "cp": 0, "pp": 1, "dp": 0}
     assert "bad batch 17" in (run_dir / "logs" / "rank2.log").read_text()
     _no_leftovers(run_dir)
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -323,12 +330,12 @@ def test_dry_run_prints_layout_and_plan_and_starts_nothing(tmp_path: Path) -> No
 
 
 def test_hydra_cfg_job_and_help_work() -> None:
-    import sys
 
     from cli_helpers import cli_env
 
-    cfg = subprocess.run(
-        [sys.executable, "-m", "wf_launch", "--cfg", "job", "engine.cp_size=4"],
+    cfg = run_python_m(
+        "wf_launch",
+        ["--cfg", "job", "engine.cp_size=4"],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -339,8 +346,9 @@ def test_hydra_cfg_job_and_help_work() -> None:
         and "cp_size: 4" in cfg.stdout
         and "distributed_backend: auto" in cfg.stdout
     )
-    helptext = subprocess.run(
-        [sys.executable, "-m", "wf_launch", "--help"],
+    helptext = run_python_m(
+        "wf_launch",
+        ["--help"],
         capture_output=True,
         text=True,
         env=cli_env(),

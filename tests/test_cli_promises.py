@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli
+from cli_helpers import cli_env, leftover_processes, result, run_cli, run_python_m, start_cli
 
 TASKS = "task.modules=[wf_identity_tasks]"
 
@@ -202,8 +202,9 @@ def test_status_names_a_ctrl_c_and_a_resume_shows_its_new_total_at_once(tmp_path
     assert proc.returncode == 130
     resumed = run_cli([*train, "task.steps=8", "launcher.resume=true"], run_dir)
     assert resumed.returncode == 0, resumed.stderr
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli
+from cli_helpers import (
+    cli_env,
+    leftover_processes,
+    python_m,
+    result,
+    run_cli,
+    run_python_m,
+    start_cli,
+)
 
 from wf_launch.rank.progress import ProgressReporter
 from wf_launch.readers.plot import expand_runs, run_labels
@@ -207,8 +215,9 @@ def test_ctrl_c_while_the_run_starts_leaves_a_record_and_no_traceback(tmp_path: 
     ), err
     record = result(run_dir)
     assert record["status"] == "interrupted" and record["exit_code"] == 130
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -334,8 +343,9 @@ def _in_a_terminal(args: list[str], cwd: Path, timeout: float = 180) -> tuple[in
     fcntl.ioctl(
         slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0)
     )  # wide: no line wraps
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wf_launch", *args],
+    proc = python_m(
+        "wf_launch",
+        [*args],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -411,8 +421,9 @@ def test_plot_draws_a_sweeps_points_on_one_chart_named_by_their_overrides(tmp_pa
     runs = expand_runs([sweep])
     assert runs == [sweep / "0", sweep / "1"]
     assert run_labels(runs) == {sweep / "0": "engine.dp_size=1", sweep / "1": "engine.dp_size=2"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.plot", str(sweep), "loss"],
+    proc = run_python_m(
+        "wf_launch.plot",
+        [str(sweep), "loss"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -479,8 +490,9 @@ def test_plot_draws_a_sweeps_points_on_one_chart_named_by_their_overrides(tmp_pa
 def test_the_drill_refuses_injections_that_prove_nothing(
     tmp_path: Path, args: list[str], code: int, needle: str
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.drill", *args, "--dry-run", "--dir", str(tmp_path / "d")],
+    proc = run_python_m(
+        "wf_launch.drill",
+        [*args, "--dry-run", "--dir", str(tmp_path / "d")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, popen_argv, run_argv
 
 pytestmark = pytest.mark.xdist_group("docs")  # its module-scoped runs, launched once
 
@@ -132,7 +132,7 @@ def shown_commands() -> list[Shown]:
 def _slurm_reachable() -> bool:
     return (
         shutil.which("sinfo") is not None
-        and subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+        and run_argv(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
         and bool(os.environ.get("SLURM_CONF"))
     )
 
@@ -283,11 +283,9 @@ def _run(
     """Run ``argv``; ``interrupt``: press Ctrl-C (SIGINT to its process group) once its ranks report
     progress."""
     if not interrupt:
-        return subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
-        )
+        return run_argv(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     run_dir = Path(next(a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")))
-    proc = subprocess.Popen(
+    proc = popen_argv(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -322,7 +320,7 @@ def _fixtures(scratch: Path, env: dict[str, str]) -> tuple[dict[str, str], subpr
         "CKPT_RUN_DIR": str(scratch / "fixture_ckpt"),
         "task.path=tests/scripts/helpers_train.py": f"task.path={REPO / 'tests/scripts/helpers_train.py'}",
     }
-    live = subprocess.Popen(
+    live = popen_argv(
         [
             *chatty,
             "task.steps=100000",

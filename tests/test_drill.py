@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_python_m
 
 from wf_launch.drivers.drill import main as drill_main
 from wf_launch.rundir.claim import RunDirInUse, claim
@@ -19,8 +18,9 @@ from wf_launch.rundir.claim import RunDirInUse, claim
 def _drill(
     args: list[str], directory: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.drill", *args, "--dir", str(directory)],
+    return run_python_m(
+        "wf_launch.drill",
+        [*args, "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -112,8 +112,9 @@ def test_local_drill_kill9_then_sigterm_ends_identical(tmp_path: Path, layout: l
     assert resumed["resumed_from"] == restarted["last_step"] and resumed["last_step"] == 28
     record = json.loads((directory / "interrupted" / "result.json").read_text())
     assert record["status"] == "ok" and record["attempts"] == summary["attempts"]
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(directory / "interrupted")],
         capture_output=True,
         text=True,
         timeout=60,

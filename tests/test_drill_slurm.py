@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS
+from cli_helpers import USER_TASKS, popen_argv, run_argv, run_python_m
 from slurm_fixture import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -41,7 +41,7 @@ def test_slurm_drill_across_two_nodes_ends_identical(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     directory = tmp_path / "drill"
-    proc = subprocess.run(
+    proc = run_argv(
         [
             sys.executable,
             "-m",
@@ -71,8 +71,9 @@ def test_slurm_drill_across_two_nodes_ends_identical(
     assert requeued["cause"] == "preempted: USR2 (stop flag)" and requeued["steps_lost"] == 0
     assert requeued["resumed_from"] == first["last_step"] and requeued["last_step"] == 30
     assert json.loads((directory / "interrupted" / "slurm_job.json").read_text())["nodes"] == 2
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(directory / "interrupted")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -103,7 +104,7 @@ def test_a_preempted_sweep_point_requeues_alone_and_both_match_the_reference(
     env = _env(slurm_cluster)
     args = ["launcher=slurm", *TRAIN, "task.steps=30"]
     cli = [sys.executable, "-m", "wf_launch"]
-    reference = subprocess.Popen(
+    reference = popen_argv(
         [*cli, *args, f"hydra.run.dir={tmp_path / 'reference'}"],
         env=env,
         cwd=tmp_path,
@@ -114,7 +115,7 @@ def test_a_preempted_sweep_point_requeues_alone_and_both_match_the_reference(
     sweep = (
         tmp_path / "sweep"
     )  # two points that must give the same weights: async or synchronous saves
-    proc = subprocess.Popen(
+    proc = popen_argv(
         [*cli, "-m", *args, "task.async_save=false,true", f"hydra.sweep.dir={sweep}"],
         env=env,
         cwd=tmp_path,
@@ -171,7 +172,7 @@ def code_probe(ctx):
 def _project_copy(dest: Path) -> Path:
     """A throw-away git checkout of this project (plus a probe task), the one the CLI imports
     below."""
-    files = subprocess.run(
+    files = run_argv(
         ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
     ).stdout.decode()
     for rel in filter(None, files.split("\0")):
@@ -182,9 +183,9 @@ def _project_copy(dest: Path) -> Path:
         PROBE.format(version="submitted")
     )
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q"], cwd=dest, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=dest, check=True)
-    subprocess.run([*git, "commit", "-qm", "submitted"], cwd=dest, check=True)
+    run_argv([*git, "init", "-q"], cwd=dest, check=True)
+    run_argv([*git, "add", "-A"], cwd=dest, check=True)
+    run_argv([*git, "commit", "-qm", "submitted"], cwd=dest, check=True)
     return dest
 
 
@@ -195,7 +196,7 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(
     env = _env(slurm_cluster, [project, project / "tests" / "user_tasks"])
     runs = {"snapshot": tmp_path / "snap", "live": tmp_path / "live"}
     procs = {
-        name: subprocess.Popen(
+        name: popen_argv(
             [
                 sys.executable,
                 "-m",

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, result, run_cli
+from cli_helpers import cli_env, result, run_cli, run_python_m
 
 from wf_launch.rundir import files
 from wf_launch.rundir.record import RunRecord, Status
@@ -51,8 +50,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def _status(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+    return run_python_m(
+        "wf_launch.status",
+        [str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,

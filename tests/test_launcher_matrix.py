@@ -13,14 +13,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import USER_TASKS, cli_env
+from cli_helpers import USER_TASKS, cli_env, python_m
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("matrix")]  # module-scoped runs: once
 
@@ -79,8 +78,9 @@ def target(request: pytest.FixtureRequest) -> Target:
 
 def _start(target: Target, args: list[str], run_dir: Path) -> subprocess.Popen[str]:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "wf_launch", *target.args, *args, f"hydra.run.dir={run_dir}"],
+    return python_m(
+        "wf_launch",
+        [*target.args, *args, f"hydra.run.dir={run_dir}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from cli_helpers import run_python_m
 
 from wf_launch.observe.live import LiveView, console_shows, final_line
 from wf_launch.rank.progress import ProgressReporter
@@ -123,12 +124,11 @@ def _dead_local_run(path: Path) -> Path:
 
 def test_a_killed_local_launch_ends_follow_and_is_listed_unknown(tmp_path: Path) -> None:
     import json
-    import subprocess
-    import sys
 
     run_dir = _dead_local_run(tmp_path / "outputs" / "run")
-    follow = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+    follow = run_python_m(
+        "wf_launch.status",
+        ["--follow", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -139,8 +139,9 @@ def test_a_killed_local_launch_ends_follow_and_is_listed_unknown(tmp_path: Path)
         f"run unknown: {run_dir} (no record)" in follow.stderr
         and "is gone and left no final record" in follow.stderr
     )
-    runs = subprocess.run(
-        [sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"],
+    runs = run_python_m(
+        "wf_launch.runs",
+        [str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from cli_helpers import run_python_m
 
 from wf_launch.rank.progress import ProgressReporter
 from wf_launch.readers.plot import load_metrics
@@ -16,8 +17,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _plot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.plot", *args],
+    return run_python_m(
+        "wf_launch.plot",
+        [*args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_python_m
 from ray_fixture import RayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -35,8 +36,9 @@ def _cli(
 ) -> subprocess.CompletedProcess[str]:
     where = f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"
     base = ["launcher=ray", f"launcher.address={cluster.address}"] if ray else []
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", *(["-m"] if multirun else []), *base, *args, where],
+    return run_python_m(
+        "wf_launch",
+        [*(["-m"] if multirun else []), *base, *args, where],
         capture_output=True,
         text=True,
         timeout=timeout,

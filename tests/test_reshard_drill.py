@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_python_m
 
 from wf_launch.drivers.drill_layout import DEFAULT_ATOL
 
@@ -24,8 +23,9 @@ from wf_launch.drivers.drill_layout import DEFAULT_ATOL
 def _drill(
     args: list[str], directory: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.drill", *args, "--dir", str(directory)],
+    return run_python_m(
+        "wf_launch.drill",
+        [*args, "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -118,16 +118,18 @@ def test_a_stopped_dp4_run_resumes_at_cp2_dp2_within_tolerance(tmp_path: Path) -
         got["global_batch"] == 16 and got["micro_batches"] == 4
     )  # the run's batch, split for dp=2
     assert got["reference_ok"] is True, got  # check_reference holds after the change
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(directory / "interrupted")],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(directory / "interrupted")],
         capture_output=True,
         text=True,
         timeout=60,
         env=cli_env(),
     )
     assert "at a new layout (dp=4 -> cp=2 dp=2)" in status.stdout, status.stdout
-    listing = subprocess.run(
-        [sys.executable, "-m", "wf_launch.checkpoint", "list", str(directory / "interrupted")],
+    listing = run_python_m(
+        "wf_launch.checkpoint",
+        ["list", str(directory / "interrupted")],
         capture_output=True,
         text=True,
         timeout=60,

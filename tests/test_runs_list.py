@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from cli_helpers import run_python_m
 
 from wf_launch.rundir.record import RunRecord, Status
 
@@ -28,8 +29,9 @@ def _run(path: Path, when: float, status: Status | None, **facts: object) -> Pat
 
 
 def _runs(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.runs", *args],
+    return run_python_m(
+        "wf_launch.runs",
+        [*args],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS
+from cli_helpers import USER_TASKS, run_python_m
 from slurm_fixture import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -30,8 +30,9 @@ def _env(cluster: SlurmCluster) -> dict[str, str]:
 def _cli(
     cluster: SlurmCluster, args: list[str], run_dir: Path, timeout: float = 240
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", "launcher=slurm", *args, f"hydra.run.dir={run_dir}"],
+    return run_python_m(
+        "wf_launch",
+        ["launcher=slurm", *args, f"hydra.run.dir={run_dir}"],
         capture_output=True,
         text=True,
         timeout=timeout,

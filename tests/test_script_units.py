@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_python_m
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -198,8 +198,9 @@ def test_wf_launch_run_refuses_before_anything_starts(tmp_path: Path) -> None:
         (["--nnodes", "2", "train.py"], "wf_launch.run: --nnodes 2"),
         (["--nproc-per-node", "2", "missing.py"], "task.path='missing.py' is not allowed"),
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "wf_launch.run", *argv],
+        proc = run_python_m(
+            "wf_launch.run",
+            [*argv],
             capture_output=True,
             text=True,
             env=cli_env(),

@@ -12,7 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, result, run_cli, start_cli, wait_for_log
+from cli_helpers import (
+    cli_env,
+    leftover_processes,
+    result,
+    run_cli,
+    run_python_m,
+    start_cli,
+    wait_for_log,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +78,9 @@ TEARDOWN_ABORT = "terminate called without an active exception"
 
 def wf_run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m wf_launch.run ARGS``: the torchrun command line on wf_launch."""
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.run", *args],
+    return run_python_m(
+        "wf_launch.run",
+        [*args],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -191,8 +200,9 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
         deadline = time.monotonic() + 60
         stacks = None
         while time.monotonic() < deadline:
-            stacks = subprocess.run(
-                [sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+            stacks = run_python_m(
+                "wf_launch.status",
+                ["--stacks", str(run_dir)],
                 capture_output=True,
                 text=True,
                 env=cli_env(),

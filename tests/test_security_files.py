@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, result, run_cli
+from cli_helpers import cli_env, result, run_cli, run_python_m
 
 from wf_launch.rundir.claim import RunDirInUse, claim, launch_alive
 
@@ -37,8 +37,9 @@ def _cli(
     timeout: float = 180,
 ) -> subprocess.CompletedProcess:
     """The CLI with a group-writable umask (as on many shared clusters)."""
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", *args],
+    return run_python_m(
+        "wf_launch",
+        [*args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -242,8 +243,9 @@ def test_a_run_whose_lock_names_a_reused_pid_reads_unknown(tmp_path: Path) -> No
     (run_dir / "logs").mkdir()
     (run_dir / ".wf_launch.lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")
     env = cli_env()
-    status = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(run_dir)],
+    status = run_python_m(
+        "wf_launch.status",
+        [str(run_dir)],
         capture_output=True,
         text=True,
         env=env,
@@ -252,16 +254,18 @@ def test_a_run_whose_lock_names_a_reused_pid_reads_unknown(tmp_path: Path) -> No
     assert status.returncode == 3 and "-> unknown (exit 3)" in status.stdout, (
         status.stdout + status.stderr
     )
-    follow = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", "--follow", str(run_dir)],
+    follow = run_python_m(
+        "wf_launch.status",
+        ["--follow", str(run_dir)],
         capture_output=True,
         text=True,
         env=env,
         timeout=60,
     )
     assert follow.returncode == 3, follow.stderr
-    runs = subprocess.run(
-        [sys.executable, "-m", "wf_launch.runs", str(tmp_path), "--json"],
+    runs = run_python_m(
+        "wf_launch.runs",
+        [str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         env=env,

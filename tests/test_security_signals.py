@@ -8,12 +8,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_python_m
 
 from wf_launch.observe.stacks import local_pids, trigger
 from wf_launch.rundir.pids import live_rank_pid, pid_record, process_start
@@ -85,8 +84,9 @@ def test_status_stacks_never_signals_a_pid_from_a_bad_pid_file(
     (run_dir / "config.yaml").write_text(LOCAL_CONFIG)
     for rank, pid in enumerate((0, -1, sleeper.pid)):
         _pid_file(run_dir, rank, pid=pid, start=1)
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+    proc = run_python_m(
+        "wf_launch.status",
+        ["--stacks", str(run_dir)],
         capture_output=True,
         text=True,
         env=cli_env(),

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS, cli_env, load_script
+from cli_helpers import USER_TASKS, cli_env, load_script, run_python_m
 from slurm_fixture import SlurmCluster
 
 from wf_launch.launchers.slurm.rank_entry import master_port, requeue_target
@@ -40,8 +40,9 @@ def _cli(
     multirun: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     where = f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", *(["-m"] if multirun else []), *args, where],
+    return run_python_m(
+        "wf_launch",
+        [*(["-m"] if multirun else []), *args, where],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -131,8 +132,9 @@ def test_a_crafted_job_id_never_reaches_scancel(tmp_path: Path) -> None:
         (shims / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> {called}\n')
         (shims / tool).chmod(0o755)
     env = {**cli_env(), "PATH": f"{shims}:{os.environ['PATH']}"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)],
+    proc = run_python_m(
+        "wf_launch.status",
+        ["--cancel", str(run_dir)],
         capture_output=True,
         text=True,
         env=env,
@@ -304,8 +306,9 @@ def test_status_stacks_on_a_live_slurm_run(slurm_cluster: SlurmCluster, tmp_path
         ):
             assert time.monotonic() < deadline, "ranks never started"
             time.sleep(0.3)
-        out = subprocess.run(
-            [sys.executable, "-m", "wf_launch.status", "--stacks", str(run_dir)],
+        out = run_python_m(
+            "wf_launch.status",
+            ["--stacks", str(run_dir)],
             capture_output=True,
             text=True,
             env=_env(slurm_cluster),
@@ -316,8 +319,9 @@ def test_status_stacks_on_a_live_slurm_run(slurm_cluster: SlurmCluster, tmp_path
         assert "rank 0 (tp0 cp0 pp0 dp0) waits in barrier at " in out.stdout
         assert "rank 1 (tp0 cp0 pp0 dp1) is at " in out.stdout and "in misbehave" in out.stdout
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "wf_launch.status", "--cancel", str(run_dir)],
+        run_python_m(
+            "wf_launch.status",
+            ["--cancel", str(run_dir)],
             capture_output=True,
             text=True,
             env=_env(slurm_cluster),
@@ -345,8 +349,9 @@ def test_status_lists_an_unreadable_record_and_goes_on(tmp_path: Path) -> None:
         json.dumps({"status": "ok", "exit_code": 0, "results": {"0": {}}})
     )
     env = {**cli_env(), "PATH": f"{shims}:{os.environ['PATH']}"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", str(sweep)],
+    proc = run_python_m(
+        "wf_launch.status",
+        [str(sweep)],
         capture_output=True,
         text=True,
         env=env,

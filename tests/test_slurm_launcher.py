@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS, leftover_processes
+from cli_helpers import USER_TASKS, leftover_processes, run_python_m
 from slurm_fixture import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -38,8 +38,9 @@ def _cli(
     multirun: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     where = f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", *(["-m"] if multirun else []), *args, where],
+    return run_python_m(
+        "wf_launch",
+        [*(["-m"] if multirun else []), *args, where],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -51,8 +52,9 @@ def _cli(
 def _status(
     cluster: SlurmCluster, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.status", *args],
+    return run_python_m(
+        "wf_launch.status",
+        [*args],
         capture_output=True,
         text=True,
         timeout=timeout,

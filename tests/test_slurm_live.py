@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS, leftover_processes
+from cli_helpers import USER_TASKS, leftover_processes, popen_argv, run_argv, run_python_m
 from slurm_fixture import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -25,7 +25,7 @@ def test_slurm_wait_shows_state_rank_lines_and_the_final_line(
     env = dict(slurm_cluster.env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
+    proc = run_argv(
         [
             sys.executable,
             "-m",
@@ -69,8 +69,9 @@ def _wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout_s: float
 
 
 def _runs(where: Path, env: dict[str, str]) -> list[dict]:
-    out = subprocess.run(
-        [sys.executable, "-m", "wf_launch.runs", str(where), "--json"],
+    out = run_python_m(
+        "wf_launch.runs",
+        [str(where), "--json"],
         capture_output=True,
         text=True,
         env=env,
@@ -89,7 +90,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(USER_TASKS), env.get("PYTHONPATH")]))
     run_dir = tmp_path / "run"
     steps = 20
-    submit = subprocess.run(
+    submit = run_argv(
         [
             sys.executable,
             "-m",
@@ -120,7 +121,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
     try:
         first_out = tmp_path / "follow1.err"
         with open(first_out, "w") as err:
-            first = subprocess.Popen(
+            first = popen_argv(
                 follow_cmd,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -149,8 +150,9 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             == "RUNNING"
         )
         assert not (run_dir / "result.json").exists()
-        tail = subprocess.run(
-            [sys.executable, "-m", "wf_launch.status", "--tail", "2", str(run_dir)],
+        tail = run_python_m(
+            "wf_launch.status",
+            ["--tail", "2", str(run_dir)],
             capture_output=True,
             text=True,
             env=env,
@@ -165,7 +167,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
         ]
 
         (tmp_path / "go").touch()
-        second = subprocess.run(
+        second = run_argv(
             follow_cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
         )
         from wf_launch.rundir.record import RunRecord, Status
@@ -183,7 +185,7 @@ def test_status_follow_shows_a_detached_slurm_run_live_and_ctrl_c_leaves_it_runn
             ("failed", f"slurm {job_id}", "ticker")
         ]
     finally:
-        subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
+        run_argv(["scancel", job_id], env=env, capture_output=True, timeout=60)
         deadline = time.monotonic() + 120
         while slurm_cluster.run(["squeue", "-h", "-j", job_id], check=False).stdout.strip():
             assert time.monotonic() < deadline, f"SLURM job {job_id} still queued"

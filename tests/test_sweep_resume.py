@@ -8,12 +8,11 @@ import csv
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes
+from cli_helpers import cli_env, leftover_processes, python_m, run_python_m
 
 pytestmark = pytest.mark.slow
 GRID = [
@@ -28,8 +27,9 @@ GRID = [
 def sweep(
     args: list[str], sweep_dir: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+    return run_python_m(
+        "wf_launch",
+        ["-m", *args, f"hydra.sweep.dir={sweep_dir}"],
         capture_output=True,
         text=True,
         timeout=180,
@@ -95,8 +95,9 @@ def test_resume_reruns_only_the_points_that_did_not_end_ok(tmp_path: Path) -> No
 def test_an_interrupted_sweep_resumes_its_interrupted_and_unstarted_points(tmp_path: Path) -> None:
     d = tmp_path / "sweep"
     slow = [*GRID[:2], "task.steps=25", "task.unit_s=0.05", *GRID[3:]]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wf_launch", "-m", *slow, f"hydra.sweep.dir={d}"],
+    proc = python_m(
+        "wf_launch",
+        ["-m", *slow, f"hydra.sweep.dir={d}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, wait_for_log
+from cli_helpers import (
+    cli_env,
+    leftover_processes,
+    popen_argv,
+    run_argv,
+    run_python_m,
+    wait_for_log,
+)
 
 pytestmark = pytest.mark.slow
 TASKS = "task.modules=[wf_test_tasks]"
@@ -37,7 +44,7 @@ def run_sweep(
     args: list[str], sweep_dir: Path, timeout: float = 120
 ) -> subprocess.CompletedProcess:
     """``python -m wf_launch -m ARGS hydra.sweep.dir=SWEEP_DIR`` to completion."""
-    return subprocess.run(
+    return run_argv(
         _sweep_cmd(args, sweep_dir),
         capture_output=True,
         text=True,
@@ -117,8 +124,9 @@ def test_demo_layout_sweep_reports_metrics_and_regenerates_offline(tmp_path: Pat
 
     for name in ("sweep_summary.csv", "sweep_summary.md", "sweep_chart.png"):
         (sweep / name).unlink()
-    offline = subprocess.run(
-        [sys.executable, "-m", "wf_launch.sweep_report", str(sweep), "--metric", "max_abs_err"],
+    offline = run_python_m(
+        "wf_launch.sweep_report",
+        [str(sweep), "--metric", "max_abs_err"],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -137,7 +145,7 @@ def test_demo_layout_sweep_reports_metrics_and_regenerates_offline(tmp_path: Pat
 
 def test_interrupt_stops_the_sweep_and_still_reports(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen(
+    proc = popen_argv(
         _sweep_cmd(
             [
                 "engine.cp_size=1,2,4",
@@ -173,8 +181,9 @@ def test_interrupt_stops_the_sweep_and_still_reports(tmp_path: Path) -> None:
 
 
 def test_offline_report_names_a_missing_sweep_dir(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch.sweep_report", str(tmp_path / "nope")],
+    proc = run_python_m(
+        "wf_launch.sweep_report",
+        [str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         env=cli_env(),

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, result, run_cli
+from cli_helpers import cli_env, result, run_cli, run_python_m
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
 
@@ -28,8 +27,9 @@ def _example_package(tmp_path: Path) -> dict[str, str]:
 
 
 def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch", *args],
+    return run_python_m(
+        "wf_launch",
+        [*args],
         capture_output=True,
         text=True,
         env=env,

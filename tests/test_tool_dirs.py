@@ -8,12 +8,11 @@ import copy
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_python_m
 
 from wf_launch.drivers.tune.space import TuneError, build_space
 from wf_launch.drivers.tune.state import TuneState
@@ -53,8 +52,9 @@ def write(directory: Path, data: dict[str, Any]) -> None:
 
 
 def tune(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.tune", *args],
+    return run_python_m(
+        "wf_launch.tune",
+        [*args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -157,8 +157,9 @@ def test_a_drill_directory_is_owner_only_and_held_by_one_drill(tmp_path: Path) -
     d = tmp_path / "drill"
     args = ["task=train", "task.steps=4", "task.checkpoint_every=2", "--inject", "kill9@3"]
     with claim_tool_dir(d, "--dir"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "wf_launch.drill", *args, "--dir", str(d)],
+        proc = run_python_m(
+            "wf_launch.drill",
+            [*args, "--dir", str(d)],
             capture_output=True,
             text=True,
             timeout=120,

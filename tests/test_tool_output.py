@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_python_m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fuzz_rundirs as fuzz
@@ -147,8 +147,9 @@ def test_a_launch_into_another_users_open_directory_is_one_line(tmp_path: Path) 
     shared.mkdir()
     os.chown(shared, 65534, 65534)
     os.chmod(shared, 0o777)
-    proc = subprocess.run(
-        [sys.executable, "-m", "wf_launch", "task=noop", f"hydra.run.dir={shared}"],
+    proc = run_python_m(
+        "wf_launch",
+        ["task=noop", f"hydra.run.dir={shared}"],
         capture_output=True,
         text=True,
         env=cli_env(),

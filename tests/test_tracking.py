@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import cli_env, result, run_cli, start_cli
+from cli_helpers import cli_env, result, run_cli, run_python_m, start_cli
 
 from wf_launch.config import ConfigError
 from wf_launch.config.tracking import TrackingConfig, enabled_trackers
@@ -225,8 +225,9 @@ def test_a_tracker_whose_library_is_missing_is_refused_with_the_install_command(
 def _drill(
     args: list[str], directory: Path, env: dict[str, str], timeout: float = 400
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.drill", *args, "--dir", str(directory)],
+    return run_python_m(
+        "wf_launch.drill",
+        [*args, "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=timeout,

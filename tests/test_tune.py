@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import USER_TASKS, cli_env
+from cli_helpers import USER_TASKS, cli_env, run_python_m
 
 sys.path.insert(0, str(USER_TASKS))
 from wf_tune_tasks import layout_key, memory_gb, tokens_per_s
@@ -34,8 +34,9 @@ CLOCKWORK = ["task=clockwork", "task.modules=[wf_tune_tasks]"]
 
 
 def tune(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wf_launch.tune", *args],
+    return run_python_m(
+        "wf_launch.tune",
+        [*args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import USER_TASKS, cli_env, leftover_processes
+from cli_helpers import USER_TASKS, cli_env, leftover_processes, popen_argv, run_argv
 
 sys.path.insert(0, str(USER_TASKS))
 from wf_tune_tasks import layout_key, tokens_per_s
@@ -59,7 +59,7 @@ def test_search_finds_the_known_best_and_records_failures(tmp_path: Path) -> Non
         "stall_at": "tp1-cp2-pp1-dp1-mb2",
     }
     d = tmp_path / "tune"
-    proc = subprocess.run(
+    proc = run_argv(
         tune_cmd(
             [
                 *CLOCKWORK,
@@ -134,7 +134,7 @@ def test_search_finds_the_known_best_and_records_failures(tmp_path: Path) -> Non
     assert best["layout"] == {**by_key[expected]["sizes"], "world_size": 2}
     command = shlex.split(best["command"])
     assert command[:3] == ["python", "-m", "wf_launch"] and command[3:] == best["overrides"]
-    run = subprocess.run(
+    run = run_argv(
         [sys.executable, *command[1:], f"hydra.run.dir={tmp_path / 'best'}"],
         capture_output=True,
         text=True,
@@ -174,7 +174,7 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
         "--dir",
         str(d),
     ]
-    proc = subprocess.Popen(
+    proc = popen_argv(
         tune_cmd(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -198,7 +198,7 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
         t: json.loads((Path(r) / "result.json").read_text())["finished_at"] for t, r in done.items()
     }
 
-    resumed = subprocess.run(
+    resumed = run_argv(
         tune_cmd(["--resume", str(d)]),
         capture_output=True,
         text=True,
@@ -218,7 +218,7 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
     winner = next(p for p in state["space"] if p["id"] == state["winner"])
     assert key_of(winner) == best_of(2, (1, 2), unit=0.05)
 
-    again = subprocess.run(
+    again = run_argv(
         tune_cmd(["--resume", str(d)]),
         capture_output=True,
         text=True,
@@ -227,7 +227,7 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
         cwd=tmp_path,
     )
     assert again.returncode == 0 and "has finished; nothing to resume" in again.stdout
-    other = subprocess.run(
+    other = run_argv(
         tune_cmd(["--resume", str(d), *CLOCKWORK, "world_size=4"]),
         capture_output=True,
         text=True,
@@ -245,7 +245,7 @@ def test_interrupted_tune_resumes_without_rerunning_finished_trials(tmp_path: Pa
 
 def test_a_task_without_a_metric_is_refused_after_its_first_trial(tmp_path: Path) -> None:
     d = tmp_path / "tune"
-    proc = subprocess.run(
+    proc = run_argv(
         tune_cmd([*CLOCKWORK, "world_size=4", "task.report=false", *FAST, "--dir", str(d)]),
         capture_output=True,
         text=True,
@@ -270,7 +270,7 @@ def test_budget_cuts_the_search_and_the_best_measured_wins(tmp_path: Path) -> No
     # Steps of 0.75 s and more (sleeps: the same on a loaded machine) make round 0's 13 trials take
     # over 60 s anywhere, so the 30 s budget cuts it; its first trial ends within the budget even
     # on a machine loaded enough to take 20 s to start four ranks.
-    proc = subprocess.run(
+    proc = run_argv(
         tune_cmd(
             [
                 *CLOCKWORK,
