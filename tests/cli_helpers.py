@@ -191,7 +191,12 @@ class ForkedPopen(subprocess.Popen):
         return self.returncode
 
     def _internal_poll(self, _deadstate: Any = None, **_kw: Any) -> int | None:
-        return self._status(0)
+        if _deadstate is None:
+            return self._status(0)
+        try:  # Popen.__del__, maybe after the server ended with the test worker
+            return self._status(0)
+        except (RuntimeError, OSError):
+            return self.returncode
 
     def _wait(self, timeout: float | None) -> int:
         if self._status(timeout) is None:
@@ -199,10 +204,10 @@ class ForkedPopen(subprocess.Popen):
         return self.returncode
 
 
-def python_m(module: str, argv: list[str], **kw: Any) -> subprocess.Popen:
-    """``Popen([python, -m, MODULE, *ARGV], **kw)``, forked from the server unless
-    ``WF_TEST_FRESH_CLI=1``."""
-    if os.environ.get("WF_TEST_FRESH_CLI") == "1":
+def python_m(module: str, argv: list[str], fresh: bool = False, **kw: Any) -> subprocess.Popen:
+    """``Popen([python, -m, MODULE, *ARGV], **kw)``, forked from the server unless ``fresh``
+    (a test of the interpreter's own start-up) or ``WF_TEST_FRESH_CLI=1``."""
+    if fresh or os.environ.get("WF_TEST_FRESH_CLI") == "1":
         return subprocess.Popen([sys.executable, "-m", module, *argv], **kw)
     return ForkedPopen(module, argv, **kw)
 
@@ -263,11 +268,13 @@ def run_cli(
     )
 
 
-def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
-    """Start the CLI in its own session (so a test can signal it like a terminal would)."""
+def start_cli(args: list[str], run_dir: Path, fresh: bool = False) -> subprocess.Popen:
+    """Start the CLI in its own session (so a test can signal it like a terminal would); in a
+    fresh interpreter with ``fresh``."""
     return python_m(
         "wf_launch",
         [*args, f"hydra.run.dir={run_dir}"],
+        fresh=fresh,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

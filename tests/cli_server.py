@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import importlib
 import json
 import os
 import runpy
@@ -46,8 +47,10 @@ def _preload() -> None:
 
     import wf_launch.cli
     import wf_launch.launchers.local.launcher
-    import wf_launch.tasks.train  # noqa: F401
+    import wf_launch.tasks.train
 
+    for name in wf_launch.tasks.train.PRELOAD:  # what a train launch imports before its fork
+        importlib.import_module(name)
     if _threads() != expected:
         raise SystemExit(f"the fork server's imports started {_threads() - expected} thread(s)")
 
@@ -106,17 +109,21 @@ def serve(listener: socket.socket) -> tuple[dict[str, Any], list[int]]:
             except (OSError, ValueError):
                 conn.close()
                 continue
+            shown_r, shown_w = os.pipe()
             pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for sock in (listener, conn, *owners.values()):
                     sock.close()
-                os.close(wake_r)
-                os.close(wake_w)
+                for fd in (wake_r, wake_w, shown_r):
+                    os.close(fd)
+                request["shown"] = shown_w
                 return request, fds
-            for fd in fds:
+            for fd in (*fds, shown_w):
                 os.close(fd)
+            os.read(shown_r, 1)  # the child shows its command line before the test has its pid
+            os.close(shown_r)
             owners[pid] = conn
             try:
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -136,20 +143,21 @@ def _set_title(words: list[str]) -> None:
 
 def become(request: dict[str, Any], fds: list[int], base_path: list[str]) -> None:
     """Turn this forked child into ``python -m MODULE ARGV`` as the request describes it."""
+    module = request["module"]
+    _set_title([sys.executable, "-m", module, *request["argv"]])
+    if request["new_session"]:
+        os.setsid()
+    os.close(request["shown"])  # the test may have the pid now: the process is what it shows
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in set(fds):
         if fd > 2:
             os.close(fd)
     os.chdir(request["cwd"])
-    if request["new_session"]:
-        os.setsid()
     os.environ.clear()
     os.environ.update(request["env"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *base_path]
-    module = request["module"]
-    _set_title([sys.executable, "-m", module, *request["argv"]])
     sys.argv = [module, *request["argv"]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -108,7 +108,7 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_traceback(
     tmp_path: Path, moment: str
 ) -> None:
     run_dir = tmp_path / "run"
-    proc = start_cli(["task=slow_steps", TASKS, "engine.dp_size=2"], run_dir)
+    proc = start_cli(["task=slow_steps", TASKS, "engine.dp_size=2"], run_dir, fresh=True)
     reached = MOMENTS[moment]
     try:
         deadline = time.monotonic() + 180

@@ -195,8 +195,8 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(
     project = _project_copy(tmp_path / "project")
     env = _env(slurm_cluster, [project, project / "tests" / "user_tasks"])
     runs = {"snapshot": tmp_path / "snap", "live": tmp_path / "live"}
-    procs = {
-        name: popen_argv(
+    procs = {  # fresh interpreters: the copy's wf_launch, not the one the fork server imported
+        name: subprocess.Popen(
             [
                 sys.executable,
                 "-m",
