@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
-from cli_helpers import cli_env, listening, run_cli
+from cli_helpers import cli_env, listening, python_m, run_cli, run_python_m
 
 from wf_launch.launchers.ft_record import read_steps
 from wf_launch.rundir import files
@@ -129,16 +129,9 @@ def test_the_cli_refuses_bad_ft_with_exit_2_before_anything_starts(tmp_path):
 
 def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
     out = open(run_dir.parent / f"{run_dir.name}.out", "w")  # noqa: SIM115 - closed by the OS
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wf_launch",
-            "task=train",
-            "ft=torchft",
-            f"hydra.run.dir={run_dir}",
-            *overrides,
-        ],
+    return python_m(
+        "wf_launch",
+        ["task=train", "ft=torchft", f"hydra.run.dir={run_dir}", *overrides],
         stdout=out,
         stderr=subprocess.STDOUT,
         env=cli_env({"WF_PROGRESS_PUBLISH_S": "0"}),
@@ -382,6 +375,12 @@ def test_a_lighthouse_that_dies_is_restarted_and_the_run_goes_on(tmp_path):
             "back at step 8 from its own checkpoint (nothing to heal)",
         ),
         ([], None, None, "restarting after a failure at step 10, to heal"),
+        (
+            [{"event": "healing", "step": 12, "source": "http://127.0.0.1:0/checkpoint/"}],
+            None,
+            None,
+            "healing from replica group 0 to step 12 (1 restart(s))",
+        ),
     ],
 )
 def test_a_restarted_group_is_recorded_back_whether_it_healed_or_not(
@@ -404,7 +403,7 @@ def test_a_restarted_group_is_recorded_back_whether_it_healed_or_not(
     (rec,) = section["recoveries"]
     assert (rec["rank"], rec["cause"], rec["failed_at_step"]) == (1, "SIGKILL", 10)
     assert (rec["rejoined_at_step"], rec["healed_from"]) == (rejoined_at, healed_from)
-    assert rec["seconds_to_rejoin"] == (1.0 if came_back else None)
+    assert rec["seconds_to_rejoin"] == (1.0 if rejoined_at is not None else None)
     assert status in ft_status_lines(tmp_path)[1]
 
 
@@ -452,6 +451,8 @@ def test_sigterm_saves_every_group_and_a_resume_ends_with_equal_weights(tmp_path
         ("kill9:replica2@8", "replica2 does not exist: ft.replicas=2"),
         ("hang:replica1@8", "hang is not drilled under ft=torchft"),
         ("kill9@8", "expected KIND:replicaK@STEP"),
+        ("kill9:replica1@heal", "list a kill of replica1 at a step before it"),
+        ("kill9:replica0@4,kill9:replica1@heal", "list a kill of replica1 at a step before it"),
     ],
 )
 def test_the_ft_drill_refuses_a_bad_injection_with_exit_2(tmp_path, capsys, inject, message):
@@ -471,3 +472,64 @@ def test_the_ft_drill_plans_the_kill_it_was_asked_for(capsys):
     out = capsys.readouterr().out
     assert "kill -9 of rank 1 of replica1 at its step 8" in out
     assert "ft.max_replica_restarts=1" in out
+
+
+@pytest.mark.slow
+def test_a_failure_during_a_heal_restarts_that_group_again_and_the_drill_passes(tmp_path):
+    """The ft drill kills a rank of group 1 at step 6, then again while it heals (its load of the
+    peer's state sleeps 3 s: ``wf_ft_tasks``). Group 1 restarts twice and heals; group 0 keeps
+    its processes, never steps back, and every group ends with the same weights."""
+    directory = tmp_path / "drill"
+    done = run_python_m(
+        "wf_launch.drill",
+        [
+            "task=train_slow_heal",
+            "task.modules=[wf_ft_tasks]",
+            "ft=torchft",
+            "ft.timeout_s=5",
+            "task.steps=30",
+            "task.checkpoint_every=4",
+            "task.step_sleep_s=0.5",
+            "--inject",
+            "kill9:replica1@6,kill9:replica1@heal",
+            "--dir",
+            str(directory),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "while it heals" in done.stdout
+    summary = json.loads((directory / "drill.json").read_text())
+    first, second = summary["recoveries"]
+    assert (first["replica"], second["replica"]) == (1, 1)
+    assert first["rejoined_at_step"] is None  # it died healing
+    assert second["healed_from"] == 0 and second["rejoined_at_step"] >= 6
+    assert summary["survivor_steps_lost"] == 0
+    interrupted = json.loads((directory / "interrupted" / "result.json").read_text())
+    assert interrupted["ft"]["survivor_restarts"] == 0
+    events = [
+        json.loads(line)
+        for line in (directory / "interrupted" / "replicas" / "1" / "ft_events.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    kinds = [e["event"] for e in events]
+    assert kinds.count("failed") == 2 and kinds.count("healing") >= 2, kinds
+
+
+def test_the_ft_drill_plans_a_kill_during_a_heal_after_the_kill_it_follows(capsys):
+    from wf_launch.drivers.drill import main
+
+    inject = "kill9:replica1@heal,kill9:replica0@3,kill9:replica1@8"
+    assert main(["task=train", "ft=torchft", "--inject", inject, "--dry-run"]) == 2
+    assert "list a kill of replica1 at a step before it" in capsys.readouterr().err
+    inject = "kill9:replica1@8,kill9:replica1@heal,kill9:replica0@3"
+    assert main(["task=train", "ft=torchft", "--inject", inject, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("replica0 at its step 3") < out.index("replica1 at its step 8")
+    assert out.index("replica1 at its step 8") < out.index("replica1 while it heals after that")
+    assert "ft.max_replica_restarts=3" in out

@@ -5,7 +5,9 @@
 1. The *reference*: the same ft run, uninterrupted, in ``DIR/reference``.
 2. The *interrupted* run in ``DIR/interrupted``: when replica group K's rank 0 reports step S,
    ``kill -9`` one of its ranks (``kill9:replicaK@S`` its last rank, ``kill9:replicaK.rankR@S``
-   rank R). ``ft.max_replica_restarts`` is raised to the number of kills.
+   rank R); ``kill9:replicaK@heal``, after a kill of that group, kills it again while it heals
+   (once its rank 0 has started receiving a peer's state). ``ft.max_replica_restarts`` is raised
+   to the number of kills.
 3. The verdict (exit 0 only when every check holds):
 
    - no surviving replica group restarted (its ranks kept their pids, ``survivor_restarts`` 0)
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..launchers.ft_record import read_steps
+from ..launchers.ft_record import read_events, read_steps
 from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json
 from ..rundir.record import RecordError, RunRecord
@@ -51,7 +53,7 @@ __all__ = [
 
 DEFAULT_ATOL = 0.05
 _SPEC = re.compile(
-    r"(?P<kind>[a-z0-9]+):replica(?P<replica>\d+)(?:\.rank(?P<rank>\d+))?@(?P<step>\d+)"
+    r"(?P<kind>[a-z0-9]+):replica(?P<replica>\d+)(?:\.rank(?P<rank>\d+))?@(?P<step>\d+|heal)"
 )
 KINDS = ("kill9",)
 
@@ -62,12 +64,14 @@ class FtDrillError(Exception):
 
 @dataclass
 class FtInjection:
-    """``kill9`` of a rank of replica group ``replica`` when it reaches ``step``."""
+    """``kill9`` of a rank of replica group ``replica`` when it reaches ``step``; with ``heal``,
+    while it heals after the injection before it (``step`` is then that injection's)."""
 
     kind: str
     replica: int
     step: int
     rank: int | None = None
+    heal: bool = False
     pid: int | None = None
     at: float | None = None
 
@@ -77,32 +81,45 @@ def wants_ft(overrides: list[str]) -> bool:
     return any(o.strip() in ("ft=torchft", "+ft=torchft") for o in overrides)
 
 
+def _parse_one(item: str, replicas: int, earlier: list[FtInjection]) -> FtInjection:
+    m = _SPEC.fullmatch(item)
+    if m is None:
+        raise FtDrillError(
+            f"--inject {item!r}: expected KIND:replicaK@STEP, KIND:replicaK.rankR@STEP or "
+            f"KIND:replicaK@heal under ft=torchft (KIND one of {list(KINDS)})"
+        )
+    if m["kind"] not in KINDS:
+        raise FtDrillError(
+            f"--inject {item!r}: {m['kind']} is not drilled under ft=torchft on this "
+            f"launcher; one of {list(KINDS)} (a hung rank is not torn down yet)"
+        )
+    replica = int(m["replica"])
+    if not 0 <= replica < replicas:
+        raise FtDrillError(
+            f"--inject {item!r}: replica{replica} does not exist: ft.replicas={replicas} "
+            f"(replica0..replica{replicas - 1})"
+        )
+    rank = int(m["rank"]) if m["rank"] is not None else None
+    if m["step"] != "heal":
+        return FtInjection(m["kind"], replica, int(m["step"]), rank)
+    before = [i for i in earlier if i.replica == replica and not i.heal]
+    if not before:
+        raise FtDrillError(
+            f"--inject {item!r}: @heal kills replica{replica} while it heals after a failure; "
+            f"list a kill of replica{replica} at a step before it (kill9:replica{replica}@STEP)"
+        )
+    return FtInjection(m["kind"], replica, before[-1].step, rank, heal=True)
+
+
 def parse_ft_injections(text: str, replicas: int) -> list[FtInjection]:
-    """``kill9:replica1@8`` (and ``kill9:replica1.rank0@8``) -> injections in step order."""
-    out = []
+    """``kill9:replica1@8`` (``kill9:replica1.rank0@8``, ``kill9:replica1@heal``) -> injections
+    in step order (a heal's after the kill it follows)."""
+    out: list[FtInjection] = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        m = _SPEC.fullmatch(item)
-        if m is None:
-            raise FtDrillError(
-                f"--inject {item!r}: expected KIND:replicaK@STEP or KIND:replicaK.rankR@STEP "
-                f"under ft=torchft (KIND one of {list(KINDS)})"
-            )
-        if m["kind"] not in KINDS:
-            raise FtDrillError(
-                f"--inject {item!r}: {m['kind']} is not drilled under ft=torchft on this "
-                f"launcher; one of {list(KINDS)} (a hung rank is not torn down yet)"
-            )
-        replica = int(m["replica"])
-        if not 0 <= replica < replicas:
-            raise FtDrillError(
-                f"--inject {item!r}: replica{replica} does not exist: ft.replicas={replicas} "
-                f"(replica0..replica{replicas - 1})"
-            )
-        rank = int(m["rank"]) if m["rank"] is not None else None
-        out.append(FtInjection(m["kind"], replica, int(m["step"]), rank))
+        out.append(_parse_one(item, replicas, out))
     if not out:
         raise FtDrillError("--inject: no injection given")
-    return sorted(out, key=lambda i: i.step)
+    return sorted(out, key=lambda i: (i.step, i.heal))
 
 
 def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int:
@@ -126,24 +143,39 @@ def _pids(run_dir: Path, replica: int) -> dict[int, int]:
     return out
 
 
+def _reached(where: Path, inj: FtInjection, since: float) -> bool:
+    """Whether the replica group is where the injection strikes: its step, or a heal begun since."""
+    if inj.heal:
+        return any(
+            e.get("event") == "healing" and e.get("time", 0) > since for e in read_events(where)
+        )
+    return max((s for _, s, _ in read_steps(where)), default=0) >= inj.step
+
+
 def _inject(
-    proc: subprocess.Popen[bytes], run_dir: Path, inj: FtInjection, deadline: float
+    proc: subprocess.Popen[bytes],
+    run_dir: Path,
+    inj: FtInjection,
+    deadline: float,
+    since: float = 0.0,
 ) -> None:
-    """Wait until the replica group reaches the step, then kill -9 the rank."""
+    """Wait until the replica group reaches the step (or heals after ``since``), then kill -9 the
+    rank."""
     where = files.ft_replica_dir(run_dir, inj.replica)
-    while max((s for _, s, _ in read_steps(where)), default=0) < inj.step:
+    moment = "a heal" if inj.heal else f"step {inj.step}"
+    while not _reached(where, inj, since):
         if proc.poll() is not None:
-            raise FtDrillError(f"the run ended before replica{inj.replica} reached step {inj.step}")
+            raise FtDrillError(f"the run ended before replica{inj.replica} reached {moment}")
         if time.monotonic() > deadline:
-            raise FtDrillError(f"replica{inj.replica} never reached step {inj.step}")
-        time.sleep(0.05)
+            raise FtDrillError(f"replica{inj.replica} never reached {moment}")
+        time.sleep(0.02)
     pids = _pids(run_dir, inj.replica)
     inj.rank = max(pids) if inj.rank is None else inj.rank
     inj.pid, inj.at = pids[inj.rank], time.time()
     os.kill(inj.pid, signal.SIGKILL)
     print(
-        f"drill: kill -9 rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) at step "
-        f"{inj.step}",
+        f"drill: kill -9 rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) "
+        f"{'while it heals' if inj.heal else f'at step {inj.step}'}",
         flush=True,
     )
 
@@ -248,7 +280,8 @@ def describe_ft_drill(overrides: list[str], inject: str) -> str:
         "ft drill: a reference run, then the same run with:",
         *(
             f"  kill -9 of {'the last rank' if i.rank is None else f'rank {i.rank}'} of "
-            f"replica{i.replica} at its step {i.step}"
+            f"replica{i.replica} "
+            + ("while it heals after that" if i.heal else f"at its step {i.step}")
             for i in injections
         ),
         f"  overrides: {' '.join(overrides)} ft.max_replica_restarts={len(injections)}",
@@ -274,7 +307,8 @@ def run_ft_drill(
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
     try:
         for inj in injections:
-            _inject(proc, int_dir, inj, deadline)
+            since = max((i.at or 0.0 for i in injections if i.replica == inj.replica), default=0)
+            _inject(proc, int_dir, inj, deadline, since)
             for k in range(_replicas(overrides)):
                 if k not in {i.replica for i in injections} and k not in survivors:
                     survivors[k] = (_pids(int_dir, k), {})

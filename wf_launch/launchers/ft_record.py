@@ -216,7 +216,13 @@ def compose_ft(
     return section, facts
 
 
-def _group_line(replica_dir: Path, k: int) -> str:
+def _healing(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The heal under way: a ``healing`` event with no ``healed`` or ``failed`` after it."""
+    last = next((e for e in reversed(events) if e.get("event") != "rejoined"), None)
+    return last if last is not None and last.get("event") == "healing" else None
+
+
+def _group_line(replica_dir: Path, k: int, where_from: dict[str, int]) -> str:
     steps = read_steps(replica_dir)
     events = read_events(replica_dir)
     failures = [i for i, e in enumerate(events) if e.get("event") == "failed"]
@@ -224,7 +230,12 @@ def _group_line(replica_dir: Path, k: int) -> str:
     if steps and steps[-1][2] is not None:
         where += f", quorum of {steps[-1][2]} replica group(s)"
     back = _back_after(events, failures[-1] if failures else -1)
-    if failures and back is None:
+    healing = _healing(events)
+    if healing is not None:
+        source = where_from.get(str(healing.get("source")))
+        peer = f"replica group {source}" if source is not None else "a peer"
+        where += f" - healing from {peer} to step {healing.get('step')}"
+    elif failures and back is None:
         failed_at = events[failures[-1]].get("failed_at_step")
         where += f" - restarting after a failure at step {failed_at}, to heal"
     elif back is not None and back.get("event") == "healed":
@@ -238,9 +249,12 @@ def _group_line(replica_dir: Path, k: int) -> str:
 
 def ft_status_lines(run_dir: Path) -> list[str]:
     """Under ``ft=torchft``: each replica group's step, the quorum it stepped in, and whether it is
-    restarting or healed (``status`` shows them)."""
+    restarting, healing or healed (``status`` shows them)."""
     root = files.ft_replica_dir(run_dir, 0).parent
     if not root.is_dir():
         return []
     groups = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
-    return [_group_line(files.ft_replica_dir(run_dir, k), k) for k in groups]
+    logs = [files.ft_address(files.ft_replica_dir(run_dir, k), 0).parent for k in groups]
+    ranks = max((len(list(d.glob("rank*.ft_address"))) for d in logs), default=0)
+    where_from = _addresses(run_dir, max(groups, default=-1) + 1, ranks)
+    return [_group_line(files.ft_replica_dir(run_dir, k), k, where_from) for k in groups]

@@ -106,10 +106,13 @@ def _recording_transport(timeout: timedelta, replica_dir: Path, group_rank: int,
     from torchft.checkpointing.http_transport import HTTPTransport
 
     class RecordingTransport(HTTPTransport):  # type: ignore[misc,valid-type]
-        """Records each heal (source address, step) in the replica's events (group rank 0)."""
+        """Records each heal's start and end (source address, step) in the replica's events
+        (group rank 0)."""
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
             t0 = time.time()
+            if group_rank == 0:
+                append_event(replica_dir, event="healing", step=int(step), source=str(metadata))
             state = super().recv_checkpoint(src_rank, metadata, step, timeout)
             log.warning(f"ft: healed from {metadata} at step {step} in {time.time() - t0:.2f}s")
             if group_rank == 0:
