@@ -10,7 +10,7 @@ invocation (goal: (a) <= 1.15x and clearly below (b)); and the failure-free step
 over that of the same world without ft (goal: <= 1.10x); and ft's time from the kill to the
 rejoin. Prints one ``ratio`` line per figure.
 
-    python scripts/bench_ft.py [--steps 40] [--checkpoint-every 10] [--repeats 1]
+    python scripts/bench_ft.py [--steps 40] [--checkpoint-every 10] [--repeats 1] [OVERRIDES...]
 """
 
 from __future__ import annotations
@@ -75,11 +75,15 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--dp", type=int, default=1, help="engine.dp_size of one replica group")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "overrides", nargs="*", help="for every run, e.g. a larger model: task.hidden=256"
+    )
     args = ap.parse_args()
     n, half = args.steps, args.steps // 2
     work = Path(tempfile.mkdtemp(prefix="wf_bench_ft_"))
     ft = ["ft=torchft", "ft.replicas=2", f"engine.dp_size={args.dp}", f"task.steps={n}"]
-    plain = [f"engine.dp_size={2 * args.dp}", f"task.steps={n}"]
+    ft += args.overrides
+    plain = [f"engine.dp_size={2 * args.dp}", f"task.steps={n}", *args.overrides]
     restart = [*plain, "launcher.max_restarts=1", f"task.checkpoint_every={args.checkpoint_every}"]
     rows: dict[str, list[Any]] = {k: [] for k in ("ft0", "ft1", "pl0", "pl1")}
     for i in range(args.repeats):  # alternating, so machine noise hits every kind alike

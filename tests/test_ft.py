@@ -87,6 +87,11 @@ def _closed_port() -> int:
         (["ft.quorum_timeout_s=0"], "ft.quorum_timeout_s=0.0 is not allowed: expected seconds in"),
         (["ft.join_timeout_s=-5"], "ft.join_timeout_s=-5.0 is not allowed: expected seconds in"),
         (["ft.max_replica_restarts=-1"], "ft.max_replica_restarts=-1 is not allowed"),
+        (
+            ["ft.hang_timeout_s=60"],
+            "ft.hang_timeout_s=60.0 is not allowed: seconds below ft.quorum_timeout_s=60 (a hung",
+        ),
+        (["ft.hang_timeout_s=0"], "ft.hang_timeout_s=0.0 is not allowed: expected seconds in"),
         (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
         (["launcher=slurm"], "ft='torchft' is not allowed: launcher=slurm does not run replica"),
     ],
@@ -449,7 +454,7 @@ def test_sigterm_saves_every_group_and_a_resume_ends_with_equal_weights(tmp_path
     ("inject", "message"),
     [
         ("kill9:replica2@8", "replica2 does not exist: ft.replicas=2"),
-        ("hang:replica1@8", "hang is not drilled under ft=torchft"),
+        ("usr2:replica1@8", "usr2 is not drilled under ft=torchft"),
         ("kill9@8", "expected KIND:replicaK@STEP"),
         ("kill9:replica1@heal", "list a kill of replica1 at a step before it"),
         ("kill9:replica0@4,kill9:replica1@heal", "list a kill of replica1 at a step before it"),
@@ -533,3 +538,103 @@ def test_the_ft_drill_plans_a_kill_during_a_heal_after_the_kill_it_follows(capsy
     assert out.index("replica0 at its step 3") < out.index("replica1 at its step 8")
     assert out.index("replica1 at its step 8") < out.index("replica1 while it heals after that")
     assert "ft.max_replica_restarts=3" in out
+
+
+@pytest.mark.parametrize(
+    ("phases", "hung"),
+    [
+        ({0: ("quorum", 0.0), 1: ("step", 0.0)}, {1: [0]}),  # 1 stuck while 0 waits for it
+        ({0: ("step", 95.0), 1: ("step", 0.0)}, {1: [0]}),  # 1 stuck while 0 steps
+        ({0: ("step", 0.0), 1: ("step", 0.0)}, {}),  # both in one long step: neither
+        ({0: ("quorum", 0.0), 1: ("quorum", 0.0)}, {}),  # both wait for a quorum: neither
+        ({0: ("quorum", 0.0), 1: ("step", 95.0)}, {}),  # 1 stepping, within the timeout
+        ({0: ("step", 0.0)}, {}),  # alone (the other restarting): nobody waits for it
+        ({0: ("quorum", 0.0), 1: ("step", 0.0), 2: ("step", 0.0)}, {1: [0], 2: [0]}),
+    ],
+)
+def test_the_hang_watch_tears_down_a_group_stuck_in_a_step_while_another_goes_on(phases, hung):
+    """Only where each group's rank 0 is tells a hung group from the one waiting for it (both
+    stop stepping); timeout 10 s, now 100 s."""
+    from wf_launch.launchers.ft_hang import Phase, hung_groups
+
+    found = hung_groups({k: Phase(p, t, 3) for k, (p, t) in phases.items()}, 100.0, 10.0)
+    assert found == hung
+
+
+@pytest.mark.slow
+def test_a_hung_rank_restarts_only_its_group_and_the_drill_passes(tmp_path):
+    """``hang:replica1@6`` stops rank 1 of group 1 (SIGSTOP: not even a stack dump). Its rank 0
+    waits in a collective for it, group 0 waits for a quorum (the Lighthouse holds it while group 1
+    heartbeats). After ``ft.hang_timeout_s`` the launcher kills group 1's ranks: it restarts and
+    heals; group 0 keeps its processes and never steps back; the weights end equal."""
+    directory = tmp_path / "drill"
+    done = run_python_m(
+        "wf_launch.drill",
+        [
+            "task=train",
+            "ft=torchft",
+            "engine.dp_size=2",
+            "ft.hang_timeout_s=4",
+            "ft.quorum_timeout_s=30",
+            "task.steps=30",
+            "task.checkpoint_every=4",
+            "task.step_sleep_s=0.5",
+            "--inject",
+            "hang:replica1.rank1@6",
+            "--dir",
+            str(directory),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "SIGSTOP (a hang) rank 1 of replica1" in done.stdout
+    summary = json.loads((directory / "drill.json").read_text())
+    (recovery,) = summary["recoveries"]
+    assert (recovery["replica"], recovery["rank"], recovery["cause"]) == (1, 1, "hang")
+    assert recovery["healed_from"] == 0
+    log = (directory / "interrupted.log").read_text()
+    assert "ft: replica group 1 is hung: no step done for" in log, log[-3000:]
+    assert "replica group 0 is hung" not in log
+
+
+def test_the_hang_watch_kills_a_hung_groups_ranks_once_and_records_why(tmp_path):
+    """A phase of an earlier launch (a resume) or of a torn-down attempt is not evidence; a stopped
+    rank is killed and named."""
+    from wf_launch.launchers.ft_hang import HangWatch
+    from wf_launch.rank.ft import QUORUM, STEP, write_phase
+    from wf_launch.rundir.pids import process_start
+
+    watch = HangWatch(tmp_path, 2, 1, 10.0)
+    for k in (0, 1):
+        (files.ft_replica_dir(tmp_path, k) / "logs").mkdir(parents=True)
+    write_phase(files.ft_replica_dir(tmp_path, 0), QUORUM, 5)
+    write_phase(files.ft_replica_dir(tmp_path, 1), STEP, 5)
+    rank = subprocess.Popen(["sleep", "120"])
+    try:
+        record = {"pid": rank.pid, "host": socket.gethostname(), "start": process_start(rank.pid)}
+        files.rank_pid(files.ft_replica_dir(tmp_path, 1), 0).write_text(json.dumps(record))
+        os.kill(rank.pid, signal.SIGSTOP)
+        watch.timeout_s = 0.0  # every step is too long, but both phases predate the watch
+        watch.started = time.time()
+        assert watch.check({0, 1}) == []
+        watch.started = 0.0  # as if written in this launch
+        assert watch.check({0, 1}) == [1]
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+        assert watch.check({0, 1}) == []  # torn down: waits for the group's next attempt
+    finally:
+        rank.kill()
+        rank.wait()
+    (hung,) = [
+        json.loads(line)
+        for line in files.ft_events(files.ft_replica_dir(tmp_path, 1)).read_text().splitlines()
+    ]
+    assert (hung["event"], hung["step"], hung["while_going"], hung["stopped"]) == (
+        "hung",
+        5,
+        [0],
+        [0],
+    )

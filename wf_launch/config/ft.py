@@ -66,6 +66,9 @@ class FtConfig:
     join_timeout_s: float = number(600.0, 0, 86400, low_open=True, unit="seconds")
     timeout_s: float = number(10.0, 0, 86400, low_open=True, unit="seconds")
     heartbeat_timeout_s: float = number(2.0, 0, 3600, low_open=True, unit="seconds")
+    hang_timeout_s: float | None = number(
+        30.0, 0, 86400, low_open=True, unit="seconds", note="(null: off)", optional=True
+    )
     max_replica_restarts: int = integer(3, low=0)
 
     @property
@@ -100,6 +103,13 @@ class FtConfig:
                 "ft.min_replicas",
                 self.min_replicas,
                 f"an integer from 1 to ft.replicas={self.replicas}",
+            )
+        if self.hang_timeout_s is not None and self.hang_timeout_s >= self.quorum_timeout_s:
+            raise config_error(
+                "ft.hang_timeout_s",
+                self.hang_timeout_s,
+                f"seconds below ft.quorum_timeout_s={self.quorum_timeout_s:g} (a hung replica "
+                "group is torn down before the others give up waiting for it), or null (off)",
             )
         if self.lighthouse is not None:
             self._check_lighthouse()

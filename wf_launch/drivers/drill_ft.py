@@ -6,8 +6,9 @@
 2. The *interrupted* run in ``DIR/interrupted``: when replica group K's rank 0 reports step S,
    ``kill -9`` one of its ranks (``kill9:replicaK@S`` its last rank, ``kill9:replicaK.rankR@S``
    rank R); ``kill9:replicaK@heal``, after a kill of that group, kills it again while it heals
-   (once its rank 0 has started receiving a peer's state). ``ft.max_replica_restarts`` is raised
-   to the number of kills.
+   (once its rank 0 has started receiving a peer's state); ``hang:replicaK@S`` stops the rank
+   (SIGSTOP) instead: the launcher's hang watch must find the group and restart it.
+   ``ft.max_replica_restarts`` is raised to the number of injections.
 3. The verdict (exit 0 only when every check holds):
 
    - no surviving replica group restarted (its ranks kept their pids, ``survivor_restarts`` 0)
@@ -55,7 +56,10 @@ DEFAULT_ATOL = 0.05
 _SPEC = re.compile(
     r"(?P<kind>[a-z0-9]+):replica(?P<replica>\d+)(?:\.rank(?P<rank>\d+))?@(?P<step>\d+|heal)"
 )
-KINDS = ("kill9",)
+KINDS = ("kill9", "hang")
+ACTS = {"kill9": (signal.SIGKILL, "kill -9"), "hang": (signal.SIGSTOP, "SIGSTOP (a hang)")}
+"""What each kind does to the rank: a death, or a hang it cannot even report (the launcher's hang
+watch must find it: ``ft.hang_timeout_s``)."""
 
 
 class FtDrillError(Exception):
@@ -91,7 +95,7 @@ def _parse_one(item: str, replicas: int, earlier: list[FtInjection]) -> FtInject
     if m["kind"] not in KINDS:
         raise FtDrillError(
             f"--inject {item!r}: {m['kind']} is not drilled under ft=torchft on this "
-            f"launcher; one of {list(KINDS)} (a hung rank is not torn down yet)"
+            f"launcher; one of {list(KINDS)}"
         )
     replica = int(m["replica"])
     if not 0 <= replica < replicas:
@@ -160,7 +164,7 @@ def _inject(
     since: float = 0.0,
 ) -> None:
     """Wait until the replica group reaches the step (or heals after ``since``), then kill -9 the
-    rank."""
+    rank (or stop it: a hang)."""
     where = files.ft_replica_dir(run_dir, inj.replica)
     moment = "a heal" if inj.heal else f"step {inj.step}"
     while not _reached(where, inj, since):
@@ -172,9 +176,10 @@ def _inject(
     pids = _pids(run_dir, inj.replica)
     inj.rank = max(pids) if inj.rank is None else inj.rank
     inj.pid, inj.at = pids[inj.rank], time.time()
-    os.kill(inj.pid, signal.SIGKILL)
+    signum, act = ACTS[inj.kind]
+    os.kill(inj.pid, signum)
     print(
-        f"drill: kill -9 rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) "
+        f"drill: {act} rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) "
         f"{'while it heals' if inj.heal else f'at step {inj.step}'}",
         flush=True,
     )
@@ -279,7 +284,7 @@ def describe_ft_drill(overrides: list[str], inject: str) -> str:
     lines = [
         "ft drill: a reference run, then the same run with:",
         *(
-            f"  kill -9 of {'the last rank' if i.rank is None else f'rank {i.rank}'} of "
+            f"  {ACTS[i.kind][1]} of {'the last rank' if i.rank is None else f'rank {i.rank}'} of "
             f"replica{i.replica} "
             + ("while it heals after that" if i.heal else f"at its step {i.step}")
             for i in injections
@@ -300,7 +305,7 @@ def run_ft_drill(
     print(f"drill: reference run in {ref_dir}", flush=True)
     _wait(launch_cli(overrides, ref_dir, directory / "reference.log"), deadline)
     deadline = time.monotonic() + timeout
-    kills = sum(1 for i in injections if i.kind == "kill9")
+    kills = len(injections)
     extra = [f"ft.max_replica_restarts={kills}"]
     print(f"drill: interrupted run in {int_dir}", flush=True)
     proc = launch_cli([*overrides, *extra], int_dir, directory / "interrupted.log")

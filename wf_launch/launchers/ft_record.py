@@ -106,20 +106,39 @@ def _back_after(events: list[dict[str, Any]], i: int) -> dict[str, Any] | None:
     return came_back
 
 
+def _hung_before(events: list[dict[str, Any]], i: int) -> dict[str, Any] | None:
+    """The launcher's hang watch's event, if it tore the group down just before failure ``i``."""
+    for e in reversed(events[:i]):
+        if e.get("event") == "failed":
+            return None
+        if e.get("event") == "hung":
+            return e
+    return None
+
+
 def _recovery(
-    k: int, ev: dict[str, Any], back: dict[str, Any] | None, ranks: int, where: dict[str, int]
+    k: int,
+    ev: dict[str, Any],
+    back: dict[str, Any] | None,
+    ranks: int,
+    where: dict[str, int],
+    hung: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One restart of replica group ``k``: who failed, how, and how it came back."""
+    """One restart of replica group ``k``: who failed, how, and how it came back (a group the
+    hang watch tore down: the rank it found stopped, if any)."""
     codes = {int(r): int(c) for r, c in (ev.get("exit_codes") or {}).items()}
     found = culprit(codes)
     rank = -1 if found is None else found
+    if hung is not None and hung.get("stopped"):
+        rank = int(hung["stopped"][0])
     came = back or {}
     healed = came.get("event") == "healed"
+    cause = _cause(codes[rank]) if rank in codes else "unknown"
     return {
         "replica": k,
         "rank": rank,
         "global_rank": k * ranks + rank if rank >= 0 else None,
-        "cause": _cause(codes[rank]) if rank in codes else "unknown",
+        "cause": "hang" if hung is not None else cause,
         "failed_at_step": ev.get("failed_at_step"),
         "failed_at": ev["time"],
         "rejoined_at_step": came.get("step"),
@@ -133,7 +152,7 @@ def _recoveries(run_dir: Path, k: int, ranks: int, where: dict[str, int]) -> lis
     after it)."""
     events = read_events(files.ft_replica_dir(run_dir, k))
     return [
-        _recovery(k, ev, _back_after(events, i), ranks, where)
+        _recovery(k, ev, _back_after(events, i), ranks, where, _hung_before(events, i))
         for i, ev in enumerate(events)
         if ev.get("event") == "failed"
     ]

@@ -9,9 +9,10 @@ comes back after a failure heals from a live peer through torchft's checkpoint t
 ``start_quorum``, never during a forward).
 
 What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section from
-these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``), and the
-replica's heal events (``ft_events.jsonl``, by its rank 0). torch and torchft are imported only when
-a session starts (a script in a fresh interpreter must find torch not imported).
+these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``), the
+replica's heal events (``ft_events.jsonl``, by its rank 0), and where its rank 0 is in the step
+loop (``ft_phase.json``: the launcher's hang watch reads it). torch and torchft are imported only
+when a session starts (a script in a fresh interpreter must find torch not imported).
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ __all__ = [
     "FT_REPLICA_ENV",
     "JOINED",
     "LIGHTHOUSE_ENV",
+    "QUORUM",
     "QUORUM_RETRIES",
     "RUST_LOG",
+    "STEP",
     "FtSession",
     "append_event",
     "ft_enabled",
     "no_quorum",
     "replica_id",
     "wait_for_groups",
+    "write_phase",
 ]
 
 FT_REPLICA_ENV = "WF_FT_REPLICA"
@@ -58,6 +62,9 @@ QUORUM_RETRIES = 5
 quorum's one timeout."""
 JOINED, ENDED = "joined", "ended"
 """What a replica group's :func:`files.ft_joined` mark says."""
+QUORUM, STEP = "quorum", "step"
+"""Where a replica group's rank 0 is (its :func:`files.ft_phase`): waiting for a quorum, or in a
+step."""
 JOIN_POLL_S = 0.05
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 """Set by torch's elastic agent, which runs each replica group: 0 in the first attempt of a launch
@@ -92,6 +99,12 @@ def no_quorum(ft: dict[str, Any], exc: BaseException, *, first: bool) -> Timeout
         f"no quorum of ft.min_replicas={ft['min_replicas']} replica group(s) formed within "
         f"{field}={seconds} ({why}): {type(exc).__name__}: {exc}"
     )
+
+
+def write_phase(replica_dir: Path | str, phase: str, step: int) -> None:
+    """Where group rank 0 is (:data:`QUORUM` or :data:`STEP`), for the launcher's hang watch."""
+    text = json.dumps({"phase": phase, "since": round(time.time(), 6), "step": step})
+    atomic_write_text(files.ft_phase(replica_dir), text + "\n")
 
 
 def append_event(replica_dir: Path | str, **event: Any) -> None:
@@ -225,12 +238,16 @@ def _joining_manager(torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: 
             if first and timeout is None:
                 left = self.join_deadline - time.monotonic()
                 timeout = timedelta(seconds=max(left, float(ft["quorum_timeout_s"])))
+            if rank == 0:
+                write_phase(replica_dir, QUORUM, int(self.current_step()))
             try:
                 super().start_quorum(
                     allow_heal=allow_heal, shrink_only=shrink_only, timeout=timeout
                 )
             except TimeoutError as exc:
                 raise no_quorum(ft, exc, first=first) from exc
+            if rank == 0:
+                write_phase(replica_dir, STEP, int(self.current_step()))
             self.joined = True
             if first and rank == 0 and restarted():
                 append_event(

@@ -5,9 +5,10 @@ thread) that runs the ordinary local launch (:func:`.launcher.launch`) of the en
 the replica group's own run directory (``RUN_DIR/replicas/{k}``), with its own rendezvous
 store and groups, and ``launcher.max_restarts = ft.max_replica_restarts``: a rank that dies
 restarts only its replica group, while the others keep stepping with one replica group fewer.
-The launcher starts and supervises torchft's Lighthouse (restarting it when it dies), forwards
-SIGTERM and Ctrl-C to the replica groups, and writes the run's ``result.json`` with an ``ft``
-section (:mod:`..ft_record`) once every replica group has ended.
+The launcher starts and supervises torchft's Lighthouse (restarting it when it dies), tears down
+a replica group that hangs (:mod:`..ft_hang`), forwards SIGTERM and Ctrl-C to the replica groups,
+and writes the run's ``result.json`` with an ``ft`` section (:mod:`..ft_record`) once every
+replica group has ended.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ...rundir.outcome import RunOutcome
 from ...rundir.pids import die_with_parent
 from ...rundir.record import RunRecord, Status
 from ...rundir.resume import resume_hint
+from ..ft_hang import HangWatch
 from ..ft_lighthouse import Lighthouse, LighthouseFailed
 from ..ft_record import compose_ft, last_step
 
@@ -116,8 +118,11 @@ class _Signals:
             signal.signal(s, h)
 
 
-def _supervise(procs: dict[int, Any], lighthouse: Lighthouse | None) -> None:
-    """Wait for every replica group; restart the Lighthouse whenever it dies meanwhile."""
+def _supervise(
+    procs: dict[int, Any], lighthouse: Lighthouse | None, watch: HangWatch | None
+) -> None:
+    """Wait for every replica group; restart the Lighthouse whenever it dies meanwhile, and tear
+    down a group the hang watch finds hung."""
     while any(p.is_alive() for p in procs.values()):
         wait([p.sentinel for p in procs.values() if p.is_alive()], timeout=POLL_S)
         if lighthouse is not None and not lighthouse.alive() and _any_alive(procs):
@@ -125,6 +130,8 @@ def _supervise(procs: dict[int, Any], lighthouse: Lighthouse | None) -> None:
                 lighthouse.restart()
             except LighthouseFailed as exc:
                 logger.error(f"ft: {exc}")
+        if watch is not None:
+            watch.check({k for k, p in procs.items() if p.is_alive()})
 
 
 def _any_alive(procs: dict[int, Any]) -> bool:
@@ -162,7 +169,10 @@ def launch_replicas(plan: LaunchPlan, launch: LaunchFn) -> RunOutcome:
                 target=_replica_main, args=(launch, plan_k, k, address), name=f"wf-replica{k}"
             )
             procs[k].start()
-        _supervise(procs, lighthouse)
+        watch = None
+        if ft.hang_timeout_s is not None:
+            watch = HangWatch(plan.run_dir, ft.replicas, plan.world_size, ft.hang_timeout_s)
+        _supervise(procs, lighthouse, watch)
     finally:
         signals.restore()
         for p in procs.values():
