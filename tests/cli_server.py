@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import array
 import ctypes
-import importlib
 import json
 import os
 import runpy
@@ -47,10 +46,10 @@ def _preload() -> None:
 
     import wf_launch.cli
     import wf_launch.launchers.local.launcher
-    import wf_launch.tasks.train
+    import wf_launch.tasks.train  # noqa: F401
 
-    for name in wf_launch.tasks.train.PRELOAD:  # what a train launch imports before its fork
-        importlib.import_module(name)
+    # Not train's PRELOAD (dynamo, DCP, FSDP): a fresh CLI imports it for task=train only, and a
+    # DDP script's rank forked below it hung 1 launch in 5 in ~ProcessGroupGloo (a thread join).
     if _threads() != expected:
         raise SystemExit(f"the fork server's imports started {_threads() - expected} thread(s)")
 

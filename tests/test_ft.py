@@ -618,6 +618,10 @@ def test_the_hang_watch_kills_a_hung_groups_ranks_once_and_records_why(tmp_path)
         record = {"pid": rank.pid, "host": socket.gethostname(), "start": process_start(rank.pid)}
         files.rank_pid(files.ft_replica_dir(tmp_path, 1), 0).write_text(json.dumps(record))
         os.kill(rank.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while psutil.Process(rank.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         watch.timeout_s = 0.0  # every step is too long, but both phases predate the watch
         watch.started = time.time()
         assert watch.check({0, 1}) == []
