@@ -92,6 +92,10 @@ def _closed_port() -> int:
             "ft.hang_timeout_s=60.0 is not allowed: seconds below ft.quorum_timeout_s=60 (a hung",
         ),
         (["ft.hang_timeout_s=0"], "ft.hang_timeout_s=0.0 is not allowed: expected seconds in"),
+        (
+            ["ft.quorum_timeout_s=5", "ft.hang_timeout_s=5"],
+            "ft.hang_timeout_s=5.0 is not allowed: seconds below ft.quorum_timeout_s=5 (a hung",
+        ),
         (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
         (["launcher=slurm"], "ft='torchft' is not allowed: launcher=slurm does not run replica"),
     ],

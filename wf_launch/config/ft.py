@@ -67,13 +67,25 @@ class FtConfig:
     timeout_s: float = number(10.0, 0, 86400, low_open=True, unit="seconds")
     heartbeat_timeout_s: float = number(2.0, 0, 3600, low_open=True, unit="seconds")
     hang_timeout_s: float | None = number(
-        30.0, 0, 86400, low_open=True, unit="seconds", note="(null: off)", optional=True
+        None,
+        0,
+        86400,
+        low_open=True,
+        unit="seconds",
+        note="(null: half of ft.quorum_timeout_s)",
+        optional=True,
     )
     max_replica_restarts: int = integer(3, low=0)
 
     @property
     def enabled(self) -> bool:
         return self.name != "none"
+
+    @property
+    def hang_after_s(self) -> float:
+        """When the hang watch tears a replica group down: ``ft.hang_timeout_s``, by default half
+        of ``ft.quorum_timeout_s`` (the others must still be waiting for it then)."""
+        return self.hang_timeout_s if self.hang_timeout_s is not None else self.quorum_timeout_s / 2
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any] | None) -> FtConfig:
@@ -109,7 +121,8 @@ class FtConfig:
                 "ft.hang_timeout_s",
                 self.hang_timeout_s,
                 f"seconds below ft.quorum_timeout_s={self.quorum_timeout_s:g} (a hung replica "
-                "group is torn down before the others give up waiting for it), or null (off)",
+                "group is torn down before the others give up waiting for it), or null (half of "
+                "it)",
             )
         if self.lighthouse is not None:
             self._check_lighthouse()

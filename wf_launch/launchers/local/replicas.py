@@ -118,9 +118,7 @@ class _Signals:
             signal.signal(s, h)
 
 
-def _supervise(
-    procs: dict[int, Any], lighthouse: Lighthouse | None, watch: HangWatch | None
-) -> None:
+def _supervise(procs: dict[int, Any], lighthouse: Lighthouse | None, watch: HangWatch) -> None:
     """Wait for every replica group; restart the Lighthouse whenever it dies meanwhile, and tear
     down a group the hang watch finds hung."""
     while any(p.is_alive() for p in procs.values()):
@@ -130,8 +128,7 @@ def _supervise(
                 lighthouse.restart()
             except LighthouseFailed as exc:
                 logger.error(f"ft: {exc}")
-        if watch is not None:
-            watch.check({k for k, p in procs.items() if p.is_alive()})
+        watch.check({k for k, p in procs.items() if p.is_alive()})
 
 
 def _any_alive(procs: dict[int, Any]) -> bool:
@@ -169,9 +166,7 @@ def launch_replicas(plan: LaunchPlan, launch: LaunchFn) -> RunOutcome:
                 target=_replica_main, args=(launch, plan_k, k, address), name=f"wf-replica{k}"
             )
             procs[k].start()
-        watch = None
-        if ft.hang_timeout_s is not None:
-            watch = HangWatch(plan.run_dir, ft.replicas, plan.world_size, ft.hang_timeout_s)
+        watch = HangWatch(plan.run_dir, ft.replicas, plan.world_size, ft.hang_after_s)
         _supervise(procs, lighthouse, watch)
     finally:
         signals.restore()
