@@ -285,6 +285,7 @@ def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
         "ft.min_replicas=2",
         "ft.max_replica_restarts=0",
         "ft.quorum_timeout_s=5",
+        "ft.hang_timeout_s=4.5",  # not a slow step on a loaded host: a group lost for good
     )
     _wait_step(proc, run_dir, 1, 2)
     os.kill(_pids(run_dir, 1, 1)[0], signal.SIGKILL)
@@ -554,6 +555,7 @@ def test_the_ft_drill_plans_a_kill_during_a_heal_after_the_kill_it_follows(capsy
         ({0: ("quorum", 0.0), 1: ("step", 95.0)}, {}),  # 1 stepping, within the timeout
         ({0: ("step", 0.0)}, {}),  # alone (the other restarting): nobody waits for it
         ({0: ("quorum", 0.0), 1: ("step", 0.0), 2: ("step", 0.0)}, {1: [0], 2: [0]}),
+        ({0: ("first", 0.0), 1: ("step", 0.0)}, {}),  # 0 healing: 1 may be timing out on it
     ],
 )
 def test_the_hang_watch_tears_down_a_group_stuck_in_a_step_while_another_goes_on(phases, hung):
@@ -561,7 +563,14 @@ def test_the_hang_watch_tears_down_a_group_stuck_in_a_step_while_another_goes_on
     stop stepping); timeout 10 s, now 100 s."""
     from wf_launch.launchers.ft_hang import Phase, hung_groups
 
-    found = hung_groups({k: Phase(p, t, 3) for k, (p, t) in phases.items()}, 100.0, 10.0)
+    found = hung_groups(
+        {
+            k: Phase("quorum" if p == "first" else p, t, 3, first=p == "first")
+            for k, (p, t) in phases.items()
+        },
+        100.0,
+        10.0,
+    )
     assert found == hung
 
 

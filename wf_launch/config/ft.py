@@ -72,7 +72,7 @@ class FtConfig:
         86400,
         low_open=True,
         unit="seconds",
-        note="(null: half of ft.quorum_timeout_s)",
+        note="(null: ft.quorum_timeout_s less ft.heartbeat_timeout_s and 1 s)",
         optional=True,
     )
     max_replica_restarts: int = integer(3, low=0)
@@ -83,9 +83,13 @@ class FtConfig:
 
     @property
     def hang_after_s(self) -> float:
-        """When the hang watch tears a replica group down: ``ft.hang_timeout_s``, by default half
-        of ``ft.quorum_timeout_s`` (the others must still be waiting for it then)."""
-        return self.hang_timeout_s if self.hang_timeout_s is not None else self.quorum_timeout_s / 2
+        """When the hang watch tears a replica group down: ``ft.hang_timeout_s``; by default just
+        before the groups waiting for it would give up (``ft.quorum_timeout_s``, less the
+        Lighthouse's ``ft.heartbeat_timeout_s`` to drop it and a second), at least half of it."""
+        if self.hang_timeout_s is not None:
+            return self.hang_timeout_s
+        q = self.quorum_timeout_s
+        return max(q / 2, q - self.heartbeat_timeout_s - 1.0)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any] | None) -> FtConfig:
@@ -121,8 +125,8 @@ class FtConfig:
                 "ft.hang_timeout_s",
                 self.hang_timeout_s,
                 f"seconds below ft.quorum_timeout_s={self.quorum_timeout_s:g} (a hung replica "
-                "group is torn down before the others give up waiting for it), or null (half of "
-                "it)",
+                "group is torn down before the others give up waiting for it), or null (just "
+                "before they do)",
             )
         if self.lighthouse is not None:
             self._check_lighthouse()

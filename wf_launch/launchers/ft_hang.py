@@ -40,13 +40,15 @@ class Phase:
     phase: str
     since: float
     step: int
+    first: bool = False
 
 
 def read_phase(replica_dir: Path) -> Phase | None:
     """The group's :class:`Phase` (None before its first quorum, or if unreadable)."""
     try:
         data = json.loads(read_text(files.ft_phase(replica_dir)))
-        return Phase(str(data["phase"]), float(data["since"]), int(data["step"]))
+        first = bool(data.get("first", False))
+        return Phase(str(data["phase"]), float(data["since"]), int(data["step"]), first)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -56,9 +58,14 @@ def hung_groups(phases: Mapping[int, Phase], now: float, timeout_s: float) -> di
 
     ``phases`` holds only the groups of their current attempt (a group restarting has none).
     A group is hung when it has been in one step for ``timeout_s`` while another group waits for
-    a quorum or stepped since; when every group is stuck alike, none is (a long step of all).
+    a quorum or stepped since; when every group is stuck alike, none is (a long step of all). A
+    group waiting for its attempt's first quorum is no evidence: it is joining or healing, and
+    the others may still be in a step whose all-reduce with its dead attempt has to time out.
     """
-    going = {k for k, p in phases.items() if p.phase == QUORUM or now - p.since < timeout_s}
+    waiting = {k for k, p in phases.items() if p.phase == QUORUM and not p.first}
+    going = waiting | {
+        k for k, p in phases.items() if p.phase == STEP and now - p.since < timeout_s
+    }
     return {
         k: sorted(going - {k})
         for k, p in phases.items()

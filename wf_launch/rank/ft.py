@@ -101,9 +101,12 @@ def no_quorum(ft: dict[str, Any], exc: BaseException, *, first: bool) -> Timeout
     )
 
 
-def write_phase(replica_dir: Path | str, phase: str, step: int) -> None:
-    """Where group rank 0 is (:data:`QUORUM` or :data:`STEP`), for the launcher's hang watch."""
-    text = json.dumps({"phase": phase, "since": round(time.time(), 6), "step": step})
+def write_phase(replica_dir: Path | str, phase: str, step: int, first: bool = False) -> None:
+    """Where group rank 0 is (:data:`QUORUM` or :data:`STEP`), for the launcher's hang watch;
+    ``first``: its attempt's first quorum (joining, or healing after a restart)."""
+    text = json.dumps(
+        {"phase": phase, "since": round(time.time(), 6), "step": step, "first": first}
+    )
     atomic_write_text(files.ft_phase(replica_dir), text + "\n")
 
 
@@ -239,7 +242,7 @@ def _joining_manager(torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: 
                 left = self.join_deadline - time.monotonic()
                 timeout = timedelta(seconds=max(left, float(ft["quorum_timeout_s"])))
             if rank == 0:
-                write_phase(replica_dir, QUORUM, int(self.current_step()))
+                write_phase(replica_dir, QUORUM, int(self.current_step()), first=first)
             try:
                 super().start_quorum(
                     allow_heal=allow_heal, shrink_only=shrink_only, timeout=timeout
