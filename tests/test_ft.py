@@ -484,14 +484,32 @@ def test_the_ft_drill_plans_the_kill_it_was_asked_for(capsys):
     assert "ft.max_replica_restarts=1" in out
 
 
+def _ft_drill(
+    directory: Path, overrides: list[str], inject: str
+) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+    """``python -m wf_launch.drill OVERRIDES --inject INJECT --dir DIRECTORY``, which must pass;
+    (the command, its ``drill.json``)."""
+    done = run_python_m(
+        "wf_launch.drill",
+        [*overrides, "--inject", inject, "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=cli_env(),
+        cwd=directory.parent,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads((directory / "drill.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_failure_during_a_heal_restarts_that_group_again_and_the_drill_passes(tmp_path):
     """The ft drill kills a rank of group 1 at step 6, then again while it heals (its load of the
     peer's state sleeps 3 s: ``wf_ft_tasks``). Group 1 restarts twice and heals; group 0 keeps
     its processes, never steps back, and every group ends with the same weights."""
     directory = tmp_path / "drill"
-    done = run_python_m(
-        "wf_launch.drill",
+    done, summary = _ft_drill(
+        directory,
         [
             "task=train_slow_heal",
             "task.modules=[wf_ft_tasks]",
@@ -500,20 +518,9 @@ def test_a_failure_during_a_heal_restarts_that_group_again_and_the_drill_passes(
             "task.steps=30",
             "task.checkpoint_every=4",
             "task.step_sleep_s=0.5",
-            "--inject",
-            "kill9:replica1@6,kill9:replica1@heal",
-            "--dir",
-            str(directory),
         ],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        env=cli_env(),
-        cwd=tmp_path,
+        "kill9:replica1@6,kill9:replica1@heal",
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "while it heals" in done.stdout
-    summary = json.loads((directory / "drill.json").read_text())
     first, second = summary["recoveries"]
     assert (first["replica"], second["replica"]) == (1, 1)
     assert first["rejoined_at_step"] is None  # it died healing
@@ -581,8 +588,8 @@ def test_a_hung_rank_restarts_only_its_group_and_the_drill_passes(tmp_path):
     heartbeats). After ``ft.hang_timeout_s`` the launcher kills group 1's ranks: it restarts and
     heals; group 0 keeps its processes and never steps back; the weights end equal."""
     directory = tmp_path / "drill"
-    done = run_python_m(
-        "wf_launch.drill",
+    done, summary = _ft_drill(
+        directory,
         [
             "task=train",
             "ft=torchft",
@@ -592,20 +599,9 @@ def test_a_hung_rank_restarts_only_its_group_and_the_drill_passes(tmp_path):
             "task.steps=30",
             "task.checkpoint_every=4",
             "task.step_sleep_s=0.5",
-            "--inject",
-            "hang:replica1.rank1@6",
-            "--dir",
-            str(directory),
         ],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        env=cli_env(),
-        cwd=tmp_path,
+        "hang:replica1.rank1@6",
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "SIGSTOP (a hang) rank 1 of replica1" in done.stdout
-    summary = json.loads((directory / "drill.json").read_text())
     (recovery,) = summary["recoveries"]
     assert (recovery["replica"], recovery["rank"], recovery["cause"]) == (1, 1, "hang")
     assert recovery["healed_from"] == 0
