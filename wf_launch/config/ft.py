@@ -72,7 +72,9 @@ class FtConfig:
         86400,
         low_open=True,
         unit="seconds",
-        note="(null: ft.quorum_timeout_s less ft.heartbeat_timeout_s and 1 s)",
+        note=(
+            "(null: ft.quorum_timeout_s less ft.heartbeat_timeout_s and 1 s; at least ft.timeout_s)"
+        ),
         optional=True,
     )
     max_replica_restarts: int = integer(3, low=0)
@@ -85,11 +87,15 @@ class FtConfig:
     def hang_after_s(self) -> float:
         """When the hang watch tears a replica group down: ``ft.hang_timeout_s``; by default just
         before the groups waiting for it would give up (``ft.quorum_timeout_s``, less the
-        Lighthouse's ``ft.heartbeat_timeout_s`` to drop it and a second), at least half of it."""
+        Lighthouse's ``ft.heartbeat_timeout_s`` to drop it and a second), at least half of it.
+        Never before ``ft.timeout_s``: until then a group waiting in a collective for a hung one
+        is in a step as long as the hung one, and could be taken for it."""
         if self.hang_timeout_s is not None:
-            return self.hang_timeout_s
-        q = self.quorum_timeout_s
-        return max(q / 2, q - self.heartbeat_timeout_s - 1.0)
+            chosen = self.hang_timeout_s
+        else:
+            q = self.quorum_timeout_s
+            chosen = max(q / 2, q - self.heartbeat_timeout_s - 1.0)
+        return max(chosen, self.timeout_s)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any] | None) -> FtConfig:

@@ -1,14 +1,16 @@
-"""The hang watch of ``ft=torchft``: a replica group that neither steps nor waits for a quorum for
-``ft.hang_timeout_s``, while another group does, is hung. The launcher kills its ranks; its agent
-restarts it and it heals, as after any failure.
+"""The hang watch of ``ft=torchft``: a replica group with a rank that neither steps nor waits for a
+quorum for ``ft.hang_timeout_s``, while every rank of another group does, is hung. The launcher
+kills its ranks; its agent restarts it and it heals, as after any failure.
 
 Why the launcher must act: a hung group still heartbeats to the Lighthouse (its rank 0's Manager
-answers from a thread of its own), and the Lighthouse forms no quorum of half or fewer of the
-groups that heartbeat (torchft's guard against a split brain). With two groups the survivor waits
-for the hung one until its quorum request times out, and then fails too. Step progress cannot
-tell the two apart (neither steps); where each group's rank 0 is can
-(:func:`wf_launch.rundir.files.ft_phase`): the survivor waits for a quorum, the hung group is
-stuck in a step.
+answers from a thread of its own), and the Lighthouse forms no quorum of half or fewer of the groups
+that heartbeat (torchft's guard against a split brain). With two groups the survivor waits for the
+hung one until its quorum request times out, and then fails too. Step progress cannot tell the two
+apart (neither steps); where each rank is can (:func:`wf_launch.rundir.files.ft_phase`). The hung
+rank stays in its step. The others of its group may wait in a collective for it, or, done with the
+step, for the next quorum (torchft's Manager waits for all its group's ranks). The ranks of a group
+waiting for it wait in a collective too, until it gives up after ``ft.timeout_s``; then they all
+wait for a quorum, and the hung group is the one left with a rank in a step.
 """
 
 from __future__ import annotations
@@ -35,41 +37,64 @@ __all__ = ["HangWatch", "Phase", "hung_groups", "read_phase"]
 
 @dataclass(frozen=True)
 class Phase:
-    """Where a replica group's rank 0 is: waiting for a ``quorum`` or in a ``step``, since when."""
+    """Where a rank is: waiting for a ``quorum`` or in a ``step``, since when."""
 
     phase: str
     since: float
     step: int
     first: bool = False
 
+    def stuck(self, now: float, timeout_s: float) -> bool:
+        """In one step for ``timeout_s`` or more."""
+        return self.phase == STEP and now - self.since >= timeout_s
 
-def read_phase(replica_dir: Path) -> Phase | None:
-    """The group's :class:`Phase` (None before its first quorum, or if unreadable)."""
+    def going(self, now: float, timeout_s: float) -> bool:
+        """Waiting for a quorum after a step, or stepping within ``timeout_s``. A rank waiting for
+        its attempt's first quorum is no evidence: it is joining or healing, and the others may
+        still be in a step whose collective with its dead attempt has to time out."""
+        if self.phase == QUORUM:
+            return not self.first
+        return not self.stuck(now, timeout_s)
+
+
+Group = Mapping[int, Phase]
+"""A replica group's ranks' phases, by group rank (only those of its current attempt)."""
+
+
+def read_phase(replica_dir: Path, rank: int) -> Phase | None:
+    """Rank ``rank``'s :class:`Phase` (None before its first quorum, or if unreadable)."""
     try:
-        data = json.loads(read_text(files.ft_phase(replica_dir)))
+        data = json.loads(read_text(files.ft_phase(replica_dir, rank)))
         first = bool(data.get("first", False))
         return Phase(str(data["phase"]), float(data["since"]), int(data["step"]), first)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def hung_groups(phases: Mapping[int, Phase], now: float, timeout_s: float) -> dict[int, list[int]]:
-    """The hung groups, each with the groups still going meanwhile (waiting or stepping).
+def stuck_ranks(group: Group, now: float, timeout_s: float) -> list[int]:
+    """The group's ranks in one step for ``timeout_s`` or more."""
+    return sorted(r for r, p in group.items() if p.stuck(now, timeout_s))
 
-    ``phases`` holds only the groups of their current attempt (a group restarting has none).
-    A group is hung when it has been in one step for ``timeout_s`` while another group waits for
-    a quorum or stepped since; when every group is stuck alike, none is (a long step of all). A
-    group waiting for its attempt's first quorum is no evidence: it is joining or healing, and
-    the others may still be in a step whose all-reduce with its dead attempt has to time out.
+
+def hung_groups(
+    groups: Mapping[int, Group], now: float, timeout_s: float, ranks: int
+) -> dict[int, list[int]]:
+    """The hung groups (of ``ranks`` ranks each), each with the groups still going meanwhile.
+
+    A group is going when every one of its ranks is (:meth:`Phase.going`); it is hung when one of
+    its ranks is stuck in a step while another group is going. A group with a stuck rank is never
+    going, so the groups waiting for a hung one are not torn down because of it; when every group
+    is stuck (a long step of all), none is hung.
     """
-    waiting = {k for k, p in phases.items() if p.phase == QUORUM and not p.first}
-    going = waiting | {
-        k for k, p in phases.items() if p.phase == STEP and now - p.since < timeout_s
+    going = {
+        k
+        for k, group in groups.items()
+        if len(group) == ranks and all(p.going(now, timeout_s) for p in group.values())
     }
     return {
-        k: sorted(going - {k})
-        for k, p in phases.items()
-        if p.phase == STEP and now - p.since >= timeout_s and going - {k}
+        k: sorted(going)
+        for k, group in groups.items()
+        if going and stuck_ranks(group, now, timeout_s)
     }
 
 
@@ -82,44 +107,48 @@ class HangWatch:
         self.started = time.time()  # a phase written before is an earlier launch's (a resume)
         self.torn_down: dict[int, float] = {}
 
-    def _current(self, k: int) -> Phase | None:
-        """Group ``k``'s phase if it is of its current attempt (this launch, after its last failure
-        or tear-down)."""
+    def _current(self, k: int) -> dict[int, Phase]:
+        """Group ``k``'s ranks' phases of its current attempt (this launch, after its last
+        failure or tear-down)."""
         replica_dir = files.ft_replica_dir(self.run_dir, k)
-        phase = read_phase(replica_dir)
-        if phase is None:
-            return None
         failed = [
             e.get("time", 0.0) for e in read_events(replica_dir) if e.get("event") == "failed"
         ]
         after = max([*failed, self.torn_down.get(k, 0.0), self.started])
-        return phase if phase.since > after else None
+        phases = {r: read_phase(replica_dir, r) for r in range(self.ranks)}
+        return {r: p for r, p in phases.items() if p is not None and p.since > after}
 
     def check(self, alive: set[int]) -> list[int]:
         """Tear down every hung group of ``alive``; the groups torn down."""
-        phases = {k: p for k in sorted(alive) if (p := self._current(k)) is not None}
+        groups = {k: self._current(k) for k in sorted(alive)}
         now = time.time()
-        hung = hung_groups(phases, now, self.timeout_s)
+        hung = hung_groups(groups, now, self.timeout_s, self.ranks)
         for k, going in hung.items():
-            self._tear_down(k, phases[k], going, now)
+            self._tear_down(k, groups[k], going, now)
         return sorted(hung)
 
-    def _tear_down(self, k: int, phase: Phase, going: list[int], now: float) -> None:
+    def _tear_down(self, k: int, group: Group, going: list[int], now: float) -> None:
         replica_dir = files.ft_replica_dir(self.run_dir, k)
-        seconds = round(now - phase.since, 3)
+        stuck = stuck_ranks(group, now, self.timeout_s)
+        since = min(group[r].since for r in stuck)
+        step = min(group[r].step for r in stuck)
+        seconds = round(now - since, 3)
         pids = {r: pid for r in range(self.ranks) if (pid := live_rank_pid(replica_dir, r))}
+        stopped = [r for r, pid in pids.items() if _stopped(pid)]
         append_event(
             replica_dir,
             event="hung",
-            step=phase.step,
+            step=step,
             seconds=seconds,
+            stuck=stuck,
             while_going=going,
-            stopped=[r for r, pid in pids.items() if _stopped(pid)],
+            stopped=stopped,
         )
+        why = f" (stopped: rank(s) {stopped}, by a signal or a debugger)" if stopped else ""
         logger.warning(
-            f"ft: replica group {k} is hung: no step done for {seconds:.0f} s after step "
-            f"{phase.step} (ft.hang_timeout_s={self.timeout_s:g}) while replica group(s) {going} "
-            "went on; killing its ranks: it restarts and heals"
+            f"ft: replica group {k} is hung: rank(s) {stuck} did not end step {step} in "
+            f"{seconds:.0f} s{why} (ft.hang_timeout_s={self.timeout_s:g}) while replica "
+            f"group(s) {going} went on; killing its ranks: it restarts and heals"
         )
         self.torn_down[k] = now
         for pid in pids.values():

@@ -125,12 +125,13 @@ def _recovery(
     hung: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One restart of replica group ``k``: who failed, how, and how it came back (a group the
-    hang watch tore down: the rank it found stopped, if any)."""
+    hang watch tore down: the rank it found stopped, else the first it found stuck in a step)."""
     codes = {int(r): int(c) for r, c in (ev.get("exit_codes") or {}).items()}
     found = culprit(codes)
     rank = -1 if found is None else found
-    if hung is not None and hung.get("stopped"):
-        rank = int(hung["stopped"][0])
+    named = (hung.get("stopped") or hung.get("stuck")) if hung is not None else None
+    if named:
+        rank = int(named[0])
     came = back or {}
     healed = came.get("event") == "healed"
     cause = _cause(codes[rank]) if rank in codes else "unknown"

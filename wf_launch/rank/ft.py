@@ -10,9 +10,10 @@ comes back after a failure heals from a live peer through torchft's checkpoint t
 
 What the run directory records of it (the launcher composes ``result.json``'s ``ft`` section from
 these): each rank's transport address, one line per attempt (``logs/rank{r}.ft_address``), the
-replica's heal events (``ft_events.jsonl``, by its rank 0), and where its rank 0 is in the step
-loop (``ft_phase.json``: the launcher's hang watch reads it). torch and torchft are imported only
-when a session starts (a script in a fresh interpreter must find torch not imported).
+replica's heal events (``ft_events.jsonl``, by its rank 0), and where each rank is in the step
+loop (``ft_phase.rank{r}.json``: the launcher's hang watch reads them). torch and torchft are
+imported only when a session starts (a script in a fresh interpreter must find torch not
+imported).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ quorum's one timeout."""
 JOINED, ENDED = "joined", "ended"
 """What a replica group's :func:`files.ft_joined` mark says."""
 QUORUM, STEP = "quorum", "step"
-"""Where a replica group's rank 0 is (its :func:`files.ft_phase`): waiting for a quorum, or in a
+"""Where a rank of a replica group is (its :func:`files.ft_phase`): waiting for a quorum, or in a
 step."""
 JOIN_POLL_S = 0.05
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -101,13 +102,15 @@ def no_quorum(ft: dict[str, Any], exc: BaseException, *, first: bool) -> Timeout
     )
 
 
-def write_phase(replica_dir: Path | str, phase: str, step: int, first: bool = False) -> None:
-    """Where group rank 0 is (:data:`QUORUM` or :data:`STEP`), for the launcher's hang watch;
-    ``first``: its attempt's first quorum (joining, or healing after a restart)."""
+def write_phase(
+    replica_dir: Path | str, rank: int, phase: str, step: int, first: bool = False
+) -> None:
+    """Where group rank ``rank`` is (:data:`QUORUM` or :data:`STEP`), for the launcher's hang
+    watch; ``first``: its attempt's first quorum (joining, or healing after a restart)."""
     text = json.dumps(
         {"phase": phase, "since": round(time.time(), 6), "step": step, "first": first}
     )
-    atomic_write_text(files.ft_phase(replica_dir), text + "\n")
+    atomic_write_text(files.ft_phase(replica_dir, rank), text + "\n")
 
 
 def append_event(replica_dir: Path | str, **event: Any) -> None:
@@ -117,29 +120,34 @@ def append_event(replica_dir: Path | str, **event: Any) -> None:
         f.write(line)
 
 
-def _recording_transport(timeout: timedelta, replica_dir: Path, group_rank: int, log: Any) -> Any:
-    """torchft's HTTP checkpoint transport, recording where this rank healed from."""
+def _recording_transport(timeout: timedelta, replica_dir: Path, group_rank: int) -> Any:
+    """torchft's HTTP checkpoint transport, recording where this rank heals from."""
     from torchft.checkpointing.http_transport import HTTPTransport
 
     class RecordingTransport(HTTPTransport):  # type: ignore[misc,valid-type]
-        """Records each heal's start and end (source address, step) in the replica's events
-        (group rank 0)."""
+        """Records each heal's start (source address, step) in the replica's events (group rank
+        0) and keeps what it received for :func:`_joining_manager`, which records the heal done
+        once the state is loaded (a group that dies loading it did not heal)."""
+
+        received: dict[str, Any] | None = None
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
             t0 = time.time()
             if group_rank == 0:
                 append_event(replica_dir, event="healing", step=int(step), source=str(metadata))
             state = super().recv_checkpoint(src_rank, metadata, step, timeout)
-            log.warning(f"ft: healed from {metadata} at step {step} in {time.time() - t0:.2f}s")
-            if group_rank == 0:
-                append_event(
-                    replica_dir,
-                    event="healed",
-                    step=int(step),
-                    source=str(metadata),
-                    seconds=round(time.time() - t0, 4),
-                )
+            self.received = {
+                "step": int(step),
+                "source": str(metadata),
+                "since": t0,
+                "transfer_s": round(time.time() - t0, 4),
+            }
             return state
+
+        def take_received(self) -> dict[str, Any] | None:
+            """What the last heal received, once (None if no heal since the last call)."""
+            received, self.received = self.received, None
+            return received
 
         def address(self) -> str:  # where it listens (loopback), not the host's name
             return f"http://{LOOPBACK}:{self._server.socket.getsockname()[1]}/checkpoint/"
@@ -217,14 +225,18 @@ def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
         group.barrier()
 
 
-def _joining_manager(torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: int) -> type:
+def _joining_manager(
+    torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: int, transport: Any, log: Any
+) -> type:
     """torchft's Manager, its first quorum waiting ``ft.join_timeout_s`` for the other groups.
 
     torchft bounds every quorum by one timeout. The first one also waits for the other replica
     groups to start (import torch, join), which takes longer than a step on a loaded host, so a
     short ``ft.quorum_timeout_s`` would fail a healthy run at its start. A quorum that does not
-    form raises :func:`no_quorum`'s error, naming the setting it waited for. A restarted group's
-    rank 0 records its first quorum (``rejoined``): back in the run, healed or not.
+    form raises :func:`no_quorum`'s error, naming the setting it waited for. A quorum that healed
+    this rank returns with the peer's state loaded (``use_async_quorum=False``): its rank 0
+    records the heal done (``healed``). A restarted group's rank 0 records its first quorum
+    (``rejoined``): back in the run, healed or not.
     """
 
     class JoiningManager(torchft.Manager):  # type: ignore[misc,name-defined]
@@ -241,16 +253,16 @@ def _joining_manager(torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: 
             if first and timeout is None:
                 left = self.join_deadline - time.monotonic()
                 timeout = timedelta(seconds=max(left, float(ft["quorum_timeout_s"])))
-            if rank == 0:
-                write_phase(replica_dir, QUORUM, int(self.current_step()), first=first)
+            write_phase(replica_dir, rank, QUORUM, int(self.current_step()), first=first)
             try:
                 super().start_quorum(
                     allow_heal=allow_heal, shrink_only=shrink_only, timeout=timeout
                 )
             except TimeoutError as exc:
                 raise no_quorum(ft, exc, first=first) from exc
-            if rank == 0:
-                write_phase(replica_dir, STEP, int(self.current_step()))
+            write_phase(replica_dir, rank, STEP, int(self.current_step()))
+            if (received := transport.take_received()) is not None:
+                self._healed(received)
             self.joined = True
             if first and rank == 0 and restarted():
                 append_event(
@@ -258,6 +270,22 @@ def _joining_manager(torchft: Any, ft: dict[str, Any], replica_dir: Path, rank: 
                     event="rejoined",
                     step=int(self.current_step()),
                     replica_groups=int(self.num_participants()),
+                )
+
+        def _healed(self, received: dict[str, Any]) -> None:
+            seconds = round(time.time() - received["since"], 4)
+            log.warning(
+                f"ft: healed from {received['source']} at step {received['step']} in "
+                f"{seconds:.2f}s (received in {received['transfer_s']:.2f}s, then loaded)"
+            )
+            if rank == 0:
+                append_event(
+                    replica_dir,
+                    event="healed",
+                    step=received["step"],
+                    source=received["source"],
+                    seconds=seconds,
+                    transfer_s=received["transfer_s"],
                 )
 
     return JoiningManager
@@ -318,10 +346,10 @@ class FtSession:
         timeout = timedelta(seconds=float(ft["timeout_s"]))
         _clear_stale_manager_keys(group, rank)
         with _loopback_servers():
-            self.transport = _recording_transport(timeout, self.run_dir, rank, log)
+            self.transport = _recording_transport(timeout, self.run_dir, rank)
             with open(files.ft_address(self.run_dir, rank), "a") as f:  # one line per attempt
                 f.write(self.transport.metadata() + "\n")
-            self.manager = self._manager(torchft, ft, timeout, rank, world_size)
+            self.manager = self._manager(torchft, ft, timeout, rank, world_size, log)
         log.info(
             f"ft: replica group {self.replica} of {ft['replicas']} joined torchft "
             f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
@@ -332,9 +360,15 @@ class FtSession:
                 wait_for_groups(self.run_dir, ft, self.manager.join_deadline, log)
 
     def _manager(
-        self, torchft: Any, ft: dict[str, Any], timeout: timedelta, rank: int, world_size: int
+        self,
+        torchft: Any,
+        ft: dict[str, Any],
+        timeout: timedelta,
+        rank: int,
+        world_size: int,
+        log: Any,
     ) -> Any:
-        return _joining_manager(torchft, ft, self.run_dir, rank)(
+        return _joining_manager(torchft, ft, self.run_dir, rank, self.transport, log)(
             pg=_loopback_gloo(torchft, timeout),
             load_state_dict=None,
             state_dict=None,

@@ -426,11 +426,11 @@ def ft_joined(replica_dir: Path | str) -> Path:
     return Path(replica_dir) / "ft_joined"
 
 
-def ft_phase(replica_dir: Path | str) -> Path:
-    """Where a replica group's rank 0 is in its step loop: ``quorum`` (waiting for one) or
+def ft_phase(replica_dir: Path | str, rank: int) -> Path:
+    """Where rank ``rank`` of a replica group is in its step loop: ``quorum`` (waiting for one) or
     ``step`` (in a step), since when, at which step; rewritten twice a step. The launcher reads
-    it to tell a hung group from one waiting for it."""
-    return Path(replica_dir) / "ft_phase.json"
+    every rank's to tell a hung group from one waiting for it."""
+    return Path(replica_dir) / f"ft_phase.rank{rank}.json"
 
 
 def ft_address(replica_dir: Path | str, rank: int) -> Path:
