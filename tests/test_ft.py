@@ -582,6 +582,18 @@ def test_the_hang_watch_tears_down_a_group_stuck_in_a_step_while_another_goes_on
     assert hung_groups(phases, 100.0, 10.0, 2) == hung
 
 
+def test_a_rank_stopped_while_every_rank_waits_for_a_quorum_is_hung_but_not_its_peers():
+    """Stopped between writing its quorum phase and asking for the quorum, a rank leaves every
+    rank looking like waiting; its being stopped for the timeout tells its group apart."""
+    from wf_launch.launchers.ft_hang import Phase, hung_groups
+
+    waiting = {r: Phase("quorum", 0.0, 3) for r in range(2)}
+    groups = {0: waiting, 1: waiting}
+    assert hung_groups(groups, 100.0, 10.0, 2) == {}
+    assert hung_groups(groups, 100.0, 10.0, 2, {0: [], 1: [1]}) == {1: [0]}
+    assert hung_groups(groups, 100.0, 10.0, 2, {0: [0], 1: [1]}) == {}  # both: neither
+
+
 def test_the_hang_watch_kills_a_hung_groups_ranks_once_and_records_why(tmp_path):
     """A phase of an earlier launch (a resume) or of a torn-down attempt is not evidence; a stopped
     rank is killed and named."""

@@ -3,9 +3,12 @@ refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,43 @@ def test_oversubscribe_lets_a_large_local_layout_through(tmp_path: Path) -> None
         tmp_path / "run",
     )
     assert proc.returncode == 0, proc.stderr
+
+
+DEAF_SURVIVOR = """
+import json, os, signal, sys, time
+from torch.distributed.launcher.api import LaunchConfig
+from wf_launch.launchers.local.agent import RanksFailed, run_agent
+
+def rank(_):
+    if int(os.environ["LOCAL_RANK"]) == 1:
+        time.sleep(0.5)
+        os._exit(3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a rank blocked in native code
+    time.sleep(300)
+
+config = LaunchConfig(
+    min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="deaf", rdzv_backend="c10d",
+    rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, start_method="fork",
+    local_addr="127.0.0.1",
+)
+t0 = time.monotonic()
+try:
+    run_agent(config, rank, 0, kill_survivors=True)
+except RanksFailed as exc:
+    print(json.dumps({"codes": exc.exit_codes, "seconds": time.monotonic() - t0}))
+"""
+
+
+def test_a_replica_groups_survivors_are_killed_at_once_when_a_rank_fails(tmp_path: Path) -> None:
+    """``kill_survivors`` (an ft replica group's agent): a rank that cannot take SIGTERM (blocked
+    in a gloo collective or torchft's quorum call) is killed at once when its peer fails, not
+    after torch's 30 s grace; only the rank that failed on its own is named."""
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF_SURVIVOR)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["codes"] == {"1": 3}
+    assert out["seconds"] < 20, out  # torch's own shutdown would wait 30 s for rank 0

@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,25 +77,33 @@ def stuck_ranks(group: Group, now: float, timeout_s: float) -> list[int]:
 
 
 def hung_groups(
-    groups: Mapping[int, Group], now: float, timeout_s: float, ranks: int
+    groups: Mapping[int, Group],
+    now: float,
+    timeout_s: float,
+    ranks: int,
+    stopped: Mapping[int, Collection[int]] | None = None,
 ) -> dict[int, list[int]]:
     """The hung groups (of ``ranks`` ranks each), each with the groups still going meanwhile.
 
     A group is going when every one of its ranks is (:meth:`Phase.going`); it is hung when one of
-    its ranks is stuck in a step while another group is going. A group with a stuck rank is never
-    going, so the groups waiting for a hung one are not torn down because of it; when every group
-    is stuck (a long step of all), none is hung.
+    its ranks is stuck in a step, or ``stopped`` (by a signal, for ``timeout_s``, wherever it
+    is), while another group is going. A group with a stuck or stopped rank is never going, so
+    the groups waiting for a hung one are not torn down because of it; when every group is stuck
+    (a long step of all), none is hung.
     """
+    stopped = stopped or {}
+
+    def stuck(k: int) -> bool:
+        return bool(stuck_ranks(groups[k], now, timeout_s) or stopped.get(k))
+
     going = {
         k
         for k, group in groups.items()
-        if len(group) == ranks and all(p.going(now, timeout_s) for p in group.values())
+        if len(group) == ranks
+        and all(p.going(now, timeout_s) for p in group.values())
+        and not stopped.get(k)
     }
-    return {
-        k: sorted(going)
-        for k, group in groups.items()
-        if going and stuck_ranks(group, now, timeout_s)
-    }
+    return {k: sorted(going) for k in groups if going and stuck(k)}
 
 
 class HangWatch:
@@ -106,6 +114,7 @@ class HangWatch:
         self.timeout_s = timeout_s
         self.started = time.time()  # a phase written before is an earlier launch's (a resume)
         self.torn_down: dict[int, float] = {}
+        self.stopped_since: dict[tuple[int, int], tuple[int, float]] = {}
 
     def _current(self, k: int) -> dict[int, Phase]:
         """Group ``k``'s ranks' phases of its current attempt (this launch, after its last
@@ -118,11 +127,30 @@ class HangWatch:
         phases = {r: read_phase(replica_dir, r) for r in range(self.ranks)}
         return {r: p for r, p in phases.items() if p is not None and p.since > after}
 
+    def _stopped_long(self, k: int, now: float) -> list[int]:
+        """Group ``k``'s ranks stopped by a signal (SIGSTOP) for ``timeout_s``: a hang wherever
+        the rank is, even in the instant between writing its quorum phase and asking for the
+        quorum, where every rank would look like waiting. A debugger's stop is not counted."""
+        replica_dir = files.ft_replica_dir(self.run_dir, k)
+        out = []
+        for r in range(self.ranks):
+            pid = live_rank_pid(replica_dir, r)
+            if pid is None or not _stopped(pid, debugger=False):
+                self.stopped_since.pop((k, r), None)
+                continue
+            seen_pid, since = self.stopped_since.setdefault((k, r), (pid, now))
+            if seen_pid != pid:
+                self.stopped_since[(k, r)] = (pid, now)
+            elif now - since >= self.timeout_s:
+                out.append(r)
+        return out
+
     def check(self, alive: set[int]) -> list[int]:
         """Tear down every hung group of ``alive``; the groups torn down."""
         groups = {k: self._current(k) for k in sorted(alive)}
         now = time.time()
-        hung = hung_groups(groups, now, self.timeout_s, self.ranks)
+        stopped = {k: self._stopped_long(k, now) for k in sorted(alive)}
+        hung = hung_groups(groups, now, self.timeout_s, self.ranks, stopped)
         for k, going in hung.items():
             self._tear_down(k, groups[k], going, now)
         return sorted(hung)
@@ -130,11 +158,12 @@ class HangWatch:
     def _tear_down(self, k: int, group: Group, going: list[int], now: float) -> None:
         replica_dir = files.ft_replica_dir(self.run_dir, k)
         stuck = stuck_ranks(group, now, self.timeout_s)
-        since = min(group[r].since for r in stuck)
-        step = min(group[r].step for r in stuck)
-        seconds = round(now - since, 3)
         pids = {r: pid for r in range(self.ranks) if (pid := live_rank_pid(replica_dir, r))}
         stopped = [r for r, pid in pids.items() if _stopped(pid)]
+        named = [group[r] for r in stuck] or [group[r] for r in stopped if r in group]
+        since = min((p.since for p in named), default=now)
+        step = min((p.step for p in named), default=-1)
+        seconds = round(now - since, 3)
         append_event(
             replica_dir,
             event="hung",
@@ -145,22 +174,33 @@ class HangWatch:
             stopped=stopped,
         )
         why = f" (stopped: rank(s) {stopped}, by a signal or a debugger)" if stopped else ""
+        what = (
+            f"rank(s) {stuck} did not end step {step} in {seconds:.0f} s{why}"
+            if stuck
+            else f"rank(s) {stopped} stopped (by a signal) at step {step}"
+        )
         logger.warning(
-            f"ft: replica group {k} is hung: rank(s) {stuck} did not end step {step} in "
-            f"{seconds:.0f} s{why} (ft.hang_timeout_s={self.timeout_s:g}) while replica "
-            f"group(s) {going} went on; killing its ranks: it restarts and heals"
+            f"ft: replica group {k} is hung: {what} (ft.hang_timeout_s={self.timeout_s:g}) while "
+            f"replica group(s) {going} went on; killing its ranks: it restarts and heals"
         )
         self.torn_down[k] = now
-        for pid in pids.values():
+        for r, pid in pids.items():
+            self.stopped_since.pop((k, r), None)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
 
-def _stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP, a debugger): a hang it cannot even report."""
+def _stopped(pid: int, debugger: bool = True) -> bool:
+    """Whether the process is stopped: by a signal (SIGSTOP: a hang it cannot even report), or,
+    with ``debugger``, by a debugger."""
+    states = (
+        (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        if debugger
+        else (psutil.STATUS_STOPPED,)
+    )
     try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        return psutil.Process(pid).status() in states
     except psutil.Error:
         return False

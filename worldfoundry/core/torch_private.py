@@ -23,7 +23,7 @@ import pkgutil
 import signal
 import sys
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ __all__ = [
     "foreach_lerp_",
     "foreach_mul_",
     "hooked_agent_class",
+    "kill_at_once_on_failure",
     "release_finished_workers",
     "set_default_group_timeout",
     "store_server_handler_class",
@@ -297,6 +298,16 @@ def worker_exit_codes(pcontext: Any) -> dict[int, int | None]:
     if hasattr(pcontext, "subprocess_handlers"):
         return {i: h.proc.poll() for i, h in pcontext.subprocess_handlers.items()}
     return {i: p.exitcode for i, p in enumerate(pcontext._pc.processes)}
+
+
+def kill_at_once_on_failure(pcontext: Any) -> None:
+    """Once a function worker fails, kill the others at once: ``ProcessContext.join``'s grace
+    period 0 (torch's check of the workers passes none: SIGTERM, then 30 s before SIGKILL).
+    Command workers (``subprocess_handlers``) are left as they are."""
+    pc = getattr(pcontext, "_pc", None)
+    if pc is None or isinstance(pc.join, partial):
+        return
+    pc.join = partial(pc.join, grace_period=0)
 
 
 def worker_pids(pcontext: Any) -> dict[int, int]:

@@ -37,6 +37,7 @@ from torch.distributed.launcher.api import LaunchConfig
 from worldfoundry.core.distributed.runtime import bound_store
 from worldfoundry.core.torch_private import (
     hooked_agent_class,
+    kill_at_once_on_failure,
     release_finished_workers,
     store_server_handler_class,
     worker_exit_codes,
@@ -163,6 +164,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
     on_start: Callable[[int, dict[int, int]], None] | None = None
     starts: int = 0
     group: WorkerGroup | None = None
+    kill_survivors: bool = False
 
     def start_workers(
         self, worker_group: WorkerGroup, start: Callable[[], dict[int, Any]]
@@ -183,14 +185,24 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             if self.gate is None or self.start_method != "fork":
-                return start()
+                return self._started(start())
             self.gate.arm()
             try:
-                return start()
+                return self._started(start())
             finally:
                 self.gate.release(len(worker_group.workers))
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    def _started(self, workers: dict[int, Any]) -> dict[int, Any]:
+        """With ``kill_survivors`` (a replica group's ranks, which restart whole and heal): once a
+        rank fails, torch kills the others at once. Its default is SIGTERM and up to 30 s before
+        a SIGKILL, and a rank blocked in native code (a gloo collective, torchft's quorum call)
+        runs no Python signal handler until that returns: the group would come back 30 s late,
+        its peers waiting for it meanwhile."""
+        if self.kill_survivors:
+            kill_at_once_on_failure(self.process_context)
+        return workers
 
     def stop_signal(self, death_sig: Any) -> Any:
         """Ctrl-C (SIGINT) stops the ranks the graceful way, as SIGTERM does: through the stop flag,
@@ -336,6 +348,7 @@ def run_agent(
     gate: ForkGate | None = None,
     watch: Any = None,
     on_start: Callable[[int, dict[int, int]], None] | None = None,
+    kill_survivors: bool = False,
 ) -> dict[int, Any]:
     """Start ``entrypoint(*args)`` on every rank of ``config`` and wait; returns rank -> return
     value.
@@ -347,7 +360,9 @@ def run_agent(
     ``watch`` (a :class:`~wf_launch.observe.watch.RankWatch`) is ticked between checks of
     the workers and asked for stacks when one fails. ``on_start(n, exit_codes)`` is called
     before the workers' ``n``-th start (0 first, then once per restart) with the failed
-    ranks' exit codes of the start before it.
+    ranks' exit codes of the start before it. ``kill_survivors``: once a rank fails, SIGKILL the
+    others at once (an ft replica group's, which restarts whole and heals) instead of torch's
+    SIGTERM and up to 30 s.
 
     Raises :class:`RanksFailed` when workers fail, and lets the agent's
     ``SignalException`` through when the launcher itself is signalled (after the
@@ -391,6 +406,7 @@ def run_agent(
     agent.gate = gate
     agent.watch = watch
     agent.on_start = on_start
+    agent.kill_survivors = kill_survivors
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     try:
         result = agent.run()
@@ -400,10 +416,8 @@ def run_agent(
         spec.rdzv_handler.shutdown()
         raise
     finally:
-        for (
-            signum,
-            handler,
-        ) in handlers.items():  # torch's handlers raise; after the ranks, Ctrl-C is ours again
+        # torch's handlers raise; after the ranks, Ctrl-C is ours again
+        for signum, handler in handlers.items():
             signal.signal(signum, handler)
     spec.rdzv_handler.shutdown()
     if result.is_failed():

@@ -384,6 +384,7 @@ def _start_and_wait(
             loopback_only=plan.launcher_config.loopback_only,
             watch=watch,
             on_start=tracker.on_start if on_restart is None else _both(tracker, on_restart),
+            kill_survivors=ft_enabled(plan.config),
         )
     finally:
         monitor.stop()
