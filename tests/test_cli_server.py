@@ -70,3 +70,24 @@ def test_a_forked_command_is_a_real_process_a_test_can_signal(tmp_path: Path) ->
     while quick.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert quick.returncode == 3
+
+
+def test_two_forked_commands_in_one_second_get_their_own_run_directories(tmp_path: Path) -> None:
+    """The default run directory ends in the command's own ``${wf_uid:}``: set when the command
+    starts, not when the module was imported (the server imported it once for every child)."""
+    procs = [
+        python_m(
+            "wf_launch",
+            ["task=noop"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    runs = sorted(p.parent.name for p in (tmp_path / "outputs").glob("*/*/result.json"))
+    assert len(runs) == 2 and len({r.rpartition("-")[2] for r in runs}) == 2, runs

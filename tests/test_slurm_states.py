@@ -70,3 +70,27 @@ def test_without_accounting_squeue_answers_and_sacct_is_not_asked_every_poll(
         assert states.state("11") == "PENDING"
     assert len(_calls(log, "sacct")) == 1
     assert "Bypassing sacct error" not in capfd.readouterr().err
+
+
+def test_a_job_whose_rank_0_died_before_recording_its_attempt_still_records_one(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 writes its attempt's marker once its groups are up; a peer killed at that moment
+    takes the job step (and rank 0) down first. The ranks ran (they recorded where), so the final
+    record has the attempt, closed by the launcher, not an empty ``attempts``."""
+    import json
+    import socket
+
+    from wf_launch.launchers.slurm.poll import JOB_FILE, finalize
+    from wf_launch.rundir import files
+
+    (tmp_path / "logs").mkdir()
+    job = {"job_id": "42", "world_size": 2, "submitted_at": 1.0, "folder": str(tmp_path)}
+    (tmp_path / JOB_FILE).write_text(json.dumps(job))
+    for rank in (0, 1):
+        place = {"pid": 1000 + rank, "host": socket.gethostname(), "start": 1}
+        files.rank_pid(tmp_path, rank).write_text(json.dumps(place))
+    record = finalize(tmp_path, "CANCELLED by 0").record
+    (attempt,) = record.attempts
+    assert (attempt["attempt"], attempt["cause"]) == (0, "launch")
+    assert attempt["ended_by"] == "SLURM CANCELLED by 0"

@@ -37,6 +37,7 @@ from .rundir.record import EXIT_CONFIG
 __all__ = ["config_groups_help", "main", "register_configs"]
 
 _UID = uuid.uuid4().hex[:6]
+"""Six hex digits of this command's run directory (``${wf_uid:}``); renewed by :func:`main`."""
 _STARTED = time.time()
 _RUN_DIRS: list[Path] = []
 """The run directories Hydra made for this command, in order."""
@@ -182,6 +183,7 @@ def main() -> None:
     rank has ended by then, and skipping the interpreter's teardown of torch's C++ state saves
     about a second per launch.
     """
+    _new_command()
     catch_sigint()
     argv = sys.argv[1:]
     code = 0
@@ -203,6 +205,14 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _new_command() -> None:
+    """This command's own run-directory suffix and start time. Set at import, they would be
+    shared by every command of a process forked from one that imported this module (a test
+    harness, a user's launcher): two such commands in one second took the same run directory."""
+    global _UID, _STARTED
+    _UID, _STARTED = uuid.uuid4().hex[:6], time.time()
 
 
 def _hydra_run_dir() -> list[Path]:

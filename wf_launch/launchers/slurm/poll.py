@@ -93,6 +93,9 @@ def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any
     """The final record's job, timings, attempts and placement (the last attempt closed)."""
     world = int(job.get("world_size") or 0)
     last = attempts.count(run_dir) - 1
+    placement = read_placement(run_dir, world)
+    if last < 0 and placement:
+        last = 0  # the ranks ran; rank 0 was killed before it recorded its attempt
     if last >= 0:
         ended = "completed" if state.split()[0] == "COMPLETED" else f"SLURM {state}"
         with contextlib.suppress(OSError):  # a full disk: the run is still recorded
@@ -102,7 +105,7 @@ def _final_info(run_dir: Path, job: dict[str, Any], state: str) -> dict[str, Any
         "slurm": {"job_id": job.get("job_id"), "state": state, "folder": job.get("folder")},
         "timings": {"wall_s": round(time.time() - job.get("submitted_at", time.time()), 4)},
         "attempts": attempts.collect(run_dir),
-        "placement": read_placement(run_dir, world),
+        "placement": placement,
     }
 
 
