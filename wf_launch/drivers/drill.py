@@ -335,8 +335,8 @@ class Drill:
     def _relaunch_after_saved_stop(
         self, run: _Run, log: Path, attempt: int, deadline: float
     ) -> None:
-        """SLURM with ``--resume-with``: once the stop was saved, cancel the (requeued) job, launch
-        at the new layout."""
+        """SLURM with ``--resume-with``: once the stop was saved (the job, launched with
+        ``max_requeues=0``, does not requeue), end the launch and relaunch at the new layout."""
         proc = self._proc
         if not drill_layout.wait_for_saved_stop(run.run_dir, attempt, proc, deadline):
             raise DrillError(
@@ -352,6 +352,10 @@ class Drill:
         extra = [f"launcher={self.backend}"]
         if self.backend == "slurm":
             extra.append("launcher.wait=true")
+            if self.resume_with and "launcher.max_requeues" not in given:
+                # the drill relaunches at the new layout itself; a requeue would race it (and
+                # could finish the run first)
+                extra.append("launcher.max_requeues=0")
         kills = sum(i.kind in RANKED for i in injections)
         if kills and "launcher.max_restarts" not in given:
             extra.append(f"launcher.max_restarts={kills}")

@@ -183,10 +183,10 @@ def wait_for_saved_stop(
     import time
 
     while time.monotonic() < deadline:
-        marker = attempts.read(run_dir, attempt) or {}
-        if marker.get("ended_by"):
+        ended = proc.poll() is not None
+        if (attempts.read(run_dir, attempt) or {}).get("ended_by"):
             return True
-        if proc.poll() is not None:
+        if ended:
             return False
         time.sleep(poll_s)
     return False
