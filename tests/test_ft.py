@@ -100,6 +100,10 @@ def _closed_port() -> int:
         ),
         (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
         (["launcher=slurm"], "ft='torchft' is not allowed: launcher=slurm does not run replica"),
+        (
+            ["launcher=ray", "launcher.address=127.0.0.1:6379", "launcher.wait=false"],
+            "launcher.wait=False is not allowed: true under ft=torchft: the launching command",
+        ),
     ],
 )
 def test_bad_ft_inputs_are_refused_naming_field_value_and_what_is_allowed(

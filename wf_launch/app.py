@@ -100,8 +100,15 @@ def _validate_ft(cfg: dict[str, Any], launcher: Any) -> None:
         raise config_error(
             "ft",
             ft.name,
-            f"launcher={launcher.name} does not run replica groups yet: use launcher=local, "
-            "or ft=none",
+            f"launcher={launcher.name} does not run replica groups yet: use launcher=local "
+            "or launcher=ray, or ft=none",
+        )
+    if not cfg["launcher"].get("wait", True):
+        raise config_error(
+            "launcher.wait",
+            False,
+            "true under ft=torchft: the launching command supervises the Lighthouse and the "
+            "replica groups",
         )
 
 

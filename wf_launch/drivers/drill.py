@@ -783,14 +783,17 @@ def main(argv: list[str] | None = None) -> int:
         return _drill(args, directory, overrides, injections, resume_with, atol)
 
 
+FT_BACKENDS = ("local", "ray")
+
+
 def _ft_drill(args: argparse.Namespace) -> int:
     """``ft=torchft``: kill a rank of one replica group (:mod:`.drill_ft`)."""
     try:
         _check_overrides(args.overrides)
-        if not args.inject or args.backend != "local" or args.resume_with:
+        if not args.inject or args.backend not in FT_BACKENDS or args.resume_with:
             raise DrillError(
                 "ft=torchft: give --inject KIND:replicaK@STEP (e.g. kill9:replica1@8), on "
-                "--backend local, without --random or --resume-with"
+                f"--backend {' or '.join(FT_BACKENDS)}, without --random or --resume-with"
             )
         plan = describe_ft_drill(args.overrides, args.inject)  # bad injections: before any file
         if args.dry_run:
@@ -803,7 +806,9 @@ def _ft_drill(args: argparse.Namespace) -> int:
         return 2
     with held:
         try:
-            return run_ft_drill(args.overrides, args.inject, directory, args.timeout, args.atol)
+            return run_ft_drill(
+                args.overrides, args.inject, directory, args.timeout, args.atol, args.backend
+            )
         except FtDrillError as exc:
             print(f"wf_launch.drill: {exc}", file=sys.stderr)
             return 2

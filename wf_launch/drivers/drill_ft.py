@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from ..launchers.ft_record import read_events, read_steps
+from ..launchers.registry import get_launcher
 from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json
+from ..rundir.pids import live_rank_pid
 from ..rundir.record import RecordError, RunRecord
 from .drill_launch import launch_cli
 
@@ -156,12 +158,33 @@ def _reached(where: Path, inj: FtInjection, since: float) -> bool:
     return max((s for _, s, _ in read_steps(where)), default=0) >= inj.step
 
 
+def _send_here(replica_dir: Path, rank: int, pid: int, signum: int) -> None:
+    os.kill(pid, signum)
+
+
+def _sender(backend: str) -> Any:
+    """How the drill signals a rank: ``os.kill`` when it runs on this host, else through the
+    launcher (Ray: to whichever node runs it)."""
+    if backend == "local":
+        return _send_here
+    launcher = get_launcher(backend)
+
+    def send(replica_dir: Path, rank: int, pid: int, signum: int) -> None:
+        if live_rank_pid(replica_dir, rank) == pid:
+            os.kill(pid, signum)
+        elif not launcher.signal_rank(replica_dir, rank, signum):
+            raise FtDrillError(f"rank {rank} of {replica_dir} could not be reached")
+
+    return send
+
+
 def _inject(
     proc: subprocess.Popen[bytes],
     run_dir: Path,
     inj: FtInjection,
     deadline: float,
     since: float = 0.0,
+    send: Any = _send_here,
 ) -> None:
     """Wait until the replica group reaches the step (or heals after ``since``), then kill -9 the
     rank (or stop it: a hang)."""
@@ -177,7 +200,7 @@ def _inject(
     inj.rank = max(pids) if inj.rank is None else inj.rank
     inj.pid, inj.at = pids[inj.rank], time.time()
     signum, act = ACTS[inj.kind]
-    os.kill(inj.pid, signum)
+    send(where, inj.rank, inj.pid, signum)
     print(
         f"drill: {act} rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) "
         f"{'while it heals' if inj.heal else f'at step {inj.step}'}",
@@ -295,10 +318,17 @@ def describe_ft_drill(overrides: list[str], inject: str) -> str:
 
 
 def run_ft_drill(
-    overrides: list[str], inject: str, directory: Path, timeout: float, atol: float | None
+    overrides: list[str],
+    inject: str,
+    directory: Path,
+    timeout: float,
+    atol: float | None,
+    backend: str = "local",
 ) -> int:
     """Both runs and the verdict; the exit code (0: every check holds, 1: one does not)."""
     injections = parse_ft_injections(inject, _replicas(overrides))
+    overrides = [f"launcher={backend}", *overrides]
+    send = _sender(backend)
     directory.mkdir(parents=True, exist_ok=True)
     ref_dir, int_dir = directory / "reference", directory / "interrupted"
     deadline = time.monotonic() + timeout
@@ -313,7 +343,7 @@ def run_ft_drill(
     try:
         for inj in injections:
             since = max((i.at or 0.0 for i in injections if i.replica == inj.replica), default=0)
-            _inject(proc, int_dir, inj, deadline, since)
+            _inject(proc, int_dir, inj, deadline, since, send)
             for k in range(_replicas(overrides)):
                 if k not in {i.replica for i in injections} and k not in survivors:
                     survivors[k] = (_pids(int_dir, k), {})

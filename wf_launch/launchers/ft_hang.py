@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,9 +109,17 @@ def hung_groups(
 class HangWatch:
     """Polled by the replica groups' supervisor: tears down each group :func:`hung_groups` finds."""
 
-    def __init__(self, run_dir: Path, replicas: int, ranks: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        replicas: int,
+        ranks: int,
+        timeout_s: float,
+        kill: Callable[[Path, dict[int, int]], None] | None = None,
+    ) -> None:
         self.run_dir, self.replicas, self.ranks = Path(run_dir), replicas, ranks
         self.timeout_s = timeout_s
+        self.kill = kill or _kill_here  # (replica dir, rank -> pid of the ranks on this host)
         self.started = time.time()  # a phase written before is an earlier launch's (a resume)
         self.torn_down: dict[int, float] = {}
         self.stopped_since: dict[tuple[int, int], tuple[int, float]] = {}
@@ -184,12 +192,18 @@ class HangWatch:
             f"replica group(s) {going} went on; killing its ranks: it restarts and heals"
         )
         self.torn_down[k] = now
-        for r, pid in pids.items():
+        for r in pids:
             self.stopped_since.pop((k, r), None)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.kill(replica_dir, pids)
+
+
+def _kill_here(replica_dir: Path, pids: dict[int, int]) -> None:
+    """SIGKILL the group's ranks (all on this host: the local launcher's)."""
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _stopped(pid: int, debugger: bool = True) -> bool:

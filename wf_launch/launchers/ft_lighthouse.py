@@ -1,7 +1,8 @@
 """torchft's Lighthouse, run and supervised by the launcher (``ft=torchft ft.lighthouse=null``).
 
 The Lighthouse forms a quorum of the replica groups at every step. It runs in a process of its own
-(this file, run as a script), on loopback, and the launcher restarts it on the same port when it
+(this file, run as a script), on loopback (on Ray: this machine's address in the cluster, where
+the ranks on other nodes reach it), and the launcher restarts it on the same port when it
 dies: the replica groups' Managers keep heartbeating to that address and retry a quorum request that
 failed (:data:`wf_launch.rank.ft.QUORUM_RETRIES` times), so the run goes on. A step in flight is not
 lost: the all-reduce between replica groups does not pass through the Lighthouse; only the next
@@ -35,10 +36,11 @@ class LighthouseFailed(RuntimeError):
 
 
 class Lighthouse:
-    """A Lighthouse process on ``127.0.0.1``: started, checked, restarted on its port, stopped."""
+    """A Lighthouse process on ``host`` (loopback by default): started, checked, restarted on its
+    port, stopped."""
 
-    def __init__(self, ft: Any, log_path: Path) -> None:
-        self.ft, self.log_path = ft, log_path
+    def __init__(self, ft: Any, log_path: Path, host: str = LOOPBACK) -> None:
+        self.ft, self.log_path, self.host = ft, log_path, host
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
         self.restarts: list[float] = []
@@ -46,7 +48,7 @@ class Lighthouse:
     @property
     def address(self) -> str:
         """What the replica groups' Managers connect to (``$TORCHFT_LIGHTHOUSE``)."""
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> Lighthouse:
         """Start the process and wait until it listens (its first line is its port)."""
@@ -54,7 +56,7 @@ class Lighthouse:
         cmd = [
             sys.executable,
             __file__,  # a script of the standard library and torchft's native module: fast
-            f"--bind={LOOPBACK}:{self.port}",
+            f"--bind={self.host}:{self.port}",
             f"--min-replicas={self.ft.min_replicas}",
             f"--heartbeat-timeout-ms={hb_ms}",
             f"--join-timeout-ms={hb_ms}",

@@ -2,10 +2,12 @@
 directories (``RUN_DIR/replicas/{k}``).
 
 - ``recoveries``: one per restart of a replica group: ``replica``, ``rank`` (in its group; also
-  ``global_rank``), ``cause`` (the signal or exit code), ``failed_at_step`` (its last step before
-  the failure), ``rejoined_at_step`` (the step it healed to, or of its first quorum when it came
-  back at the quorum's step and had nothing to heal), ``seconds_to_rejoin`` (failure seen ->
-  back), ``healed_from`` (the replica group that sent the state; null without a heal);
+  ``global_rank``), ``cause`` (the signal or exit code; on Ray, which knows no exit codes,
+  ``died`` for a rank that ended without a record, ``node_died``, or the error's type),
+  ``failed_at_step`` (its last step before the failure), ``rejoined_at_step`` (the step it
+  healed to, or of its first quorum when it came back at the quorum's step and had nothing to
+  heal), ``seconds_to_rejoin`` (failure seen -> back), ``healed_from`` (the replica group
+  that sent the state; null without a heal);
 - ``survivor_restarts``: restarts of replica groups, not by a signal, that followed another
   group's failure within the cross-replica timeout (a cascade; the goal is 0);
 - ``steps_completed``, ``stepped_back`` (a replica group whose steps ever went down) and
@@ -30,6 +32,9 @@ __all__ = ["compose_ft", "ft_status_lines", "last_step", "read_events", "read_st
 CASCADE_WINDOW_S = 5.0
 """Beyond the cross-replica timeout: a failure this soon after another group's counts as its
 consequence."""
+FROM_OUTSIDE = ("died", "node_died")
+"""Ray's causes of a rank killed from outside (a signal, the OOM killer, a lost node): a failure
+of its own, never a cascade."""
 
 
 def read_steps(replica_dir: Path) -> list[tuple[float, int, int | None]]:
@@ -127,14 +132,14 @@ def _recovery(
     """One restart of replica group ``k``: who failed, how, and how it came back (a group the
     hang watch tore down: the rank it found stopped, else the first it found stuck in a step)."""
     codes = {int(r): int(c) for r, c in (ev.get("exit_codes") or {}).items()}
-    found = culprit(codes)
-    rank = -1 if found is None else found
+    found = culprit(codes) if codes else ev.get("rank")  # a launcher without exit codes: Ray
+    rank = -1 if found is None else int(found)
     named = (hung.get("stopped") or hung.get("stuck")) if hung is not None else None
     if named:
         rank = int(named[0])
     came = back or {}
     healed = came.get("event") == "healed"
-    cause = _cause(codes[rank]) if rank in codes else "unknown"
+    cause = _cause(codes[rank]) if rank in codes else str(ev.get("cause") or "unknown")
     return {
         "replica": k,
         "rank": rank,
@@ -164,7 +169,7 @@ def _survivor_restarts(recoveries: list[dict[str, Any]], window_s: float) -> int
     caused by a signal (a rank killed from outside is a failure of its own, not a cascade)."""
     n = 0
     for rec in recoveries:
-        if str(rec.get("cause", "")).startswith("SIG"):
+        if str(rec.get("cause", "")).startswith("SIG") or rec.get("cause") in FROM_OUTSIDE:
             continue
         if any(
             o["replica"] != rec["replica"] and 0 < rec["failed_at"] - o["failed_at"] <= window_s

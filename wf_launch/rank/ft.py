@@ -34,6 +34,7 @@ from ..rundir.io import atomic_write_text, read_text
 
 __all__ = [
     "ENDED",
+    "FT_HOST_ENV",
     "FT_REPLICA_ENV",
     "JOINED",
     "LIGHTHOUSE_ENV",
@@ -43,6 +44,7 @@ __all__ = [
     "STEP",
     "FtSession",
     "append_event",
+    "bind_host",
     "ft_enabled",
     "no_quorum",
     "replica_id",
@@ -55,6 +57,9 @@ FT_REPLICA_ENV = "WF_FT_REPLICA"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's own variable: the Lighthouse's address (``http://HOST:PORT``)."""
 LOOPBACK = "127.0.0.1"
+FT_HOST_ENV = "WF_FT_HOST"
+"""Where a rank's torchft servers listen and what they advertise: loopback unless the launcher
+sets it (on Ray, the rank's node address: replica groups on other nodes reach it there)."""
 TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors")
 RUST_LOG = "RUST_LOG"
 """torchft's Rust side logs every quorum at INFO; the launcher sets ``RUST_LOG=warn`` unless set."""
@@ -75,6 +80,11 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 def restarted() -> bool:
     """Whether this replica group restarted within this launch (after a failure of its own)."""
     return int(os.environ.get(RESTART_COUNT_ENV, "0") or 0) > 0
+
+
+def bind_host() -> str:
+    """Where this rank's torchft servers listen (``$WF_FT_HOST``, else loopback)."""
+    return os.environ.get(FT_HOST_ENV) or LOOPBACK
 
 
 def ft_enabled(config: dict[str, Any]) -> bool:
@@ -149,61 +159,65 @@ def _recording_transport(timeout: timedelta, replica_dir: Path, group_rank: int)
             received, self.received = self.received, None
             return received
 
-        def address(self) -> str:  # where it listens (loopback), not the host's name
-            return f"http://{LOOPBACK}:{self._server.socket.getsockname()[1]}/checkpoint/"
+        def address(self) -> str:  # where it listens, not the host's name
+            return f"http://{bind_host()}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
     return RecordingTransport(timeout=timeout, num_chunks=0)
 
 
 @contextlib.contextmanager
-def _loopback_servers() -> Iterator[None]:
-    """Bind torchft's servers to loopback while they are made.
+def _bound_servers() -> Iterator[None]:
+    """Bind torchft's servers to :func:`bind_host` (loopback unless the launcher says) while they
+    are made.
 
     torchft binds its Manager server and its checkpoint server on every interface (``[::]``)
-    and takes no address to bind (its gloo group's store: :func:`_loopback_gloo`). The replica
-    groups of a local run are all on this host and the addresses they advertise are loopback
-    ones, so serving the quorum and the weights to the network would only expose them: the two
-    constructors get loopback instead.
+    and takes no address to bind (its gloo group's store: :func:`_bound_gloo`). The replica
+    groups of a local run are all on this host, so serving the quorum and the weights to the
+    network would only expose them: the two constructors get loopback instead. On Ray the groups
+    may run on other nodes: the launcher sets the rank's node address, one interface, not all.
     """
     import torchft.manager as manager
     from torchft.checkpointing import http_transport
 
+    host = bind_host()
     real_manager, real_http = manager.ManagerServer, http_transport._IPv6HTTPServer
 
-    def loopback_manager(*args: Any, bind: str, **kwargs: Any) -> Any:
-        return real_manager(*args, bind=f"{LOOPBACK}:{bind.rsplit(':', 1)[-1]}", **kwargs)
+    def bound_manager(*args: Any, bind: str, **kwargs: Any) -> Any:
+        return real_manager(*args, bind=f"{host}:{bind.rsplit(':', 1)[-1]}", **kwargs)
 
-    class LoopbackHTTPServer(real_http):  # type: ignore[misc,valid-type]
+    class BoundHTTPServer(real_http):  # type: ignore[misc,valid-type]
         address_family = socket.AF_INET
 
         def __init__(self, address: Any, handler: Any) -> None:
-            super().__init__((LOOPBACK, address[1]), handler)
+            super().__init__((host, address[1]), handler)
 
-    manager.ManagerServer, http_transport._IPv6HTTPServer = loopback_manager, LoopbackHTTPServer
+    manager.ManagerServer, http_transport._IPv6HTTPServer = bound_manager, BoundHTTPServer
     try:
         yield
     finally:
         manager.ManagerServer, http_transport._IPv6HTTPServer = real_manager, real_http
 
 
-def _loopback_gloo(torchft: Any, timeout: timedelta) -> Any:
-    """torchft's reconfigurable gloo group, its rendezvous store on loopback: torchft's own
-    store binds every interface and advertises the host's name."""
+def _bound_gloo(torchft: Any, timeout: timedelta) -> Any:
+    """torchft's reconfigurable gloo group, its rendezvous store on :func:`bind_host`: torchft's
+    own store binds every interface and advertises the host's name."""
     from worldfoundry.core.distributed.runtime import bound_store  # torch: once a session starts
 
-    class LoopbackGloo(torchft.ProcessGroupGloo):  # type: ignore[misc,name-defined]
+    host = bind_host()
+
+    class BoundGloo(torchft.ProcessGroupGloo):  # type: ignore[misc,name-defined]
         def get_reconfigure_handle(self) -> str:
             if self._rendezvous_store is None:
-                self._rendezvous_store = bound_store(LOOPBACK, 0, timeout)
+                self._rendezvous_store = bound_store(host, 0, timeout)
             return json.dumps(
                 {
                     "id": self._handle_id(),
-                    "store": f"{LOOPBACK}:{self._rendezvous_store.port}",
+                    "store": f"{host}:{self._rendezvous_store.port}",
                     "global_rank": self._global_rank,
                 }
             )
 
-    return LoopbackGloo(timeout=timeout)
+    return BoundGloo(timeout=timeout)
 
 
 def _clear_stale_manager_keys(group: Any, group_rank: int) -> None:
@@ -345,7 +359,7 @@ class FtSession:
         self.run_dir = Path(run_dir)
         timeout = timedelta(seconds=float(ft["timeout_s"]))
         _clear_stale_manager_keys(group, rank)
-        with _loopback_servers():
+        with _bound_servers():
             self.transport = _recording_transport(timeout, self.run_dir, rank)
             with open(files.ft_address(self.run_dir, rank), "a") as f:  # one line per attempt
                 f.write(self.transport.metadata() + "\n")
@@ -369,7 +383,7 @@ class FtSession:
         log: Any,
     ) -> Any:
         return _joining_manager(torchft, ft, self.run_dir, rank, self.transport, log)(
-            pg=_loopback_gloo(torchft, timeout),
+            pg=_bound_gloo(torchft, timeout),
             load_state_dict=None,
             state_dict=None,
             min_replica_size=int(ft["min_replicas"]),
@@ -380,7 +394,7 @@ class FtSession:
             rank=rank,
             world_size=world_size,
             replica_id=f"replica{self.replica}",
-            hostname=LOOPBACK,
+            hostname=bind_host(),
             checkpoint_transport=self.transport,
             init_sync=False,
             quorum_retries=QUORUM_RETRIES,

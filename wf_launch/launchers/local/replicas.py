@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -32,11 +31,15 @@ from ...rundir import files
 from ...rundir.io import atomic_write_text
 from ...rundir.outcome import RunOutcome
 from ...rundir.pids import die_with_parent
-from ...rundir.record import RunRecord, Status
-from ...rundir.resume import resume_hint
 from ..ft_hang import HangWatch
 from ..ft_lighthouse import Lighthouse, LighthouseFailed
-from ..ft_record import compose_ft, last_step
+from ..ft_record import last_step
+from ..ft_replicas import (
+    lighthouse_failed,
+    prepare_replica_dir,
+    record_replicas,
+    start_lighthouse,
+)
 
 if TYPE_CHECKING:
     from ..launch_plan import LaunchPlan
@@ -56,14 +59,7 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
         # the cores are shared by every replica group's ranks, not each group's alone
         ranks = ft.replicas * plan.world_size
         config["launcher"]["threads_per_rank"] = max(1, (os.cpu_count() or 1) // ranks)
-    replica_dir = files.ft_replica_dir(plan.run_dir, k)
-    replica_dir.mkdir(parents=True, exist_ok=True)
-    files.ft_joined(replica_dir).unlink(missing_ok=True)  # a mark of an earlier launch
-    for name, keep in ((files.RUN_ID, True), (files.CONFIG, False)):  # the run's id stays
-        src = plan.run_dir / name
-        if src.exists() and not (keep and (replica_dir / name).exists()):
-            shutil.copyfile(src, replica_dir / name)
-    return replace(plan, config=config, run_dir=replica_dir)
+    return replace(plan, config=config, run_dir=prepare_replica_dir(plan, k))
 
 
 def _replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -> None:
@@ -139,19 +135,10 @@ def launch_replicas(plan: LaunchPlan, launch: LaunchFn) -> RunOutcome:
     """Start the Lighthouse (unless one runs) and every replica group; wait; record the run."""
     ft = FtConfig.from_dict(plan.config["ft"])
     t0 = time.time()
-    lighthouse = None
-    if ft.lighthouse is None:
-        try:
-            lighthouse = Lighthouse(ft, files.ft_lighthouse_log(plan.run_dir)).start()
-        except LighthouseFailed as exc:
-            record = RunRecord.finalize(
-                plan.run_dir,
-                Status.FAILED,
-                **plan.run_info(),
-                failure={"cause": "lighthouse", "message": str(exc)},
-            )
-            return RunOutcome.of(record, plan.run_dir, str(exc))
-    address = lighthouse.address if lighthouse is not None else f"http://{ft.lighthouse}"
+    try:
+        lighthouse, address = start_lighthouse(plan, ft)
+    except LighthouseFailed as exc:
+        return lighthouse_failed(plan, str(exc))
     logger.info(
         f"ft: {ft.replicas} replica group(s) of {plan.layout.describe()}, min_replicas "
         f"{ft.min_replicas}, task={plan.task}, run dir {plan.run_dir}"
@@ -174,40 +161,6 @@ def launch_replicas(plan: LaunchPlan, launch: LaunchFn) -> RunOutcome:
             p.join()
         if lighthouse is not None:
             lighthouse.stop()
-    return _record(plan, ft, procs, lighthouse, signals.name, time.time() - t0)
-
-
-def _record(
-    plan: LaunchPlan,
-    ft: FtConfig,
-    procs: dict[int, Any],
-    lighthouse: Lighthouse | None,
-    signal_name: str | None,
-    wall: float,
-) -> RunOutcome:
-    """The run's ``result.json``: every replica group's ranks and the ``ft`` section."""
     codes = {k: p.exitcode for k, p in procs.items()}
-    section, facts = compose_ft(plan.run_dir, ft, plan.world_size, codes)
-    section["lighthouse_restarts"] = len(lighthouse.restarts) if lighthouse is not None else 0
-    failed = sorted(k for k, c in codes.items() if c != 0)
-    status = Status.OK
-    summary = ""
-    if signal_name is not None:
-        status = Status.INTERRUPTED
-        summary = f"interrupted by {signal_name}: every replica group was stopped"
-        hint = resume_hint(plan.run_dir, plan.overrides, files.ft_replica_dir(plan.run_dir, 0))
-        summary += f"\n  {hint}" if hint else ""
-        facts["failure"] = {"cause": "interrupt", "signal": signal_name, "message": summary}
-    elif failed:
-        status = Status.FAILED
-        summary = facts["failure"]["message"]
-    record = RunRecord.finalize(
-        plan.run_dir,
-        status,
-        signal_name=signal_name,
-        **plan.run_info(),
-        **facts,
-        ft=section,
-        timings={"wall_s": round(wall, 4)},
-    )
-    return RunOutcome.of(record, plan.run_dir, summary)
+    restarts = len(lighthouse.restarts) if lighthouse is not None else 0
+    return record_replicas(plan, ft, codes, restarts, signals.name, time.time() - t0)

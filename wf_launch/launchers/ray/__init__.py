@@ -20,6 +20,7 @@ from ...config.engine import NCCL_BACKENDS
 from ...config.fields import check_fields, config_error, flag, integer, number
 from ...observe.stacks import rank_ranges
 from ..base import WEEK_S, LauncherConfig, LauncherHooks
+from ..ft_record import ft_status_lines
 from ..registry import register_launcher
 from . import state
 from .cluster import parse_address
@@ -190,6 +191,7 @@ class RayLauncher(LauncherHooks):
     name: ClassVar[str] = "ray"
     config_class: ClassVar[type[LauncherConfig]] = RayLauncherConfig
     drill_kinds: ClassVar[tuple[str, ...]] = ("kill9", "nodekill")
+    supports_ft: ClassVar[bool] = True
 
     def validate(self, cfg: RayLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_ray_launcher(cfg, engine, layout.world_size)
@@ -220,7 +222,10 @@ class RayLauncher(LauncherHooks):
         return f"Ray run {info.get('supervisor') or Path(run_dir).name}{on}"
 
     def status_details(self, run_dir: Path) -> list[str]:
-        """Where each node's ranks ran (the current or last attempt)."""
+        """Where each node's ranks ran (the current or last attempt); under ``ft=torchft`` each
+        replica group's step, quorum and recovery."""
+        if (state.read(run_dir) or {}).get("ft_replicas"):
+            return ft_status_lines(Path(run_dir))
         by_node: dict[str, list[int]] = {}
         for rank, p in sorted(state.placement_of(run_dir).items()):
             where = f"node {str(p.get('node'))[:12]} (host {p.get('host')})"

@@ -16,6 +16,7 @@ from typing import Any
 from ...observe.stacks import rank_ranges
 from ...observe.watch import PEERS_GRACE_S, RankWatch, StartupTimeout
 from ...rank.entrypoint import RankSpec
+from ...rank.ft import RESTART_COUNT_ENV, ft_enabled
 from ...rundir import attempts, files
 from ...rundir.record import Status
 from ..interrupt import Stopped
@@ -184,7 +185,12 @@ class Attempt:
         master = (str(self.where[0]["ip"]), int(self.where[0]["port"]))
         local = local_ranks(self.slots)
         cuda = cuda_orders(self.slots, {r: w.get("gpus") or [] for r, w in self.where.items()})
-        forward = {"OMP_NUM_THREADS": str(threads), **opts.forward}
+        # TORCHELASTIC_RESTART_COUNT as torch's agent sets it: the restarts of this launch
+        forward = {
+            "OMP_NUM_THREADS": str(threads),
+            RESTART_COUNT_ENV: str(self.restart),
+            **opts.forward,
+        }
         for s in self.slots:
             env = rank_env(s, self.world, local[s.rank], master, self.number, cuda.get(s.rank))
             ref = self.actors[s.rank].run.remote(spec, {**forward, **env}, list(opts.path))
@@ -246,6 +252,8 @@ class Attempt:
     def failed(self, pending: list[int]) -> Ended:
         """The first failure: the stacks of the ranks still running, late outcomes, the cause."""
         dumps = None
+        if ft_enabled(self.run.plan.config):
+            pending = []  # a replica group's ranks have nothing to save: torn down at once
         if pending:  # peers of a timed-out collective end moments later, with their own records
             self._collect(rt.wait_all(list(self.refs), PEERS_GRACE_S)[0])
             pending = sorted(self.refs.values())

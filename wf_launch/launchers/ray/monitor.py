@@ -25,12 +25,14 @@ from loguru import logger
 
 from ...config.fields import ConfigError
 from ...observe.live import LiveView
+from ...rank.ft import append_event, ft_enabled
 from ...rank.ranklog import FILE_FORMAT
 from ...rundir import attempts, files
 from ...rundir.environment import record_environment
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from ..base import CTRL_C_NOTICE
+from ..ft_record import last_step
 from ..interrupt import Stopped, interrupted, name_ctrl_c, stop_signals
 from . import ray_adapter as rt
 from . import state
@@ -158,6 +160,8 @@ class RayRun:
                 and self._can_restart(ended)
             ):
                 restart += 1
+                if ft_enabled(self.plan.config):
+                    _replica_failed(self.run_dir, restart, ended)
                 logger.warning(
                     f"attempt {att.number} ended ({ended.ended_by or ended.kind}); restarting "
                     f"every rank in a new placement group (restart {restart} of "
@@ -249,6 +253,21 @@ class RayRun:
             message += f"; no restart left (launcher.max_restarts={self.lc.max_restarts})"
         kind = "preempted" if ended.kind == "preempted" else "unknown"
         return {"rank": -1, "cause": kind, "message": message}, ended.ended_by
+
+
+def _replica_failed(run_dir: Path, restart: int, ended: Ended) -> None:
+    """``ft=torchft``: the replica group's failure, in its events (the ``ft`` section's
+    recoveries): Ray knows no exit codes, so the rank and the cause of the verdict."""
+    cause = ended.verdict.cause if ended.verdict is not None else {}
+    what = str(cause.get("cause") or ended.kind)
+    append_event(
+        run_dir,
+        event="failed",
+        attempt=restart,
+        rank=int(cause.get("rank", -1)),
+        cause=what if what in ("died", "node_died", "stuck") else str(cause.get("type") or what),
+        failed_at_step=last_step(run_dir),
+    )
 
 
 NAMESPACE = "wf_launch"

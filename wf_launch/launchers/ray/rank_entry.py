@@ -28,6 +28,7 @@ from typing import Any
 from worldfoundry.core.distributed.env import LAUNCH_PORTS
 
 from ...rank.entrypoint import Preempted, RankSpec, rank_main
+from ...rank.ft import FT_HOST_ENV, FT_REPLICA_ENV
 from ...rank.stackdump import DUMP_SIGNAL
 from ...rundir import files
 from ...rundir.pids import live_rank_pid
@@ -120,6 +121,8 @@ class WfRayRank:
                 f"{spec.run_dir} is not visible on this node (no {files.CONFIG} there)"
             )
         os.environ.update(env)
+        if FT_REPLICA_ENV in env:  # torchft's servers: on this node's address in the cluster
+            os.environ[FT_HOST_ENV] = rt.node_ip()
         sys.path[:0] = [p for p in path if p not in sys.path]
         try:
             rank_main(spec)

@@ -19,6 +19,7 @@ from loguru import logger
 
 from ...config.fields import ConfigError, config_error
 from ...observe.live import LiveView
+from ...rank.ft import ft_enabled
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord, Status
 from ..interrupt import Stopped, say, stop_signals
@@ -28,6 +29,7 @@ from . import state
 from .cluster import Connection, alive_nodes, check_fits, connect
 from .monitor import NAMESPACE, RayRun, RunOptions, forwarded_env, start_supervisor, supervisor_name
 from .poll import live_state
+from .replicas import launch_replicas
 
 START_WAIT_S = 60.0
 """How long the launching command waits for a supervisor to take its run over."""
@@ -40,8 +42,14 @@ def _invalid(plan: LaunchPlan, message: str) -> RunOutcome:
     return RunOutcome.of(record, plan.run_dir, "")
 
 
-def _options(conn: Connection, plan: LaunchPlan | None = None, **extra: Any) -> RunOptions:
-    """The run's options; with ``plan``, those of a run its own supervisor monitors."""
+def _options(
+    conn: Connection,
+    plan: LaunchPlan | None = None,
+    env: dict[str, str] | None = None,
+    **extra: Any,
+) -> RunOptions:
+    """The run's options; with ``plan``, those of a run its own supervisor monitors (``env``: more
+    variables for its ranks)."""
     if plan is not None:
         extra.update(show=False, namespace=NAMESPACE, supervisor=supervisor_name(plan.run_dir))
     forward, path = forwarded_env()
@@ -49,7 +57,7 @@ def _options(conn: Connection, plan: LaunchPlan | None = None, **extra: Any) -> 
         address=conn.address,
         private=conn.instance is not None,
         token_file=str(conn.instance.token_file) if conn.instance else "",  # for this user's tools
-        forward=forward,
+        forward={**forward, **(env or {})},
         path=path,
         **extra,
     )
@@ -68,18 +76,23 @@ def launch(plan: LaunchPlan) -> RunOutcome:
                 "cluster sees (ranks on other nodes write their logs and records there)",
             )
         rt.is_connected()  # imports Ray: RayMissing names the install command
+        replicas = _ft_replicas(plan, batch is not None)
         if batch is not None:
             return batch.add(plan)
-        conn = connect(lc, str(plan.run_dir), plan.world_size)
+        cpus = replicas * plan.world_size * float(lc.cpus_per_rank)
+        conn = connect(lc, str(plan.run_dir), plan.world_size, cpus=cpus)
     except (ConfigError, rt.RayMissing) as exc:
         return _invalid(plan, str(exc))
     # Ctrl-C before any rank started goes on up: the app records it as for every launcher.
     try:
         where = lc.address or "this machine (a private instance)"
         try:
-            check_fits(alive_nodes(), lc, plan.world_size, where)
+            # replica groups side by side: together anywhere, or each on its launcher.nodes
+            check_fits(alive_nodes(), lc, plan.world_size * (1 if lc.nodes else replicas), where)
         except ConfigError as exc:
             return _invalid(plan, str(exc))
+        if replicas > 1:
+            return launch_replicas(plan, lambda p, env: _options(conn, p, env))
         where = "a private Ray instance" if conn.instance else f"the Ray cluster at {conn.address}"
         logger.info(
             f"launching {plan.world_size} rank(s) on {where}: {plan.layout.describe()}, "
@@ -90,6 +103,20 @@ def launch(plan: LaunchPlan) -> RunOutcome:
         return _detach(plan, _options(conn, plan, detached=True))
     finally:
         conn.close()
+
+
+def _ft_replicas(plan: LaunchPlan, in_sweep: bool) -> int:
+    """``ft.replicas`` under ``ft=torchft`` (else 1); ConfigError in a sweep."""
+    if not ft_enabled(plan.config):
+        return 1
+    if in_sweep:
+        raise config_error(
+            "ft",
+            "torchft",
+            "one run at a time on launcher=ray (its replica groups are the points run side by "
+            "side): no -m sweep; or launcher=local",
+        )
+    return int(plan.config["ft"]["replicas"])
 
 
 def _wait_taken_over(run_dirs: list[Path], timeout_s: float = START_WAIT_S) -> list[Path]:
