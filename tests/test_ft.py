@@ -99,7 +99,6 @@ def _closed_port() -> int:
             "ft.hang_timeout_s=5.0 is not allowed: seconds below ft.quorum_timeout_s=5 (a hung",
         ),
         (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
-        (["launcher=slurm"], "ft='torchft' is not allowed: launcher=slurm does not run replica"),
         (
             ["launcher=ray", "launcher.address=127.0.0.1:6379", "launcher.wait=false"],
             "launcher.wait=False is not allowed: true under ft=torchft: the launching command",

@@ -100,8 +100,8 @@ def _validate_ft(cfg: dict[str, Any], launcher: Any) -> None:
         raise config_error(
             "ft",
             ft.name,
-            f"launcher={launcher.name} does not run replica groups yet: use launcher=local "
-            "or launcher=ray, or ft=none",
+            f"launcher={launcher.name} does not run replica groups: use launcher=local, ray "
+            "or slurm, or ft=none",
         )
     if not cfg["launcher"].get("wait", True):
         raise config_error(

@@ -783,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         return _drill(args, directory, overrides, injections, resume_with, atol)
 
 
-FT_BACKENDS = ("local", "ray")
+FT_BACKENDS = ("local", "ray", "slurm")
 
 
 def _ft_drill(args: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ from ..ft_replicas import (
 if TYPE_CHECKING:
     from ..launch_plan import LaunchPlan
 
-__all__ = ["launch_replicas"]
+__all__ = ["launch_replicas", "replica_main"]
 
 LaunchFn = Callable[..., RunOutcome]
 POLL_S = 0.2
@@ -62,8 +62,9 @@ def _replica_plan(plan: LaunchPlan, k: int, ft: FtConfig) -> LaunchPlan:
     return replace(plan, config=config, run_dir=prepare_replica_dir(plan, k))
 
 
-def _replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -> None:
-    """In replica group ``k``'s process: the ordinary local launch, its failures recorded."""
+def replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) -> None:
+    """In replica group ``k``'s process (forked here, or a SLURM job step): the ordinary local
+    launch, its failures recorded; never returns."""
     os.setpgid(0, 0)  # Ctrl-C at the terminal reaches the launcher, which forwards it once
     die_with_parent(signal.SIGTERM)  # the agent then stops its ranks
     os.environ[FT_REPLICA_ENV] = str(k)
@@ -150,7 +151,7 @@ def launch_replicas(plan: LaunchPlan, launch: LaunchFn) -> RunOutcome:
         for k in range(ft.replicas):
             plan_k = _replica_plan(plan, k, ft)
             procs[k] = fork.Process(
-                target=_replica_main, args=(launch, plan_k, k, address), name=f"wf-replica{k}"
+                target=replica_main, args=(launch, plan_k, k, address), name=f"wf-replica{k}"
             )
             procs[k].start()
         watch = HangWatch(plan.run_dir, ft.replicas, plan.world_size, ft.hang_after_s)

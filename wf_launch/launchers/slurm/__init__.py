@@ -27,6 +27,7 @@ from ...rundir.claim import launch_alive
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RunRecord
 from ..base import LauncherConfig, LauncherHooks
+from ..ft_record import ft_status_lines
 from ..registry import register_launcher
 from . import poll
 from .poll import finalize, rank_outcomes, read_job
@@ -177,6 +178,7 @@ class SlurmLauncher(LauncherHooks):
     name: ClassVar[str] = "slurm"
     config_class: ClassVar[type[LauncherConfig]] = SlurmLauncherConfig
     drill_kinds: ClassVar[tuple[str, ...]] = ("usr2",)
+    supports_ft: ClassVar[bool] = True
 
     def validate(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_slurm_launcher(cfg, engine, layout.world_size)
@@ -214,6 +216,9 @@ class SlurmLauncher(LauncherHooks):
         return f"SLURM job {(read_job(run_dir) or {}).get('job_id')}"
 
     def status_details(self, run_dir: Path) -> list[str]:
+        """Each rank's outcome; under ``ft=torchft`` each replica group's step and quorum."""
+        if (read_job(run_dir) or {}).get("ft_replicas"):
+            return ft_status_lines(Path(run_dir))
         return [f"rank {rank}: {text}" for rank, text in rank_outcomes(run_dir).items()]
 
     def run_label(self, run_dir: Path, record: RunRecord | None) -> str:

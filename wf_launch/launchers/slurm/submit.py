@@ -17,6 +17,7 @@ from loguru import logger
 
 from ...config.fields import config_error
 from ...rank.entrypoint import RankSpec
+from ...rank.ft import ft_enabled
 from ...rundir import attempts
 from ...rundir.claim import make_private
 from ...rundir.environment import record_environment
@@ -26,6 +27,7 @@ from ...rundir.record import RecordError, RunRecord, Status
 from ..interrupt import say
 from ..launch_plan import LaunchPlan
 from ..snapshot import SnapshotError, code_dir, job_setup, project_root, take_for
+from .ft import SlurmFtSupervisor
 from .poll import JOB_FILE
 from .rank_entry import SlurmRank, SlurmRequeue, SlurmStackDump
 from .submitit_adapter import convert_mem, make_sbatch_string, slurm_executor, submit_command
@@ -109,12 +111,26 @@ def describe(plan: LaunchPlan) -> str:
     )
 
 
-def _executor(plan: LaunchPlan, shared: Path | None = None) -> Any:
-    """submitit's executor, its folder owner-only first (submitit runs the pickles there)."""
+def _executor(
+    plan: LaunchPlan, shared: Path | None = None, requeues: int | None = None, **params: Any
+) -> Any:
+    """submitit's executor, its folder owner-only first (submitit runs the pickles there);
+    ``params`` replace sbatch parameters of the plan's."""
     folder = submitit_folder(plan, shared)
     make_private(folder)
     lc = plan.launcher_config
-    return slurm_executor(folder, lc.max_requeues, **sbatch_parameters(plan, shared))
+    requeues = lc.max_requeues if requeues is None else requeues
+    return slurm_executor(folder, requeues, **{**sbatch_parameters(plan, shared), **params})
+
+
+def _snapshot(plan: LaunchPlan) -> tuple[Any, RunOutcome | None]:
+    """The run's code snapshot (``launcher.snapshot``), or the outcome of a refused one."""
+    try:
+        return take_for(plan.launcher_config, plan.run_dir), None
+    except SnapshotError as exc:
+        _refused(plan, exc)
+        record = RunRecord.read(plan.run_dir)
+        return None, RunOutcome.of(record, plan.run_dir, "")  # type: ignore[arg-type]
 
 
 def _plan_info(plan: LaunchPlan) -> dict[str, Any]:
@@ -136,7 +152,9 @@ def _refused(plan: LaunchPlan, exc: Exception) -> str:
     return message
 
 
-def _record_job(plan: LaunchPlan, job_id: str, folder: Path, at: float, snapshot: Any) -> None:
+def _record_job(
+    plan: LaunchPlan, job_id: str, folder: Path, at: float, snapshot: Any, **extra: Any
+) -> None:
     """The run's ``slurm_job.json``: its job, and what the final record will hold."""
     lc = plan.launcher_config
     record = {
@@ -149,6 +167,7 @@ def _record_job(plan: LaunchPlan, job_id: str, folder: Path, at: float, snapshot
         "world_size": plan.world_size,
         "info": _plan_info(plan),
         "status_command": f"python -m wf_launch.status {plan.run_dir}",
+        **extra,
     }
     atomic_write_json(plan.run_dir / JOB_FILE, record)
 
@@ -257,9 +276,47 @@ def _not_submitted(run_dir: Path, why: str) -> RunOutcome:
     return RunOutcome(record.status if record is not None else Status.FAILED, run_dir, why)
 
 
+def launch_ft(plan: LaunchPlan) -> RunOutcome:
+    """``ft=torchft``: one job holding every replica group, its first task their supervisor
+    (:mod:`.ft`); wait for it."""
+    lc = plan.launcher_config
+    if current_batch() is not None:
+        message = str(
+            config_error(
+                "ft",
+                "torchft",
+                "one run at a time on launcher=slurm (its replica groups are job steps of one "
+                "job): no -m sweep; or launcher=local",
+            )
+        )
+        say(f"config error: {message}")
+        failure = {"cause": "invalid_config", "message": message}
+        record = RunRecord.finalize(
+            plan.run_dir, Status.INVALID, **_plan_info(plan), failure=failure
+        )
+        return RunOutcome.of(record, plan.run_dir, "")
+    replicas = int(plan.config["ft"]["replicas"])
+    snapshot, refused = _snapshot(plan)
+    if refused is not None:
+        return refused
+    per_node = -(-replicas // lc.nodes)  # replica groups on the busiest node
+    cpus = lc.cpus_per_task * plan.world_size * per_node
+    ex = _executor(plan, requeues=0, ntasks_per_node=1, cpus_per_task=cpus)
+    launch_time = time.time()
+    job = ex.submit(SlurmFtSupervisor(plan))
+    _record_job(plan, job.job_id, ex.folder, launch_time, snapshot, ft_replicas=replicas)
+    logger.info(
+        f"submitted SLURM job {job.job_id}: {replicas} replica group(s) of {plan.world_size} "
+        f"rank(s), one job step each, task={plan.task}, run dir {plan.run_dir}"
+    )
+    return wait_all([plan.run_dir], lc.poll_interval_s)[0]
+
+
 def launch(plan: LaunchPlan) -> RunOutcome:
     """Submit the run (or prepare it into the current batch); wait for it unless told not to."""
     lc = plan.launcher_config
+    if ft_enabled(plan.config):
+        return launch_ft(plan)
     launch_time = time.time()
     fn = SlurmRank(
         RankSpec(
@@ -282,11 +339,9 @@ def launch(plan: LaunchPlan) -> RunOutcome:
     if batch is not None:
         batch.add(Pending(plan, fn))
         return RunOutcome(Status.SUBMITTED, plan.run_dir)
-    try:
-        snapshot = take_for(lc, plan.run_dir)
-    except SnapshotError as exc:
-        _refused(plan, exc)
-        return RunOutcome.of(RunRecord.read(plan.run_dir), plan.run_dir, "")  # type: ignore[arg-type]
+    snapshot, refused = _snapshot(plan)
+    if refused is not None:
+        return refused
     ex = _executor(plan)
     job = ex.submit(fn)
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot)
