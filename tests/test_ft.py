@@ -100,6 +100,10 @@ def _closed_port() -> int:
         ),
         (["task=demo"], "ft='torchft' is not allowed: task 'demo' does not step through"),
         (
+            ["launcher=slurm", "launcher.tasks_per_node=2"],
+            "launcher.tasks_per_node=2 is not allowed: null under ft=torchft",
+        ),
+        (
             ["launcher=ray", "launcher.address=127.0.0.1:6379", "launcher.wait=false"],
             "launcher.wait=False is not allowed: true under ft=torchft: the launching command",
         ),
@@ -136,6 +140,25 @@ def test_the_cli_refuses_bad_ft_with_exit_2_before_anything_starts(tmp_path):
     assert "ft.replicas=1 is not allowed" in proc.stderr
     assert not (run_dir / "replicas").exists()
     assert not (run_dir / "lighthouse.log").exists()
+
+
+@pytest.mark.parametrize(
+    ("launcher", "each", "shape"),
+    [
+        ("local", "each group its own agent, store and groups", "rendezvous"),
+        ("ray", "each group its own placement group", "placement"),
+        ("slurm", "each group a job step of one job", "#SBATCH --cpus-per-task=4"),
+    ],
+)
+def test_the_dry_run_of_every_launcher_shows_the_replica_groups(tmp_path, launcher, each, shape):
+    """SLURM under ft: one task per node; its CPUs hold the node's groups (2 x 2 ranks here)."""
+    overrides = ["task=train", "ft=torchft", "engine.dp_size=2", f"launcher={launcher}"]
+    proc = run_cli([*overrides, "launcher.dry_run=true"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    assert "torchft: 2 replica groups x 2 rank(s) = 4 ranks" in proc.stdout, proc.stdout
+    assert each in proc.stdout and shape in proc.stdout
+    if launcher == "slurm":
+        assert "#SBATCH --ntasks-per-node=1" in proc.stdout
 
 
 # ---------------------------------------------------------------------------- real runs

@@ -25,6 +25,7 @@ from .launchers.launch_plan import LaunchPlan
 from .observe.console import setup_launcher_logging
 from .observe.interrupt import interrupted, raise_if_interrupted
 from .observe.live import final_line
+from .rank.ft import ft_enabled
 from .rank.task_registry import get_task, task_config_class, task_supports_ft
 from .rundir import claim as rundir_claim
 from .rundir import files
@@ -65,7 +66,10 @@ def validate_run_config(cfg: dict[str, Any]) -> Layout:
     launcher = get_launcher(str(launcher_section.get("name")))
     launcher_cfg = launcher.config_class.build(launcher_section)
     launcher_cfg.validate(layout.world_size)
-    launcher.validate(launcher_cfg, layout, engine)
+    if ft_enabled(cfg) and hasattr(launcher, "validate_ft"):
+        launcher.validate_ft(launcher_cfg, layout, engine)  # its ranks are not one world
+    else:
+        launcher.validate(launcher_cfg, layout, engine)
     task = cfg.get("task") or {}
     if not isinstance(task.get("name"), str) or not task["name"]:
         raise config_error(

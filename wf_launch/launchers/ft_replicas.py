@@ -23,7 +23,13 @@ from .ft_record import compose_ft
 if TYPE_CHECKING:
     from .launch_plan import LaunchPlan
 
-__all__ = ["lighthouse_failed", "prepare_replica_dir", "record_replicas", "start_lighthouse"]
+__all__ = [
+    "describe_ft",
+    "lighthouse_failed",
+    "prepare_replica_dir",
+    "record_replicas",
+    "start_lighthouse",
+]
 
 
 def prepare_replica_dir(plan: LaunchPlan, k: int) -> Path:
@@ -37,6 +43,26 @@ def prepare_replica_dir(plan: LaunchPlan, k: int) -> Path:
         if src.exists() and not (keep and (replica_dir / name).exists()):
             shutil.copyfile(src, replica_dir / name)
     return replica_dir
+
+
+def describe_ft(plan: LaunchPlan, each: str, lighthouse_host: str) -> list[str]:
+    """The dry run's lines under ``ft=torchft``: the replica groups (``each``: what each group
+    is on this launcher), their restarts and the Lighthouse."""
+    if not plan.config.get("ft") or plan.config["ft"].get("name", "none") == "none":
+        return []
+    ft = plan.config["ft"]
+    n = int(ft["replicas"])
+    where = ft["lighthouse"] or (
+        f"started by the launcher on {lighthouse_host} (restarted if it dies)"
+    )
+    return [
+        f"ft            torchft: {n} replica groups x {plan.world_size} rank(s) = "
+        f"{n * plan.world_size} ranks, min_replicas {ft['min_replicas']}; each group {each} "
+        f"in {files.ft_replica_dir(plan.run_dir, 0).parent}/{{0..{n - 1}}}",
+        f"              max_replica_restarts {ft['max_replica_restarts']} (per group; the "
+        "others keep stepping); launcher.max_restarts is not used",
+        f"lighthouse    {where}",
+    ]
 
 
 def start_lighthouse(

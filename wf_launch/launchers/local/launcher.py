@@ -52,6 +52,7 @@ from ...rundir.record import RunRecord, Status
 from ...rundir.space import disk_full, full_disk_error
 from ..base import LauncherConfig, LauncherHooks
 from ..ft_record import ft_status_lines
+from ..ft_replicas import describe_ft
 from ..interrupt import interrupted, name_ctrl_c
 from ..registry import register_launcher
 from .rank_entry import local_rank_entry
@@ -169,26 +170,9 @@ def describe(plan: LaunchPlan) -> str:
             f"max restarts  {lc.max_restarts}",
             f"run dir       {plan.run_dir}",
             f"rank logs     {files.rank_log(plan.run_dir, 0).parent}/rank{{0..{nproc - 1}}}.log",
-            *_describe_ft(plan),
+            *describe_ft(plan, "its own agent, store and groups", "127.0.0.1"),
         ]
     )
-
-
-def _describe_ft(plan: LaunchPlan) -> list[str]:
-    """Under ``ft=torchft``: the replica groups, their restarts and the Lighthouse."""
-    if not ft_enabled(plan.config):
-        return []
-    ft = plan.config["ft"]
-    n = int(ft["replicas"])
-    where = ft["lighthouse"] or "started by the launcher on 127.0.0.1 (restarted if it dies)"
-    return [
-        f"ft            torchft: {n} replica groups x {plan.world_size} rank(s) = "
-        f"{n * plan.world_size} ranks, min_replicas {ft['min_replicas']}; each group its own "
-        f"agent, store and groups in {files.ft_replica_dir(plan.run_dir, 0).parent}/{{0..{n - 1}}}",
-        f"              max_replica_restarts {ft['max_replica_restarts']} (per group; the "
-        "others keep stepping); launcher.max_restarts is not used",
-        f"lighthouse    {where}",
-    ]
 
 
 class _ToLoguru(logging.Handler):

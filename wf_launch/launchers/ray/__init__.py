@@ -21,6 +21,7 @@ from ...config.fields import check_fields, config_error, flag, integer, number
 from ...observe.stacks import rank_ranges
 from ..base import WEEK_S, LauncherConfig, LauncherHooks
 from ..ft_record import ft_status_lines
+from ..ft_replicas import describe_ft
 from ..registry import register_launcher
 from . import state
 from .cluster import parse_address
@@ -180,6 +181,7 @@ def describe(plan: LaunchPlan) -> str:
             f"placement timeout {lc.placement_timeout_s:g} s; max restarts {lc.max_restarts}; "
             f"wait {lc.wait}",
             f"run dir       {plan.run_dir} (every node must see it)",
+            *describe_ft(plan, "its own placement group", "this machine's address in the cluster"),
         ]
     )
 

@@ -102,9 +102,11 @@ OWNED_SRUN_OPTIONS = tuple(
 ends the step"."""
 
 
-def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int) -> None:
+def validate_slurm_launcher(
+    lc: SlurmLauncherConfig, engine: EngineConfig, world_size: int, ft: bool = False
+) -> None:
     """SLURM launcher values (each a single line: a newline would end the ``#SBATCH`` block),
-    and that one SLURM task per rank covers the layout exactly."""
+    and that one SLURM task per rank covers the layout exactly (``ft``: one task per node)."""
     check_fields(lc, "launcher")
     if lc.signal_delay_s >= lc.time_min * 60:
         raise config_error(
@@ -114,6 +116,14 @@ def validate_slurm_launcher(lc: SlurmLauncherConfig, engine: EngineConfig, world
         )
     _validate_script_lines(lc)
     _validate_folder(lc.folder)
+    if ft:  # one task per node, the replica groups job steps of their own
+        if lc.tasks_per_node is not None:
+            raise config_error(
+                "launcher.tasks_per_node",
+                lc.tasks_per_node,
+                "null under ft=torchft: each replica group is a job step on one node",
+            )
+        return
     tpn = slurm_tasks_per_node(lc, world_size)
     if lc.nodes * tpn != world_size:
         raise config_error(
@@ -182,6 +192,10 @@ class SlurmLauncher(LauncherHooks):
 
     def validate(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
         validate_slurm_launcher(cfg, engine, layout.world_size)
+
+    def validate_ft(self, cfg: SlurmLauncherConfig, layout: Layout, engine: EngineConfig) -> None:
+        """Under ``ft=torchft``: one task per node, not one per rank."""
+        validate_slurm_launcher(cfg, engine, layout.world_size, ft=True)
 
     describe = staticmethod(describe)
     launch = staticmethod(launch)

@@ -24,6 +24,7 @@ from ...rundir.environment import record_environment
 from ...rundir.io import atomic_write_json
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord, Status
+from ..ft_replicas import describe_ft
 from ..interrupt import say
 from ..launch_plan import LaunchPlan
 from ..snapshot import SnapshotError, code_dir, job_setup, project_root, take_for
@@ -58,11 +59,15 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
     """The submitit SlurmExecutor parameters (sbatch names) for this plan."""
     lc = plan.launcher_config
     extra = {k: True if v == "" else v for k, v in dict(lc.sbatch_extra or {}).items()}
+    ft_groups = 0  # under ft: the replica groups on the busiest node
+    if ft_enabled(plan.config):
+        ft_groups = -(-int(plan.config["ft"]["replicas"]) // int(lc.nodes))
     params: dict[str, Any] = {
         "job_name": lc.job_name,
         "nodes": lc.nodes,
-        "ntasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
-        "cpus_per_task": lc.cpus_per_task,
+        "ntasks_per_node": 1 if ft_groups else slurm_tasks_per_node(lc, plan.world_size),
+        # under ft one task per node (the first supervises): the CPUs of its node's groups
+        "cpus_per_task": lc.cpus_per_task * plan.world_size * ft_groups or lc.cpus_per_task,
         "time": lc.time_min,
         "signal_delay_s": lc.signal_delay_s,
         "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
@@ -91,12 +96,15 @@ def sbatch_script(plan: LaunchPlan, shared: Path | None = None, array: int | Non
 def describe(plan: LaunchPlan) -> str:
     """The submission as text, then the sbatch script (``launcher.dry_run``)."""
     lc = plan.launcher_config
-    tpn = slurm_tasks_per_node(lc, plan.world_size)
     code = code_dir(lc, plan.run_dir)
+    if ft_enabled(plan.config):
+        tasks = f"{lc.nodes} node(s) x 1 task (the first supervises the replica groups)"
+    else:
+        tpn = slurm_tasks_per_node(lc, plan.world_size)
+        tasks = f"{lc.nodes} node(s) x {tpn} task(s) = {plan.world_size} rank(s)"
     return "\n".join(
         [
-            f"launcher      slurm (submitit), {lc.nodes} node(s) x {tpn} task(s) = "
-            f"{plan.world_size} rank(s)",
+            f"launcher      slurm (submitit), {tasks}",
             f"task          {plan.task}",
             f"time limit    {lc.time_min} min; USR2 {lc.signal_delay_s} s before it "
             f"(on_preempt hooks, up to {lc.max_requeues} requeue(s))",
@@ -104,6 +112,11 @@ def describe(plan: LaunchPlan) -> str:
             f"run dir       {plan.run_dir}",
             f"submitit      {submitit_folder(plan)}",
             f"code          {code or 'the checkout / installed package (no snapshot)'}",
+            *describe_ft(
+                plan,
+                "a job step of one job (its first task supervises them)",
+                "the first node's address",
+            ),
             "",
             "sbatch script:",
             sbatch_script(plan),
@@ -299,9 +312,7 @@ def launch_ft(plan: LaunchPlan) -> RunOutcome:
     snapshot, refused = _snapshot(plan)
     if refused is not None:
         return refused
-    per_node = -(-replicas // lc.nodes)  # replica groups on the busiest node
-    cpus = lc.cpus_per_task * plan.world_size * per_node
-    ex = _executor(plan, requeues=0, ntasks_per_node=1, cpus_per_task=cpus)
+    ex = _executor(plan, requeues=0)  # a stop ends the run interrupted: resume it
     launch_time = time.time()
     job = ex.submit(SlurmFtSupervisor(plan))
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot, ft_replicas=replicas)
