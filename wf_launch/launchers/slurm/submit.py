@@ -50,6 +50,14 @@ def slurm_tasks_per_node(launcher: Any, world_size: int) -> int:
     return world_size // nodes
 
 
+def _tasks_per_node(plan: LaunchPlan) -> int:
+    """One per rank (``launcher.tasks_per_node``, or world size / nodes); one under ft (the
+    replica groups are job steps of their own)."""
+    if ft_enabled(plan.config):
+        return 1
+    return slurm_tasks_per_node(plan.launcher_config, plan.world_size)
+
+
 def submitit_folder(plan: LaunchPlan, shared: Path | None = None) -> Path:
     """submitit's folder: in the run directory, or ``shared`` (a sweep's job arrays)."""
     return ((shared or plan.run_dir) / plan.launcher_config.folder).absolute()
@@ -65,7 +73,7 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
     params: dict[str, Any] = {
         "job_name": lc.job_name,
         "nodes": lc.nodes,
-        "ntasks_per_node": 1 if ft_groups else slurm_tasks_per_node(lc, plan.world_size),
+        "ntasks_per_node": _tasks_per_node(plan),
         # under ft one task per node (the first supervises): the CPUs of its node's groups
         "cpus_per_task": lc.cpus_per_task * plan.world_size * ft_groups or lc.cpus_per_task,
         "time": lc.time_min,
@@ -176,7 +184,7 @@ def _record_job(
         "submitted_at": at,
         "snapshot": snapshot,
         "nodes": lc.nodes,
-        "tasks_per_node": slurm_tasks_per_node(lc, plan.world_size),
+        "tasks_per_node": _tasks_per_node(plan),
         "world_size": plan.world_size,
         "info": _plan_info(plan),
         "status_command": f"python -m wf_launch.status {plan.run_dir}",
