@@ -32,7 +32,7 @@ from ..rundir.io import read_text
 from ..rundir.pids import live_rank_pid
 from .ft_record import read_events
 
-__all__ = ["HangWatch", "Phase", "hung_groups", "read_phase"]
+__all__ = ["HangWatch", "Phase", "hung_groups", "kill_here", "read_phase"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class HangWatch:
     ) -> None:
         self.run_dir, self.replicas, self.ranks = Path(run_dir), replicas, ranks
         self.timeout_s = timeout_s
-        self.kill = kill or _kill_here  # (replica dir, rank -> pid of the ranks on this host)
+        self.kill = kill or kill_here  # (replica dir, rank -> pid of the ranks on this host)
         self.started = time.time()  # a phase written before is an earlier launch's (a resume)
         self.torn_down: dict[int, float] = {}
         self.stopped_since: dict[tuple[int, int], tuple[int, float]] = {}
@@ -197,7 +197,7 @@ class HangWatch:
         self.kill(replica_dir, pids)
 
 
-def _kill_here(replica_dir: Path, pids: dict[int, int]) -> None:
+def kill_here(replica_dir: Path, pids: dict[int, int]) -> None:
     """SIGKILL the group's ranks (all on this host: the local launcher's)."""
     for pid in pids.values():
         try:

@@ -36,7 +36,7 @@ from ...rank.ft import FT_HOST_ENV, append_event
 from ...rundir import files
 from ...rundir.io import atomic_write_json, read_json
 from ...rundir.record import RecordError, RunRecord
-from ..ft_hang import HangWatch
+from ..ft_hang import HangWatch, kill_here
 from ..ft_lighthouse import Lighthouse, LighthouseFailed
 from ..ft_record import last_step
 from ..ft_replicas import lighthouse_failed, prepare_replica_dir, record_replicas, start_lighthouse
@@ -237,11 +237,7 @@ def _job() -> dict[str, Any]:
 def _kill_group(replica_dir: Path, pids: dict[int, int]) -> None:
     """The hang watch's tear-down: the group's ranks on this host by pid (its agent restarts
     them), else its whole job step (started again in place)."""
-    for pid in pids.values():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_here(replica_dir, pids)
     step = read_json(replica_dir / STEP_FILE) or {}
     if not pids and step.get("step"):
         subprocess.run(
