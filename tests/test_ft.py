@@ -535,6 +535,9 @@ def test_sigterm_saves_every_group_and_a_resume_ends_with_equal_weights(tmp_path
         ("kill9@8", "expected KIND:replicaK@STEP"),
         ("kill9:replica1@heal", "list a kill of replica1 at a step before it"),
         ("kill9:replica0@4,kill9:replica1@heal", "list a kill of replica1 at a step before it"),
+        ("nodekill:replica1@8", "nodekill is not drilled under ft=torchft on this launcher"),
+        ("lighthouse:replica1@8", "the Lighthouse is the run's, not a replica group's"),
+        ("lighthouse@heal", "the Lighthouse is the run's, not a replica group's"),
     ],
 )
 def test_the_ft_drill_refuses_a_bad_injection_with_exit_2(tmp_path, capsys, inject, message):
@@ -554,6 +557,25 @@ def test_the_ft_drill_plans_the_kill_it_was_asked_for(capsys):
     out = capsys.readouterr().out
     assert "kill -9 of rank 1 of replica1 at its step 8" in out
     assert "ft.max_replica_restarts=1" in out
+
+
+@pytest.mark.parametrize(
+    ("backend", "inject", "plans", "restarts"),
+    [
+        ("local", "lighthouse@12,kill9:replica1@8", "kill -9 of the Lighthouse at replica0's", 1),
+        ("ray", "nodekill:replica1@8", "kill of the node (raylet) of the last rank of replica1", 1),
+    ],
+)
+def test_the_ft_drill_plans_a_lighthouse_or_node_kill_where_it_can(
+    capsys, backend, inject, plans, restarts
+):
+    from wf_launch.drivers.drill import main
+
+    argv = ["task=train", "ft=torchft", "--inject", inject, "--dry-run", "--backend", backend]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert plans in out
+    assert f"ft.max_replica_restarts={restarts}" in out
 
 
 def test_the_ft_drill_plans_a_kill_during_a_heal_after_the_kill_it_follows(capsys):

@@ -680,7 +680,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="comma-separated KIND@STEP: kill9[:RANK]@STEP and "
         "sigterm@STEP (local), usr2@STEP (slurm), kill9[:RANK]@STEP and nodekill[:RANK]@STEP "
-        "(ray); under ft=torchft kill9:replicaK@STEP or kill9:replicaK.rankR@STEP",
+        "(ray); under ft=torchft kill9:replicaK@STEP, kill9:replicaK.rankR@STEP, "
+        "hang:replicaK@STEP, kill9:replicaK@heal, nodekill:replicaK@STEP (ray) and "
+        "lighthouse@STEP",
     )
     how.add_argument(
         "--random",
@@ -795,7 +797,8 @@ def _ft_drill(args: argparse.Namespace) -> int:
                 "ft=torchft: give --inject KIND:replicaK@STEP (e.g. kill9:replica1@8), on "
                 f"--backend {' or '.join(FT_BACKENDS)}, without --random or --resume-with"
             )
-        plan = describe_ft_drill(args.overrides, args.inject)  # bad injections: before any file
+        # bad injections: before any file
+        plan = describe_ft_drill(args.overrides, args.inject, args.backend)
         if args.dry_run:
             print(plan)
             return 0

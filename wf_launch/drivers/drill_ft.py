@@ -7,14 +7,19 @@
    ``kill -9`` one of its ranks (``kill9:replicaK@S`` its last rank, ``kill9:replicaK.rankR@S``
    rank R); ``kill9:replicaK@heal``, after a kill of that group, kills it again while it heals
    (once its rank 0 has started receiving a peer's state); ``hang:replicaK@S`` stops the rank
-   (SIGSTOP) instead: the launcher's hang watch must find the group and restart it.
-   ``ft.max_replica_restarts`` is raised to the number of injections.
+   (SIGSTOP) instead: the launcher's hang watch must find the group and restart it;
+   ``nodekill:replicaK@S`` (Ray) kills the node that runs the rank (its raylet), which must run
+   no other group: the group restarts where the cluster has room and heals;
+   ``lighthouse@S`` kills the Lighthouse the launcher runs once group 0 reports step S: the
+   launcher restarts it and no group may notice. ``ft.max_replica_restarts`` is raised to the
+   number of injections that strike a group.
 3. The verdict (exit 0 only when every check holds):
 
    - no surviving replica group restarted (its ranks kept their pids, ``survivor_restarts`` 0)
      or stepped back (its steps only go up);
    - every failed replica group rejoined (healed from a live peer);
    - every replica group ends with bitwise-identical weights;
+   - with ``lighthouse@S``: the Lighthouse was restarted as often as it was killed;
    - rank 0's final loss is within ``--atol`` (default :data:`DEFAULT_ATOL`) of the reference's:
      for the steps a replica group is missing, the gradient is averaged over fewer replica groups
      (and so over fewer samples), so the numbers differ a little; the drill reports by how much.
@@ -34,11 +39,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..launchers.base import LauncherHooks
 from ..launchers.ft_record import read_events, read_steps
 from ..launchers.registry import get_launcher
 from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json
-from ..rundir.pids import live_rank_pid
+from ..rundir.pids import live_rank_pid, live_recorded_pid
 from ..rundir.record import RecordError, RunRecord
 from .drill_launch import launch_cli
 
@@ -56,12 +62,27 @@ __all__ = [
 
 DEFAULT_ATOL = 0.05
 _SPEC = re.compile(
-    r"(?P<kind>[a-z0-9]+):replica(?P<replica>\d+)(?:\.rank(?P<rank>\d+))?@(?P<step>\d+|heal)"
+    r"(?P<kind>[a-z0-9]+)(?::replica(?P<replica>\d+)(?:\.rank(?P<rank>\d+))?)?"
+    r"@(?P<step>\d+|heal)"
 )
-KINDS = ("kill9", "hang")
-ACTS = {"kill9": (signal.SIGKILL, "kill -9"), "hang": (signal.SIGSTOP, "SIGSTOP (a hang)")}
-"""What each kind does to the rank: a death, or a hang it cannot even report (the launcher's hang
-watch must find it: ``ft.hang_timeout_s``)."""
+SIGNALS = {"kill9": signal.SIGKILL, "hang": signal.SIGSTOP}
+"""What a signal kind does to the rank: a death, or a hang it cannot even report (the launcher's
+hang watch must find it: ``ft.hang_timeout_s``)."""
+ACTS = {
+    "kill9": "kill -9",
+    "hang": "SIGSTOP (a hang)",
+    "nodekill": "kill of the node (raylet)",
+    "lighthouse": "kill -9 of the Lighthouse",
+}
+LIGHTHOUSE = "lighthouse"
+"""The one kind that strikes no replica group: ``lighthouse@STEP``."""
+
+
+def ft_kinds(backend: str) -> tuple[str, ...]:
+    """What the ft drill injects on ``backend``: a rank's signals and the Lighthouse everywhere,
+    a node where the launcher kills nodes (its ``drill_kinds`` name ``nodekill``)."""
+    node = ("nodekill",) if "nodekill" in get_launcher(backend).drill_kinds else ()
+    return (*SIGNALS, *node, LIGHTHOUSE)
 
 
 class FtDrillError(Exception):
@@ -80,6 +101,12 @@ class FtInjection:
     heal: bool = False
     pid: int | None = None
     at: float | None = None
+    target: str | None = None
+
+    @property
+    def strikes_group(self) -> bool:
+        """Whether it fails its replica group (a Lighthouse kill fails none)."""
+        return self.kind != LIGHTHOUSE
 
 
 def wants_ft(overrides: list[str]) -> bool:
@@ -87,18 +114,39 @@ def wants_ft(overrides: list[str]) -> bool:
     return any(o.strip() in ("ft=torchft", "+ft=torchft") for o in overrides)
 
 
-def _parse_one(item: str, replicas: int, earlier: list[FtInjection]) -> FtInjection:
+def _parse_one(
+    item: str, replicas: int, earlier: list[FtInjection], kinds: tuple[str, ...]
+) -> FtInjection:
     m = _SPEC.fullmatch(item)
-    if m is None:
+    if m is None or (m["replica"] is None and m["kind"] != LIGHTHOUSE):
         raise FtDrillError(
-            f"--inject {item!r}: expected KIND:replicaK@STEP, KIND:replicaK.rankR@STEP or "
-            f"KIND:replicaK@heal under ft=torchft (KIND one of {list(KINDS)})"
+            f"--inject {item!r}: expected KIND:replicaK@STEP, KIND:replicaK.rankR@STEP, "
+            f"KIND:replicaK@heal or lighthouse@STEP under ft=torchft (KIND one of "
+            f"{[k for k in kinds if k != LIGHTHOUSE]})"
         )
-    if m["kind"] not in KINDS:
+    if m["kind"] not in kinds:
         raise FtDrillError(
             f"--inject {item!r}: {m['kind']} is not drilled under ft=torchft on this "
-            f"launcher; one of {list(KINDS)}"
+            f"launcher; one of {list(kinds)}"
         )
+    if m["kind"] == LIGHTHOUSE:
+        return _lighthouse_at(item, m)
+    return _group_strike(item, m, replicas, earlier)
+
+
+def _lighthouse_at(item: str, m: re.Match[str]) -> FtInjection:
+    if m["replica"] is not None or m["step"] == "heal":
+        raise FtDrillError(
+            f"--inject {item!r}: the Lighthouse is the run's, not a replica group's: "
+            "lighthouse@STEP (when replica group 0 reaches STEP)"
+        )
+    return FtInjection(LIGHTHOUSE, 0, int(m["step"]))
+
+
+def _group_strike(
+    item: str, m: re.Match[str], replicas: int, earlier: list[FtInjection]
+) -> FtInjection:
+    """A strike at one replica group: at a step, or while it heals after an earlier strike."""
     replica = int(m["replica"])
     if not 0 <= replica < replicas:
         raise FtDrillError(
@@ -108,7 +156,7 @@ def _parse_one(item: str, replicas: int, earlier: list[FtInjection]) -> FtInject
     rank = int(m["rank"]) if m["rank"] is not None else None
     if m["step"] != "heal":
         return FtInjection(m["kind"], replica, int(m["step"]), rank)
-    before = [i for i in earlier if i.replica == replica and not i.heal]
+    before = [i for i in earlier if i.replica == replica and i.strikes_group and not i.heal]
     if not before:
         raise FtDrillError(
             f"--inject {item!r}: @heal kills replica{replica} while it heals after a failure; "
@@ -117,12 +165,14 @@ def _parse_one(item: str, replicas: int, earlier: list[FtInjection]) -> FtInject
     return FtInjection(m["kind"], replica, before[-1].step, rank, heal=True)
 
 
-def parse_ft_injections(text: str, replicas: int) -> list[FtInjection]:
-    """``kill9:replica1@8`` (``kill9:replica1.rank0@8``, ``kill9:replica1@heal``) -> injections
-    in step order (a heal's after the kill it follows)."""
+def parse_ft_injections(text: str, replicas: int, backend: str = "local") -> list[FtInjection]:
+    """``kill9:replica1@8`` (``kill9:replica1.rank0@8``, ``kill9:replica1@heal``,
+    ``nodekill:replica1@8``, ``lighthouse@8``) -> injections in step order (a heal's after the
+    kill it follows)."""
+    kinds = ft_kinds(backend)
     out: list[FtInjection] = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        out.append(_parse_one(item, replicas, out))
+        out.append(_parse_one(item, replicas, out, kinds))
     if not out:
         raise FtDrillError("--inject: no injection given")
     return sorted(out, key=lambda i: (i.step, i.heal))
@@ -158,37 +208,85 @@ def _reached(where: Path, inj: FtInjection, since: float) -> bool:
     return max((s for _, s, _ in read_steps(where)), default=0) >= inj.step
 
 
-def _send_here(replica_dir: Path, rank: int, pid: int, signum: int) -> None:
-    os.kill(pid, signum)
+class _Striker:
+    """What each kind does once its moment comes, through the run's launcher: a signal to a
+    rank (``os.kill`` when it runs on this host, else through the launcher: Ray reaches any node),
+    its node killed, or the Lighthouse killed."""
 
+    def __init__(self, backend: str, run_dir: Path, replicas: int) -> None:
+        self.launcher: LauncherHooks = get_launcher(backend)
+        self.local = backend == "local"
+        self.run_dir, self.replicas = run_dir, replicas
 
-def _sender(backend: str) -> Any:
-    """How the drill signals a rank: ``os.kill`` when it runs on this host, else through the
-    launcher (Ray: to whichever node runs it)."""
-    if backend == "local":
-        return _send_here
-    launcher = get_launcher(backend)
+    def strike(self, inj: FtInjection) -> None:
+        if inj.kind == LIGHTHOUSE:
+            inj.pid, inj.at = self._lighthouse(), time.time()
+            return
+        pids = _pids(self.run_dir, inj.replica)
+        inj.rank = max(pids) if inj.rank is None else inj.rank
+        inj.pid = pids[inj.rank]
+        where = files.ft_replica_dir(self.run_dir, inj.replica)
+        if inj.kind == "nodekill":
+            inj.target = self._node(where, inj)
+        else:
+            self._signal(where, inj.rank, inj.pid, SIGNALS[inj.kind])
+        inj.at = time.time()
 
-    def send(replica_dir: Path, rank: int, pid: int, signum: int) -> None:
-        if live_rank_pid(replica_dir, rank) == pid:
+    def _signal(self, replica_dir: Path, rank: int, pid: int, signum: int) -> None:
+        if self.local or live_rank_pid(replica_dir, rank) == pid:
             os.kill(pid, signum)
-        elif not launcher.signal_rank(replica_dir, rank, signum):
+        elif not self.launcher.signal_rank(replica_dir, rank, signum):
             raise FtDrillError(f"rank {rank} of {replica_dir} could not be reached")
 
-    return send
+    def _node(self, replica_dir: Path, inj: FtInjection) -> str:
+        """Kill the node of the rank, refused where another replica group runs on it too."""
+        what = f"nodekill:replica{inj.replica}"
+        node = self.launcher.node_of(replica_dir, inj.rank)
+        if node is None:
+            raise FtDrillError(f"{what}: rank {inj.rank} has no recorded node in {replica_dir}")
+        shared = [
+            k
+            for k in range(self.replicas)
+            if k != inj.replica
+            and node
+            in {
+                self.launcher.node_of(files.ft_replica_dir(self.run_dir, k), r)
+                for r in _pids(self.run_dir, k)
+            }
+        ]
+        if shared:
+            raise FtDrillError(
+                f"{what}: its node {node[:12]} also runs replica group(s) {shared}, which "
+                "would fail with it; give each group nodes of its own (launcher.cpus_per_rank "
+                "up to a node's CPUs)"
+            )
+        try:
+            return self.launcher.kill_node(replica_dir, inj.rank)
+        except (ValueError, NotImplementedError) as exc:
+            raise FtDrillError(f"{what}: {exc}") from None
+
+    def _lighthouse(self) -> int:
+        """SIGKILL the Lighthouse the launcher runs (on this host); its pid."""
+        path = files.ft_lighthouse_pid(self.run_dir)
+        pid = live_recorded_pid(path)
+        if pid is None:
+            raise FtDrillError(
+                f"lighthouse: no live Lighthouse of this run on this host ({path}): the drill "
+                "kills the Lighthouse the launcher runs (ft.lighthouse=null) where it runs"
+            )
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
 
 def _inject(
     proc: subprocess.Popen[bytes],
-    run_dir: Path,
+    striker: _Striker,
     inj: FtInjection,
     deadline: float,
     since: float = 0.0,
-    send: Any = _send_here,
 ) -> None:
-    """Wait until the replica group reaches the step (or heals after ``since``), then kill -9 the
-    rank (or stop it: a hang)."""
-    where = files.ft_replica_dir(run_dir, inj.replica)
+    """Wait until the replica group reaches the step (or heals after ``since``), then strike."""
+    where = files.ft_replica_dir(striker.run_dir, inj.replica)
     moment = "a heal" if inj.heal else f"step {inj.step}"
     while not _reached(where, inj, since):
         if proc.poll() is not None:
@@ -196,16 +294,17 @@ def _inject(
         if time.monotonic() > deadline:
             raise FtDrillError(f"replica{inj.replica} never reached {moment}")
         time.sleep(0.02)
-    pids = _pids(run_dir, inj.replica)
-    inj.rank = max(pids) if inj.rank is None else inj.rank
-    inj.pid, inj.at = pids[inj.rank], time.time()
-    signum, act = ACTS[inj.kind]
-    send(where, inj.rank, inj.pid, signum)
-    print(
-        f"drill: {act} rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) "
-        f"{'while it heals' if inj.heal else f'at step {inj.step}'}",
-        flush=True,
-    )
+    striker.strike(inj)
+    print(f"drill: {_said(inj)}", flush=True)
+
+
+def _said(inj: FtInjection) -> str:
+    when = "while it heals" if inj.heal else f"at step {inj.step}"
+    if inj.kind == LIGHTHOUSE:
+        return f"{ACTS[LIGHTHOUSE]} (pid {inj.pid}) at replica0's step {inj.step}"
+    if inj.kind == "nodekill":
+        return f"killed {inj.target} (rank {inj.rank} of replica{inj.replica}) {when}"
+    return f"{ACTS[inj.kind]} rank {inj.rank} of replica{inj.replica} (pid {inj.pid}) {when}"
 
 
 def _record(run_dir: Path) -> RunRecord | None:
@@ -224,12 +323,16 @@ def _checks(
     reference: RunRecord | None,
     interrupted: RunRecord | None,
     ft: dict[str, Any],
-    failed: set[int],
+    injections: list[FtInjection],
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]],
 ) -> dict[str, bool]:
     recoveries = ft.get("recoveries") or []
+    failed = {i.replica for i in injections if i.strikes_group}
     both_ok = reference is not None and interrupted is not None
+    lighthouse_kills = sum(i.kind == LIGHTHOUSE for i in injections)
+    lighthouse = {"lighthouse_restarted": ft.get("lighthouse_restarts", 0) >= lighthouse_kills}
     return {
+        **(lighthouse if lighthouse_kills else {}),
         "runs_ok": both_ok and reference.status == interrupted.status == "ok",
         "survivors_kept_pids": all(before == after for before, after in survivors.values()),
         "survivors_never_restarted": ft.get("survivor_restarts") == 0
@@ -260,7 +363,7 @@ def verdict(
     """The checks and figures of the drill (see the module's docstring)."""
     ft = (interrupted.extra.get("ft") if interrupted is not None else None) or {}
     recoveries = ft.get("recoveries") or []
-    checks = _checks(reference, interrupted, ft, {i.replica for i in injections}, survivors)
+    checks = _checks(reference, interrupted, ft, injections, survivors)
     ref_loss, int_loss = _final_loss(reference), _final_loss(interrupted)
     diff = abs(ref_loss - int_loss) if ref_loss is not None and int_loss is not None else None
     checks["loss_within_atol"] = diff is not None and diff <= atol
@@ -301,18 +404,25 @@ def _replicas(overrides: list[str]) -> int:
     return 2
 
 
-def describe_ft_drill(overrides: list[str], inject: str) -> str:
+def _planned(i: FtInjection) -> str:
+    if i.kind == LIGHTHOUSE:
+        return f"  {ACTS[LIGHTHOUSE]} at replica0's step {i.step}"
+    rank = "the last rank" if i.rank is None else f"rank {i.rank}"
+    when = "while it heals after that" if i.heal else f"at its step {i.step}"
+    return f"  {ACTS[i.kind]} of {rank} of replica{i.replica} {when}"
+
+
+def _restarts(injections: list[FtInjection]) -> str:
+    return f"ft.max_replica_restarts={sum(i.strikes_group for i in injections)}"
+
+
+def describe_ft_drill(overrides: list[str], inject: str, backend: str = "local") -> str:
     """The plan of the drill (``--dry-run``): the two runs and the kills; raises on bad input."""
-    injections = parse_ft_injections(inject, _replicas(overrides))
+    injections = parse_ft_injections(inject, _replicas(overrides), backend)
     lines = [
         "ft drill: a reference run, then the same run with:",
-        *(
-            f"  {ACTS[i.kind][1]} of {'the last rank' if i.rank is None else f'rank {i.rank}'} of "
-            f"replica{i.replica} "
-            + ("while it heals after that" if i.heal else f"at its step {i.step}")
-            for i in injections
-        ),
-        f"  overrides: {' '.join(overrides)} ft.max_replica_restarts={len(injections)}",
+        *(_planned(i) for i in injections),
+        f"  overrides: {' '.join(overrides)} {_restarts(injections)}",
     ]
     return "\n".join(lines)
 
@@ -326,26 +436,29 @@ def run_ft_drill(
     backend: str = "local",
 ) -> int:
     """Both runs and the verdict; the exit code (0: every check holds, 1: one does not)."""
-    injections = parse_ft_injections(inject, _replicas(overrides))
+    replicas = _replicas(overrides)
+    injections = parse_ft_injections(inject, replicas, backend)
     overrides = [f"launcher={backend}", *overrides]
-    send = _sender(backend)
     directory.mkdir(parents=True, exist_ok=True)
     ref_dir, int_dir = directory / "reference", directory / "interrupted"
     deadline = time.monotonic() + timeout
     print(f"drill: reference run in {ref_dir}", flush=True)
     _wait(launch_cli(overrides, ref_dir, directory / "reference.log"), deadline)
     deadline = time.monotonic() + timeout
-    kills = len(injections)
-    extra = [f"ft.max_replica_restarts={kills}"]
     print(f"drill: interrupted run in {int_dir}", flush=True)
-    proc = launch_cli([*overrides, *extra], int_dir, directory / "interrupted.log")
+    proc = launch_cli([*overrides, _restarts(injections)], int_dir, directory / "interrupted.log")
+    striker = _Striker(backend, int_dir, replicas)
+    struck = {i.replica for i in injections if i.strikes_group}
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
     try:
         for inj in injections:
-            since = max((i.at or 0.0 for i in injections if i.replica == inj.replica), default=0)
-            _inject(proc, int_dir, inj, deadline, since, send)
-            for k in range(_replicas(overrides)):
-                if k not in {i.replica for i in injections} and k not in survivors:
+            since = max(
+                (i.at or 0.0 for i in injections if i.replica == inj.replica and i.strikes_group),
+                default=0,
+            )
+            _inject(proc, striker, inj, deadline, since)
+            for k in range(replicas):
+                if k not in struck and k not in survivors:
                     survivors[k] = (_pids(int_dir, k), {})
         _wait(proc, deadline)
     finally:

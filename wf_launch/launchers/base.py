@@ -218,6 +218,12 @@ class LauncherHooks:
         os.kill(pid, signal.SIGKILL)
         return f"pid {progress[rank]['pid']}"
 
+    def node_of(self, run_dir: Path, rank: int) -> str | None:
+        """The node that runs ``rank`` now, as the launcher names it; None where the launcher
+        does not place ranks on nodes of its own (the ft drill's ``nodekill`` checks that the
+        node it kills runs no other replica group)."""
+        return None
+
     def kill_node(self, run_dir: Path, rank: int) -> str:
         """End the node that runs ``rank`` (the drill's ``nodekill``); what was killed. None by
         default.

@@ -16,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from loguru import logger
+
+from ..rundir.io import atomic_write_json
+from ..rundir.pids import process_start
 
 __all__ = ["Lighthouse", "LighthouseFailed", "main"]
 
@@ -37,10 +41,12 @@ class LighthouseFailed(RuntimeError):
 
 class Lighthouse:
     """A Lighthouse process on ``host`` (loopback by default): started, checked, restarted on its
-    port, stopped."""
+    port, stopped. ``pid_path``: where its process is recorded (for the drill), if anywhere."""
 
-    def __init__(self, ft: Any, log_path: Path, host: str = LOOPBACK) -> None:
-        self.ft, self.log_path, self.host = ft, log_path, host
+    def __init__(
+        self, ft: Any, log_path: Path, host: str = LOOPBACK, pid_path: Path | None = None
+    ) -> None:
+        self.ft, self.log_path, self.host, self.pid_path = ft, log_path, host, pid_path
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
         self.restarts: list[float] = []
@@ -78,6 +84,10 @@ class Lighthouse:
                 f"torchft's Lighthouse did not start (see {self.log_path}): {line.strip()!r}"
             )
         self.port = int(line)
+        if self.pid_path is not None:
+            pid = self.proc.pid
+            record = {"pid": pid, "host": socket.gethostname(), "start": process_start(pid)}
+            atomic_write_json(self.pid_path, {**record, "address": self.address})
         logger.info(f"ft: Lighthouse at {self.address} (min_replicas={self.ft.min_replicas})")
         return self
 

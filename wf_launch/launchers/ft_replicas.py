@@ -72,7 +72,8 @@ def start_lighthouse(
     the address every replica group's Managers use; raises :class:`LighthouseFailed`."""
     if ft.lighthouse is not None:
         return None, f"http://{ft.lighthouse}"
-    lighthouse = Lighthouse(ft, files.ft_lighthouse_log(plan.run_dir), host=host).start()
+    log, pid = files.ft_lighthouse_log(plan.run_dir), files.ft_lighthouse_pid(plan.run_dir)
+    lighthouse = Lighthouse(ft, log, host=host, pid_path=pid).start()
     return lighthouse, lighthouse.address
 
 

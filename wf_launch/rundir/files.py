@@ -62,6 +62,7 @@ __all__ = [
     "ft_events",
     "ft_joined",
     "ft_lighthouse_log",
+    "ft_lighthouse_pid",
     "ft_replica_dir",
     "hydra_config",
     "hydra_job",
@@ -442,3 +443,9 @@ def ft_address(replica_dir: Path | str, rank: int) -> Path:
 def ft_lighthouse_log(run_dir: Path | str) -> Path:
     """The log of the Lighthouse the launcher started (``ft.lighthouse=null``)."""
     return Path(run_dir) / "lighthouse.log"
+
+
+def ft_lighthouse_pid(run_dir: Path | str) -> Path:
+    """The process of the Lighthouse the launcher runs now (a pid record, as a rank's), rewritten
+    at each restart: the drill's ``lighthouse@STEP`` kills it."""
+    return Path(run_dir) / "lighthouse.pid"

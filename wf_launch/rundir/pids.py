@@ -30,6 +30,7 @@ __all__ = [
     "NODE_ENV",
     "die_with_parent",
     "live_rank_pid",
+    "live_recorded_pid",
     "pid_record",
     "process_start",
     "read_pid_file",
@@ -88,8 +89,12 @@ def write_pid_file(run_dir: Path | str, rank: int) -> None:
 def read_pid_file(run_dir: Path | str, rank: int) -> dict[str, Any] | None:
     """Rank ``rank``'s pid record (None when there is none, or it is not one: a pid that is not an
     int above 0)."""
+    return _read_record(files.rank_pid(run_dir, rank))
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
     try:
-        data = read_json(files.rank_pid(run_dir, rank), 1 << 16)
+        data = read_json(path, 1 << 16)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not (is_int(data.get("pid")) and data["pid"] > 0):
@@ -100,7 +105,13 @@ def read_pid_file(run_dir: Path | str, rank: int) -> dict[str, Any] | None:
 def live_rank_pid(run_dir: Path | str, rank: int) -> int | None:
     """The pid of rank ``rank``'s process if it is safe to signal (see the module's docstring), else
     None."""
-    info = read_pid_file(run_dir, rank)
+    return live_recorded_pid(files.rank_pid(run_dir, rank))
+
+
+def live_recorded_pid(path: Path) -> int | None:
+    """The pid of the process recorded in the pid record at ``path`` (a rank's, the Lighthouse's)
+    if it is safe to signal, else None."""
+    info = _read_record(path)
     if info is None or info.get("host") != socket.gethostname():
         return None
     pid = info["pid"]
@@ -115,7 +126,7 @@ def live_rank_pid(run_dir: Path | str, rank: int) -> int | None:
         return pid if process_start(pid) == recorded else None
     started = _started_at(pid)
     try:
-        written = files.rank_pid(run_dir, rank).stat().st_mtime
+        written = path.stat().st_mtime
     except OSError:
         return None
     return pid if started is None or started <= written + 1.0 else None

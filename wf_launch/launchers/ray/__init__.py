@@ -212,6 +212,11 @@ class RayLauncher(LauncherHooks):
     def signal_rank(self, run_dir: Path, rank: int, signum: int) -> bool:
         return rank in signal_ranks(Path(run_dir), signum, only=rank)
 
+    def node_of(self, run_dir: Path, rank: int) -> str | None:
+        """The Ray node id of the current attempt's ``rank``."""
+        node = (state.placement_of(run_dir).get(rank) or {}).get("node")
+        return str(node) if node else None
+
     def kill_rank(self, run_dir: Path, rank: int, progress: dict[int, dict[str, Any]]) -> str:
         """SIGKILL one rank on whichever node it runs."""
         if not self.signal_rank(run_dir, rank, signal.SIGKILL):
