@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,22 @@ def drill_two_faults(
     return record
 
 
+def steps_of(run: Path, k: int) -> int:
+    """How many steps replica group ``k`` reported so far (every attempt's)."""
+    steps = files.metrics_file(files.ft_replica_dir(run, k))
+    return steps.read_text().count("\n") if steps.exists() else 0
+
+
 def sigterm_while_running(
-    overrides: list[str], env: dict[str, str], tmp_path: Path
+    overrides: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    before_sigterm: Callable[[Path, subprocess.Popen[str]], None] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """A long run; ``status`` once replica group 1 stepped (it must show the group), then
-    SIGTERM to the launch, which must record the run ``interrupted`` with the command that
-    resumes it; (the run directory, its ``result.json``)."""
+    ``before_sigterm(run, launch)`` if given, then SIGTERM to the launch, which must record the
+    run ``interrupted`` with the command that resumes it; (the run directory, its
+    ``result.json``)."""
     run = tmp_path / "run"
     argv = [*FT, *overrides, "task.steps=400", "task.step_sleep_s=0.1", "task.checkpoint_every=4"]
     proc = python_m(
@@ -81,15 +92,14 @@ def sigterm_while_running(
     )
     try:
         deadline = time.monotonic() + 240
-        steps = files.metrics_file(files.ft_replica_dir(run, 1))
-        while time.monotonic() < deadline and proc.poll() is None:
-            if steps.exists() and steps.read_text().count("\n") >= 6:
-                break
+        while time.monotonic() < deadline and proc.poll() is None and steps_of(run, 1) < 6:
             time.sleep(0.2)
         status = run_python_m(
             "wf_launch.status", [str(run)], capture_output=True, text=True, env=env, timeout=60
         )
         assert "replica group 1" in status.stdout, status.stdout + status.stderr
+        if before_sigterm is not None:
+            before_sigterm(run, proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=180)
     finally:

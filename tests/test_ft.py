@@ -428,9 +428,14 @@ def test_a_lighthouse_that_dies_is_restarted_and_every_socket_is_on_loopback(tmp
     proc = _launch(run_dir, "task.steps=20")
     _wait_step(proc, run_dir, 0, LIGHTHOUSE_KILL_AT)
     sockets = listening(proc.pid)
-    _lighthouse(proc).kill()
+    first = _lighthouse(proc)
+    recorded = json.loads(files.ft_lighthouse_pid(run_dir).read_text())
+    assert recorded["pid"] == first.pid  # what the drill's lighthouse@STEP kills
+    first.kill()
     done = _finish(proc, run_dir)
     assert done["rc"] == 0, done["out"][-3000:]
+    again = json.loads(files.ft_lighthouse_pid(run_dir).read_text())
+    assert again["pid"] != first.pid and again["address"] == recorded["address"]
     ft = done["record"]["ft"]
     assert ft["lighthouse_restarts"] == 1
     assert ft["steps_completed"] == {"0": 20, "1": 20}

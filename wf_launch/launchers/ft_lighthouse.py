@@ -16,18 +16,15 @@ import importlib.machinery
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
-
-from ..rundir.io import atomic_write_json
-from ..rundir.pids import process_start
 
 __all__ = ["Lighthouse", "LighthouseFailed", "main"]
 
@@ -41,12 +38,17 @@ class LighthouseFailed(RuntimeError):
 
 class Lighthouse:
     """A Lighthouse process on ``host`` (loopback by default): started, checked, restarted on its
-    port, stopped. ``pid_path``: where its process is recorded (for the drill), if anywhere."""
+    port, stopped. ``on_start(pid, address)`` runs after every start (the launcher records the pid
+    for the drill); this file imports none of the project's modules, since it runs as a script."""
 
     def __init__(
-        self, ft: Any, log_path: Path, host: str = LOOPBACK, pid_path: Path | None = None
+        self,
+        ft: Any,
+        log_path: Path,
+        host: str = LOOPBACK,
+        on_start: Callable[[int, str], None] | None = None,
     ) -> None:
-        self.ft, self.log_path, self.host, self.pid_path = ft, log_path, host, pid_path
+        self.ft, self.log_path, self.host, self.on_start = ft, log_path, host, on_start
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
         self.restarts: list[float] = []
@@ -84,10 +86,8 @@ class Lighthouse:
                 f"torchft's Lighthouse did not start (see {self.log_path}): {line.strip()!r}"
             )
         self.port = int(line)
-        if self.pid_path is not None:
-            pid = self.proc.pid
-            record = {"pid": pid, "host": socket.gethostname(), "start": process_start(pid)}
-            atomic_write_json(self.pid_path, {**record, "address": self.address})
+        if self.on_start is not None:
+            self.on_start(self.proc.pid, self.address)
         logger.info(f"ft: Lighthouse at {self.address} (min_replicas={self.ft.min_replicas})")
         return self
 

@@ -9,12 +9,15 @@ them side by side with one Lighthouse, and records the whole run here.
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.ft import FtConfig
 from ..rundir import files
+from ..rundir.io import atomic_write_json
 from ..rundir.outcome import RunOutcome
+from ..rundir.pids import process_start
 from ..rundir.record import RunRecord, Status
 from ..rundir.resume import resume_hint
 from .ft_lighthouse import LOOPBACK, Lighthouse
@@ -72,8 +75,15 @@ def start_lighthouse(
     the address every replica group's Managers use; raises :class:`LighthouseFailed`."""
     if ft.lighthouse is not None:
         return None, f"http://{ft.lighthouse}"
-    log, pid = files.ft_lighthouse_log(plan.run_dir), files.ft_lighthouse_pid(plan.run_dir)
-    lighthouse = Lighthouse(ft, log, host=host, pid_path=pid).start()
+    record = files.ft_lighthouse_pid(plan.run_dir)
+
+    def on_start(pid: int, address: str) -> None:
+        host = socket.gethostname()
+        info = {"pid": pid, "host": host, "start": process_start(pid), "address": address}
+        atomic_write_json(record, info)
+
+    log = files.ft_lighthouse_log(plan.run_dir)
+    lighthouse = Lighthouse(ft, log, host=host, on_start=on_start).start()
     return lighthouse, lighthouse.address
 
 

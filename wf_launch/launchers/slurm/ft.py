@@ -9,9 +9,12 @@ group K on the allocation's node K modulo the nodes) that runs the local launche
 A step that ends without its group's final record (its node was lost, the step was killed) is
 started again in place, while the group has restarts left; a step that cannot start (its node is
 gone) leaves the others running degraded. The hang watch kills a hung group's ranks (on this
-host by pid, elsewhere its step with ``scancel``); SIGTERM or the preemption signal to the job
-reaches every step (the ranks save at their next step) and the run ends ``interrupted``. The
-supervisor writes ``result.json`` with its ``ft`` section.
+host by pid, elsewhere its step with ``scancel``). SIGTERM or the preemption signal to the job
+reaches the supervisor, which passes SIGTERM to every step (the ranks save at their next step):
+after SIGTERM the run ends ``interrupted``; after the preemption signal the supervisor requeues
+the job while ``launcher.max_requeues`` allows, and the requeued job's groups resume from their
+checkpoints, as a run without ft does. The supervisor writes ``result.json`` with its ``ft``
+section.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from loguru import logger
 from ...config.ft import FtConfig
 from ...config.layout import run_layout
 from ...rank.ft import FT_HOST_ENV, append_event
+from ...rank.hardexit import flush_and_exit
 from ...rundir import files
 from ...rundir.io import atomic_write_json, read_json
 from ...rundir.record import RecordError, RunRecord
@@ -43,6 +47,7 @@ from ..ft_replicas import lighthouse_failed, prepare_replica_dir, record_replica
 from ..launch_plan import LaunchPlan
 from ..local.launcher import launch as local_launch
 from ..local.replicas import replica_main
+from .rank_entry import SlurmRequeue
 
 __all__ = ["SlurmFtSupervisor", "node_address", "replica_launch_config", "step_main"]
 
@@ -124,6 +129,8 @@ class _Supervisor:
         finally:
             if lighthouse is not None:
                 lighthouse.stop()
+        if self._requeued():
+            flush_and_exit(0)  # scontrol requeue ends this job; the next one resumes every group
         restarts = len(lighthouse.restarts) if lighthouse is not None else 0
         outcome = record_replicas(
             plan, ft, self.codes, restarts, self.stopping, time.time() - t0, slurm=_job()
@@ -146,6 +153,24 @@ class _Supervisor:
                 except LighthouseFailed as exc:
                     logger.error(f"ft: {exc}")
             watch.check({k for k, t in enumerate(threads) if t.is_alive()})
+
+    def _requeued(self) -> bool:
+        """After the preemption warning every group saved at its next step: requeue the job while
+        it has requeues left (``launcher.max_requeues``); whether it was requeued."""
+        policy = preempt_policy(self.plan)
+        if self.stopping != f"SIG{policy.signal}" or not policy.allowed():
+            return False
+        n = policy.restart() + 1
+        logger.warning(
+            f"ft: preempted ({self.stopping}): every replica group saved; requeueing the job "
+            f"({n} of launcher.max_requeues={policy.max_requeues}); it resumes every group"
+        )
+        try:
+            policy.requeue()
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.error(f"ft: the requeue failed ({exc}); the run ends interrupted")
+            return False
+        return True
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         """Stop every group: SIGTERM to each step (srun passes it to the agent, which stops its
@@ -230,8 +255,20 @@ def _record(replica_dir: Path) -> RunRecord | None:
         return None
 
 
+def preempt_policy(plan: LaunchPlan) -> SlurmRequeue:
+    """The run's preemption policy: submitit's signal (``--signal=USR2@signal_delay_s``), the
+    requeues ``launcher.max_requeues`` allows."""
+    lc = plan.launcher_config
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    return SlurmRequeue(name, float(lc.preempt_wait_s), int(lc.max_requeues))
+
+
 def _job() -> dict[str, Any]:
-    return {"job_id": os.environ.get("SLURM_JOB_ID"), "nodes": os.environ.get("SLURM_JOB_NODELIST")}
+    return {
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "nodes": os.environ.get("SLURM_JOB_NODELIST"),
+        "requeues": SlurmRequeue.restart(),
+    }
 
 
 def _kill_group(replica_dir: Path, pids: dict[int, int]) -> None:
@@ -262,6 +299,11 @@ def step_main(argv: list[str]) -> None:
         },
     )
     os.environ[FT_HOST_ENV] = node_address()
+    # the preemption warning reaches every process of the job's steps: the supervisor's alone
+    # acts on it (a SIGTERM to each step, once); its default would end this group unsaved
+    signal.signal(
+        getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}"), signal.SIG_IGN
+    )
     replica_main(local_launch, plan, k, lighthouse)
 
 

@@ -68,8 +68,10 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
     lc = plan.launcher_config
     extra = {k: True if v == "" else v for k, v in dict(lc.sbatch_extra or {}).items()}
     ft_groups = 0  # under ft: the replica groups on the busiest node
+    flags: dict[str, Any] = {"requeue": True}
     if ft_enabled(plan.config):
         ft_groups = -(-int(plan.config["ft"]["replicas"]) // int(lc.nodes))
+        flags["no_kill"] = True  # a lost node ends its groups' steps, not the allocation
     params: dict[str, Any] = {
         "job_name": lc.job_name,
         "nodes": lc.nodes,
@@ -79,7 +81,7 @@ def sbatch_parameters(plan: LaunchPlan, shared: Path | None = None) -> dict[str,
         "time": lc.time_min,
         "signal_delay_s": lc.signal_delay_s,
         "srun_args": ["--kill-on-bad-exit=1", *lc.srun_args],
-        "additional_parameters": {"requeue": True, **extra},  # '': a bare flag (--exclusive)
+        "additional_parameters": {**flags, **extra},  # '': a bare flag (--exclusive)
     }
     if lc.mem_gb is not None:
         params["mem"] = convert_mem(float(lc.mem_gb))
@@ -320,7 +322,7 @@ def launch_ft(plan: LaunchPlan) -> RunOutcome:
     snapshot, refused = _snapshot(plan)
     if refused is not None:
         return refused
-    ex = _executor(plan, requeues=0)  # a stop ends the run interrupted: resume it
+    ex = _executor(plan)  # the supervisor requeues the job after the preemption warning (.ft)
     launch_time = time.time()
     job = ex.submit(SlurmFtSupervisor(plan))
     _record_job(plan, job.job_id, ex.folder, launch_time, snapshot, ft_replicas=replicas)
