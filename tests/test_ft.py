@@ -494,6 +494,26 @@ def test_a_restarted_group_is_recorded_back_whether_it_healed_or_not(
     assert status in ft_status_lines(tmp_path)[1]
 
 
+def test_a_group_that_left_no_exit_code_fails_the_run_with_a_message_naming_it(tmp_path):
+    """A group whose node was lost leaves no exit code and no record: the run still gets a
+    ``result.json`` that says it failed and names the group (not a crash while recording)."""
+    from wf_launch.config.ft import FtConfig
+    from wf_launch.launchers.ft_replicas import record_replicas
+    from wf_launch.launchers.launch_plan import LaunchPlan
+    from wf_launch.rundir.record import RunRecord
+    from worldfoundry.core.distributed.topology import Layout
+
+    config = {"task": {"name": "train"}, "launcher": {"name": "ray"}}
+    plan = LaunchPlan(config=config, layout=Layout(1), run_dir=tmp_path)
+    ft = FtConfig(name="torchft")
+    outcome = record_replicas(plan, ft, {0: 0, 1: None}, 0, None, 1.0)
+    record = RunRecord.read(tmp_path)
+    assert record is not None and record.status == "failed"
+    assert record.failure["replica"] == 1
+    assert "replica group(s) 1 (exit code None)" in outcome.summary
+    assert record.extra["ft"]["exit_codes"] == {"0": 0, "1": None}
+
+
 def test_runs_marks_a_run_that_recovered_and_counts_every_replica_group(tmp_path):
     from wf_launch.readers.runs import list_runs, render
     from wf_launch.rundir.record import RunRecord
