@@ -510,7 +510,7 @@ def test_a_group_that_left_no_exit_code_fails_the_run_with_a_message_naming_it(t
     record = RunRecord.read(tmp_path)
     assert record is not None and record.status == "failed"
     assert record.failure["replica"] == 1
-    assert "replica group(s) 1 (exit code None)" in outcome.summary
+    assert "replica group 1 failed: no record" in outcome.summary
     assert record.extra["ft"]["exit_codes"] == {"0": 0, "1": None}
 
 

@@ -221,7 +221,7 @@ def compose_ft(
         for r, value in ranks_results.items():
             results[str(k * ranks + int(r))] = value
         weights[str(k)] = (ranks_results.get("0") or {}).get("weights_sha256")
-        if exit_codes.get(k) not in (0, None):
+        if exit_codes.get(k, 0) != 0:  # None: the group left no exit code (a lost node)
             failures.append(_failure(k, rec))
     window = float(ft.timeout_s) + float(ft.heartbeat_timeout_s) + CASCADE_WINDOW_S
     section = {

@@ -118,7 +118,6 @@ def record_replicas(
         facts["failure"] = {"cause": "interrupt", "signal": signal_name, "message": summary}
     elif failed:
         status = Status.FAILED
-        facts.setdefault("failure", _no_code_failure(failed, codes))
         summary = facts["failure"]["message"]
     record = RunRecord.finalize(
         plan.run_dir,
@@ -131,10 +130,3 @@ def record_replicas(
         timings={"wall_s": round(wall, 4)},
     )
     return RunOutcome.of(record, plan.run_dir, summary)
-
-
-def _no_code_failure(failed: list[int], codes: dict[int, int | None]) -> dict[str, Any]:
-    """The failure of groups that left no exit code (a lost node, a step SLURM cancelled)."""
-    groups = ", ".join(f"{k} (exit code {codes[k]})" for k in failed)
-    message = f"replica group(s) {groups} ended without a record of their failure"
-    return {"cause": "lost", "replica": failed[0], "message": message}
