@@ -58,7 +58,7 @@ class RayLauncherConfig(LauncherConfig):
     runtime_env: dict[str, Any] = field(default_factory=dict)
     wait: bool = flag(True)
     max_restarts: int = integer(0, low=0)
-    shutdown_timeout_s: float = number(10.0, 0, 3600, unit="seconds")
+    shutdown_timeout_s: float = number(30.0, 0, 3600, unit="seconds")
 
 
 def _strings(value: Any) -> bool:
