@@ -394,7 +394,18 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(
         f"  steps the failed replica group missed: {summary['failed_replica_steps_missed']}"
     )
+    if not summary["ok"]:  # which group restarted, why, and how it came back
+        lines += [f"  recovery: {_recovery_line(r)}" for r in summary["recoveries"]]
     return "\n".join(lines)
+
+
+def _recovery_line(rec: dict[str, Any]) -> str:
+    healed = rec.get("healed_from")
+    return (
+        f"replica {rec.get('replica')} rank {rec.get('rank')} ({rec.get('cause')}) failed at step "
+        f"{rec.get('failed_at_step')}, back at step {rec.get('rejoined_at_step')}"
+        + (f" healed from replica {healed}" if healed is not None else " (no heal)")
+    )
 
 
 def _replicas(overrides: list[str]) -> int:
