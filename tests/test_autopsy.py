@@ -3,6 +3,7 @@ joins."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -105,14 +106,20 @@ def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
         wait_for_log(run_dir / "logs" / "rank1.log", "ready")
         for r in range(4):
             wait_for_log(run_dir / "logs" / f"rank{r}.log", "ready")
-        out = run_python_m(
-            "wf_launch.status",
-            ["--stacks", str(run_dir)],
-            capture_output=True,
-            text=True,
-            env=cli_env(),
-            timeout=60,
-        )
+        for _ in range(10):  # "ready" comes before the barriers: a dump may catch a rank between
+            out = run_python_m(
+                "wf_launch.status",
+                ["--stacks", str(run_dir)],
+                capture_output=True,
+                text=True,
+                env=cli_env(),
+                timeout=60,
+            )
+            if out.returncode != 0 or (
+                "ranks 0,2,3 wait in barrier at " in out.stdout and "time.sleep" in out.stdout
+            ):
+                break
+            time.sleep(1.0)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.communicate(timeout=120)
