@@ -329,3 +329,15 @@ def wait_for_log(path: Path, needle: str, timeout: float = 60) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+def status(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m wf_launch.status ARGV`` as a user runs it: its output captured as text."""
+    return run_python_m(
+        "wf_launch.status",
+        list(argv),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=timeout,
+    )

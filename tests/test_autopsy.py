@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, leftover_processes, result, run_cli, run_python_m
+from cli_helpers import cli_env, leftover_processes, result, run_cli, run_python_m, status
 
 pytestmark = pytest.mark.slow
 TASKS = "task.modules=[wf_test_tasks]"
@@ -107,14 +107,7 @@ def test_status_stacks_groups_a_live_local_run(tmp_path: Path) -> None:
         for r in range(4):
             wait_for_log(run_dir / "logs" / f"rank{r}.log", "ready")
         for _ in range(10):  # "ready" comes before the barriers: a dump may catch a rank between
-            out = run_python_m(
-                "wf_launch.status",
-                ["--stacks", str(run_dir)],
-                capture_output=True,
-                text=True,
-                env=cli_env(),
-                timeout=60,
-            )
+            out = status("--stacks", str(run_dir))
             if out.returncode != 0 or (
                 "ranks 0,2,3 wait in barrier at " in out.stdout and "time.sleep" in out.stdout
             ):
@@ -148,14 +141,7 @@ def test_status_follow_and_tail_on_a_local_run(tmp_path: Path) -> None:
         run_dir,
     )
     wait_for_log(run_dir / "logs" / "rank1.log", "ready")
-    follow = run_python_m(
-        "wf_launch.status",
-        ["--follow", str(run_dir)],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=120,
-    )
+    follow = status("--follow", str(run_dir), timeout=120)
     proc.communicate(timeout=120)
     assert follow.returncode == 0, follow.stderr
     assert "[r1 tp0 cp0 pp0 dp1] sleeping" in follow.stderr and "[r0 " not in follow.stderr

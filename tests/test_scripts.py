@@ -19,6 +19,7 @@ from cli_helpers import (
     run_cli,
     run_python_m,
     start_cli,
+    status,
     wait_for_log,
 )
 
@@ -200,14 +201,7 @@ def test_a_hang_in_a_fresh_interpreter_is_seen_by_status_stacks_and_named_by_the
         deadline = time.monotonic() + 60
         stacks = None
         while time.monotonic() < deadline:
-            stacks = run_python_m(
-                "wf_launch.status",
-                ["--stacks", str(run_dir)],
-                capture_output=True,
-                text=True,
-                env=cli_env(),
-                timeout=60,
-            )
+            stacks = status("--stacks", str(run_dir))
             if "slow_data_loader" in stacks.stdout:
                 break
             time.sleep(1)

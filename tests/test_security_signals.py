@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, run_python_m
+from cli_helpers import status
 
 from wf_launch.observe.stacks import local_pids, trigger
 from wf_launch.rundir.pids import live_rank_pid, pid_record, process_start
@@ -84,14 +84,7 @@ def test_status_stacks_never_signals_a_pid_from_a_bad_pid_file(
     (run_dir / "config.yaml").write_text(LOCAL_CONFIG)
     for rank, pid in enumerate((0, -1, sleeper.pid)):
         _pid_file(run_dir, rank, pid=pid, start=1)
-    proc = run_python_m(
-        "wf_launch.status",
-        ["--stacks", str(run_dir)],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=60,
-    )
+    proc = status("--stacks", str(run_dir))
     assert proc.returncode == 1 and "no running rank of" in proc.stdout, proc.stdout + proc.stderr
     assert sleeper.poll() is None
 
