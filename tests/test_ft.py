@@ -620,9 +620,13 @@ def test_the_ft_drill_plans_a_kill_during_a_heal_after_the_kill_it_follows(capsy
 @pytest.mark.parametrize(
     ("groups", "hung"),
     [
-        ({0: "QQ", 1: "SS"}, {1: [0]}),  # 1 stuck while 0 waits for a quorum
-        ({0: "ss", 1: "SS"}, {1: [0]}),  # 1 stuck while 0 steps
+        ({0: "QQ", 1: "SS"}, {1: [0]}),  # 1 stuck while 0 waits for a quorum since
+        ({0: "nn", 1: "SS"}, {1: [0]}),  # 1 stuck while 0 stepped on without it
+        ({0: "Qn", 1: "SS"}, {1: [0]}),  # each of 0's ranks moved on, one way or the other
         ({0: "QQ", 1: "QS"}, {1: [0]}),  # 1's rank 0 waits for its stuck rank 1 in the quorum
+        ({0: "ss", 1: "SS"}, {}),  # 0 came late into the same step: 1 waits for it there
+        ({0: "qq", 1: "SS"}, {}),  # 0 just ended the step: 1 may be about to
+        ({0: "OO", 1: "SS"}, {}),  # 0 waits since before 1's step began: no news of it
         ({0: "SS", 1: "QS"}, {}),  # 0 still in its collective with 1's stuck rank: neither yet
         ({0: "QS", 1: "QS"}, {}),  # each has a stuck rank: neither is seen going on
         ({0: "SS", 1: "SS"}, {}),  # both in one long step: neither
@@ -630,26 +634,30 @@ def test_the_ft_drill_plans_a_kill_during_a_heal_after_the_kill_it_follows(capsy
         ({0: "QQ", 1: "ss"}, {}),  # 1 stepping, within the timeout
         ({0: "SS"}, {}),  # alone (the other restarting): nobody waits for it
         ({0: "Q-", 1: "SS"}, {}),  # 0's rank 1 not back yet in its new attempt: not going
-        ({0: "FF", 1: "SS"}, {}),  # 0 healing: 1 may be timing out on it
+        ({0: "FF", 1: "SS"}, {}),  # 0 joining or healing: 1 may be timing out on it
         ({0: "QQ", 1: "SS", 2: "SS"}, {1: [0], 2: [0]}),
     ],
 )
 def test_the_hang_watch_tears_down_a_group_stuck_in_a_step_while_another_goes_on(groups, hung):
-    """Where every rank is tells a hung group from the ones waiting for it (none steps). Per rank:
-    Q waiting for a quorum, F for its attempt's first, S in a step since 0 s, s since 95 s, - none
-    yet; timeout 10 s, now 100 s."""
+    """Where every rank is, and since when, tells a hung group from the ones waiting for it (none
+    steps). Per rank, at step 3 unless said: S in the step since 0 s, s since 95 s; Q waiting for
+    a quorum since 50 s, q at step 4 since 98 s, O since before the step (-1 s), F for its
+    attempt's first since 50 s; n at step 5 since 99 s; - none yet. Timeout 10 s, now 100 s."""
     from wf_launch.launchers.ft_hang import Phase, hung_groups
 
     kinds = {
-        "Q": ("quorum", 0.0, False),
-        "F": ("quorum", 0.0, True),
-        "S": ("step", 0.0, False),
-        "s": ("step", 95.0, False),
+        "S": ("step", 0.0, 3, False),
+        "s": ("step", 95.0, 3, False),
+        "Q": ("quorum", 50.0, 3, False),
+        "q": ("quorum", 98.0, 4, False),
+        "O": ("quorum", -1.0, 3, False),
+        "F": ("quorum", 50.0, 3, True),
+        "n": ("step", 99.0, 5, False),
     }
 
     def phase(kind: str) -> Phase:
-        name, since, first = kinds[kind]
-        return Phase(name, since, 3, first=first)
+        name, since, step, first = kinds[kind]
+        return Phase(name, since, step, first=first)
 
     phases = {
         k: {r: phase(c) for r, c in enumerate(ranks) if c != "-"} for k, ranks in groups.items()

@@ -1,16 +1,20 @@
-"""The hang watch of ``ft=torchft``: a replica group with a rank that neither steps nor waits for a
-quorum for ``ft.hang_timeout_s``, while every rank of another group does, is hung. The launcher
-kills its ranks; its agent restarts it and it heals, as after any failure.
+"""The hang watch of ``ft=torchft``: a replica group with a rank in one step for
+``ft.hang_timeout_s``, while another group has moved on since that step began, is hung. The
+launcher kills its ranks; its agent restarts it and it heals, as after any failure.
 
 Why the launcher must act: a hung group still heartbeats to the Lighthouse (its rank 0's Manager
-answers from a thread of its own), and the Lighthouse forms no quorum of half or fewer of the groups
-that heartbeat (torchft's guard against a split brain). With two groups the survivor waits for the
-hung one until its quorum request times out, and then fails too. Step progress cannot tell the two
-apart (neither steps); where each rank is can (:func:`wf_launch.rundir.files.ft_phase`). The hung
-rank stays in its step. The others of its group may wait in a collective for it, or, done with the
-step, for the next quorum (torchft's Manager waits for all its group's ranks). The ranks of a group
-waiting for it wait in a collective too, until it gives up after ``ft.timeout_s``; then they all
-wait for a quorum, and the hung group is the one left with a rank in a step.
+answers from a thread of its own), and the Lighthouse forms no quorum of half or fewer of the
+groups that heartbeat (torchft's guard against a split brain). With two groups the survivor waits
+for the hung one until its quorum request times out, and then fails too. Step progress cannot tell
+the two apart (neither steps); where each rank is can (:func:`wf_launch.rundir.files.ft_phase`).
+The hung rank stays in its step. The others of its group may wait in a collective for it, or, done
+with the step, for the next quorum (torchft's Manager waits for all its group's ranks). The ranks
+of a group waiting for it wait in a collective too, until it gives up after ``ft.timeout_s``; then
+they wait for a quorum, and the hung group is the one left with a rank in a step.
+
+A long step alone is no evidence: a group that came late into the same step (slow to start, or
+healing) keeps the others waiting in its collective. Only news from after the stuck step began
+counts: another group waiting for a quorum since then for half the hang timeout, or two steps on.
 """
 
 from __future__ import annotations
@@ -56,6 +60,16 @@ class Phase:
             return not self.first
         return not self.stuck(now, timeout_s)
 
+    def moved_on(self, since: float, step: int, now: float, grace_s: float) -> bool:
+        """Past a rank stuck in ``step`` since ``since``: waiting for a quorum (not its first)
+        since after that for ``grace_s``, or two steps on. A rank just done with the same step is
+        not: the stuck one may be about to end it too."""
+        if self.first or self.since <= since:
+            return False
+        if self.step >= step + 2:
+            return True
+        return self.phase == QUORUM and now - self.since >= grace_s
+
 
 Group = Mapping[int, Phase]
 """A replica group's ranks' phases, by group rank (only those of its current attempt)."""
@@ -83,27 +97,45 @@ def hung_groups(
     ranks: int,
     stopped: Mapping[int, Collection[int]] | None = None,
 ) -> dict[int, list[int]]:
-    """The hung groups (of ``ranks`` ranks each), each with the groups still going meanwhile.
+    """The hung groups (of ``ranks`` ranks each), each with the groups that went on meanwhile.
 
-    A group is going when every one of its ranks is (:meth:`Phase.going`); it is hung when one of
-    its ranks is stuck in a step, or ``stopped`` (by a signal, for ``timeout_s``, wherever it
-    is), while another group is going. A group with a stuck or stopped rank is never going, so
-    the groups waiting for a hung one are not torn down because of it; when every group is stuck
-    (a long step of all), none is hung.
+    Only a whole group with no stuck or stopped rank can go on, so the groups waiting for a hung
+    one are not torn down because of it, and when every group is stuck (a long step of all) none
+    is hung. A group with a rank ``stopped`` (by a signal, for ``timeout_s``, wherever it is) is
+    hung while another group is going (:meth:`Phase.going`): a stopped process never ends its
+    step. A group with a rank stuck in a step is hung once every rank of another group has moved
+    on since (:meth:`Phase.moved_on`, with half of ``timeout_s`` to wait for a quorum).
     """
     stopped = stopped or {}
 
-    def stuck(k: int) -> bool:
-        return bool(stuck_ranks(groups[k], now, timeout_s) or stopped.get(k))
+    def clear(k: int) -> bool:
+        group = groups[k]
+        return (
+            len(group) == ranks
+            and not stopped.get(k)
+            and all(p.going(now, timeout_s) for p in group.values())
+        )
 
-    going = {
-        k
-        for k, group in groups.items()
-        if len(group) == ranks
-        and all(p.going(now, timeout_s) for p in group.values())
-        and not stopped.get(k)
-    }
-    return {k: sorted(going) for k in groups if going and stuck(k)}
+    going = [k for k in sorted(groups) if clear(k)]
+    hung: dict[int, list[int]] = {}
+    for k, group in groups.items():
+        stuck = stuck_ranks(group, now, timeout_s)
+        if stopped.get(k):
+            went_on = [j for j in going if j != k]
+        elif stuck:
+            since = min(group[r].since for r in stuck)
+            step = min(group[r].step for r in stuck)
+            went_on = [
+                j
+                for j in going
+                if j != k
+                and all(p.moved_on(since, step, now, timeout_s / 2) for p in groups[j].values())
+            ]
+        else:
+            continue
+        if went_on:
+            hung[k] = went_on
+    return hung
 
 
 class HangWatch:
