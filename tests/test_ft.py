@@ -574,6 +574,26 @@ def test_the_ft_drill_refuses_a_bad_injection_with_exit_2(tmp_path, capsys, inje
     assert not (tmp_path / "d").exists()
 
 
+def test_an_ft_drill_whose_reference_run_fails_stops_naming_why(tmp_path):
+    """A reference run that fails (here a task module that cannot be imported) ends the drill
+    with exit 2 and the run's own last word, not a report that nothing was struck."""
+    directory = tmp_path / "d"
+    argv = ["task=train", "ft=torchft", "task.modules=[no_such_tasks]"]
+    done = run_python_m(
+        "wf_launch.drill",
+        [*argv, "--inject", "kill9:replica1@4", "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the reference run failed (exit 2)" in done.stderr
+    assert "cannot import 'no_such_tasks'" in done.stderr
+    assert not (directory / "interrupted").exists()
+
+
 def test_the_ft_drill_plans_the_kill_it_was_asked_for(capsys):
     from wf_launch.drivers.drill import main
 

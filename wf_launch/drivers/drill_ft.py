@@ -187,6 +187,15 @@ def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int:
         raise FtDrillError("a run took longer than --timeout; it was killed") from None
 
 
+def _last_line(log: Path) -> str:
+    """The log's last non-empty line (what a failed run said last), or a note that it has none."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1].strip() if lines else f"{log} is empty"
+
+
 def _pids(run_dir: Path, replica: int) -> dict[int, int]:
     """Rank -> pid of every rank of a replica group that has recorded one."""
     logs = files.rank_log(files.ft_replica_dir(run_dir, replica), 0).parent
@@ -283,14 +292,18 @@ def _inject(
     striker: _Striker,
     inj: FtInjection,
     deadline: float,
+    log: Path,
     since: float = 0.0,
 ) -> None:
     """Wait until the replica group reaches the step (or heals after ``since``), then strike."""
     where = files.ft_replica_dir(striker.run_dir, inj.replica)
     moment = "a heal" if inj.heal else f"step {inj.step}"
     while not _reached(where, inj, since):
-        if proc.poll() is not None:
-            raise FtDrillError(f"the run ended before replica{inj.replica} reached {moment}")
+        if (code := proc.poll()) is not None:
+            raise FtDrillError(
+                f"the run ended (exit {code}) before replica{inj.replica} reached {moment}: "
+                f"{_last_line(log)} (see {log})"
+            )
         if time.monotonic() > deadline:
             raise FtDrillError(f"replica{inj.replica} never reached {moment}")
         time.sleep(0.02)
@@ -454,10 +467,14 @@ def run_ft_drill(
     ref_dir, int_dir = directory / "reference", directory / "interrupted"
     deadline = time.monotonic() + timeout
     print(f"drill: reference run in {ref_dir}", flush=True)
-    _wait(launch_cli(overrides, ref_dir, directory / "reference.log"), deadline)
+    ref_log, int_log = directory / "reference.log", directory / "interrupted.log"
+    if code := _wait(launch_cli(overrides, ref_dir, ref_log), deadline):
+        raise FtDrillError(
+            f"the reference run failed (exit {code}): {_last_line(ref_log)} (see {ref_log})"
+        )
     deadline = time.monotonic() + timeout
     print(f"drill: interrupted run in {int_dir}", flush=True)
-    proc = launch_cli([*overrides, _restarts(injections)], int_dir, directory / "interrupted.log")
+    proc = launch_cli([*overrides, _restarts(injections)], int_dir, int_log)
     striker = _Striker(backend, int_dir, replicas)
     struck = {i.replica for i in injections if i.strikes_group}
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
@@ -467,7 +484,7 @@ def run_ft_drill(
                 (i.at or 0.0 for i in injections if i.replica == inj.replica and i.strikes_group),
                 default=0,
             )
-            _inject(proc, striker, inj, deadline, since)
+            _inject(proc, striker, inj, deadline, int_log, since)
             for k in range(replicas):
                 if k not in struck and k not in survivors:
                     survivors[k] = (_pids(int_dir, k), {})
