@@ -344,6 +344,48 @@ def _events(run_dir: Path, k: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+def test_a_rank_hung_in_python_is_torn_down_only_once_its_peer_group_moved_on(tmp_path):
+    """A hang that is not a stopped process (a rank asleep in its step, as in a deadlock): group
+    0 waits for it in their all-reduce until ``ft.timeout_s``, then for a quorum; only then is
+    group 1 torn down, and it heals. Group 0, longer in that step than ``ft.hang_timeout_s``
+    too, is never taken for the hung one."""
+    run_dir = tmp_path / "run"
+    done = run_python_m(
+        "wf_launch",
+        [
+            "task=train_hangs_once",
+            "task.modules=[wf_ft_tasks]",
+            "ft=torchft",
+            "engine.dp_size=2",
+            "ft.timeout_s=5",
+            "ft.hang_timeout_s=4",
+            "ft.quorum_timeout_s=30",
+            "task.steps=16",
+            "task.step_sleep_s=0.3",
+            "launcher.console_ranks=[]",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env({"WF_TEST_HANG_AT": "1:6"}),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    section = json.loads((run_dir / "result.json").read_text())["ft"]
+    recoveries = [(r["replica"], r["rank"], r["cause"]) for r in section["recoveries"]]
+    assert recoveries == [(1, 0, "hang")]
+    assert section["recoveries"][0]["healed_from"] == 0
+    assert section["survivor_restarts"] == 0 and section["weights_equal"]
+    assert section["steps_completed"] == {"0": 16, "1": 16}
+    events = files.ft_events(files.ft_replica_dir(run_dir, 1)).read_text().splitlines()
+    (hung,) = [e for e in map(json.loads, events) if e["event"] == "hung"]
+    # its rank 1 waits in the step's collective with rank 0: stuck too
+    assert (hung["stuck"], hung["stopped"], hung["while_going"]) == ([0, 1], [], [0])
+    assert hung["seconds"] >= 5  # not before group 0 gave up on the all-reduce and moved on
+
+
+@pytest.mark.slow
 def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(

@@ -2,14 +2,20 @@
 
 ``train_slow_heal`` is ``train`` but for a sleep before it loads a peer's state, so that a drill
 can kill a rank of the group while it heals (``kill9:replicaK@heal``) without racing the load.
+
+``train_hangs_once`` is ``train`` but for a hang in Python (not a stopped process): with
+``WF_TEST_HANG_AT=K:S`` in the environment, rank 0 of replica group K sleeps forever in step S of
+its first attempt, right after the step's quorum, where a deadlock in a forward would sit.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from wf_launch import TaskContext, register_task
+from wf_launch.rank.ft import replica_id, restarted
 from wf_launch.tasks.train import PRELOAD, TrainConfig, train
 
 HEAL_SLEEP_S = 3.0
@@ -27,4 +33,24 @@ def train_slow_heal(ctx: TaskContext) -> dict[str, Any]:
         register(key, load_slowly, save)
 
     ctx.ft.register_state_dict_fn = register_slowly
+    return train(ctx)
+
+
+HANG_AT_ENV = "WF_TEST_HANG_AT"
+
+
+@register_task("train_hangs_once", config=TrainConfig, preload=PRELOAD, ft=True)
+def train_hangs_once(ctx: TaskContext) -> dict[str, Any]:
+    replica, _, step = os.environ.get(HANG_AT_ENV, "").partition(":")
+    manager = ctx.ft
+    if replica and int(replica) == replica_id() and ctx.rank == 0 and not restarted():
+        start_quorum = manager.start_quorum
+
+        def start_quorum_then_hang(*args: Any, **kwargs: Any) -> None:
+            start_quorum(*args, **kwargs)
+            if manager.current_step() == int(step):
+                while True:
+                    time.sleep(60)
+
+        manager.start_quorum = start_quorum_then_hang
     return train(ctx)
