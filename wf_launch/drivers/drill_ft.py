@@ -43,7 +43,7 @@ from ..launchers.base import LauncherHooks
 from ..launchers.ft_record import read_events, read_steps
 from ..launchers.registry import get_launcher
 from ..rundir import files
-from ..rundir.io import atomic_write_json, read_json
+from ..rundir.io import atomic_write_json, read_json, read_lines
 from ..rundir.pids import live_rank_pid, live_recorded_pid
 from ..rundir.record import RecordError, RunRecord
 from .drill_launch import launch_cli
@@ -189,11 +189,13 @@ def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int:
 
 def _last_line(log: Path) -> str:
     """The log's last non-empty line (what a failed run said last), or a note that it has none."""
+    last = ""
     try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        for line in read_lines(log):
+            last = line.strip() or last
     except OSError:
-        lines = []
-    return lines[-1].strip() if lines else f"{log} is empty"
+        pass
+    return last or f"{log} is empty"
 
 
 def _pids(run_dir: Path, replica: int) -> dict[int, int]:
@@ -451,6 +453,29 @@ def describe_ft_drill(overrides: list[str], inject: str, backend: str = "local")
     return "\n".join(lines)
 
 
+def _strike_all(
+    proc: subprocess.Popen[bytes],
+    striker: _Striker,
+    injections: list[FtInjection],
+    log: Path,
+    deadline: float,
+) -> dict[int, dict[int, int]]:
+    """Every injection in turn; the groups never struck, each with its ranks' pids at the first
+    strike (to compare with theirs at the end)."""
+    struck = {i.replica for i in injections if i.strikes_group}
+    survivors: dict[int, dict[int, int]] = {}
+    for inj in injections:
+        since = max(
+            (i.at or 0.0 for i in injections if i.replica == inj.replica and i.strikes_group),
+            default=0,
+        )
+        _inject(proc, striker, inj, deadline, log, since)
+        for k in range(striker.replicas):
+            if k not in struck and k not in survivors:
+                survivors[k] = _pids(striker.run_dir, k)
+    return survivors
+
+
 def run_ft_drill(
     overrides: list[str],
     inject: str,
@@ -476,24 +501,14 @@ def run_ft_drill(
     print(f"drill: interrupted run in {int_dir}", flush=True)
     proc = launch_cli([*overrides, _restarts(injections)], int_dir, int_log)
     striker = _Striker(backend, int_dir, replicas)
-    struck = {i.replica for i in injections if i.strikes_group}
-    survivors: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
     try:
-        for inj in injections:
-            since = max(
-                (i.at or 0.0 for i in injections if i.replica == inj.replica and i.strikes_group),
-                default=0,
-            )
-            _inject(proc, striker, inj, deadline, int_log, since)
-            for k in range(replicas):
-                if k not in struck and k not in survivors:
-                    survivors[k] = (_pids(int_dir, k), {})
+        before = _strike_all(proc, striker, injections, int_log, deadline)
         _wait(proc, deadline)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    survivors = {k: (before, _pids(int_dir, k)) for k, (before, _) in survivors.items()}
+    survivors = {k: (pids, _pids(int_dir, k)) for k, pids in before.items()}
     summary = verdict(
         _record(ref_dir),
         _record(int_dir),

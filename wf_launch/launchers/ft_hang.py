@@ -107,35 +107,43 @@ def hung_groups(
     on since (:meth:`Phase.moved_on`, with half of ``timeout_s`` to wait for a quorum).
     """
     stopped = stopped or {}
+    going = [
+        k
+        for k, group in sorted(groups.items())
+        if len(group) == ranks
+        and not stopped.get(k)
+        and all(p.going(now, timeout_s) for p in group.values())
+    ]
+    hung = {
+        k: _went_on(groups, k, [j for j in going if j != k], now, timeout_s, bool(stopped.get(k)))
+        for k in groups
+    }
+    return {k: went_on for k, went_on in hung.items() if went_on}
 
-    def clear(k: int) -> bool:
-        group = groups[k]
-        return (
-            len(group) == ranks
-            and not stopped.get(k)
-            and all(p.going(now, timeout_s) for p in group.values())
-        )
 
-    going = [k for k in sorted(groups) if clear(k)]
-    hung: dict[int, list[int]] = {}
-    for k, group in groups.items():
-        stuck = stuck_ranks(group, now, timeout_s)
-        if stopped.get(k):
-            went_on = [j for j in going if j != k]
-        elif stuck:
-            since = min(group[r].since for r in stuck)
-            step = min(group[r].step for r in stuck)
-            went_on = [
-                j
-                for j in going
-                if j != k
-                and all(p.moved_on(since, step, now, timeout_s / 2) for p in groups[j].values())
-            ]
-        else:
-            continue
-        if went_on:
-            hung[k] = went_on
-    return hung
+def _went_on(
+    groups: Mapping[int, Group],
+    k: int,
+    going: list[int],
+    now: float,
+    timeout_s: float,
+    stopped: bool,
+) -> list[int]:
+    """Of the other groups ``going``, those that show group ``k`` hung: all of them if ``k`` has
+    a stopped rank, else (if it has a stuck one) those whose every rank moved on since."""
+    if stopped:
+        return going
+    group = groups[k]
+    stuck = stuck_ranks(group, now, timeout_s)
+    if not stuck:
+        return []
+    since = min(group[r].since for r in stuck)
+    step = min(group[r].step for r in stuck)
+    return [
+        j
+        for j in going
+        if all(p.moved_on(since, step, now, timeout_s / 2) for p in groups[j].values())
+    ]
 
 
 class HangWatch:
