@@ -216,14 +216,19 @@ def _finish(proc: subprocess.Popen, run_dir: Path) -> dict[str, Any]:
     }
 
 
-DRILL = [
-    "task=train_slow_heal",
+QUICK_FT = [
     "task.modules=[wf_ft_tasks]",
     "ft=torchft",
     "engine.dp_size=2",
     "ft.timeout_s=5",
     "ft.hang_timeout_s=4",
     "ft.quorum_timeout_s=30",
+]
+"""Two replica groups of 2 ranks that give up on a lost peer in seconds (the test tasks' module
+on the path)."""
+DRILL = [
+    "task=train_slow_heal",
+    *QUICK_FT,
     f"task.steps={STEPS}",
     "task.checkpoint_every=4",
     SLEEP,
@@ -354,12 +359,7 @@ def test_a_rank_hung_in_python_is_torn_down_only_once_its_peer_group_moved_on(tm
         "wf_launch",
         [
             "task=train_hangs_once",
-            "task.modules=[wf_ft_tasks]",
-            "ft=torchft",
-            "engine.dp_size=2",
-            "ft.timeout_s=5",
-            "ft.hang_timeout_s=4",
-            "ft.quorum_timeout_s=30",
+            *QUICK_FT,
             "task.steps=16",
             "task.step_sleep_s=0.3",
             "launcher.console_ranks=[]",
