@@ -238,20 +238,28 @@ a group in the middle of one."""
 INJECT = f"hang:replica1.rank1@{HANG_AT},kill9:replica1@heal"
 
 
+def _run_drill(
+    directory: Path, overrides: list[str], inject: str, timeout: float = DEADLINE_S
+) -> subprocess.CompletedProcess:
+    """``python -m wf_launch.drill OVERRIDES --inject INJECT --dir DIRECTORY``, its output
+    captured as text."""
+    return run_python_m(
+        "wf_launch.drill",
+        [*overrides, "--inject", inject, "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(),
+        cwd=directory.parent,
+    )
+
+
 def _ft_drill(
     directory: Path, overrides: list[str], inject: str
 ) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
     """``python -m wf_launch.drill OVERRIDES --inject INJECT --dir DIRECTORY``, which must pass;
     (the command, its ``drill.json``)."""
-    done = run_python_m(
-        "wf_launch.drill",
-        [*overrides, "--inject", inject, "--dir", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        env=cli_env(),
-        cwd=directory.parent,
-    )
+    done = _run_drill(directory, overrides, inject)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done, json.loads((directory / "drill.json").read_text())
 
@@ -621,15 +629,7 @@ def test_an_ft_drill_whose_reference_run_fails_stops_naming_why(tmp_path):
     with exit 2 and the run's own last word, not a report that nothing was struck."""
     directory = tmp_path / "d"
     argv = ["task=train", "ft=torchft", "task.modules=[no_such_tasks]"]
-    done = run_python_m(
-        "wf_launch.drill",
-        [*argv, "--inject", "kill9:replica1@4", "--dir", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(),
-        cwd=tmp_path,
-    )
+    done = _run_drill(directory, argv, "kill9:replica1@4", timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "the reference run failed (exit 2)" in done.stderr
     assert "cannot import 'no_such_tasks'" in done.stderr
