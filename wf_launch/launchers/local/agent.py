@@ -48,6 +48,7 @@ from ...observe.stacks import describe_groups, group_spots, rank_ranges, spot_of
 from ...observe.watch import PEERS_GRACE_S, a_collective_timed_out
 from ..base import CTRL_C_NOTICE
 from ..interrupt import STRAGGLER_GRACE_S
+from .rank_entry import HELD_AT_FORK
 
 __all__ = [
     "LOOPBACK",
@@ -180,9 +181,8 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
         self.dumps = None
         if self.watch is not None:
             self.watch.restart()
-        # Ranks start with Ctrl-C blocked (a fork and an exec keep the mask): one that reaches
-        # them before their entry ignores it would run the agent's inherited handler there.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        held = HELD_AT_FORK if self.start_method == "fork" else {signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
             if self.gate is None or self.start_method != "fork":
                 return self._started(start())
@@ -192,7 +192,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
             finally:
                 self.gate.release(len(worker_group.workers))
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
     def _started(self, workers: dict[int, Any]) -> dict[int, Any]:
         """With ``kill_survivors`` (a replica group's ranks, which restart whole and heal): once a

@@ -16,7 +16,14 @@ from ...rundir.pids import die_with_parent
 if TYPE_CHECKING:
     from .agent import ForkGate
 
-__all__ = ["local_rank_entry"]
+__all__ = ["HELD_AT_FORK", "local_rank_entry"]
+
+HELD_AT_FORK = frozenset({signal.SIGINT, signal.SIGTERM})
+"""Blocked while the launcher forks ranks (a fork keeps the mask). A forked rank inherits the
+launcher's handlers: a Ctrl-C, or the SIGTERM that stops the ranks after it, reaching a rank
+still in multiprocessing's bootstrap would run them there and print a traceback (CI met it).
+The rank resets both, then unblocks: a pending one then acts as the rank's own. A spawned rank
+blocks only SIGINT: a SIGTERM must still end a rank that is importing torch."""
 
 
 def _parent_chain(depth: int) -> list[int]:
@@ -38,8 +45,8 @@ def local_rank_entry(
 ) -> dict[str, Any]:
     """What each local rank process runs: signal set-up, then the shared entrypoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the agent started it blocked
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_AT_FORK)
     if gate is not None:
         gate.wait()  # before any libc call that may take a lock a launcher thread held at fork
     die_with_parent(signal.SIGKILL)
