@@ -624,6 +624,41 @@ def test_the_ft_drill_refuses_a_bad_injection_with_exit_2(tmp_path, capsys, inje
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["task=train", "--inject", "kill9@4"], "--no-reference: only under ft=torchft"),
+        (
+            ["task=train", "ft=torchft", "--inject", "kill9:replica1@4", "--atol", "0.1"],
+            "--atol 0.1 with --no-reference",
+        ),
+    ],
+)
+def test_the_drill_refuses_no_reference_where_it_has_no_meaning(tmp_path, capsys, argv, message):
+    from wf_launch.drivers.drill import main
+
+    assert main([*argv, "--no-reference", "--dir", str(tmp_path / "d")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_ft_drill_without_a_reference_plans_one_run_and_checks_no_loss(capsys):
+    from wf_launch.drivers.drill import main
+    from wf_launch.drivers.drill_ft import render, verdict
+    from wf_launch.rundir.record import RunRecord
+
+    argv = ["task=train", "ft=torchft", "--inject", "kill9:replica1@8", "--dry-run"]
+    assert main([*argv, "--no-reference"]) == 0
+    assert "ft drill (no reference run): the run with:" in capsys.readouterr().out
+    ft = {"recoveries": [], "survivor_restarts": 0, "weights_equal": True}
+    run = RunRecord(status="ok", extra={"ft": ft}, results={"0": {"final_loss": 1.5}})
+    summary = verdict(None, run, [], {}, 0.05, compared=False)
+    assert summary["ok"] and "loss_within_atol" not in summary["checks"]
+    assert summary["checks"]["runs_ok"]
+    assert "final loss: 1.5 (no reference run: --no-reference)" in render(summary)
+    assert not verdict(None, run, [], {}, 0.05)["ok"]  # compared, a missing reference fails
+
+
 def test_an_ft_drill_whose_reference_run_fails_stops_naming_why(tmp_path):
     """A reference run that fails (here a task module that cannot be imported) ends the drill
     with exit 2 and the run's own last word, not a report that nothing was struck."""

@@ -724,6 +724,13 @@ def _parser() -> argparse.ArgumentParser:
         f"instead of bitwise (default with --resume-with: {drill_layout.DEFAULT_ATOL:g})",
     )
     p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="ft=torchft only: skip the reference run, and with it the check of the final loss "
+        "against it (the checks of the survivors, the rejoin and the weights stand on the "
+        "interrupted run): half the drill's time",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="check the arguments and the injections against the "
@@ -751,6 +758,11 @@ def _plan(
     """The checked overrides (with what the drill adds), injections (None: random, after the
     reference run), ``--resume-with``'s overrides and the tolerance."""
     _check_overrides(args.overrides)
+    if args.no_reference:
+        raise DrillError(
+            "--no-reference: only under ft=torchft (without ft, the comparison with the "
+            "reference run is the drill's check)"
+        )
     injections = parse_injections(args.inject, args.backend) if args.inject else None
     resume_with, atol = _layout_options(args, injections)
     if args.random is not None and args.random < 1:
@@ -797,8 +809,14 @@ def _ft_drill(args: argparse.Namespace) -> int:
                 "ft=torchft: give --inject KIND:replicaK@STEP (e.g. kill9:replica1@8), on "
                 f"--backend {' or '.join(FT_BACKENDS)}, without --random or --resume-with"
             )
+        if args.no_reference and args.atol is not None:
+            raise DrillError(
+                f"--atol {args.atol} with --no-reference: the tolerance is of the final loss "
+                "against the reference run, which --no-reference skips"
+            )
+        reference = not args.no_reference
         # bad injections: before any file
-        plan = describe_ft_drill(args.overrides, args.inject, args.backend)
+        plan = describe_ft_drill(args.overrides, args.inject, args.backend, reference)
         if args.dry_run:
             print(plan)
             return 0
@@ -810,7 +828,13 @@ def _ft_drill(args: argparse.Namespace) -> int:
     with held:
         try:
             return run_ft_drill(
-                args.overrides, args.inject, directory, args.timeout, args.atol, args.backend
+                args.overrides,
+                args.inject,
+                directory,
+                args.timeout,
+                args.atol,
+                args.backend,
+                reference,
             )
         except FtDrillError as exc:
             print(f"wf_launch.drill: {exc}", file=sys.stderr)

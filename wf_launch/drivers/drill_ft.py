@@ -2,7 +2,9 @@
 
 ``python -m wf_launch.drill task=train ft=torchft ft.replicas=2 ... --inject kill9:replica1@8``
 
-1. The *reference*: the same ft run, uninterrupted, in ``DIR/reference``.
+1. The *reference*: the same ft run, uninterrupted, in ``DIR/reference`` (skipped with
+   ``--no-reference``: the loss check below is then left out, the others stand on the
+   interrupted run alone).
 2. The *interrupted* run in ``DIR/interrupted``: when replica group K's rank 0 reports step S,
    ``kill -9`` one of its ranks (``kill9:replicaK@S`` its last rank, ``kill9:replicaK.rankR@S``
    rank R); ``kill9:replicaK@heal``, after a kill of that group, kills it again while it heals
@@ -340,15 +342,16 @@ def _checks(
     ft: dict[str, Any],
     injections: list[FtInjection],
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]],
+    compared: bool,
 ) -> dict[str, bool]:
     recoveries = ft.get("recoveries") or []
     failed = {i.replica for i in injections if i.strikes_group}
-    both_ok = reference is not None and interrupted is not None
+    runs = [interrupted, reference] if compared else [interrupted]
     lighthouse_kills = sum(i.kind == LIGHTHOUSE for i in injections)
     lighthouse = {"lighthouse_restarted": ft.get("lighthouse_restarts", 0) >= lighthouse_kills}
     return {
         **(lighthouse if lighthouse_kills else {}),
-        "runs_ok": both_ok and reference.status == interrupted.status == "ok",
+        "runs_ok": all(r is not None and r.status == "ok" for r in runs),
         "survivors_kept_pids": all(before == after for before, after in survivors.values()),
         "survivors_never_restarted": ft.get("survivor_restarts") == 0
         and not any(r["replica"] not in failed for r in recoveries),
@@ -374,14 +377,17 @@ def verdict(
     injections: list[FtInjection],
     survivors: dict[int, tuple[dict[int, int], dict[int, int]]],
     atol: float,
+    compared: bool = True,
 ) -> dict[str, Any]:
-    """The checks and figures of the drill (see the module's docstring)."""
+    """The checks and figures of the drill (see the module's docstring); ``compared`` False
+    (``--no-reference``): no reference run, so no check of the loss against it."""
     ft = (interrupted.extra.get("ft") if interrupted is not None else None) or {}
     recoveries = ft.get("recoveries") or []
-    checks = _checks(reference, interrupted, ft, injections, survivors)
+    checks = _checks(reference, interrupted, ft, injections, survivors, compared)
     ref_loss, int_loss = _final_loss(reference), _final_loss(interrupted)
     diff = abs(ref_loss - int_loss) if ref_loss is not None and int_loss is not None else None
-    checks["loss_within_atol"] = diff is not None and diff <= atol
+    if compared:
+        checks["loss_within_atol"] = diff is not None and diff <= atol
     return {
         "ok": all(checks.values()),
         "checks": checks,
@@ -400,10 +406,13 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"ft drill: {'PASS' if summary['ok'] else 'FAIL'}"]
     lines += [f"  {'ok  ' if v else 'FAIL'} {k}" for k, v in summary["checks"].items()]
     loss = summary["final_loss"]
-    lines.append(
-        f"  final loss: reference {loss['reference']}, interrupted {loss['interrupted']}, "
-        f"|diff| {loss['abs_diff']} (atol {summary['atol']})"
-    )
+    if "loss_within_atol" in summary["checks"]:
+        lines.append(
+            f"  final loss: reference {loss['reference']}, interrupted {loss['interrupted']}, "
+            f"|diff| {loss['abs_diff']} (atol {summary['atol']})"
+        )
+    else:
+        lines.append(f"  final loss: {loss['interrupted']} (no reference run: --no-reference)")
     lines.append(f"  seconds to rejoin: {summary['seconds_to_rejoin']}")
     lines.append(f"  steps lost by the survivors: {summary['survivor_steps_lost']}")
     lines.append(
@@ -442,11 +451,15 @@ def _restarts(injections: list[FtInjection]) -> str:
     return f"ft.max_replica_restarts={sum(i.strikes_group for i in injections)}"
 
 
-def describe_ft_drill(overrides: list[str], inject: str, backend: str = "local") -> str:
-    """The plan of the drill (``--dry-run``): the two runs and the kills; raises on bad input."""
+def describe_ft_drill(
+    overrides: list[str], inject: str, backend: str = "local", reference: bool = True
+) -> str:
+    """The plan of the drill (``--dry-run``): the runs and the kills; raises on bad input."""
     injections = parse_ft_injections(inject, _replicas(overrides), backend)
     lines = [
-        "ft drill: a reference run, then the same run with:",
+        "ft drill: a reference run, then the same run with:"
+        if reference
+        else "ft drill (no reference run): the run with:",
         *(_planned(i) for i in injections),
         f"  overrides: {' '.join(overrides)} {_restarts(injections)}",
     ]
@@ -483,20 +496,22 @@ def run_ft_drill(
     timeout: float,
     atol: float | None,
     backend: str = "local",
+    reference: bool = True,
 ) -> int:
-    """Both runs and the verdict; the exit code (0: every check holds, 1: one does not)."""
+    """Both runs (only the interrupted one without ``reference``) and the verdict; the exit
+    code (0: every check holds, 1: one does not)."""
     replicas = _replicas(overrides)
     injections = parse_ft_injections(inject, replicas, backend)
     overrides = [f"launcher={backend}", *overrides]
     directory.mkdir(parents=True, exist_ok=True)
     ref_dir, int_dir = directory / "reference", directory / "interrupted"
-    deadline = time.monotonic() + timeout
-    print(f"drill: reference run in {ref_dir}", flush=True)
     ref_log, int_log = directory / "reference.log", directory / "interrupted.log"
-    if code := _wait(launch_cli(overrides, ref_dir, ref_log), deadline):
-        raise FtDrillError(
-            f"the reference run failed (exit {code}): {_last_line(ref_log)} (see {ref_log})"
-        )
+    if reference:
+        print(f"drill: reference run in {ref_dir}", flush=True)
+        if code := _wait(launch_cli(overrides, ref_dir, ref_log), time.monotonic() + timeout):
+            raise FtDrillError(
+                f"the reference run failed (exit {code}): {_last_line(ref_log)} (see {ref_log})"
+            )
     deadline = time.monotonic() + timeout
     print(f"drill: interrupted run in {int_dir}", flush=True)
     proc = launch_cli([*overrides, _restarts(injections)], int_dir, int_log)
@@ -510,11 +525,12 @@ def run_ft_drill(
             proc.wait()
     survivors = {k: (pids, _pids(int_dir, k)) for k, pids in before.items()}
     summary = verdict(
-        _record(ref_dir),
+        _record(ref_dir) if reference else None,
         _record(int_dir),
         injections,
         survivors,
         DEFAULT_ATOL if atol is None else atol,
+        compared=reference,
     )
     atomic_write_json(directory / "drill.json", summary)
     print(render(summary), flush=True)
