@@ -336,6 +336,10 @@ def _final_loss(rec: RunRecord | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _runs_ok(runs: list[RunRecord | None]) -> bool:
+    return all(r is not None and r.status == "ok" for r in runs)
+
+
 def _checks(
     reference: RunRecord | None,
     interrupted: RunRecord | None,
@@ -346,12 +350,12 @@ def _checks(
 ) -> dict[str, bool]:
     recoveries = ft.get("recoveries") or []
     failed = {i.replica for i in injections if i.strikes_group}
-    runs = [interrupted, reference] if compared else [interrupted]
+    runs_ok = _runs_ok([interrupted, reference] if compared else [interrupted])
     lighthouse_kills = sum(i.kind == LIGHTHOUSE for i in injections)
     lighthouse = {"lighthouse_restarted": ft.get("lighthouse_restarts", 0) >= lighthouse_kills}
     return {
         **(lighthouse if lighthouse_kills else {}),
-        "runs_ok": all(r is not None and r.status == "ok" for r in runs),
+        "runs_ok": runs_ok,
         "survivors_kept_pids": all(before == after for before, after in survivors.values()),
         "survivors_never_restarted": ft.get("survivor_restarts") == 0
         and not any(r["replica"] not in failed for r in recoveries),
