@@ -394,6 +394,48 @@ def test_a_rank_hung_in_python_is_torn_down_only_once_its_peer_group_moved_on(tm
 
 
 @pytest.mark.slow
+def test_a_group_back_after_its_peer_ended_its_steps_heals_from_it_at_the_last_step(tmp_path):
+    """Group 1 is killed at step 6 and comes back only once group 0 has run all 12 steps
+    (``WF_TEST_BACK_LATE``: a restart slower than the rest of the run). Group 0 holds at its last
+    step, joins group 1's first quorum and group 1 heals from it to step 12: equal weights, not
+    12 steps trained alone from scratch."""
+    directory = tmp_path / "drill"
+    done = run_python_m(
+        "wf_launch.drill",
+        [
+            "task=train",
+            *QUICK_FT,
+            "engine.dp_size=1",
+            "task.steps=12",
+            "task.step_sleep_s=0.1",
+            "launcher.console_ranks=[]",
+            "--inject",
+            "kill9:replica1@6",
+            "--no-reference",
+            "--dir",
+            str(directory),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env({"WF_TEST_BACK_LATE": "1"}),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ft drill: PASS" in done.stdout
+    run_dir = directory / "interrupted"
+    section = json.loads((run_dir / "result.json").read_text())["ft"]
+    (rec,) = section["recoveries"]
+    assert (rec["replica"], rec["failed_at_step"], rec["healed_from"]) == (1, 6, 0), rec
+    assert rec["rejoined_at_step"] == 12  # back after group 0's last step
+    assert section["steps_completed"] == {"0": 12, "1": 12}
+    assert section["survivor_restarts"] == 0 and section["weights_equal"]
+    log = (files.ft_replica_dir(run_dir, 0) / "logs" / "rank0.log").read_text()
+    assert "ft: holding at step 12: a group is back, joining its quorum" in log
+    assert "not back within" not in log
+
+
+@pytest.mark.slow
 def test_min_replicas_not_met_fails_the_run_naming_the_replica_group(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(

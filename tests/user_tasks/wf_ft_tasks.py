@@ -6,16 +6,22 @@ can kill a rank of the group while it heals (``kill9:replicaK@heal``) without ra
 ``train_hangs_once`` is ``train`` but for a hang in Python (not a stopped process): with
 ``WF_TEST_HANG_AT=K:S`` in the environment, rank 0 of replica group K sleeps forever in step S of
 its first attempt, right after the step's quorum, where a deadlock in a forward would sit.
+
+With ``WF_TEST_BACK_LATE=1`` in the environment, a restarted replica group joins torchft only
+once every other group has ended its steps: back after its peers finished, as a restart slower
+than the rest of the run would be (any task of a run that loads this module).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from wf_launch import TaskContext, register_task
-from wf_launch.rank.ft import replica_id, restarted
+from wf_launch.rank.ft import ENDED, FtSession, replica_id, restarted
+from wf_launch.rundir import files
 from wf_launch.tasks.train import PRELOAD, TrainConfig, train
 
 HEAL_SLEEP_S = 3.0
@@ -54,3 +60,36 @@ def train_hangs_once(ctx: TaskContext) -> dict[str, Any]:
 
         manager.start_quorum = start_quorum_then_hang
     return train(ctx)
+
+
+BACK_LATE_ENV = "WF_TEST_BACK_LATE"
+BACK_LATE_WAIT_S = 120.0
+_join_torchft = FtSession.__init__
+
+
+def _join_after_the_others_ended(
+    self: FtSession, config: dict[str, Any], run_dir: Any, *args: Any, **kwargs: Any
+) -> None:
+    """With ``WF_TEST_BACK_LATE=1``: a restarted group joins torchft only once every other group
+    has ended its steps (before its Manager heartbeats: a slow restart, not a hung group)."""
+    if os.environ.get(BACK_LATE_ENV) == "1" and restarted():
+        me, top = replica_id(), Path(run_dir).parent.parent
+        marks = [
+            files.ft_joined(files.ft_replica_dir(top, k))
+            for k in range(int(config["ft"]["replicas"]))
+            if k != me
+        ]
+        deadline = time.monotonic() + BACK_LATE_WAIT_S
+        while time.monotonic() < deadline and not all(_says(m, ENDED) for m in marks):
+            time.sleep(0.05)
+    _join_torchft(self, config, run_dir, *args, **kwargs)
+
+
+def _says(mark: Path, word: str) -> bool:
+    try:
+        return mark.read_text().strip() == word
+    except FileNotFoundError:
+        return False
+
+
+FtSession.__init__ = _join_after_the_others_ended  # type: ignore[method-assign]

@@ -355,6 +355,7 @@ class FtSession:
         for name in TORCHFT_LOGGERS:  # their INFO lines (every step), warnings of NCCL on gloo
             logging.getLogger(name).setLevel(logging.ERROR)
         ft = config["ft"]
+        self.ft, self.rank, self.log = ft, rank, log
         self.replica = replica_id()
         self.run_dir = Path(run_dir)
         timeout = timedelta(seconds=float(ft["timeout_s"]))
@@ -400,6 +401,89 @@ class FtSession:
             quorum_retries=QUORUM_RETRIES,
         )
 
+    def finish(self, group: Any) -> None:
+        """This replica group ran its last step: hold it, serving its state, for groups coming
+        back, then return.
+
+        A group that restarts after a failure heals from a live peer; one back after every peer
+        ended has none, trains alone from its own checkpoint and ends with other weights. So a
+        group done with its steps marks itself ``ended`` and holds: while another group restarts
+        it waits (its phase says :data:`QUORUM`: it is not hung), and when that group asks for
+        its first quorum it joins it, so that group heals from it, to the last step. It returns
+        once every other group has ended, or after ``ft.join_timeout_s``. Every rank of the group
+        calls it; group rank 0 decides each round and ``group`` (the group's world) follows.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if self.rank == 0:
+            atomic_write_text(files.ft_joined(self.run_dir), ENDED)
+        step = int(self.manager.current_step())
+        write_phase(self.run_dir, self.rank, QUORUM, step)
+        hold = _Hold(self.run_dir, int(self.ft["replicas"]), float(self.ft["join_timeout_s"]))
+        while True:
+            word = torch.tensor([hold.next_word() if self.rank == 0 else 0])
+            dist.broadcast(word, src=0, group=group.cpu_group)
+            if int(word.item()) == _DONE:
+                break
+            if int(word.item()) == _WAIT:
+                time.sleep(JOIN_POLL_S)
+                continue
+            if self.rank == 0:
+                self.log.info(f"ft: holding at step {step}: a group is back, joining its quorum")
+            try:
+                self.manager.start_quorum()
+            except Exception as exc:  # the steps are done: a heal that fails must not fail them
+                self.log.warning(f"ft: holding at step {step}, no quorum with a group back: {exc}")
+                break
+            write_phase(self.run_dir, self.rank, QUORUM, step)
+        if hold.left_behind:
+            self.log.warning(
+                f"ft: replica group(s) {hold.left_behind} not back within "
+                f"ft.join_timeout_s={self.ft['join_timeout_s']}; ending without them"
+            )
+
     def shutdown(self) -> None:
         """Stop the Manager's servers and threads (the task is done)."""
         self.manager.shutdown(wait=False)
+
+
+_DONE, _WAIT, _HEAL = 1, 2, 3
+"""What a holding group does next (:meth:`FtSession.finish`): end, wait, or join a quorum."""
+
+
+class _Hold:
+    """Group rank 0's view, while its group holds at the last step, of the other replica groups:
+    ended (their mark), restarting, or asking for their first quorum (their rank 0's phase)."""
+
+    def __init__(self, replica_dir: Path, replicas: int, timeout_s: float) -> None:
+        run_dir, me = replica_dir.parent.parent, int(replica_dir.name)
+        self.others = {k: files.ft_replica_dir(run_dir, k) for k in range(replicas) if k != me}
+        self.deadline = time.monotonic() + timeout_s
+        self.joined_since: dict[int, float] = {}
+        self.left_behind: list[int] = []
+
+    def next_word(self) -> int:
+        """:data:`_HEAL` for a group at a first quorum not joined yet, :data:`_DONE` when every
+        other group has ended (or the deadline passed), else :data:`_WAIT`."""
+        waiting = [k for k, d in self.others.items() if _read_mark(files.ft_joined(d)) != ENDED]
+        for k in waiting:
+            since = _first_quorum_since(self.others[k])
+            if since is not None and since > self.joined_since.get(k, 0.0):
+                self.joined_since[k] = since
+                return _HEAL
+        if waiting and time.monotonic() < self.deadline:
+            return _WAIT
+        self.left_behind = waiting
+        return _DONE
+
+
+def _first_quorum_since(replica_dir: Path) -> float | None:
+    """Since when the group's rank 0 waits for its attempt's first quorum (None if it does not)."""
+    try:
+        data = json.loads(read_text(files.ft_phase(replica_dir, 0)))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("phase") != QUORUM or not data.get("first"):
+        return None
+    return float(data.get("since", 0.0))

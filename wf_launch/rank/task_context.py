@@ -84,6 +84,13 @@ class TaskContext:
         """This rank's replica group under ``ft=torchft`` (0 otherwise)."""
         return self.ft_session.replica if self.ft_session is not None else 0
 
+    def ft_finish(self) -> None:
+        """Under ``ft=torchft``, after the task's last step: hold this replica group, serving its
+        state, until the groups coming back after a failure have healed from it (at most
+        ``ft.join_timeout_s``); without ft, nothing. Every rank of the group calls it."""
+        if self.ft_session is not None:
+            self.ft_session.finish(self.groups["world"])
+
     def progress(self, step: int, total: int | None = None, **metrics: Any) -> None:
         """Report this rank's step (of ``total``) and metrics: cheap, never a collective.
 

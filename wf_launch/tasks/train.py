@@ -611,6 +611,10 @@ def train_step_ft(t: Trainer, positions: torch.Tensor) -> tuple[int, float] | No
     """
     manager = t.ctx.ft
     manager.start_quorum()
+    if t.progress["step"] >= t.cfg.steps:  # healed from a group holding at the last step
+        curve = t.progress["loss_curve"]
+        t.ctx.progress(t.progress["step"], t.cfg.steps, loss=curve[-1], **_ft_metrics(t))
+        return None
     step = t.progress["step"] + 1
     t.opt.zero_grad(set_to_none=True)
     saved, local_loss = _forward_all(t, step, positions)
@@ -758,6 +762,8 @@ def train(ctx: TaskContext) -> dict[str, Any]:
             ctx.log.warning(f"train: stop agreed after step {step}: checkpoint saved, returning")
             break
     elapsed = time.perf_counter() - t0 - sleep_total
+    if not stopped:
+        ctx.ft_finish()
     if cfg.save_final and not stopped and saved_at != progress["step"]:
         ctx.checkpoint.save(progress["step"], t.state, scopes=SCOPES)
     return report(t, resumed, stopped, progress["step"] - start_step, elapsed)

@@ -25,8 +25,9 @@ from loguru import logger
 
 from ...config.ft import FtConfig
 from ...observe.live import LiveView
-from ...rank.ft import FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG
+from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG
 from ...rundir import files
+from ...rundir.io import atomic_write_text
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord
 from ..ft_hang import HangWatch
@@ -161,7 +162,8 @@ def _supervise(
             while pending:
                 live.tick()
                 for ref in rt.wait(list(pending), POLL_S)[0]:
-                    pending.pop(ref)
+                    k = pending.pop(ref)  # its launch is over: the others stop waiting for it
+                    atomic_write_text(files.ft_joined(files.ft_replica_dir(plan.run_dir, k)), ENDED)
                 if lighthouse is not None and not lighthouse.alive() and pending:
                     try:
                         lighthouse.restart()
