@@ -166,7 +166,9 @@ start_node() {  # start_node I: the head (I = 1) or one more raylet
     local i=$1 role
     local -a args=(--node-ip-address=127.0.0.1 --temp-dir="$TEMP" --num-cpus="$CPUS" --num-gpus="$GPUS"
                    --resources="{\"wf_node_$i\": 1}" --object-store-memory=$((OBJECT_STORE_MB * 1024 * 1024))
-                   --disable-usage-stats)
+                   --disable-usage-stats --include-log-monitor=false)
+    # no log monitor: every driver of ours connects with log_to_driver=False, so what it would
+    # stream (the workers' output, some 40 s of CPU over the suite) reaches nobody
     # shellcheck disable=SC2207
     args+=($(node_ports "$i"))
     if ((i == 1)); then
