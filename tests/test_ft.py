@@ -239,17 +239,21 @@ INJECT = f"hang:replica1.rank1@{HANG_AT},kill9:replica1@heal"
 
 
 def _run_drill(
-    directory: Path, overrides: list[str], inject: str, timeout: float = DEADLINE_S
+    directory: Path,
+    overrides: list[str],
+    inject: str,
+    timeout: float = DEADLINE_S,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """``python -m wf_launch.drill OVERRIDES --inject INJECT --dir DIRECTORY``, its output
-    captured as text."""
+    captured as text (``env``: more variables for it)."""
     return run_python_m(
         "wf_launch.drill",
         [*overrides, "--inject", inject, "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=cli_env(),
+        env=cli_env(env),
         cwd=directory.parent,
     )
 
@@ -401,27 +405,16 @@ def test_a_group_back_after_its_peer_ended_its_steps_heals_from_it_at_the_last_s
     step, joins group 1's first quorum and group 1 heals from it to step 12: equal weights, not
     12 steps trained alone from scratch."""
     directory = tmp_path / "drill"
-    done = run_python_m(
-        "wf_launch.drill",
-        [
-            "task=train",
-            *QUICK_FT,
-            "engine.dp_size=1",
-            "task.steps=12",
-            "task.step_sleep_s=0.1",
-            "launcher.console_ranks=[]",
-            "--inject",
-            "kill9:replica1@6",
-            "--no-reference",
-            "--dir",
-            str(directory),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=cli_env({"WF_TEST_BACK_LATE": "1"}),
-        cwd=tmp_path,
-    )
+    overrides = [
+        "task=train",
+        *QUICK_FT,
+        "engine.dp_size=1",
+        "task.steps=12",
+        "task.step_sleep_s=0.1",
+        "launcher.console_ranks=[]",
+        "--no-reference",
+    ]
+    done = _run_drill(directory, overrides, "kill9:replica1@6", 300, {"WF_TEST_BACK_LATE": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ft drill: PASS" in done.stdout
     run_dir = directory / "interrupted"

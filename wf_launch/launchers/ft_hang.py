@@ -19,7 +19,6 @@ counts: another group waiting for a quorum since then for half the hang timeout,
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -30,9 +29,8 @@ from pathlib import Path
 import psutil
 from loguru import logger
 
-from ..rank.ft import QUORUM, STEP, append_event
+from ..rank.ft import QUORUM, STEP, append_event, phase_of
 from ..rundir import files
-from ..rundir.io import read_text
 from ..rundir.pids import live_rank_pid
 from .ft_record import read_events
 
@@ -77,11 +75,13 @@ Group = Mapping[int, Phase]
 
 def read_phase(replica_dir: Path, rank: int) -> Phase | None:
     """Rank ``rank``'s :class:`Phase` (None before its first quorum, or if unreadable)."""
+    data = phase_of(replica_dir, rank)
+    if data is None:
+        return None
     try:
-        data = json.loads(read_text(files.ft_phase(replica_dir, rank)))
         first = bool(data.get("first", False))
         return Phase(str(data["phase"]), float(data["since"]), int(data["step"]), first)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "bind_host",
     "ft_enabled",
     "no_quorum",
+    "phase_of",
     "replica_id",
     "wait_for_groups",
     "write_phase",
@@ -121,6 +122,16 @@ def write_phase(
         {"phase": phase, "since": round(time.time(), 6), "step": step, "first": first}
     )
     atomic_write_text(files.ft_phase(replica_dir, rank), text + "\n")
+
+
+def phase_of(replica_dir: Path | str, rank: int) -> dict[str, Any] | None:
+    """What :func:`write_phase` last wrote for group rank ``rank`` (None before that, or if it
+    cannot be read)."""
+    try:
+        data = json.loads(read_text(files.ft_phase(replica_dir, rank)))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def append_event(replica_dir: Path | str, **event: Any) -> None:
@@ -480,10 +491,7 @@ class _Hold:
 
 def _first_quorum_since(replica_dir: Path) -> float | None:
     """Since when the group's rank 0 waits for its attempt's first quorum (None if it does not)."""
-    try:
-        data = json.loads(read_text(files.ft_phase(replica_dir, 0)))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("phase") != QUORUM or not data.get("first"):
+    data = phase_of(replica_dir, 0)
+    if data is None or data.get("phase") != QUORUM or not data.get("first"):
         return None
     return float(data.get("since", 0.0))
