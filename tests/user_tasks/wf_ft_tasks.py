@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wf_launch import TaskContext, register_task
-from wf_launch.rank.ft import ENDED, FtSession, replica_id, restarted
+from wf_launch.rank.ft import ENDED, FtSession, read_mark, replica_id, restarted
 from wf_launch.rundir import files
 from wf_launch.tasks.train import PRELOAD, TrainConfig, train
 
@@ -74,22 +74,13 @@ def _join_after_the_others_ended(
     has ended its steps (before its Manager heartbeats: a slow restart, not a hung group)."""
     if os.environ.get(BACK_LATE_ENV) == "1" and restarted():
         me, top = replica_id(), Path(run_dir).parent.parent
-        marks = [
-            files.ft_joined(files.ft_replica_dir(top, k))
-            for k in range(int(config["ft"]["replicas"]))
-            if k != me
+        others = [
+            files.ft_replica_dir(top, k) for k in range(int(config["ft"]["replicas"])) if k != me
         ]
         deadline = time.monotonic() + BACK_LATE_WAIT_S
-        while time.monotonic() < deadline and not all(_says(m, ENDED) for m in marks):
+        while time.monotonic() < deadline and not all(read_mark(d) == ENDED for d in others):
             time.sleep(0.05)
     _join_torchft(self, config, run_dir, *args, **kwargs)
-
-
-def _says(mark: Path, word: str) -> bool:
-    try:
-        return mark.read_text().strip() == word
-    except FileNotFoundError:
-        return False
 
 
 FtSession.__init__ = _join_after_the_others_ended  # type: ignore[method-assign]

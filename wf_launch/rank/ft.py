@@ -48,8 +48,10 @@ __all__ = [
     "ft_enabled",
     "no_quorum",
     "phase_of",
+    "read_mark",
     "replica_id",
     "wait_for_groups",
+    "write_mark",
     "write_phase",
 ]
 
@@ -325,9 +327,9 @@ def wait_for_groups(replica_dir: Path, ft: dict[str, Any], deadline: float, log:
     Raises :func:`no_quorum`'s error when fewer than ``ft.min_replicas`` groups joined in time.
     """
     run_dir = replica_dir.parent.parent
-    marks = [files.ft_joined(files.ft_replica_dir(run_dir, k)) for k in range(ft["replicas"])]
+    groups = [files.ft_replica_dir(run_dir, k) for k in range(ft["replicas"])]
     while True:
-        said = [_read_mark(mark) for mark in marks]
+        said = [read_mark(group) for group in groups]
         if all(said) or time.monotonic() >= deadline:
             break
         time.sleep(JOIN_POLL_S)
@@ -342,11 +344,19 @@ def wait_for_groups(replica_dir: Path, ft: dict[str, Any], deadline: float, log:
     )
 
 
-def _read_mark(path: Path) -> str:
+def read_mark(replica_dir: Path | str) -> str:
+    """What a replica group's :func:`files.ft_joined` mark says (:data:`JOINED`, :data:`ENDED`;
+    empty before either)."""
     try:
-        return read_text(path).strip()
+        return read_text(files.ft_joined(replica_dir)).strip()
     except FileNotFoundError:
         return ""
+
+
+def write_mark(replica_dir: Path | str, word: str) -> None:
+    """Set a replica group's :func:`files.ft_joined` mark to ``word`` (:data:`JOINED` or
+    :data:`ENDED`)."""
+    atomic_write_text(files.ft_joined(replica_dir), word)
 
 
 class FtSession:
@@ -381,7 +391,7 @@ class FtSession:
             f"(Lighthouse {os.environ.get(LIGHTHOUSE_ENV)})"
         )
         if rank == 0:
-            atomic_write_text(files.ft_joined(self.run_dir), JOINED)
+            write_mark(self.run_dir, JOINED)
             if not restarted():
                 wait_for_groups(self.run_dir, ft, self.manager.join_deadline, log)
 
@@ -428,16 +438,17 @@ class FtSession:
         import torch.distributed as dist
 
         if self.rank == 0:
-            atomic_write_text(files.ft_joined(self.run_dir), ENDED)
+            write_mark(self.run_dir, ENDED)
         step = int(self.manager.current_step())
         write_phase(self.run_dir, self.rank, QUORUM, step)
         hold = _Hold(self.run_dir, int(self.ft["replicas"]), float(self.ft["join_timeout_s"]))
         while True:
-            word = torch.tensor([hold.next_word() if self.rank == 0 else 0])
-            dist.broadcast(word, src=0, group=group.cpu_group)
-            if int(word.item()) == _DONE:
+            said = torch.tensor([hold.next_word() if self.rank == 0 else 0])
+            dist.broadcast(said, src=0, group=group.cpu_group)
+            word = int(said.item())
+            if word == _DONE:
                 break
-            if int(word.item()) == _WAIT:
+            if word == _WAIT:
                 time.sleep(JOIN_POLL_S)
                 continue
             if self.rank == 0:
@@ -477,7 +488,7 @@ class _Hold:
     def next_word(self) -> int:
         """:data:`_HEAL` for a group at a first quorum not joined yet, :data:`_DONE` when every
         other group has ended (or the deadline passed), else :data:`_WAIT`."""
-        waiting = [k for k, d in self.others.items() if _read_mark(files.ft_joined(d)) != ENDED]
+        waiting = [k for k, d in self.others.items() if read_mark(d) != ENDED]
         for k in waiting:
             since = _first_quorum_since(self.others[k])
             if since is not None and since > self.joined_since.get(k, 0.0):

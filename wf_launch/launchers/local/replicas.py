@@ -26,9 +26,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from ...config.ft import FtConfig
-from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event
-from ...rundir import files
-from ...rundir.io import atomic_write_text
+from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, append_event, write_mark
 from ...rundir.outcome import RunOutcome
 from ...rundir.pids import die_with_parent
 from ..ft_hang import HangWatch
@@ -87,7 +85,7 @@ def replica_main(launch: LaunchFn, plan: LaunchPlan, k: int, lighthouse: str) ->
     except BaseException as exc:
         logger.error(f"ft: replica group {k}'s launch failed: {type(exc).__name__}: {exc}")
         code = 1
-    atomic_write_text(files.ft_joined(plan.run_dir), ENDED)  # the others stop waiting for it
+    write_mark(plan.run_dir, ENDED)  # the others stop waiting for it
     logger.complete()
     os._exit(code)
 

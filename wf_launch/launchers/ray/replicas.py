@@ -25,9 +25,8 @@ from loguru import logger
 
 from ...config.ft import FtConfig
 from ...observe.live import LiveView
-from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG
+from ...rank.ft import ENDED, FT_REPLICA_ENV, LIGHTHOUSE_ENV, RUST_LOG, write_mark
 from ...rundir import files
-from ...rundir.io import atomic_write_text
 from ...rundir.outcome import RunOutcome
 from ...rundir.record import RecordError, RunRecord
 from ..ft_hang import HangWatch
@@ -163,7 +162,7 @@ def _supervise(
                 live.tick()
                 for ref in rt.wait(list(pending), POLL_S)[0]:
                     k = pending.pop(ref)  # its launch is over: the others stop waiting for it
-                    atomic_write_text(files.ft_joined(files.ft_replica_dir(plan.run_dir, k)), ENDED)
+                    write_mark(files.ft_replica_dir(plan.run_dir, k), ENDED)
                 if lighthouse is not None and not lighthouse.alive() and pending:
                     try:
                         lighthouse.restart()
