@@ -119,6 +119,10 @@ def rank(_):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a rank blocked in native code
     time.sleep(300)
 
+if os.environ.get("WF_TEST_MISS_FAILURE"):  # the agent's first look misses rank 1's exit
+    from wf_launch.launchers.local import agent
+    agent._ExitCodeAgent.before_monitor = lambda self, worker_group: None
+
 config = LaunchConfig(
     min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="deaf", rdzv_backend="c10d",
     rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, start_method="fork",
@@ -132,14 +136,24 @@ except RanksFailed as exc:
 """
 
 
-def test_a_replica_groups_survivors_are_killed_at_once_when_a_rank_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize("missed", [False, True], ids=["seen", "missed-by-first-look"])
+def test_a_replica_groups_survivors_are_killed_at_once_when_a_rank_fails(
+    tmp_path: Path, missed: bool
+) -> None:
     """``kill_survivors`` (an ft replica group's agent): a rank that cannot take SIGTERM (blocked
     in a gloo collective or torchft's quorum call) is killed at once when its peer fails, not
-    after torch's 30 s grace; only the rank that failed on its own is named."""
+    after torch's 30 s grace; only the rank that failed on its own is named, also when the
+    agent's first look missed the failure and torch's check found it (and killed the peer)."""
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_SURVIVOR)
+    env = {**os.environ, **({"WF_TEST_MISS_FAILURE": "1"} if missed else {})}
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])

@@ -267,6 +267,19 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
             if (code := codes.get(w.local_rank)) not in (None, 0)
         }
 
+    def _failed_unseen(self, worker_group: WorkerGroup, result: RunResult) -> dict[int, int]:
+        """The failed ranks when :meth:`before_monitor` missed the moment. With ``kill_survivors``
+        torch's own check SIGKILLed the survivors in the same call: a rank killed so is not named
+        unless that check named it."""
+        failed = self._failed(worker_group)
+        if not self.kill_survivors:
+            return failed
+        return {
+            rank: code
+            for rank, code in failed.items()
+            if rank in result.failures or code != -signal.SIGKILL
+        }
+
     def _let_peers_end(self, worker_group: WorkerGroup) -> None:
         """Wait up to :data:`PEERS_GRACE_S` for the live ranks to end on their own."""
         deadline = time.monotonic() + PEERS_GRACE_S
@@ -275,7 +288,7 @@ class _ExitCodeAgent(hooked_agent_class()):  # type: ignore[misc]
 
     def after_monitor(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         if result.is_failed():
-            self.exit_codes = self.first_failed or self._failed(worker_group)
+            self.exit_codes = self.first_failed or self._failed_unseen(worker_group, result)
         elif self.watch is not None and self.process_context is not None:
             self.watch.tick(self._live_pids(worker_group))
         return result
