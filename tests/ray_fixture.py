@@ -111,22 +111,34 @@ class RayCluster:
         supervisors, rank or supervisor processes; waited for up to ``grace_s`` (teardown is
         asynchronous)."""
         code = """
+            from ray._private import state
             from ray.util import placement_group_table
             busy = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
             pgs = [k for k, v in placement_group_table().items() if v["state"] != "REMOVED"]
             named = ray.util.list_named_actors(all_namespaces=True)
-            print(repr((busy, pgs, named)))
+            free = state.available_resources_per_node()
+            held = {
+                node[:8]: cpus - free.get(node, {}).get("CPU", 0)
+                for node, r in state.total_resources_per_node().items()
+                if (cpus := r.get("CPU", 0)) != free.get(node, {}).get("CPU", 0)
+            }
+            live = sorted(
+                f"{a['ActorClassName']} {a['State']} on {a['Address']['NodeID'][:8]}"
+                for a in state.actors().values()
+                if a["State"] != "DEAD"
+            )
+            print(repr((busy, pgs, named, f"by node {held}, live actors {live}")))
         """
         deadline = time.monotonic() + grace_s
         while True:
-            busy, pgs, named = eval(self.ask(code).strip().splitlines()[-1])
+            busy, pgs, named, where = eval(self.ask(code).strip().splitlines()[-1])
             procs = [
                 f"{p.pid}: {' '.join(p.cmdline())}"
                 for p in psutil.process_iter()
                 if _title(p).startswith(RANK_TITLES)
             ]
             found = (
-                ([f"{busy:g} CPU(s) still held"] if busy else [])
+                ([f"{busy:g} CPU(s) still held ({where})"] if busy else [])
                 + [f"placement group {p}" for p in pgs]
                 + [f"named actor {n}" for n in named]
                 + procs
