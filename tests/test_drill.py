@@ -5,11 +5,13 @@ cost."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli_env, run_python_m
+from cli_helpers import cli_env, leftover_processes, python_m, run_python_m
 
 from wf_launch.drivers.drill import main as drill_main
 from wf_launch.rundir.claim import RunDirInUse, claim
@@ -122,3 +124,39 @@ def test_local_drill_kill9_then_sigterm_ends_identical(tmp_path: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert "local run ended -> ok (exit 0)" in status.stdout
     assert "attempt 2: stop flag: SIGTERM; resumed from step" in status.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["engine.dp_size=2", "--inject", "kill9@1500"],
+        ["ft=torchft", "--no-reference", "--inject", "kill9:replica1@1500"],
+    ],
+    ids=["drill", "ft-drill"],
+)
+def test_a_sigterm_to_the_drill_stops_the_run_it_started(tmp_path: Path, args: list[str]) -> None:
+    """The drill starts each run in a session of its own (a ``kill`` of the drill reaches only
+    the drill): a SIGTERM to it must stop that run, ranks included, and leave nothing behind."""
+    directory = tmp_path / "drill"
+    proc = python_m(
+        "wf_launch.drill",
+        ["task=train", "task.steps=2000", "task.step_sleep_s=0.05", *args, "--dir", str(directory)],
+        fresh=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(directory.glob("**/logs/rank0.progress.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert leftover_processes(str(directory)) == []

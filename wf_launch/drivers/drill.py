@@ -72,7 +72,7 @@ from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
 from .drill_ft import FtDrillError, describe_ft_drill, run_ft_drill, wants_ft
-from .drill_launch import launch_cli
+from .drill_launch import launch_cli, stop_launch, terminated_as_exit
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -266,23 +266,11 @@ def _checkpoint_before_kills(
 
 
 # ------------------------------------------------------------------ running the CLI
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    """SIGTERM the launch (its own process group), SIGKILL after 60 s."""
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def _finish(proc: subprocess.Popen[bytes], deadline: float) -> int:
     try:
         return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        _stop(proc)
+        stop_launch(proc)
         raise DrillError("the run did not finish within --timeout") from None
 
 
@@ -342,7 +330,7 @@ class Drill:
             raise DrillError(
                 f"usr2: the run never recorded its stop (attempt {attempt}); see {log}"
             )
-        _stop(proc)
+        stop_launch(proc)
         run.exit_codes.append(proc.returncode if proc is not None else -1)
         self._proc = launch_cli(self._relaunch(run), run.run_dir, log)
         run.launches += 1
@@ -372,7 +360,7 @@ class Drill:
         try:
             run.exit_codes.append(_finish(proc, t0 + self.timeout_s))
         except BaseException:
-            _stop(proc)
+            stop_launch(proc)
             raise
         run.launches, run.wall_s = 1, time.monotonic() - t0
         return run
@@ -388,7 +376,7 @@ class Drill:
             self._inject(run, injections, log, deadline)
             run.exit_codes.append(_finish(self._proc, deadline))
         except BaseException:
-            _stop(
+            stop_launch(
                 self._proc
             )  # never leave a run behind (on SLURM its launcher cancels the job on SIGTERM)
             raise
@@ -781,6 +769,11 @@ def _plan(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with terminated_as_exit():
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     if wants_ft(args.overrides):
         return _ft_drill(args)
     try:
