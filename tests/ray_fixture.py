@@ -118,10 +118,10 @@ class RayCluster:
             named = ray.util.list_named_actors(all_namespaces=True)
             free = state.available_resources_per_node()
             held = {
-                node[:8]: cpus - free.get(node, {}).get("CPU", 0)
+                node[:8]: r.get("CPU", 0) - free.get(node, {}).get("CPU", 0)
                 for node, r in state.total_resources_per_node().items()
-                if (cpus := r.get("CPU", 0)) != free.get(node, {}).get("CPU", 0)
             }
+            held = {node: cpus for node, cpus in held.items() if cpus}
             live = sorted(
                 f"{a['ActorClassName']} {a['State']} on {a['Address']['NodeID'][:8]}"
                 for a in state.actors().values()

@@ -72,7 +72,7 @@ from ..rundir.progress import read_progress
 from ..rundir.record import RecordError, RunRecord, Status
 from . import drill_layout
 from .drill_ft import FtDrillError, describe_ft_drill, run_ft_drill, wants_ft
-from .drill_launch import launch_cli, stop_launch, terminated_as_exit
+from .drill_launch import finish_launch, launch_cli, stop_launch, terminated_as_exit
 
 __all__ = ["Injection", "main", "parse_injections"]
 
@@ -267,11 +267,9 @@ def _checkpoint_before_kills(
 
 # ------------------------------------------------------------------ running the CLI
 def _finish(proc: subprocess.Popen[bytes], deadline: float) -> int:
-    try:
-        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        stop_launch(proc)
-        raise DrillError("the run did not finish within --timeout") from None
+    if (code := finish_launch(proc, deadline)) is None:
+        raise DrillError("the run did not finish within --timeout")
+    return code
 
 
 def _world_size(run_dir: Path) -> int:

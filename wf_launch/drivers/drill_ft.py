@@ -48,7 +48,7 @@ from ..rundir import files
 from ..rundir.io import atomic_write_json, read_json, read_lines
 from ..rundir.pids import live_rank_pid, live_recorded_pid
 from ..rundir.record import RecordError, RunRecord
-from .drill_launch import launch_cli, stop_launch
+from .drill_launch import finish_launch, launch_cli, stop_launch
 
 __all__ = [
     "DEFAULT_ATOL",
@@ -181,15 +181,9 @@ def parse_ft_injections(text: str, replicas: int, backend: str = "local") -> lis
 
 
 def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int:
-    """The launch's exit code; past ``deadline`` it is stopped (:func:`stop_launch`: on Ray or
-    SLURM a SIGKILL alone would leave its ranks running on the cluster)."""
-    try:
-        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        stop_launch(proc)
-        raise FtDrillError("a run took longer than --timeout; it was stopped") from None
-    finally:
-        stop_launch(proc)  # the drill itself was interrupted
+    if (code := finish_launch(proc, deadline)) is None:
+        raise FtDrillError("a run took longer than --timeout; it was stopped")
+    return code
 
 
 def _last_line(log: Path) -> str:

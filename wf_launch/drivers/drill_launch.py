@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from types import FrameType
 from ..rank.progress import PUBLISH_ENV
 from ..rundir.io import open_log
 
-__all__ = ["STOP_GRACE_S", "launch_cli", "stop_launch", "terminated_as_exit"]
+__all__ = ["STOP_GRACE_S", "finish_launch", "launch_cli", "stop_launch", "terminated_as_exit"]
 
 STOP_GRACE_S = 60.0
 """How long a launch stopped by SIGTERM has to end (its ranks save, a Ray or SLURM launcher
@@ -50,6 +51,18 @@ def stop_launch(proc: subprocess.Popen[bytes] | None, grace_s: float = STOP_GRAC
         proc.wait()
     except ProcessLookupError:
         proc.wait()
+
+
+def finish_launch(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The launch's exit code once it ends; None when it was still running at ``deadline`` (a
+    ``time.monotonic()``), and it has been stopped. However the wait ends, interrupted too, no
+    launch is left running (:func:`stop_launch`)."""
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        stop_launch(proc)
 
 
 def _exit_on(signum: int, frame: FrameType | None) -> None:
