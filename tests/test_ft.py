@@ -399,11 +399,14 @@ def test_a_rank_hung_in_python_is_torn_down_only_once_its_peer_group_moved_on(tm
 
 
 @pytest.mark.slow
-def test_a_group_back_after_its_peer_ended_its_steps_heals_from_it_at_the_last_step(tmp_path):
+@pytest.mark.parametrize("asks", ["at-once", "after-a-quorum-without-it"])
+def test_a_group_back_after_its_peer_ended_its_steps_heals_from_it_at_the_last_step(tmp_path, asks):
     """Group 1 is killed at step 6 and comes back only once group 0 has run all 12 steps
     (``WF_TEST_BACK_LATE``: a restart slower than the rest of the run). Group 0 holds at its last
     step, joins group 1's first quorum and group 1 heals from it to step 12: equal weights, not
-    12 steps trained alone from scratch."""
+    12 steps trained alone from scratch. ``after-a-quorum-without-it`` (``WF_TEST_ASK_LATE``):
+    group 0 asks first and the Lighthouse's fast quorum forms without group 1, which then waited
+    alone until its timeout (the last CI run): group 0 must ask again."""
     directory = tmp_path / "drill"
     overrides = [
         "task=train",
@@ -414,7 +417,8 @@ def test_a_group_back_after_its_peer_ended_its_steps_heals_from_it_at_the_last_s
         "launcher.console_ranks=[]",
         "--no-reference",
     ]
-    done = _run_drill(directory, overrides, "kill9:replica1@6", 300, {"WF_TEST_BACK_LATE": "1"})
+    env = {"WF_TEST_BACK_LATE": "1", "WF_TEST_ASK_LATE": "1" if asks != "at-once" else "0"}
+    done = _run_drill(directory, overrides, "kill9:replica1@6", 300, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ft drill: PASS" in done.stdout
     run_dir = directory / "interrupted"
@@ -425,8 +429,10 @@ def test_a_group_back_after_its_peer_ended_its_steps_heals_from_it_at_the_last_s
     assert section["steps_completed"] == {"0": 12, "1": 12}
     assert section["survivor_restarts"] == 0 and section["weights_equal"]
     log = (files.ft_replica_dir(run_dir, 0) / "logs" / "rank0.log").read_text()
-    assert "ft: holding at step 12: a group is back, joining its quorum" in log
+    assert "ft: holding at step 12: replica group(s) [1] back, joining their quorum" in log
     assert "not back within" not in log
+    if asks != "at-once":
+        assert "the quorum formed without replica group(s) [1]" in log
 
 
 @pytest.mark.slow

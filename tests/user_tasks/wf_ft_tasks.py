@@ -9,7 +9,10 @@ its first attempt, right after the step's quorum, where a deadlock in a forward 
 
 With ``WF_TEST_BACK_LATE=1`` in the environment, a restarted replica group joins torchft only
 once every other group has ended its steps: back after its peers finished, as a restart slower
-than the rest of the run would be (any task of a run that loads this module).
+than the rest of the run would be (any task of a run that loads this module). With
+``WF_TEST_ASK_LATE=1`` as well, its rank 0 then asks the Lighthouse for its first quorum only
+once a holding group has formed a quorum without it: the race between writing its phase and
+asking, lost every time.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from wf_launch import TaskContext, register_task
+from wf_launch.rank import ft
 from wf_launch.rank.ft import ENDED, FtSession, read_mark, replica_id, restarted
 from wf_launch.rundir import files
 from wf_launch.tasks.train import PRELOAD, TrainConfig, train
@@ -84,3 +88,29 @@ def _join_after_the_others_ended(
 
 
 FtSession.__init__ = _join_after_the_others_ended  # type: ignore[method-assign]
+
+
+ASK_LATE_ENV = "WF_TEST_ASK_LATE"
+ASK_LATE_WAIT_S = 30.0
+MISSED = "the quorum formed without replica group(s)"
+_write_phase = ft.write_phase
+
+
+def _write_phase_then_ask_late(
+    replica_dir: Any, rank: int, phase: str, step: int, first: bool = False
+) -> None:
+    """With ``WF_TEST_ASK_LATE=1``: a restarted group's rank 0, having written its first
+    quorum's phase, waits until another group's rank 0 has logged a quorum formed without it."""
+    _write_phase(replica_dir, rank, phase, step, first)
+    if not (first and rank == 0 and os.environ.get(ASK_LATE_ENV) == "1" and restarted()):
+        return
+    top = Path(replica_dir).parent.parent
+    logs = [p / "logs" / "rank0.log" for p in top.glob("replicas/*") if p != Path(replica_dir)]
+    deadline = time.monotonic() + ASK_LATE_WAIT_S
+    while time.monotonic() < deadline:
+        if any(log.exists() and MISSED in log.read_text() for log in logs):
+            return
+        time.sleep(0.05)
+
+
+ft.write_phase = _write_phase_then_ask_late

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -75,6 +76,7 @@ QUORUM, STEP = "quorum", "step"
 """Where a rank of a replica group is (its :func:`files.ft_phase`): waiting for a quorum, or in a
 step."""
 JOIN_POLL_S = 0.05
+_GROUP_OF_REPLICA = re.compile(r"replica(\d+)(?::|$)")
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 """Set by torch's elastic agent, which runs each replica group: 0 in the first attempt of a launch
 (fresh or resumed), n after the group's n-th restart."""
@@ -270,6 +272,14 @@ def _joining_manager(
         joined = False
         join_deadline = time.monotonic() + float(ft["join_timeout_s"])
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._client = _RecordingClient(self._client)
+
+        def quorum_groups(self) -> set[int]:
+            """The replica groups in the last quorum this rank took part in."""
+            return self._client.groups
+
         def start_quorum(
             self,
             allow_heal: bool = True,
@@ -316,6 +326,24 @@ def _joining_manager(
                 )
 
     return JoiningManager
+
+
+class _RecordingClient:
+    """torchft's ManagerClient, keeping which replica groups its last quorum held (torchft's
+    Manager reads a quorum's members inside ``start_quorum`` and keeps only their count)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.groups: set[int] = set()
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        quorum = self._client._quorum(*args, **kwargs)
+        found = (_GROUP_OF_REPLICA.match(rid) for rid in quorum.replica_ids)
+        self.groups = {int(m.group(1)) for m in found if m}
+        return quorum
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 def wait_for_groups(replica_dir: Path, ft: dict[str, Any], deadline: float, log: Any) -> None:
@@ -452,12 +480,20 @@ class FtSession:
                 time.sleep(JOIN_POLL_S)
                 continue
             if self.rank == 0:
-                self.log.info(f"ft: holding at step {step}: a group is back, joining its quorum")
+                self.log.info(
+                    f"ft: holding at step {step}: replica group(s) {hold.asking} back, "
+                    "joining their quorum"
+                )
             try:
                 self.manager.start_quorum()
             except Exception as exc:  # the steps are done: a heal that fails must not fail them
                 self.log.warning(f"ft: holding at step {step}, no quorum with a group back: {exc}")
                 break
+            if self.rank == 0 and (missed := hold.met(self.manager.quorum_groups())):
+                self.log.info(
+                    f"ft: holding at step {step}: the quorum formed without replica group(s) "
+                    f"{missed} (their request not at the Lighthouse yet); asking again"
+                )
             write_phase(self.run_dir, self.rank, QUORUM, step)
         if hold.left_behind:
             self.log.warning(
@@ -483,21 +519,40 @@ class _Hold:
         self.others = {k: files.ft_replica_dir(run_dir, k) for k in range(replicas) if k != me}
         self.deadline = time.monotonic() + timeout_s
         self.joined_since: dict[int, float] = {}
+        self.asking: list[int] = []
         self.left_behind: list[int] = []
 
     def next_word(self) -> int:
-        """:data:`_HEAL` for a group at a first quorum not joined yet, :data:`_DONE` when every
-        other group has ended (or the deadline passed), else :data:`_WAIT`."""
+        """:data:`_HEAL` when a group asks for a first quorum not joined yet (:attr:`asking`),
+        :data:`_DONE` when every other group has ended (or the deadline passed), else
+        :data:`_WAIT`."""
         waiting = [k for k, d in self.others.items() if read_mark(d) != ENDED]
+        self.asking = []
         for k in waiting:
             since = _first_quorum_since(self.others[k])
             if since is not None and since > self.joined_since.get(k, 0.0):
                 self.joined_since[k] = since
-                return _HEAL
+                self.asking.append(k)
+        if self.asking:
+            return _HEAL
         if waiting and time.monotonic() < self.deadline:
             return _WAIT
         self.left_behind = waiting
         return _DONE
+
+    def met(self, groups: set[int]) -> list[int]:
+        """The groups of :attr:`asking` that the quorum just formed lacked: asked for again.
+
+        A group writes its phase, then asks the Lighthouse. A holding group that asks in between
+        meets the Lighthouse's fast quorum (every member of the previous quorum is there) and
+        forms one without it; the group back then waits alone, a quorum of too few to form, until
+        its timeout. Asking again, once its request is in, forms the quorum with it."""
+        missed = [k for k in self.asking if k not in groups]
+        for k in missed:
+            del self.joined_since[k]
+        if missed:
+            time.sleep(JOIN_POLL_S)
+        return missed
 
 
 def _first_quorum_since(replica_dir: Path) -> float | None:
