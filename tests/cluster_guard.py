@@ -115,11 +115,12 @@ def locked(state: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def stop(state: Path) -> str:
-    """Stop the cluster in ``state``, remove the folder and the claim; '' or the error."""
+def stop(state: Path) -> str | None:
+    """Stop the cluster in ``state``, remove the folder and the claim: '' once done, the error,
+    or None when it was no longer claimed (another stopper, say the guardian, got there first)."""
     with locked(state) as claimed:
         if not claimed:
-            return ""
+            return None
         if state.is_dir() and any(state.iterdir()):  # empty: the start never began
             out = subprocess.run(
                 ["bash", str(SCRIPTS[kind_of(state)]), "stop", "--dir", str(state)],
@@ -151,7 +152,7 @@ def reap(root: Path, everything: bool = False) -> list[Path]:
                 error = stop(state)
                 if error:
                     print(error, file=sys.stderr)
-                else:
+                elif error is not None:
                     stopped.append(state)
     return stopped
 

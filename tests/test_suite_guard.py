@@ -212,9 +212,11 @@ class Holder:
         return self.proc.wait(timeout=120)
 
     def wait_stopped(self, timeout_s: float = 120) -> None:
-        """The cluster's daemons all end and its folder goes (the event we wait on)."""
+        """The cluster's daemons all end, its folder goes, then its claim (the event we wait
+        on)."""
         deadline = time.monotonic() + timeout_s
-        while self.running() or self.state.exists():
+        claim = cluster_guard.claim_file(self.state)
+        while self.running() or self.state.exists() or claim.exists():
             assert time.monotonic() < deadline, f"still running: {self.running()}"
             time.sleep(0.2)
 
@@ -261,6 +263,32 @@ def three_nets(root: Path, tmp: Path) -> None:
     third.kill(signal.SIGKILL)
     third.wait_stopped()
     assert cluster_guard.reap(tmp, everything=True) == []
+
+
+def test_a_reap_that_waited_on_another_stopper_reports_nothing_stopped(tmp_path: Path) -> None:
+    """A reaper that waits on the claim's lock while the guardian stops the cluster finds the
+    claim gone and reports nothing (cc19: it listed the guardian's cluster as its own)."""
+    state = tmp_path / "wf-slurm-abc"
+    state.mkdir()
+    cluster_guard.claim_file(state).write_text("[]")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, shutil, sys, time; from pathlib import Path; "
+            "state = Path(sys.argv[1]); claim = Path(sys.argv[2]); "
+            "fd = os.open(claim, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print(flush=True); "
+            "time.sleep(0.5); shutil.rmtree(state); claim.unlink()",
+            str(state),
+            str(cluster_guard.claim_file(state)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "\n"  # it holds the lock
+    assert cluster_guard.reap(tmp_path, everything=True) == []
+    assert holder.wait(timeout=30) == 0
+    assert not state.exists() and not cluster_guard.claim_file(state).exists()
 
 
 def test_ci_runs_the_readme_test_command() -> None:
