@@ -115,7 +115,20 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen[str]) -> Non
         if min(steps) >= step:
             return
         time.sleep(0.05)
-    raise AssertionError(f"step {step} never reached in {run_dir}")
+    raise AssertionError(f"step {step} never reached in {run_dir}{_why_ended(run_dir, proc)}")
+
+
+def _why_ended(run_dir: Path, proc: subprocess.Popen[str]) -> str:
+    """What a launch that ended early left: its exit code, stderr and ``result.json`` (the run
+    directory is gone once the suite's temporary folder is)."""
+    if proc.poll() is None:
+        return " (the launch still runs)"
+    _, err = proc.communicate()
+    try:
+        result = (run_dir / "result.json").read_text()
+    except OSError as exc:
+        result = f"no result.json ({exc})"
+    return f": the launch exited {proc.returncode}\n{(err or '')[-3000:]}\n{result[-3000:]}"
 
 
 def _signalled(
