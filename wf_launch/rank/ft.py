@@ -494,6 +494,7 @@ class FtSession:
                     f"ft: holding at step {step}: the quorum formed without replica group(s) "
                     f"{missed} (their request not at the Lighthouse yet); asking again"
                 )
+                time.sleep(JOIN_POLL_S)
             write_phase(self.run_dir, self.rank, QUORUM, step)
         if hold.left_behind:
             self.log.warning(
@@ -550,8 +551,6 @@ class _Hold:
         missed = [k for k in self.asking if k not in groups]
         for k in missed:
             del self.joined_since[k]
-        if missed:
-            time.sleep(JOIN_POLL_S)
         return missed
 
 
